@@ -1,0 +1,216 @@
+//! The ggml tensor types: ids, names and block geometry.
+//!
+//! The ids, block sizes and bytes per block are the ones ggml and the GGUF format define. Every
+//! known type is listed, so a GGUF reader can size and skip any tensor; only the types for which
+//! [`GgmlType::is_supported`] is true can be dequantized or repacked. The others produce
+//! [`FormatError::Unsupported`] naming the type.
+
+use super::error::{FormatError, Result};
+
+/// Elements per block of the legacy quantizations (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
+pub const QK: usize = 32;
+/// Elements per super-block of the K-quantizations (Q2_K .. Q6_K).
+pub const QK_K: usize = 256;
+
+/// A ggml tensor type, numbered as in ggml and GGUF.
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GgmlType {
+    F32,
+    F16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q8_1,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q8_K,
+    IQ2_XXS,
+    IQ2_XS,
+    IQ3_XXS,
+    IQ1_S,
+    IQ4_NL,
+    IQ3_S,
+    IQ2_S,
+    IQ4_XS,
+    I8,
+    I16,
+    I32,
+    I64,
+    F64,
+    IQ1_M,
+    BF16,
+    TQ1_0,
+    TQ2_0,
+    MXFP4,
+    NVFP4,
+    Q1_0,
+}
+
+/// Every type, in id order.
+const ALL: [GgmlType; 34] = {
+    use GgmlType::*;
+    [
+        F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ2_XXS,
+        IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, I8, I16, I32, I64, F64, IQ1_M, BF16,
+        TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0,
+    ]
+};
+
+/// Ids that ggml once defined and has since removed, with their old names.
+const REMOVED: &[(u32, &str)] = &[
+    (4, "Q4_2"),
+    (5, "Q4_3"),
+    (31, "Q4_0_4_4"),
+    (32, "Q4_0_4_8"),
+    (33, "Q4_0_8_8"),
+    (36, "IQ4_NL_4_4"),
+    (37, "IQ4_NL_4_8"),
+    (38, "IQ4_NL_8_8"),
+];
+
+impl GgmlType {
+    /// The types this crate dequantizes and repacks.
+    pub const SUPPORTED: [GgmlType; 13] = {
+        use GgmlType::*;
+        [
+            F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+        ]
+    };
+
+    /// (id, name, elements per block, bytes per block), as ggml defines them.
+    const fn entry(self) -> (u32, &'static str, usize, usize) {
+        use GgmlType::*;
+        match self {
+            F32 => (0, "F32", 1, 4),
+            F16 => (1, "F16", 1, 2),
+            Q4_0 => (2, "Q4_0", QK, 2 + QK / 2),
+            Q4_1 => (3, "Q4_1", QK, 2 + 2 + QK / 2),
+            Q5_0 => (6, "Q5_0", QK, 2 + 4 + QK / 2),
+            Q5_1 => (7, "Q5_1", QK, 2 + 2 + 4 + QK / 2),
+            Q8_0 => (8, "Q8_0", QK, 2 + QK),
+            Q8_1 => (9, "Q8_1", QK, 4 + 4 + QK),
+            Q2_K => (10, "Q2_K", QK_K, 2 + 2 + QK_K / 16 + QK_K / 4),
+            Q3_K => (11, "Q3_K", QK_K, 2 + QK_K / 4 + QK_K / 8 + 12),
+            Q4_K => (12, "Q4_K", QK_K, 2 + 2 + 12 + QK_K / 2),
+            Q5_K => (13, "Q5_K", QK_K, 2 + 2 + 12 + QK_K / 8 + QK_K / 2),
+            Q6_K => (14, "Q6_K", QK_K, 2 + QK_K / 2 + QK_K / 4 + QK_K / 16),
+            Q8_K => (15, "Q8_K", QK_K, 4 + QK_K + QK_K / 8),
+            IQ2_XXS => (16, "IQ2_XXS", QK_K, 2 + QK_K / 4),
+            IQ2_XS => (17, "IQ2_XS", QK_K, 2 + QK_K / 4 + QK_K / 32),
+            IQ3_XXS => (18, "IQ3_XXS", QK_K, 2 + QK_K / 4 + QK_K / 8),
+            IQ1_S => (19, "IQ1_S", QK_K, 2 + QK_K / 8 + QK_K / 16),
+            IQ4_NL => (20, "IQ4_NL", QK, 2 + QK / 2),
+            IQ3_S => (21, "IQ3_S", QK_K, 2 + QK_K / 4 + QK_K / 8 + QK_K / 32 + 4),
+            IQ2_S => (22, "IQ2_S", QK_K, 2 + QK_K / 4 + QK_K / 16),
+            IQ4_XS => (23, "IQ4_XS", QK_K, 2 + 2 + QK_K / 2 + QK_K / 64),
+            I8 => (24, "I8", 1, 1),
+            I16 => (25, "I16", 1, 2),
+            I32 => (26, "I32", 1, 4),
+            I64 => (27, "I64", 1, 8),
+            F64 => (28, "F64", 1, 8),
+            IQ1_M => (29, "IQ1_M", QK_K, QK_K / 8 + QK_K / 16 + QK_K / 32),
+            BF16 => (30, "BF16", 1, 2),
+            TQ1_0 => (34, "TQ1_0", QK_K, 2 + 4 * 13),
+            TQ2_0 => (35, "TQ2_0", QK_K, 2 + 64),
+            MXFP4 => (39, "MXFP4", 32, 1 + 16),
+            NVFP4 => (40, "NVFP4", 64, 4 + 32),
+            Q1_0 => (41, "Q1_0", 128, 2 + 16),
+        }
+    }
+
+    /// The type for a ggml/GGUF type id.
+    ///
+    /// Every id ggml defines today maps to a type (supported or not). Ids that ggml removed give
+    /// [`FormatError::Unsupported`] with the old name; ids never defined give
+    /// [`FormatError::UnknownGgmlType`].
+    pub fn from_ggml_id(id: u32) -> Result<GgmlType> {
+        if let Some(t) = ALL.iter().find(|t| t.id() == id) {
+            return Ok(*t);
+        }
+        match REMOVED.iter().find(|r| r.0 == id) {
+            Some(r) => Err(FormatError::Unsupported { format: r.1 }),
+            None => Err(FormatError::UnknownGgmlType { id }),
+        }
+    }
+
+    /// The type whose ggml name is `name` (for example `"Q4_K"`), if any.
+    pub fn from_name(name: &str) -> Option<GgmlType> {
+        ALL.iter().find(|t| t.name() == name).copied()
+    }
+
+    /// The ggml type id.
+    pub fn id(self) -> u32 {
+        self.entry().0
+    }
+
+    /// The name as ggml spells it (`"Q4_K"`, `"BF16"`, ...).
+    pub fn name(self) -> &'static str {
+        self.entry().1
+    }
+
+    /// Elements per block (1 for plain element types).
+    pub fn block_size(self) -> usize {
+        self.entry().2
+    }
+
+    /// Bytes per block in the file layout.
+    pub fn type_size(self) -> usize {
+        self.entry().3
+    }
+
+    /// Whether this crate dequantizes and repacks the type.
+    pub fn is_supported(self) -> bool {
+        Self::SUPPORTED.contains(&self)
+    }
+
+    /// `Ok(self)` for a supported type, [`FormatError::Unsupported`] naming it otherwise.
+    pub fn ensure_supported(self) -> Result<GgmlType> {
+        if self.is_supported() {
+            Ok(self)
+        } else {
+            Err(FormatError::Unsupported {
+                format: self.name(),
+            })
+        }
+    }
+
+    /// Bytes taken by `n_elements` elements; an error unless they form whole blocks.
+    pub fn bytes_for(self, n_elements: usize) -> Result<usize> {
+        let bs = self.block_size();
+        if !n_elements.is_multiple_of(bs) {
+            return Err(FormatError::NotBlockMultiple {
+                format: self.name(),
+                n_elements,
+                block_size: bs,
+            });
+        }
+        Ok(n_elements / bs * self.type_size())
+    }
+}
+
+impl std::fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_and_are_unique() {
+        for (i, t) in ALL.iter().enumerate() {
+            assert_eq!(GgmlType::from_ggml_id(t.id()), Ok(*t));
+            assert_eq!(GgmlType::from_name(t.name()), Some(*t));
+            assert!(ALL[i + 1..].iter().all(|o| o != t && o.id() != t.id()));
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! What AWQ and GPTQ share: an int4 matrix with per-group scales and zero points.
+//!
+//! Both describe a linear layer with `K` input and `N` output features and groups of `G`
+//! consecutive input elements. Once their bit packing is undone (see [`super::awq`] and
+//! [`super::gptq`]) both are the same thing: for `k` in `0..K`, `n` in `0..N`, `g = k / G`,
+//!
+//! `w[k][n] = (q[k][n] - z[g][n]) * s[g][n]`
+//!
+//! with `q` in 0..16, `z` the effective zero point (0..=16) and `s` an f16 scale. The reference
+//! computes it in f32: the integer difference is exact, and so is its product with an f16 scale.
+
+use half::f16;
+
+use super::error::{FormatError, Result};
+use super::packed::{PackedFormat, PackedWeights};
+use super::repack::pack_bits;
+
+/// Which safetensors int4 scheme a matrix came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Int4Scheme {
+    /// AutoAWQ's GEMM layout.
+    Awq,
+    /// GPTQ (AutoGPTQ / GPTQModel / transformers) layout.
+    Gptq,
+}
+
+impl Int4Scheme {
+    /// `"AWQ"` or `"GPTQ"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Int4Scheme::Awq => "AWQ",
+            Int4Scheme::Gptq => "GPTQ",
+        }
+    }
+}
+
+/// An int4 matrix with its packing undone: every field in logical `[row][col]` order.
+pub(crate) struct Int4Matrix {
+    pub scheme: Int4Scheme,
+    pub k: usize,
+    pub n: usize,
+    pub group_size: usize,
+    /// `q[k * n_cols + n]`, 0..16.
+    pub q: Vec<u8>,
+    /// `z[g * N + n]`, the effective zero point.
+    pub z: Vec<u8>,
+    /// `s[g * N + n]`.
+    pub s: Vec<f16>,
+}
+
+/// Checks the dimensions shared by AWQ and GPTQ: `N % 8 == 0`, `G > 0`, `G % 8 == 0` (so a
+/// packed word never straddles two groups) and `K % G == 0`.
+pub(crate) fn check_dims(scheme: Int4Scheme, k: usize, n: usize, group_size: usize) -> Result<()> {
+    let bad = |reason: String| {
+        Err(FormatError::InvalidShape {
+            format: scheme.name(),
+            reason,
+        })
+    };
+    if !n.is_multiple_of(8) {
+        return bad(format!("out_features {n} is not a multiple of 8"));
+    }
+    if group_size == 0 || !group_size.is_multiple_of(8) {
+        return bad(format!(
+            "group size {group_size} is not a positive multiple of 8"
+        ));
+    }
+    if !k.is_multiple_of(group_size) {
+        return bad(format!(
+            "in_features {k} is not a multiple of the group size {group_size}"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks one buffer's byte length.
+pub(crate) fn check_len(
+    scheme: Int4Scheme,
+    what: &'static str,
+    bytes: &[u8],
+    expected: usize,
+) -> Result<()> {
+    if bytes.len() != expected {
+        return Err(FormatError::ByteLength {
+            format: scheme.name(),
+            what,
+            expected,
+            actual: bytes.len(),
+        });
+    }
+    Ok(())
+}
+
+/// Reads little-endian 32-bit words.
+pub(crate) fn words(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+}
+
+/// Reads little-endian f16 values.
+pub(crate) fn halves(bytes: &[u8]) -> Vec<f16> {
+    bytes
+        .chunks_exact(2)
+        .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+        .collect()
+}
+
+impl Int4Matrix {
+    /// The reference dequantization, `[K, N]` row-major (`w[k * N + n]`), the checkpoint's own
+    /// orientation.
+    pub(crate) fn dequantize(&self) -> Vec<f32> {
+        let (n_cols, gs) = (self.n, self.group_size);
+        let mut out = vec![0.0f32; self.k * n_cols];
+        for (k, row) in out.chunks_exact_mut(n_cols.max(1)).enumerate() {
+            let g = k / gs;
+            for (n, w) in row.iter_mut().enumerate() {
+                let q = self.q[k * n_cols + n] as i32;
+                let z = self.z[g * n_cols + n] as i32;
+                *w = (q - z) as f32 * self.s[g * n_cols + n].to_f32();
+            }
+        }
+        out
+    }
+
+    /// The GPU layout: transposed to `rows = N` output features of `cols = K` inputs. Row `n`'s
+    /// quant words run along `k` (element `k` is nibble `k % 8` of word `k / 8`), one `d` (scale)
+    /// and one `m` (zero point) per group.
+    pub(crate) fn repack(&self) -> Result<PackedWeights> {
+        let format = PackedFormat::Int4 {
+            scheme: self.scheme,
+            group_size: self.group_size,
+        };
+        let mut p = PackedWeights::zeroed(format, self.n, self.k)?;
+        let (words_per_row, groups) = (self.k / 8, self.k / self.group_size);
+        let mut column = vec![0u8; self.k];
+        for n in 0..self.n {
+            for (k, v) in column.iter_mut().enumerate() {
+                *v = self.q[k * self.n + n];
+            }
+            pack_bits(
+                &column,
+                4,
+                &mut p.qs[n * words_per_row..(n + 1) * words_per_row],
+            );
+            for g in 0..groups {
+                p.d[n * groups + g] = self.s[g * self.n + n];
+                p.m[n * groups + g] = f16::from_f32(self.z[g * self.n + n] as f32);
+            }
+        }
+        Ok(p)
+    }
+}

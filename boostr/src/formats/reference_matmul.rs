@@ -1,0 +1,37 @@
+//! CPU reference matrix products over [`PackedWeights`], the oracle for the GPU GEMV/GEMM.
+
+use super::error::{FormatError, Result};
+use super::packed::PackedWeights;
+
+/// `y = x · Wᵀ` for activations `x` of `m x cols` (row-major) and the packed `rows x cols`
+/// weight `W`; returns `m x rows` (row-major): `y[i][r] = Σ_c x[i][c] * W[r][c]`.
+///
+/// Each weight row is decoded with [`PackedWeights::dequantize_row`] (so it equals the
+/// reference dequantization bit for bit); products are exact in f64, summed in f64 in increasing
+/// `c`, and each sum is rounded once to f32. With `m = 1` this is the mat-vec.
+pub fn matmul_ref(packed: &PackedWeights, x: &[f32], m: usize) -> Result<Vec<f32>> {
+    let (rows, cols) = (packed.rows(), packed.cols());
+    if x.len() != m * cols {
+        return Err(FormatError::Length {
+            what: "x",
+            expected: m * cols,
+            actual: x.len(),
+        });
+    }
+    let mut y = vec![0.0f32; m * rows];
+    let mut w = vec![0.0f32; cols];
+    for r in 0..rows {
+        packed.dequantize_row_into(r, &mut w)?;
+        for i in 0..m {
+            let xi = &x[i * cols..(i + 1) * cols];
+            let acc: f64 = xi.iter().zip(&w).map(|(&a, &b)| a as f64 * b as f64).sum();
+            y[i * rows + r] = acc as f32;
+        }
+    }
+    Ok(y)
+}
+
+/// The mat-vec `y = W · x` for one activation vector of `cols` values; returns `rows` values.
+pub fn matvec_ref(packed: &PackedWeights, x: &[f32]) -> Result<Vec<f32>> {
+    matmul_ref(packed, x, 1)
+}

@@ -1,0 +1,174 @@
+//! Shared helpers of the `formats_*` tests: golden readers and a small seeded RNG.
+//! Included by the other test files with `#[path = "formats_util.rs"] mod util;`.
+#![allow(dead_code)]
+
+use boostr::formats::GgmlType;
+use std::path::PathBuf;
+
+fn golden_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/formats")
+}
+
+fn u32_at(b: &[u8], at: usize) -> usize {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]) as usize
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// A GGUF golden: raw blocks and gguf-py's dequantization of them.
+pub struct GgufGolden {
+    pub ty: GgmlType,
+    pub n_blocks: usize,
+    pub data: Vec<u8>,
+    pub expected: Vec<f32>,
+}
+
+pub fn read_gguf_golden(ty: GgmlType) -> GgufGolden {
+    let path = golden_dir().join(format!("{}.bin", ty.name().to_lowercase()));
+    let b = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(&b[0..4], b"BFG1", "{}", path.display());
+    assert_eq!(u32_at(&b, 4) as u32, ty.id());
+    let (n_blocks, type_size, n) = (u32_at(&b, 8), u32_at(&b, 12), u32_at(&b, 16));
+    assert_eq!(type_size, ty.type_size());
+    let data_end = 20 + n_blocks * type_size;
+    assert_eq!(b.len(), data_end + 4 * n);
+    GgufGolden {
+        ty,
+        n_blocks,
+        data: b[20..data_end].to_vec(),
+        expected: f32s(&b[data_end..]),
+    }
+}
+
+/// An AWQ/GPTQ golden.
+pub struct Int4Golden {
+    /// 0 AWQ, 1 GPTQ v1, 2 GPTQ v2.
+    pub scheme: u32,
+    pub k: usize,
+    pub n: usize,
+    pub group: usize,
+    pub qweight: Vec<u8>,
+    pub qzeros: Vec<u8>,
+    pub scales: Vec<u8>,
+    pub g_idx: Option<Vec<u8>>,
+    /// `[K, N]`.
+    pub expected: Vec<f32>,
+}
+
+pub fn read_int4_golden(name: &str) -> Int4Golden {
+    let path = golden_dir().join(format!("{name}.bin"));
+    let b = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(&b[0..4], b"BI4G");
+    let scheme = u32_at(&b, 4) as u32;
+    let (k, n, group, has_g) = (
+        u32_at(&b, 8),
+        u32_at(&b, 12),
+        u32_at(&b, 16),
+        u32_at(&b, 20),
+    );
+    let mut at = 24;
+    let mut take = |len: usize| {
+        let s = b[at..at + len].to_vec();
+        at += len;
+        s
+    };
+    let qweight = take(k * n / 2);
+    let qzeros = take(k / group * n / 2);
+    let scales = take(k / group * n * 2);
+    let g_idx = (has_g == 1).then(|| take(k * 4));
+    let expected = f32s(&take(k * n * 4));
+    assert_eq!(at, b.len());
+    Int4Golden {
+        scheme,
+        k,
+        n,
+        group,
+        qweight,
+        qzeros,
+        scales,
+        g_idx,
+        expected,
+    }
+}
+
+/// splitmix64: a tiny deterministic generator for random blocks.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+
+    /// A random f16 bit pattern that is neither Inf nor NaN.
+    pub fn finite_f16(&mut self) -> u16 {
+        let b = self.next_u64() as u16;
+        if b & 0x7C00 == 0x7C00 { b & 0xBFFF } else { b }
+    }
+
+    pub fn f32_in(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+}
+
+/// Byte offsets of the f16 scale fields in a block of `ty`.
+pub fn f16_fields(ty: GgmlType) -> &'static [usize] {
+    use GgmlType::*;
+    match ty {
+        Q4_0 | Q5_0 | Q8_0 => &[0],
+        Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
+        Q2_K => &[80, 82],
+        Q3_K => &[108],
+        Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+/// Random file bytes for `n_elements` of `ty`: random quants, finite f16 scales, finite floats.
+pub fn random_tensor(rng: &mut Rng, ty: GgmlType, n_elements: usize) -> Vec<u8> {
+    let n_blocks = n_elements / ty.block_size();
+    match ty {
+        GgmlType::F32 => (0..n_elements)
+            .flat_map(|_| {
+                let mut b = rng.next_u64() as u32;
+                if b & 0x7F80_0000 == 0x7F80_0000 {
+                    b &= 0xBFFF_FFFF;
+                }
+                b.to_le_bytes()
+            })
+            .collect(),
+        GgmlType::F16 => (0..n_elements)
+            .flat_map(|_| rng.finite_f16().to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => (0..n_elements)
+            .flat_map(|_| {
+                let mut b = rng.next_u64() as u16;
+                if b & 0x7F80 == 0x7F80 {
+                    b &= 0xBFFF;
+                }
+                b.to_le_bytes()
+            })
+            .collect(),
+        _ => {
+            let ts = ty.type_size();
+            let mut data = rng.bytes(n_blocks * ts);
+            for block in data.chunks_exact_mut(ts) {
+                for &off in f16_fields(ty) {
+                    block[off..off + 2].copy_from_slice(&rng.finite_f16().to_le_bytes());
+                }
+            }
+            data
+        }
+    }
+}
