@@ -1,1 +1,12 @@
+//! cera: the engine layer of the stack. This part holds everything between a file on disk and
+//! token ids, usable without a GPU: model files ([`gguf`], [`safetensors`], [`model_file`]),
+//! tokenizers ([`tokenizer`]), chat templates ([`chat_template`]), fetching the test models
+//! ([`fetch`]) and the `cera` command line ([`cli`]).
+//!
+//! Every reader here is built to take hostile input: a malformed file gives a typed error,
+//! never a panic, a hang or an unbounded allocation.
 
+#![warn(missing_docs)]
+
+pub mod gguf;
+pub mod storage;
