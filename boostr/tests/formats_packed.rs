@@ -83,11 +83,15 @@ fn known_words_of_q4_0_and_q8_0() {
     let mut block = vec![0x00, 0x3C];
     block.extend((0..16u8).map(|j| j | (15 - j) << 4));
     let p = repack(GgmlType::Q4_0, &block, 1, 32).unwrap();
-    // Word w holds elements 8w .. 8w + 8, element 8w + i at bits 4i.
+    // The qs bytes unchanged, as little-endian words.
     assert_eq!(
         p.qs(),
-        &[0x7654_3210, 0xFEDC_BA98, 0x89AB_CDEF, 0x0123_4567]
+        &[0xC3D2_E1F0, 0x8796_A5B4, 0x4B5A_6978, 0x0F1E_2D3C]
     );
+    // Masking a word yields four consecutive elements, one per byte (dot4I8Packed-ready):
+    // elements 0..4 and 16..20.
+    assert_eq!(p.qs()[0] & 0x0F0F_0F0F, 0x0302_0100);
+    assert_eq!((p.qs()[0] >> 4) & 0x0F0F_0F0F, 0x0C0D_0E0F);
     assert_eq!(p.d()[0].to_bits(), 0x3C00);
     // Q8_0: bytes in element order, four per word.
     let mut block = vec![0x00, 0x3C];
@@ -146,7 +150,7 @@ fn int4_packed_rows_equal_reference_transposed() {
         (192, 24, 64),
         (384, 16, 128),
         (256, 8, 256),
-        (40, 8, 8),
+        (96, 8, 32),
     ] {
         for awq in [true, false] {
             let [qweight, qzeros, scales] = random_int4(&mut rng, k, n, g, awq);
@@ -222,7 +226,7 @@ fn int4_shape_errors_and_act_order() {
         t.dequantize().unwrap_err(),
         FormatError::InvalidShape { format: "GPTQ", .. }
     ));
-    t.group_size = 12; // not a multiple of 8
+    t.group_size = 16; // not a multiple of 32
     assert!(matches!(
         t.repack().unwrap_err(),
         FormatError::InvalidShape { .. }

@@ -113,38 +113,38 @@ fn kquant_hand_values() {
 
 #[test]
 fn awq_and_gptq_hand_values() {
-    // K = 8, N = 8, G = 8. AWQ column c of row k holds the value c at shift AWQ_SHIFTS[c];
+    // K = 32, N = 8, G = 32. AWQ column c of row k holds the value c at shift AWQ_SHIFTS[c];
     // zero points 1 everywhere; scale 0.5: w[k][c] = (c - 1) * 0.5.
     let word: u32 = (0..8u32)
         .map(|c| c << boostr::formats::AWQ_SHIFTS[c as usize])
         .sum();
     assert_eq!(word, 0x7531_6420);
-    let qweight: Vec<u8> = (0..8).flat_map(|_| word.to_le_bytes()).collect();
+    let qweight: Vec<u8> = (0..32).flat_map(|_| word.to_le_bytes()).collect();
     let qzeros = 0x1111_1111u32.to_le_bytes();
     let scales: Vec<u8> = (0..8).flat_map(|_| HALF).collect();
     let awq = AwqTensors {
         qweight: &qweight,
         qzeros: &qzeros,
         scales: &scales,
-        in_features: 8,
+        in_features: 32,
         out_features: 8,
-        group_size: 8,
+        group_size: 32,
     };
     let w = awq.dequantize().unwrap();
     assert_eq!(&w[..8], &[-0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]);
-    // GPTQ: word (0, n) holds inputs k = 0..8 at shifts 4k; with 0x76543210 input k has q = k.
-    let qweight: Vec<u8> = (0..8).flat_map(|_| 0x7654_3210u32.to_le_bytes()).collect();
+    // GPTQ: word (r, n) holds inputs 8r .. 8r + 8 at shifts 4i; 0x76543210 gives q = k % 8.
+    let qweight: Vec<u8> = (0..32).flat_map(|_| 0x7654_3210u32.to_le_bytes()).collect();
     let mut gptq = GptqTensors {
         qweight: &qweight,
         qzeros: &qzeros,
         scales: &scales,
         g_idx: None,
-        in_features: 8,
+        in_features: 32,
         out_features: 8,
-        group_size: 8,
+        group_size: 32,
         zero_offset: GptqZeroOffset::V1PlusOne,
     };
-    // v1: stored zero 1 -> effective 2: w[k][n] = (k - 2) * 0.5.
+    // v1: stored zero 1 -> effective 2: w[k][n] = (k % 8 - 2) * 0.5.
     let w = gptq.dequantize().unwrap();
     assert_eq!((w[0], w[8 * 3], w[8 * 7 + 5]), (-1.0, 0.5, 2.5));
     gptq.zero_offset = GptqZeroOffset::V2AsStored;

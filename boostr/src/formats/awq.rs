@@ -30,7 +30,7 @@ pub struct AwqTensors<'a> {
     pub in_features: usize,
     /// `N`.
     pub out_features: usize,
-    /// `G` (32, 64, 128, ...; a positive multiple of 8 that divides `K`).
+    /// `G` (32, 64, 128, ...; a positive multiple of 32 that divides `K`).
     pub group_size: usize,
 }
 

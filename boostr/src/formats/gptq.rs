@@ -14,7 +14,7 @@
 //!
 //! Act-order: only a sequential `g_idx` (`g_idx[k] == k / G`, what `desc_act=False` checkpoints
 //! store) is accepted. A permuted `g_idx` (`desc_act=True`) is rejected with
-//! [`FormatError::ActOrder`](super::FormatError::ActOrder): the packed GPU layout assumes a
+//! [`FormatError::ActOrder`]: the packed GPU layout assumes a
 //! group is a run of consecutive inputs.
 
 use super::error::{FormatError, Result};
@@ -60,7 +60,7 @@ pub struct GptqTensors<'a> {
     pub in_features: usize,
     /// `N`.
     pub out_features: usize,
-    /// `G` (32, 64, 128, ...; a positive multiple of 8 that divides `K`). A checkpoint's
+    /// `G` (32, 64, 128, ...; a positive multiple of 32 that divides `K`). A checkpoint's
     /// `group_size: -1` means one group: pass `K`.
     pub group_size: usize,
     /// How stored zero points are offset.

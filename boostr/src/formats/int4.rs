@@ -13,7 +13,6 @@ use half::f16;
 
 use super::error::{FormatError, Result};
 use super::packed::{PackedFormat, PackedWeights};
-use super::repack::pack_bits;
 
 /// Which safetensors int4 scheme a matrix came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -49,8 +48,9 @@ pub(crate) struct Int4Matrix {
     pub s: Vec<f16>,
 }
 
-/// Checks the dimensions shared by AWQ and GPTQ: `N % 8 == 0`, `G > 0`, `G % 8 == 0` (so a
-/// packed word never straddles two groups) and `K % G == 0`.
+/// Checks the dimensions shared by AWQ and GPTQ: `N % 8 == 0`, `G > 0`, `G % 32 == 0` (the
+/// packed layout works in runs of 32 inputs, and real checkpoints use 32, 64, 128 or `K`) and
+/// `K % G == 0`.
 pub(crate) fn check_dims(scheme: Int4Scheme, k: usize, n: usize, group_size: usize) -> Result<()> {
     let bad = |reason: String| {
         Err(FormatError::InvalidShape {
@@ -61,9 +61,9 @@ pub(crate) fn check_dims(scheme: Int4Scheme, k: usize, n: usize, group_size: usi
     if !n.is_multiple_of(8) {
         return bad(format!("out_features {n} is not a multiple of 8"));
     }
-    if group_size == 0 || !group_size.is_multiple_of(8) {
+    if group_size == 0 || !group_size.is_multiple_of(32) {
         return bad(format!(
-            "group size {group_size} is not a positive multiple of 8"
+            "group size {group_size} is not a positive multiple of 32"
         ));
     }
     if !k.is_multiple_of(group_size) {
@@ -124,9 +124,10 @@ impl Int4Matrix {
         out
     }
 
-    /// The GPU layout: transposed to `rows = N` output features of `cols = K` inputs. Row `n`'s
-    /// quant words run along `k` (element `k` is nibble `k % 8` of word `k / 8`), one `d` (scale)
-    /// and one `m` (zero point) per group.
+    /// The GPU layout: transposed to `rows = N` output features of `cols = K` inputs, one `d`
+    /// (scale) and one `m` (zero point) per group. Each run of 32 inputs `k0 .. k0 + 32` of a row
+    /// is 16 bytes (four words) laid out like a Q4_0 block's `qs`: byte `l` holds input `k0 + l`
+    /// in its low nibble and `k0 + 16 + l` in its high nibble.
     pub(crate) fn repack(&self) -> Result<PackedWeights> {
         let format = PackedFormat::Int4 {
             scheme: self.scheme,
@@ -134,16 +135,15 @@ impl Int4Matrix {
         };
         let mut p = PackedWeights::zeroed(format, self.n, self.k)?;
         let (words_per_row, groups) = (self.k / 8, self.k / self.group_size);
-        let mut column = vec![0u8; self.k];
         for n in 0..self.n {
-            for (k, v) in column.iter_mut().enumerate() {
-                *v = self.q[k * self.n + n];
+            let row = &mut p.qs[n * words_per_row..(n + 1) * words_per_row];
+            for (k, chunk) in (0..self.k).step_by(32).zip(row.chunks_exact_mut(4)) {
+                for l in 0..16 {
+                    let lo = self.q[(k + l) * self.n + n] as u32;
+                    let hi = self.q[(k + 16 + l) * self.n + n] as u32;
+                    chunk[l / 4] |= (lo | hi << 4) << (8 * (l % 4));
+                }
             }
-            pack_bits(
-                &column,
-                4,
-                &mut p.qs[n * words_per_row..(n + 1) * words_per_row],
-            );
             for g in 0..groups {
                 p.d[n * groups + g] = self.s[g * self.n + n];
                 p.m[n * groups + g] = f16::from_f32(self.z[g * self.n + n] as f32);

@@ -57,8 +57,8 @@ fn q3k_scales(b: &[u8]) -> [u8; 16] {
     sc
 }
 
-/// Decodes one K-quant super-block into `out[..256]`, straight from the file bytes, in the
-/// loop order of ggml's reference.
+/// Decodes one K-quant super-block into `out[..256]`, element by element, straight from the
+/// file bytes.
 pub(crate) fn dequant_block(ty: GgmlType, b: &[u8], out: &mut [f32]) {
     match ty {
         GgmlType::Q2_K => {
@@ -120,85 +120,4 @@ pub(crate) fn dequant_block(ty: GgmlType, b: &[u8], out: &mut [f32]) {
         }
         _ => unreachable!("kquants::dequant_block called with {ty}"),
     }
-}
-
-/// The fields of one K-quant super-block with quants in element order, for the repacker.
-pub(crate) struct KFields {
-    /// Bits of the f16 super-block scale `d`.
-    pub d: u16,
-    /// Bits of the f16 super-block min scale `dmin` (Q2_K, Q4_K, Q5_K; 0 otherwise).
-    pub dmin: u16,
-    /// The packed sub-block scales exactly as stored: 16 bytes (Q2_K, Q6_K) or 12 (Q3_K, Q4_K,
-    /// Q5_K, rest zero).
-    pub scales: [u8; 16],
-    /// Element `e`'s low bits: 2 bits (Q2_K, Q3_K) or 4 bits (Q4_K, Q5_K, Q6_K).
-    pub lo: [u8; QK_K],
-    /// Element `e`'s high bits: Q3_K's hmask bit, Q5_K's bit 4 (as 0/1), Q6_K's top two bits.
-    pub hi: [u8; QK_K],
-}
-
-/// Splits one K-quant super-block into its fields, quants reordered into element order.
-pub(crate) fn fields(ty: GgmlType, b: &[u8]) -> KFields {
-    let le16 = |at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
-    let mut f = KFields {
-        d: 0,
-        dmin: 0,
-        scales: [0; 16],
-        lo: [0; QK_K],
-        hi: [0; QK_K],
-    };
-    // Walk the byte arrays and scatter their bit fields to element positions.
-    let two_bit = |qs: &[u8], dst: &mut [u8; QK_K]| {
-        for (byte_i, &byte) in qs.iter().enumerate() {
-            let (j, l) = (byte_i / 32, byte_i % 32);
-            for s in 0..4 {
-                dst[128 * j + 32 * s + l] = (byte >> (2 * s)) & 3;
-            }
-        }
-    };
-    let bit_plane = |mask: &[u8], dst: &mut [u8; QK_K]| {
-        for (l, &byte) in mask.iter().enumerate() {
-            for i in 0..8 {
-                dst[32 * i + l] = (byte >> i) & 1;
-            }
-        }
-    };
-    let nibbles = |qs: &[u8], group: usize, dst: &mut [u8; QK_K]| {
-        for (byte_i, &byte) in qs.iter().enumerate() {
-            let (j, l) = (byte_i / group, byte_i % group);
-            dst[2 * group * j + l] = byte & 0x0F;
-            dst[2 * group * j + group + l] = byte >> 4;
-        }
-    };
-    match ty {
-        GgmlType::Q2_K => {
-            f.scales.copy_from_slice(&b[0..16]);
-            two_bit(&b[16..80], &mut f.lo);
-            (f.d, f.dmin) = (le16(80), le16(82));
-        }
-        GgmlType::Q3_K => {
-            bit_plane(&b[0..32], &mut f.hi);
-            two_bit(&b[32..96], &mut f.lo);
-            f.scales[..12].copy_from_slice(&b[96..108]);
-            f.d = le16(108);
-        }
-        GgmlType::Q4_K | GgmlType::Q5_K => {
-            (f.d, f.dmin) = (le16(0), le16(2));
-            f.scales[..12].copy_from_slice(&b[4..16]);
-            if ty == GgmlType::Q5_K {
-                bit_plane(&b[16..48], &mut f.hi);
-                nibbles(&b[48..176], 32, &mut f.lo);
-            } else {
-                nibbles(&b[16..144], 32, &mut f.lo);
-            }
-        }
-        _ => {
-            // Q6_K
-            nibbles(&b[0..128], 64, &mut f.lo);
-            two_bit(&b[128..192], &mut f.hi);
-            f.scales.copy_from_slice(&b[192..208]);
-            f.d = le16(208);
-        }
-    }
-    f
 }

@@ -11,7 +11,7 @@
 //! 1. the reference dequantization from the file bytes ([`dequantize`], [`dequantize_row`],
 //!    [`AwqTensors::dequantize`], [`GptqTensors::dequantize`]), checked bit for bit against
 //!    gguf-py (GGUF) and a numpy reference written from the format definition (AWQ/GPTQ);
-//! 2. the GPU layout made at upload ([`repack`], [`AwqTensors::repack`],
+//! 2. the GPU layout made at upload ([`repack()`], [`AwqTensors::repack`],
 //!    [`GptqTensors::repack`]) into [`PackedWeights`], with its own CPU decoder
 //!    ([`PackedWeights::dequantize_row`]) whose bit positions are documented in
 //!    [`packed_decode`] and which the WGSL kernels mirror;

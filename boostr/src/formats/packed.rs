@@ -112,7 +112,7 @@ impl Geometry {
 /// A weight matrix of `rows x cols` elements (row-major: a row is one output feature, `cols` is
 /// the input dimension) in the GPU layout described in the module docs.
 ///
-/// Built by [`super::repack`] (GGUF types) or by the AWQ/GPTQ `repack` methods.
+/// Built by [`super::repack()`] (GGUF types) or by the AWQ/GPTQ `repack` methods.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PackedWeights {
     pub(crate) format: PackedFormat,

@@ -1,31 +1,60 @@
 //! Repacking GGUF tensors from their file blocks into the [`PackedWeights`] GPU layout.
 //!
-//! The bit positions produced here are documented in [`super::packed_decode`].
+//! Every field of a block goes to its own array with its bytes unchanged (ggml's in-block order
+//! is kept), so this is a copy per field. The resulting bit positions are documented in
+//! [`super::packed_decode`].
 
 use half::f16;
 
 use super::error::{FormatError, Result};
 use super::ggml_type::GgmlType;
 use super::packed::{PackedFormat, PackedWeights};
-use super::{kquants, legacy};
 
-/// Packs `values` (each `bits` wide, in element order) into `dst`: value `i` sits at bit
-/// `bits * (i % per_word)` of word `i / per_word`, with `per_word = 32 / bits`.
-pub(crate) fn pack_bits(values: &[u8], bits: usize, dst: &mut [u32]) {
-    let per_word = 32 / bits;
-    for (word, chunk) in dst.iter_mut().zip(values.chunks(per_word)) {
-        *word = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |acc, (i, &v)| acc | (v as u32) << (bits * i));
+/// Byte ranges of a block's fields: (offset, length) of `qs`, `qh` and `scales`, and the
+/// offsets of the f16 `d` and `m` (None when absent).
+struct Fields {
+    qs: (usize, usize),
+    qh: (usize, usize),
+    scales: (usize, usize),
+    d: Option<usize>,
+    m: Option<usize>,
+}
+
+/// Where each field sits in a block (the layouts of [`super::legacy`] and [`super::kquants`]).
+fn fields(ty: GgmlType) -> Fields {
+    use GgmlType::*;
+    let f = |qs, qh, scales, d, m| Fields {
+        qs,
+        qh,
+        scales,
+        d,
+        m,
+    };
+    let none = (0, 0);
+    match ty {
+        Q4_0 => f((2, 16), none, none, Some(0), None),
+        Q4_1 => f((4, 16), none, none, Some(0), Some(2)),
+        Q5_0 => f((6, 16), (2, 4), none, Some(0), None),
+        Q5_1 => f((8, 16), (4, 4), none, Some(0), Some(2)),
+        Q8_0 => f((2, 32), none, none, Some(0), None),
+        Q2_K => f((16, 64), none, (0, 16), Some(80), Some(82)),
+        Q3_K => f((32, 64), (0, 32), (96, 12), Some(108), None),
+        Q4_K => f((16, 128), none, (4, 12), Some(0), Some(2)),
+        Q5_K => f((48, 128), (16, 32), (4, 12), Some(0), Some(2)),
+        // Q6_K: ql -> qs, qh -> qh, the signed scales -> scales.
+        _ => f((0, 128), (128, 64), (192, 16), Some(208), None),
     }
 }
 
 /// Packs bytes into little-endian u32 words (`dst.len() * 4 == bytes.len()`).
-fn bytes_to_words(bytes: &[u8], dst: &mut [u32]) {
+pub(crate) fn bytes_to_words(bytes: &[u8], dst: &mut [u32]) {
     for (w, c) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
         *w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
     }
+}
+
+fn read_f16(b: &[u8], at: usize) -> f16 {
+    f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
 /// Repacks a GGUF tensor of `rows x cols` elements (`cols` contiguous, as ggml stores a weight
@@ -69,62 +98,28 @@ pub fn repack(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Result<Pa
                 }
             }
         }
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
-            repack_legacy(ty, bytes, &mut p)
+        _ => {
+            let f = fields(ty);
+            let geo = p.geometry;
+            debug_assert_eq!(4 * geo.qs_words, f.qs.1);
+            for (g, block) in bytes.chunks_exact(ty.type_size()).enumerate() {
+                let copy = |(at, len): (usize, usize), dst: &mut [u32]| {
+                    bytes_to_words(
+                        &block[at..at + len],
+                        &mut dst[g * len / 4..(g + 1) * len / 4],
+                    );
+                };
+                copy(f.qs, &mut p.qs);
+                copy(f.qh, &mut p.qh);
+                copy(f.scales, &mut p.scales);
+                if let Some(at) = f.d {
+                    p.d[g] = read_f16(block, at);
+                }
+                if let Some(at) = f.m {
+                    p.m[g] = read_f16(block, at);
+                }
+            }
         }
-        _ => repack_kquant(ty, bytes, &mut p),
     }
     Ok(p)
-}
-
-fn repack_legacy(ty: GgmlType, bytes: &[u8], p: &mut PackedWeights) {
-    let geo = p.geometry;
-    let q_bits = if ty == GgmlType::Q8_0 { 8 } else { 4 };
-    for (g, block) in bytes.chunks_exact(ty.type_size()).enumerate() {
-        let f = legacy::fields(ty, block);
-        pack_bits(
-            &f.q,
-            q_bits,
-            &mut p.qs[g * geo.qs_words..(g + 1) * geo.qs_words],
-        );
-        if geo.qh_words == 1 {
-            p.qh[g] = f.qh;
-        }
-        p.d[g] = f16::from_bits(f.d);
-        if geo.has_m {
-            p.m[g] = f16::from_bits(f.m);
-        }
-    }
-}
-
-fn repack_kquant(ty: GgmlType, bytes: &[u8], p: &mut PackedWeights) {
-    let geo = p.geometry;
-    let (lo_bits, hi_bits) = match ty {
-        GgmlType::Q2_K => (2, 0),
-        GgmlType::Q3_K => (2, 1),
-        GgmlType::Q4_K => (4, 0),
-        GgmlType::Q5_K => (4, 1),
-        _ => (4, 2), // Q6_K
-    };
-    for (g, block) in bytes.chunks_exact(ty.type_size()).enumerate() {
-        let f = kquants::fields(ty, block);
-        pack_bits(
-            &f.lo,
-            lo_bits,
-            &mut p.qs[g * geo.qs_words..(g + 1) * geo.qs_words],
-        );
-        if hi_bits > 0 {
-            pack_bits(
-                &f.hi,
-                hi_bits,
-                &mut p.qh[g * geo.qh_words..(g + 1) * geo.qh_words],
-            );
-        }
-        let sw = geo.scale_words;
-        bytes_to_words(&f.scales[..4 * sw], &mut p.scales[g * sw..(g + 1) * sw]);
-        p.d[g] = f16::from_bits(f.d);
-        if geo.has_m {
-            p.m[g] = f16::from_bits(f.dmin);
-        }
-    }
 }
