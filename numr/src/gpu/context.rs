@@ -1,0 +1,294 @@
+//! [`GpuContext`]: the adapter, device and queue, with the capabilities found, the buffer pool,
+//! the pipeline cache and the implicit stream that eager tensor ops record into.
+
+use std::sync::{Arc, Mutex};
+
+use super::capabilities::{Capabilities, CoopMatShape, ParamMode};
+use super::pipeline::PipelineCache;
+use super::pool::BufferPool;
+use super::recorder::{ParamArena, Recording};
+use crate::error::{NumrError, Result};
+
+/// How to choose and configure the GPU. `from_env` reads `NUMR_ADAPTER` and `NUMR_BACKEND`; no
+/// other environment variable changes behaviour.
+#[derive(Clone, Debug)]
+pub struct GpuOptions {
+    /// Adapter by case-insensitive name substring, or by index in the enumeration order.
+    pub adapter: Option<String>,
+    /// Restrict to one backend: "vulkan", "metal", "dx12" or "gl".
+    pub backend: Option<String>,
+    /// Keep naga's runtime bounds checks in kernels that do not opt out explicitly.
+    pub runtime_checks: bool,
+    /// Force a parameter mode (tests use this to exercise the uniform-arena path).
+    pub param_mode: Option<ParamMode>,
+    /// Record GPU timestamps per dispatch (see [`crate::gpu::Profiler`]).
+    pub profiling: bool,
+    /// Bytes of free buffers the pool may keep for reuse.
+    pub pool_limit_bytes: u64,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        GpuOptions {
+            adapter: None,
+            backend: None,
+            runtime_checks: true,
+            param_mode: None,
+            profiling: false,
+            pool_limit_bytes: 2 << 30,
+        }
+    }
+}
+
+impl GpuOptions {
+    pub fn from_env() -> Self {
+        GpuOptions {
+            adapter: std::env::var("NUMR_ADAPTER").ok().filter(|s| !s.is_empty()),
+            backend: std::env::var("NUMR_BACKEND").ok().filter(|s| !s.is_empty()),
+            ..Default::default()
+        }
+    }
+}
+
+pub(crate) struct GpuInner {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) caps: Capabilities,
+    pub(crate) options: GpuOptions,
+    pub(crate) pool: BufferPool,
+    pub(crate) pipelines: PipelineCache,
+    /// The implicit recording that eager tensor ops append to; submitted on readback or `sync`.
+    pub(crate) stream: Mutex<Option<Recording>>,
+    pub(crate) arena: Mutex<Option<ParamArena>>,
+    pub(crate) submit_lock: Mutex<()>,
+    pub(crate) uncaptured: Arc<Mutex<Vec<String>>>,
+    _adapter: wgpu::Adapter,
+    _instance: wgpu::Instance,
+}
+
+/// A handle to one GPU device. Cheap to clone; all clones share the pool, caches and stream.
+#[derive(Clone)]
+pub struct GpuContext {
+    pub(crate) inner: Arc<GpuInner>,
+}
+
+impl std::fmt::Debug for GpuContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuContext({})", self.inner.caps.adapter_name)
+    }
+}
+
+fn backend_of(name: &str) -> Option<wgpu::Backends> {
+    match name.to_ascii_lowercase().as_str() {
+        "vulkan" | "vk" => Some(wgpu::Backends::VULKAN),
+        "metal" | "mtl" => Some(wgpu::Backends::METAL),
+        "dx12" | "d3d12" => Some(wgpu::Backends::DX12),
+        "gl" | "gles" | "opengl" => Some(wgpu::Backends::GL),
+        _ => None,
+    }
+}
+
+fn type_rank(t: wgpu::DeviceType) -> u32 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    }
+}
+
+fn backend_rank(b: wgpu::Backend) -> u32 {
+    if b == wgpu::Backend::Gl { 1 } else { 0 }
+}
+
+fn scalar_name(t: wgpu::CooperativeScalarType) -> String {
+    format!("{t:?}").to_ascii_lowercase()
+}
+
+impl GpuContext {
+    /// Picks the adapter from `NUMR_ADAPTER` / `NUMR_BACKEND`, else the best discrete GPU.
+    pub fn new() -> Result<Self> {
+        Self::with_options(GpuOptions::from_env())
+    }
+
+    /// Lists the adapters wgpu can see, as "index: name (backend, type)".
+    pub fn list_adapters() -> Vec<String> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let info = a.get_info();
+                format!("{i}: {} ({:?}, {:?})", info.name, info.backend, info.device_type)
+            })
+            .collect()
+    }
+
+    pub fn with_options(options: GpuOptions) -> Result<Self> {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        let filter = options.adapter.clone().unwrap_or_default();
+        if let Some(b) = &options.backend {
+            desc.backends = backend_of(b).ok_or_else(|| NumrError::NoAdapter { filter: format!("backend {b}") })?;
+        }
+        let backends = desc.backends;
+        let instance = wgpu::Instance::new(desc);
+        let adapters = pollster::block_on(instance.enumerate_adapters(backends));
+        let adapter = match &options.adapter {
+            Some(sel) => match sel.parse::<usize>() {
+                Ok(i) => adapters.into_iter().nth(i),
+                Err(_) => {
+                    let s = sel.to_ascii_lowercase();
+                    adapters.into_iter().find(|a| a.get_info().name.to_ascii_lowercase().contains(&s))
+                }
+            },
+            None => adapters.into_iter().min_by_key(|a| {
+                let i = a.get_info();
+                (type_rank(i.device_type), backend_rank(i.backend))
+            }),
+        }
+        .ok_or(NumrError::NoAdapter { filter })?;
+
+        let info = adapter.get_info();
+        let have = adapter.features();
+        let wanted = wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+            | wgpu::Features::IMMEDIATES
+            | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        let mut features = have & wanted;
+        // Inside-pass timestamps are only valid together with the base feature.
+        if !features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            features.remove(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS);
+        }
+        let limits = adapter.limits();
+        let coop = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            adapter.cooperative_matrix_properties()
+        } else {
+            Vec::new()
+        };
+        let device_desc = wgpu::DeviceDescriptor {
+            label: Some("numr"),
+            required_features: features,
+            required_limits: limits.clone(),
+            // SAFETY: the only experimental feature requested is cooperative matrices; kernels that
+            // use them are checked against the CPU reference in the test suite.
+            experimental_features: if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&device_desc))
+            .map_err(|e| NumrError::DeviceCreation { adapter: info.name.clone(), reason: e.to_string() })?;
+
+        let uncaptured = Arc::new(Mutex::new(Vec::new()));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(e.to_string());
+            }
+        }));
+
+        let immediates = features.contains(wgpu::Features::IMMEDIATES) && limits.max_immediate_size >= 128;
+        let param_mode = options.param_mode.unwrap_or(if immediates { ParamMode::Immediates } else { ParamMode::UniformArena });
+        if param_mode == ParamMode::Immediates && !immediates {
+            return Err(NumrError::MissingFeature("IMMEDIATES (128 bytes)"));
+        }
+        let caps = Capabilities {
+            adapter_name: info.name.clone(),
+            backend: format!("{:?}", info.backend),
+            device_type: format!("{:?}", info.device_type),
+            driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            subgroup_min_size: info.subgroup_min_size,
+            subgroup_max_size: info.subgroup_max_size,
+            timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            timestamps_inside_passes: features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+            immediates,
+            cooperative_matrix: coop
+                .iter()
+                .map(|c| CoopMatShape { m: c.m_size, n: c.n_size, k: c.k_size, ab: scalar_name(c.ab_type), cr: scalar_name(c.cr_type) })
+                .collect(),
+            param_mode,
+            limits,
+        };
+        let pool = BufferPool::new(options.pool_limit_bytes);
+        Ok(GpuContext {
+            inner: Arc::new(GpuInner {
+                device,
+                queue,
+                caps,
+                options,
+                pool,
+                pipelines: PipelineCache::default(),
+                stream: Mutex::new(None),
+                arena: Mutex::new(None),
+                submit_lock: Mutex::new(()),
+                uncaptured,
+                _adapter: adapter,
+                _instance: instance,
+            }),
+        })
+    }
+
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+    pub fn options(&self) -> &GpuOptions {
+        &self.inner.options
+    }
+    pub fn device(&self) -> &wgpu::Device {
+        &self.inner.device
+    }
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.inner.queue
+    }
+
+    /// Runs `f` inside out-of-memory and validation error scopes and turns what they catch into a
+    /// typed error. `context` says what was being done, for the message.
+    pub fn scoped<T>(&self, context: &str, f: impl FnOnce() -> T) -> Result<T> {
+        let dev = &self.inner.device;
+        let oom = dev.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = dev.push_error_scope(wgpu::ErrorFilter::Validation);
+        let internal = dev.push_error_scope(wgpu::ErrorFilter::Internal);
+        let out = f();
+        let e_int = pollster::block_on(internal.pop());
+        let e_val = pollster::block_on(val.pop());
+        let e_oom = pollster::block_on(oom.pop());
+        if e_oom.is_some() {
+            return Err(NumrError::OutOfMemory { context: context.to_string() });
+        }
+        if let Some(e) = e_val {
+            return Err(NumrError::Validation { context: context.to_string(), message: e.to_string() });
+        }
+        if let Some(e) = e_int {
+            return Err(NumrError::Internal { context: context.to_string(), message: e.to_string() });
+        }
+        self.take_uncaptured(context)?;
+        Ok(out)
+    }
+
+    /// Reports an error that reached the uncaptured handler (for example from another thread).
+    pub(crate) fn take_uncaptured(&self, context: &str) -> Result<()> {
+        let mut v = self.inner.uncaptured.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(msg) = v.drain(..).next() {
+            return Err(NumrError::Validation { context: context.to_string(), message: msg });
+        }
+        Ok(())
+    }
+
+    /// Blocks until the GPU has finished all submitted work.
+    pub fn wait_idle(&self) -> Result<()> {
+        self.inner
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| NumrError::DeviceLost(e.to_string()))
+    }
+}

@@ -1,0 +1,228 @@
+//! Kernel sources: a small builder that emits the binding and parameter declarations of a WGSL
+//! compute kernel from one description, so the names, the bind group layout and the parameter
+//! block can never disagree. Kernel families (in numr and boostr) generate the body.
+
+use super::capabilities::{Capabilities, ParamMode};
+
+/// How a kernel accesses one storage binding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    Read,
+    ReadWrite,
+}
+
+/// Most parameter words a kernel may take (128 bytes: the immediates size Vulkan guarantees).
+pub const MAX_PARAM_WORDS: usize = 32;
+
+/// What a kernel generator needs to know about the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelEnv {
+    pub param_mode: ParamMode,
+    /// `enable f16;` and `array<f16>` storage are available.
+    pub f16: bool,
+    /// Subgroup builtins are available.
+    pub subgroups: bool,
+    /// The subgroup size kernels may assume as a minimum (1 when unknown).
+    pub subgroup_min_size: u32,
+}
+
+impl KernelEnv {
+    pub fn from_caps(c: &Capabilities) -> Self {
+        KernelEnv {
+            param_mode: c.param_mode,
+            f16: c.shader_f16,
+            subgroups: c.subgroups && c.subgroup_min_size >= 4,
+            subgroup_min_size: c.subgroup_min_size.max(1),
+        }
+    }
+
+    /// Environments that kernel generators are validated against without a GPU.
+    pub fn all_for_validation() -> Vec<KernelEnv> {
+        let mut v = Vec::new();
+        for param_mode in [ParamMode::Immediates, ParamMode::UniformArena] {
+            for f16 in [false, true] {
+                for (subgroups, sg) in [(false, 1), (true, 8), (true, 32)] {
+                    v.push(KernelEnv { param_mode, f16, subgroups, subgroup_min_size: sg });
+                }
+            }
+        }
+        v
+    }
+}
+
+/// A complete kernel: WGSL text plus the layout facts the pipeline needs.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KernelSource {
+    /// Human-readable label (used in errors and profiles).
+    pub name: String,
+    pub wgsl: String,
+    pub entry: String,
+    /// Storage bindings of group 0, in binding order.
+    pub bindings: Vec<Access>,
+    /// Parameter words (u32) the kernel reads as `p.<name>`.
+    pub param_words: u32,
+    pub param_mode: ParamMode,
+    /// Compile without naga's runtime bounds checks. Only for kernels whose indexing is in bounds
+    /// by construction, and only where a test covers the unchecked variant.
+    pub unchecked: bool,
+}
+
+/// Builds a [`KernelSource`].
+pub struct KernelBuilder {
+    name: String,
+    env: KernelEnv,
+    f16: bool,
+    bindings: Vec<(String, Access, String)>,
+    params: Vec<String>,
+    prelude: String,
+    body: String,
+    workgroup: [u32; 3],
+    unchecked: bool,
+    subgroup_builtins: bool,
+}
+
+impl KernelBuilder {
+    pub fn new(name: impl Into<String>, env: KernelEnv) -> Self {
+        KernelBuilder {
+            name: name.into(),
+            env,
+            f16: false,
+            bindings: Vec::new(),
+            params: Vec::new(),
+            prelude: String::new(),
+            body: String::new(),
+            workgroup: [64, 1, 1],
+            unchecked: false,
+            subgroup_builtins: false,
+        }
+    }
+
+    /// Emits `enable f16;` (the caller must check `env.f16`).
+    pub fn enable_f16(mut self) -> Self {
+        self.f16 = true;
+        self
+    }
+
+    /// Adds storage binding `name: ty` (for example `array<u32>`) at the next binding index.
+    pub fn storage(mut self, name: &str, access: Access, ty: &str) -> Self {
+        self.bindings.push((name.to_string(), access, ty.to_string()));
+        self
+    }
+
+    /// Adds u32 parameters, read in WGSL as `p.<name>`.
+    pub fn params(mut self, names: &[&str]) -> Self {
+        self.params.extend(names.iter().map(|s| s.to_string()));
+        self
+    }
+
+    pub fn workgroup(mut self, x: u32, y: u32, z: u32) -> Self {
+        self.workgroup = [x, y, z];
+        self
+    }
+
+    /// Module-scope WGSL (helper functions, `var<workgroup>` arrays, constants).
+    pub fn prelude(mut self, s: &str) -> Self {
+        self.prelude.push_str(s);
+        self.prelude.push('\n');
+        self
+    }
+
+    /// Body of `fn main`. In scope: `gid`, `lid`, `wid` (vec3<u32> global/local/workgroup ids),
+    /// `nwg` (number of workgroups), `lidx` (local index), `wg_linear` (linear workgroup index over
+    /// a 2-D grid) and, after [`Self::subgroup_builtins`], `sg_size` and `sg_id`.
+    pub fn body(mut self, s: &str) -> Self {
+        self.body.push_str(s);
+        self
+    }
+
+    /// Adds `sg_size` and `sg_id` (subgroup size and invocation id) to `main`'s arguments. Only for
+    /// one-dimensional workgroups, and only when `env.subgroups` is set.
+    pub fn subgroup_builtins(mut self) -> Self {
+        self.subgroup_builtins = self.env.subgroups;
+        self
+    }
+
+    pub fn unchecked(mut self, on: bool) -> Self {
+        self.unchecked = on;
+        self
+    }
+
+    pub fn build(self) -> KernelSource {
+        let mut w = String::new();
+        if self.f16 {
+            w.push_str("enable f16;\n");
+        }
+        for (i, (name, access, ty)) in self.bindings.iter().enumerate() {
+            let a = match access {
+                Access::Read => "read",
+                Access::ReadWrite => "read_write",
+            };
+            w.push_str(&format!("@group(0) @binding({i}) var<storage, {a}> {name}: {ty};\n"));
+        }
+        // The parameter block is padded to 16 bytes so it is also a valid uniform struct.
+        let mut words = self.params.clone();
+        while words.is_empty() || words.len() % 4 != 0 {
+            words.push(format!("_pad{}", words.len()));
+        }
+        w.push_str("struct Params {\n");
+        for p in &words {
+            w.push_str(&format!("    {p}: u32,\n"));
+        }
+        w.push_str("}\n");
+        match self.env.param_mode {
+            ParamMode::Immediates => w.push_str("var<immediate> p: Params;\n"),
+            ParamMode::UniformArena => w.push_str("@group(1) @binding(0) var<uniform> p: Params;\n"),
+        }
+        w.push_str(&self.prelude);
+        let [x, y, z] = self.workgroup;
+        let sg = if self.subgroup_builtins {
+            ",\n    @builtin(subgroup_size) sg_size: u32,\n    @builtin(subgroup_invocation_id) sg_id: u32"
+        } else {
+            ""
+        };
+        w.push_str(&format!(
+            "@compute @workgroup_size({x}, {y}, {z})\nfn main(\n    @builtin(global_invocation_id) gid: vec3<u32>,\n    @builtin(local_invocation_id) lid: vec3<u32>,\n    @builtin(local_invocation_index) lidx: u32,\n    @builtin(workgroup_id) wid: vec3<u32>,\n    @builtin(num_workgroups) nwg: vec3<u32>{sg}\n) {{\n    let wg_linear = wid.y * nwg.x + wid.x;\n{}\n}}\n",
+            self.body
+        ));
+        KernelSource {
+            name: self.name,
+            wgsl: w,
+            entry: "main".to_string(),
+            bindings: self.bindings.iter().map(|b| b.1).collect(),
+            param_words: words.len() as u32,
+            param_mode: self.env.param_mode,
+            unchecked: self.unchecked,
+        }
+    }
+}
+
+/// A 2-D grid for `n` workgroups so that no dimension exceeds `max_per_dim`. Kernels recover the
+/// linear index as `wid.y * nwg.x + wid.x` and must bound-check it against `n`.
+pub fn grid_2d(n: u64, max_per_dim: u32) -> Option<[u32; 3]> {
+    let m = max_per_dim as u64;
+    if n == 0 {
+        return Some([0, 1, 1]);
+    }
+    if n <= m {
+        return Some([n as u32, 1, 1]);
+    }
+    let y = n.div_ceil(m);
+    if y > m {
+        return None;
+    }
+    let x = n.div_ceil(y);
+    Some([x as u32, y as u32, 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grid_2d;
+
+    #[test]
+    fn grids() {
+        assert_eq!(grid_2d(10, 65535), Some([10, 1, 1]));
+        let g = grid_2d(65536, 65535).unwrap();
+        assert!(g[0] as u64 * g[1] as u64 >= 65536 && g[0] <= 65535);
+        assert_eq!(grid_2d(65535u64 * 65535 + 1, 65535), None);
+    }
+}

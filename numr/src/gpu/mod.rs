@@ -1,0 +1,19 @@
+//! The wgpu side of numr: context, capabilities, buffer pool, kernels and pipeline cache,
+//! recorder, profiler and transfers.
+
+pub mod capabilities;
+pub mod context;
+pub mod kernel;
+pub mod pipeline;
+pub mod pool;
+pub mod profiler;
+pub mod recorder;
+pub mod transfer;
+
+pub use capabilities::{Capabilities, CoopMatShape, ParamMode};
+pub use context::{GpuContext, GpuOptions};
+pub use kernel::{grid_2d, Access, KernelBuilder, KernelEnv, KernelSource, MAX_PARAM_WORDS};
+pub use pipeline::{Binding, BoundGroup, Kernel};
+pub use pool::{size_class, BufferKind, GpuBuffer, PoolStats};
+pub use profiler::Profile;
+pub use recorder::Recorder;

@@ -1,0 +1,267 @@
+//! The recorder: many dispatches (and copies) into one command encoder, as few compute passes as
+//! possible (a pass ends only where a copy must run), and one submit.
+//!
+//! Per-dispatch parameters travel as immediates where the adapter has them, else through one
+//! uniform arena per context bound at a dynamic offset. Nothing is created per dispatch: pipelines
+//! and bind groups come from the caches (or are built once by the caller with
+//! [`GpuContext::bind`]), and the arena buffer and its bind group are reused across submits.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::capabilities::ParamMode;
+use super::context::GpuContext;
+use super::pipeline::{Binding, BoundGroup, Kernel};
+use super::pool::{BufferKind, GpuBuffer};
+use super::profiler::{Profile, QueryPlan};
+use crate::error::{NumrError, Result};
+
+enum Command {
+    Dispatch { pipeline: wgpu::ComputePipeline, group: wgpu::BindGroup, params: Range<usize>, grid: [u32; 3], label: Arc<str> },
+    Copy { src: Arc<GpuBuffer>, src_offset: u64, dst: Arc<GpuBuffer>, dst_offset: u64, size: u64 },
+    Clear { buffer: Arc<GpuBuffer> },
+}
+
+/// The context's parameter arena: one uniform buffer and its bind group, grown on demand.
+pub(crate) struct ParamArena {
+    buffer: Arc<GpuBuffer>,
+    group: wgpu::BindGroup,
+}
+
+/// Records dispatches for one submit. Holds every buffer it binds until it is submitted, so
+/// dropping a tensor after recording an op on it is always safe.
+pub struct Recorder {
+    pub(crate) ctx: GpuContext,
+    pub(crate) rec: Recording,
+}
+
+/// The context-free part of a recording (the implicit stream stores this, so that the context
+/// does not own a reference to itself).
+#[derive(Default)]
+pub(crate) struct Recording {
+    commands: Vec<Command>,
+    params: Vec<u8>,
+    keep: Vec<Arc<GpuBuffer>>,
+    dispatches: usize,
+}
+
+impl GpuContext {
+    /// A new, empty recording.
+    pub fn recorder(&self) -> Recorder {
+        Recorder { ctx: self.clone(), rec: Recording::default() }
+    }
+}
+
+impl Recorder {
+    pub fn context(&self) -> &GpuContext {
+        &self.ctx
+    }
+
+    pub(crate) fn count_of(r: &Recording) -> usize {
+        r.dispatches
+    }
+
+    /// Dispatches recorded so far.
+    pub fn dispatch_count(&self) -> usize {
+        self.rec.dispatches
+    }
+
+    /// Compute passes the current recording will use.
+    pub fn pass_count(&self) -> usize {
+        let mut passes = 0;
+        let mut in_pass = false;
+        for c in &self.rec.commands {
+            match c {
+                Command::Dispatch { .. } if !in_pass => {
+                    passes += 1;
+                    in_pass = true;
+                }
+                Command::Dispatch { .. } => {}
+                Command::Copy { .. } | Command::Clear { .. } => in_pass = false,
+            }
+        }
+        passes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rec.commands.is_empty()
+    }
+
+    /// Records `kernel` over a bind group built beforehand with [`GpuContext::bind`].
+    pub fn dispatch(&mut self, kernel: &Kernel, group: &BoundGroup, params: &[u32], grid: [u32; 3]) -> Result<()> {
+        if group.layout_key != kernel.layout_key {
+            return Err(NumrError::Validation {
+                context: format!("recording kernel {}", kernel.name),
+                message: "bind group was built for a different binding layout".into(),
+            });
+        }
+        if params.len() * 4 > kernel.param_bytes as usize {
+            return Err(NumrError::ParamsTooLarge { kernel: kernel.name.clone(), needed: params.len() * 4, limit: kernel.param_bytes as usize });
+        }
+        let max = self.ctx.inner.caps.limits.max_compute_workgroups_per_dimension;
+        if grid.iter().any(|&g| g > max) {
+            return Err(NumrError::GridTooLarge { workgroups: grid.iter().map(|&g| g as u64).product(), limit: max });
+        }
+        let start = match kernel.param_mode {
+            ParamMode::Immediates => self.rec.params.len(),
+            ParamMode::UniformArena => {
+                let align = self.ctx.inner.caps.limits.min_uniform_buffer_offset_alignment as usize;
+                self.rec.params.len().div_ceil(align) * align
+            }
+        };
+        self.rec.params.resize(start, 0);
+        self.rec.params.extend_from_slice(bytemuck::cast_slice(params));
+        self.rec.params.resize(start + kernel.param_bytes as usize, 0);
+        self.rec.keep.extend(group.buffers.iter().cloned());
+        self.rec.commands.push(Command::Dispatch {
+            pipeline: kernel.pipeline.clone(),
+            group: group.group.clone(),
+            params: start..start + kernel.param_bytes as usize,
+            grid,
+            label: kernel.name.as_str().into(),
+        });
+        self.rec.dispatches += 1;
+        Ok(())
+    }
+
+    /// Binds (through the bind-group cache) and records `kernel` in one call.
+    pub fn dispatch_with(&mut self, kernel: &Kernel, bindings: &[Binding], params: &[u32], grid: [u32; 3]) -> Result<()> {
+        let group = self.ctx.bind(kernel, bindings)?;
+        self.dispatch(kernel, &group, params, grid)
+    }
+
+    /// Records a buffer-to-buffer copy (ends the current compute pass). Offsets and size must be
+    /// multiples of 4.
+    pub fn copy(&mut self, src: &Arc<GpuBuffer>, src_offset: u64, dst: &Arc<GpuBuffer>, dst_offset: u64, size: u64) -> Result<()> {
+        if src_offset % 4 != 0 || dst_offset % 4 != 0 || size % 4 != 0 || src_offset + size > src.capacity() || dst_offset + size > dst.capacity() {
+            return Err(NumrError::Validation {
+                context: "recording a copy".into(),
+                message: format!("copy {src:?}+{src_offset} -> {dst:?}+{dst_offset} of {size} bytes is misaligned or out of bounds"),
+            });
+        }
+        self.rec.commands.push(Command::Copy { src: src.clone(), src_offset, dst: dst.clone(), dst_offset, size });
+        Ok(())
+    }
+
+    /// Records zero-filling of the whole buffer (ends the current compute pass).
+    pub fn clear(&mut self, buffer: &Arc<GpuBuffer>) -> Result<()> {
+        self.rec.commands.push(Command::Clear { buffer: buffer.clone() });
+        Ok(())
+    }
+
+    fn arena(&self) -> Result<Option<wgpu::BindGroup>> {
+        if self.ctx.inner.caps.param_mode != ParamMode::UniformArena || self.rec.params.is_empty() {
+            return Ok(None);
+        }
+        let mut slot = self.ctx.inner.arena.lock().unwrap_or_else(|p| p.into_inner());
+        let need = self.rec.params.len() as u64 + super::kernel::MAX_PARAM_WORDS as u64 * 4;
+        if slot.as_ref().is_none_or(|a| a.buffer.capacity() < need) {
+            let buffer = self.ctx.alloc(need.max(64 << 10), BufferKind::Uniform)?;
+            let layout = self.ctx.arena_layout();
+            let group = self.ctx.scoped("creating the parameter arena", || {
+                self.ctx.inner.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("numr-param-arena"),
+                    layout: &layout,
+                    entries: &[wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: buffer.raw(),
+                            offset: 0,
+                            size: wgpu::BufferSize::new(super::kernel::MAX_PARAM_WORDS as u64 * 4),
+                        }),
+                    }],
+                })
+            })?;
+            *slot = Some(ParamArena { buffer, group });
+        }
+        Ok(slot.as_ref().map(|a| a.group.clone()))
+    }
+
+    fn encode(&self, arena: Option<&wgpu::BindGroup>, queries: Option<&QueryPlan>) -> wgpu::CommandBuffer {
+        let dev = &self.ctx.inner.device;
+        let mut enc = dev.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("numr") });
+        let mut i = 0;
+        let mut dispatch_index = 0u32;
+        while i < self.rec.commands.len() {
+            match &self.rec.commands[i] {
+                Command::Copy { src, src_offset, dst, dst_offset, size } => {
+                    enc.copy_buffer_to_buffer(src.raw(), *src_offset, dst.raw(), *dst_offset, *size);
+                    i += 1;
+                }
+                Command::Clear { buffer } => {
+                    enc.clear_buffer(buffer.raw(), 0, None);
+                    i += 1;
+                }
+                Command::Dispatch { .. } => {
+                    let per_pass = queries.is_some_and(|q| q.pass_level());
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: None,
+                        timestamp_writes: queries.filter(|q| q.pass_level()).map(|q| q.pass_writes(dispatch_index)),
+                    });
+                    while let Some(Command::Dispatch { pipeline, group, params, grid, .. }) = self.rec.commands.get(i) {
+                        if let Some(q) = queries.filter(|q| !q.pass_level()) {
+                            q.write_before(&mut pass, dispatch_index);
+                        }
+                        pass.set_pipeline(pipeline);
+                        pass.set_bind_group(0, group, &[]);
+                        match arena {
+                            Some(a) => pass.set_bind_group(1, a, &[params.start as u32]),
+                            None if !params.is_empty() => pass.set_immediates(0, &self.rec.params[params.clone()]),
+                            None => {}
+                        }
+                        pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+                        if let Some(q) = queries.filter(|q| !q.pass_level()) {
+                            q.write_after(&mut pass, dispatch_index);
+                        }
+                        dispatch_index += 1;
+                        i += 1;
+                        if per_pass {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(q) = queries {
+            q.resolve(&mut enc);
+        }
+        enc.finish()
+    }
+
+    /// Encodes everything into one command buffer and submits it once. Returns when queued; GPU
+    /// errors from encoding or submission come back as typed errors.
+    pub fn submit(self) -> Result<()> {
+        self.submit_inner(None).map(|_| ())
+    }
+
+    fn submit_inner(&self, queries: Option<&QueryPlan>) -> Result<()> {
+        if self.rec.commands.is_empty() {
+            return Ok(());
+        }
+        let _lock = self.ctx.inner.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let arena = self.arena()?;
+        self.ctx.scoped("submitting a recording", || {
+            let cmd = self.encode(arena.as_ref(), queries);
+            if arena.is_some() {
+                let slot = self.ctx.inner.arena.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(a) = slot.as_ref() {
+                    self.ctx.inner.queue.write_buffer(a.buffer.raw(), 0, &self.rec.params);
+                }
+            }
+            self.ctx.inner.queue.submit([cmd]);
+        })
+    }
+
+    /// Submits with GPU timestamps around every dispatch (or every pass, where the adapter only
+    /// has pass-level timestamps), waits, and returns the time per labelled dispatch.
+    pub fn submit_profiled(self) -> Result<Profile> {
+        let labels: Vec<Arc<str>> = self
+            .rec.commands
+            .iter()
+            .filter_map(|c| if let Command::Dispatch { label, .. } = c { Some(label.clone()) } else { None })
+            .collect();
+        let plan = QueryPlan::new(&self.ctx, labels.len() as u32)?;
+        self.submit_inner(Some(&plan))?;
+        plan.read(&self.ctx, labels)
+    }
+}

@@ -1,0 +1,98 @@
+//! CPU references for the core ops: plain loops in f64 over the strided views, rounded once to
+//! the output dtype. These are the oracles of the GPU parity tests.
+
+use crate::dtype::{write_f64, DType};
+use crate::error::Result;
+use crate::kernels::binary::BinaryOp;
+use crate::kernels::reduce::RowOp;
+use crate::tensor::{Storage, Tensor};
+
+/// The elements of a view, in row-major order, as f64.
+fn gather(t: &Tensor) -> Vec<f64> {
+    let Storage::Cpu(bytes) = &t.storage else { unreachable!("cpu op on a gpu tensor") };
+    t.layout.indices().map(|i| crate::dtype::read_f64(t.dtype, bytes, i)).collect()
+}
+
+fn build(values: impl ExactSizeIterator<Item = f64>, dtype: DType, shape: &[usize]) -> Tensor {
+    let mut bytes = vec![0u8; values.len() * dtype.size()];
+    for (i, v) in values.enumerate() {
+        write_f64(dtype, &mut bytes, i, v);
+    }
+    Tensor::cpu_from_bytes(bytes, dtype, shape)
+}
+
+pub fn convert(t: &Tensor, dtype: DType) -> Result<Tensor> {
+    Ok(build(gather(t).into_iter(), dtype, t.shape()))
+}
+
+/// Integer results wrap like the GPU's 32-bit arithmetic.
+fn wrap(dtype: DType, v: f64) -> f64 {
+    match dtype {
+        DType::I32 => (v as i64 as i32) as f64,
+        DType::U32 => (v as i64 as u32) as f64,
+        _ => v,
+    }
+}
+
+pub fn binary(a: &Tensor, b: Option<&Tensor>, op: BinaryOp, s: f64) -> Result<Tensor> {
+    let x = gather(a);
+    let d = a.dtype;
+    let y = b.map(gather);
+    let s = match d {
+        DType::I32 => s as i32 as f64,
+        DType::U32 => s as u32 as f64,
+        _ => s as f32 as f64,
+    };
+    let out: Vec<f64> = match op {
+        BinaryOp::Add => x.iter().zip(y.unwrap()).map(|(p, q)| wrap(d, p + q)).collect(),
+        BinaryOp::Mul => x.iter().zip(y.unwrap()).map(|(p, q)| wrap(d, p * q)).collect(),
+        BinaryOp::Scale => x.iter().map(|p| wrap(d, p * s)).collect(),
+    };
+    Ok(build(out.into_iter(), d, a.shape()))
+}
+
+pub fn row_op(t: &Tensor, op: RowOp) -> Result<Tensor> {
+    let x = gather(t);
+    let n = *t.shape().last().unwrap();
+    let rows = if n == 0 { 0 } else { x.len() / n };
+    let mut out = Vec::new();
+    for r in 0..rows {
+        let row = &x[r * n..r * n + n];
+        match op {
+            RowOp::Sum => out.push(row.iter().sum()),
+            RowOp::Max => out.push(row.iter().cloned().fold(f64::NEG_INFINITY, f64::max)),
+            RowOp::Softmax => {
+                let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
+                out.extend(row.iter().map(|v| (v - m).exp() / s));
+            }
+        }
+    }
+    let shape = match op {
+        RowOp::Softmax => t.shape().to_vec(),
+        _ => t.shape()[..t.rank() - 1].to_vec(),
+    };
+    Ok(build(out.into_iter(), t.dtype, &shape))
+}
+
+/// `a: [B, M, K]`, `b: [B, K, N]` (possibly broadcast views).
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let (batch, m, k) = (a.shape()[0], a.shape()[1], a.shape()[2]);
+    let n = b.shape()[2];
+    let x = gather(a);
+    let y = gather(b);
+    let mut out = vec![0f64; batch * m * n];
+    for bi in 0..batch {
+        for i in 0..m {
+            for kk in 0..k {
+                let av = x[(bi * m + i) * k + kk];
+                let yrow = &y[(bi * k + kk) * n..(bi * k + kk) * n + n];
+                let orow = &mut out[(bi * m + i) * n..(bi * m + i) * n + n];
+                for (o, bv) in orow.iter_mut().zip(yrow) {
+                    *o += av * bv;
+                }
+            }
+        }
+    }
+    Ok(build(out.into_iter(), a.dtype, &[batch, m, n]))
+}

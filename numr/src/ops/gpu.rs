@@ -1,0 +1,204 @@
+//! GPU implementations of the core ops: bind each view's byte range (at the adapter's offset
+//! alignment, with the remaining element offset as a parameter), pick the kernel variant, and
+//! record it into the context's stream.
+
+use crate::dtype::DType;
+use crate::error::{NumrError, Result};
+use crate::gpu::{grid_2d, Binding, GpuContext, KernelEnv};
+use crate::kernels::binary::{Binary, BinaryOp};
+use crate::kernels::convert::{Convert, ConvertMode, MAX_RANK, WG};
+use crate::kernels::matmul::{Matmul, TILE};
+use crate::kernels::reduce::{RowOp, RowReduce};
+use crate::tensor::Tensor;
+
+fn ctx_of(t: &Tensor) -> &GpuContext {
+    t.device.gpu_context().expect("gpu op on a gpu tensor")
+}
+
+/// The binding of a view's bytes, and the element offset of its first element inside it.
+/// `granule` is the byte multiple the binding size is rounded up to (4, or 16 for vec4 access).
+pub(crate) fn bind_view(t: &Tensor, granule: u64) -> Result<(Binding, u32)> {
+    let ctx = ctx_of(t);
+    let buf = t.gpu_buffer().expect("gpu tensor").clone();
+    let s = t.dtype.size() as u64;
+    let start = t.layout.offset() as u64 * s;
+    let end = (t.layout.storage_extent() as u64 * s).max(start + 1);
+    let align = ctx.capabilities().limits.min_storage_buffer_offset_alignment as u64;
+    let bind_start = start / align * align;
+    let size = (end - bind_start).div_ceil(granule) * granule;
+    let elem_off = (start - bind_start) / s;
+    Ok((Binding { buffer: buf, offset: bind_start, size }, elem_off as u32))
+}
+
+fn binding_fits(b: &Binding) -> bool {
+    b.offset + b.size <= b.buffer.capacity()
+}
+
+/// Merges adjacent dims that are contiguous with each other in every stride set, and drops size-1
+/// dims, so that most views fit the kernels' six dims.
+fn collapse(shape: &[usize], strides: &[&[usize]]) -> (Vec<usize>, Vec<Vec<usize>>) {
+    let mut out_shape: Vec<usize> = Vec::new();
+    let mut out_strides: Vec<Vec<usize>> = vec![Vec::new(); strides.len()];
+    for d in 0..shape.len() {
+        if shape[d] == 1 {
+            continue;
+        }
+        let mergeable = !out_shape.is_empty()
+            && strides.iter().enumerate().all(|(i, st)| *out_strides[i].last().unwrap() == st[d] * shape[d]);
+        if mergeable {
+            *out_shape.last_mut().unwrap() *= shape[d];
+            for (i, st) in strides.iter().enumerate() {
+                *out_strides[i].last_mut().unwrap() = st[d];
+            }
+        } else {
+            out_shape.push(shape[d]);
+            for (i, st) in strides.iter().enumerate() {
+                out_strides[i].push(st[d]);
+            }
+        }
+    }
+    (out_shape, out_strides)
+}
+
+/// Right-aligns shape and strides into [`MAX_RANK`] dims (leading dims of size 1, stride 0).
+fn pad6(op: &'static str, shape: &[usize], strides: &[Vec<usize>]) -> Result<(Vec<u32>, Vec<Vec<u32>>)> {
+    if shape.len() > MAX_RANK {
+        return Err(NumrError::InvalidView { op, reason: format!("view needs {} strided dims, at most {MAX_RANK} are supported", shape.len()) });
+    }
+    let lead = MAX_RANK - shape.len();
+    let mut d = vec![1u32; lead];
+    d.extend(shape.iter().map(|&x| x as u32));
+    let st = strides
+        .iter()
+        .map(|s| {
+            let mut v = vec![0u32; lead];
+            v.extend(s.iter().map(|&x| x as u32));
+            v
+        })
+        .collect();
+    Ok((d, st))
+}
+
+fn grid_for(ctx: &GpuContext, workgroups: u64) -> Result<[u32; 3]> {
+    let max = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
+    grid_2d(workgroups, max).ok_or(NumrError::GridTooLarge { workgroups, limit: max })
+}
+
+pub fn convert(t: &Tensor, dtype: DType) -> Result<Tensor> {
+    let ctx = ctx_of(t);
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let out = Tensor::gpu_empty(ctx, t.shape(), dtype)?;
+    let n = t.numel();
+    if n == 0 {
+        return Ok(out);
+    }
+    let (out_bind, _) = bind_view(&out, 16)?;
+    if dtype == t.dtype && t.is_contiguous() {
+        let (src_bind, off) = bind_view(t, 16)?;
+        let off_bytes = off as u64 * dtype.size() as u64;
+        if off_bytes % 16 == 0 && binding_fits(&src_bind) && binding_fits(&out_bind) {
+            let n_vec4 = (n as u64 * dtype.size() as u64).div_ceil(16);
+            let k = ctx.kernel(&Convert { src: dtype, dst: dtype, mode: ConvertMode::Vec4Copy }.source(&env))?;
+            let grid = grid_for(ctx, n_vec4.div_ceil(WG as u64))?;
+            ctx.with_stream(|rec| rec.dispatch_with(&k, &[src_bind, out_bind], &[n_vec4 as u32, (off_bytes / 16) as u32], grid))?;
+            return Ok(out);
+        }
+    }
+    let (src_bind, off) = bind_view(t, 4)?;
+    let (out_bind, _) = bind_view(&out, 4)?;
+    let mode = if t.is_contiguous() { ConvertMode::Contiguous } else { ConvertMode::Strided };
+    let (shape, strides) = collapse(t.shape(), &[t.layout.strides()]);
+    let (d, st) = pad6("convert", &shape, &strides)?;
+    let mut params = vec![n as u32, off];
+    params.extend(&d);
+    params.extend(&st[0]);
+    let k = ctx.kernel(&Convert { src: t.dtype, dst: dtype, mode }.source(&env))?;
+    let words = (n as u64).div_ceil(dtype.per_word() as u64);
+    let grid = grid_for(ctx, words.div_ceil(WG as u64))?;
+    ctx.with_stream(|rec| rec.dispatch_with(&k, &[src_bind, out_bind], &params, grid))?;
+    Ok(out)
+}
+
+pub fn binary(a: &Tensor, b: Option<&Tensor>, op: BinaryOp, s: f64) -> Result<Tensor> {
+    let ctx = ctx_of(a);
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let out = Tensor::gpu_empty(ctx, a.shape(), a.dtype)?;
+    let n = a.numel();
+    if n == 0 {
+        return Ok(out);
+    }
+    let (a_bind, a_off) = bind_view(a, 4)?;
+    let mut strides: Vec<&[usize]> = vec![a.layout.strides()];
+    let mut bindings = vec![a_bind];
+    let mut b_off = 0;
+    if let Some(b) = b {
+        let (bb, bo) = bind_view(b, 4)?;
+        bindings.push(bb);
+        b_off = bo;
+        strides.push(b.layout.strides());
+    }
+    let (shape, st) = collapse(a.shape(), &strides);
+    let (d, st) = pad6("elementwise", &shape, &st)?;
+    let scalar = match a.dtype {
+        DType::I32 => (s as i32) as u32,
+        DType::U32 => s as u32,
+        _ => (s as f32).to_bits(),
+    };
+    let mut params = vec![n as u32, scalar, a_off, b_off];
+    params.extend(&d);
+    for s in &st {
+        params.extend(s);
+    }
+    bindings.push(bind_view(&out, 4)?.0);
+    let k = ctx.kernel(&Binary { op, dtype: a.dtype }.source(&env))?;
+    let words = (n as u64).div_ceil(a.dtype.per_word() as u64);
+    let grid = grid_for(ctx, words.div_ceil(WG as u64))?;
+    ctx.with_stream(|rec| rec.dispatch_with(&k, &bindings, &params, grid))?;
+    Ok(out)
+}
+
+pub fn row_op(t: &Tensor, op: RowOp) -> Result<Tensor> {
+    let ctx = ctx_of(t);
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let t = if t.is_contiguous() { t.clone() } else { t.contiguous()? };
+    let n = *t.shape().last().unwrap();
+    let rows = if n == 0 { 0 } else { t.numel() / n };
+    let shape = match op {
+        RowOp::Softmax => t.shape().to_vec(),
+        _ => t.shape()[..t.rank() - 1].to_vec(),
+    };
+    let out = Tensor::gpu_empty(ctx, &shape, DType::F32)?;
+    if rows > 0 {
+        let (x_bind, off) = bind_view(&t, 4)?;
+        let (o_bind, _) = bind_view(&out, 4)?;
+        let k = ctx.kernel(&RowReduce { op, dtype: t.dtype }.source(&env))?;
+        let grid = grid_for(ctx, rows as u64)?;
+        ctx.with_stream(|rec| rec.dispatch_with(&k, &[x_bind, o_bind], &[rows as u32, n as u32, off], grid))?;
+    }
+    out.cast(t.dtype)
+}
+
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let ctx = ctx_of(a);
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let (batch, m, k) = (a.shape()[0], a.shape()[1], a.shape()[2]);
+    let n = b.shape()[2];
+    let out_f16 = a.dtype == DType::F16 && env.f16;
+    let out_dtype = if out_f16 { DType::F16 } else { DType::F32 };
+    let out = Tensor::gpu_empty(ctx, &[batch, m, n], out_dtype)?;
+    if batch * m * n > 0 {
+        let (ab, a_off) = bind_view(a, 4)?;
+        let (bb, b_off) = bind_view(b, 4)?;
+        let (ob, _) = bind_view(&out, 4)?;
+        let (sa, sb) = (a.layout.strides(), b.layout.strides());
+        let params = [m, n, k, a_off as usize, sa[0], sa[1], sa[2], b_off as usize, sb[0], sb[1], sb[2]].map(|x| x as u32);
+        let kern = ctx.kernel(&Matmul { dtype: a.dtype, out_f16 }.source(&env))?;
+        let max = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
+        let grid = [(n as u32).div_ceil(TILE), (m as u32).div_ceil(TILE), batch as u32];
+        if grid.iter().any(|&g| g > max) {
+            return Err(NumrError::GridTooLarge { workgroups: grid.iter().map(|&g| g as u64).product(), limit: max });
+        }
+        ctx.with_stream(|rec| rec.dispatch_with(&kern, &[ab, bb, ob], &params, grid))?;
+    }
+    out.cast(a.dtype)
+}

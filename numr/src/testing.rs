@@ -1,0 +1,81 @@
+//! Helpers for tests, here and in crates built on numr: tolerant comparison with the tolerances
+//! defined in [`crate::dtype::rtol`], and (with the `testing` feature) naga validation of WGSL.
+
+use crate::dtype::{rtol, DType};
+
+/// Compares `got` with the reference `want` at the tolerance of `dtype`: every element must satisfy
+/// `|got - want| <= rtol(dtype) * max(|want|, rms(want))`. The RMS term keeps elements near zero
+/// (after cancellation) from demanding more precision than the computation has. NaN never passes.
+/// Returns a description of the worst element on failure.
+pub fn check_close(got: &[f64], want: &[f64], dtype: DType) -> Result<(), String> {
+    check_close_rtol(got, want, rtol(dtype))
+}
+
+/// [`check_close`] with an explicit relative tolerance.
+pub fn check_close_rtol(got: &[f64], want: &[f64], tol: f64) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("length {} vs reference {}", got.len(), want.len()));
+    }
+    let rms = (want.iter().map(|w| w * w).sum::<f64>() / want.len().max(1) as f64).sqrt();
+    let mut worst: Option<(usize, f64)> = None;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let bound = tol * w.abs().max(rms);
+        let err = (g - w).abs();
+        if !(err <= bound) || g.is_nan() != w.is_nan() {
+            let ratio = if bound > 0.0 { err / bound } else { f64::INFINITY };
+            if worst.is_none_or(|(_, r)| ratio > r || ratio.is_nan()) {
+                worst = Some((i, ratio));
+            }
+        }
+    }
+    match worst {
+        None => Ok(()),
+        Some((i, r)) => Err(format!("element {i}: got {} want {} (error {:.3}x the tolerance {tol})", got[i], want[i], r)),
+    }
+}
+
+/// Parses and validates a WGSL kernel with naga (all capabilities numr may use), then writes
+/// SPIR-V, which catches backend failures that validation alone misses.
+#[cfg(feature = "testing")]
+pub fn validate_wgsl(src: &str) -> Result<(), String> {
+    use naga::valid::{Capabilities, ValidationFlags, Validator};
+    let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
+    let caps = Capabilities::IMMEDIATES
+        | Capabilities::SHADER_FLOAT16
+        | Capabilities::SHADER_FLOAT16_IN_FLOAT32
+        | Capabilities::SUBGROUP
+        | Capabilities::COOPERATIVE_MATRIX
+        | Capabilities::SHADER_INT64;
+    let info = Validator::new(ValidationFlags::all(), caps)
+        .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+        .subgroup_operations(naga::valid::SubgroupOperationSet::all())
+        .validate(&module)
+        .map_err(|e| e.emit_to_string(src))?;
+    let opts = naga::back::spv::Options::default();
+    std::panic::catch_unwind(|| naga::back::spv::write_vec(&module, &info, &opts, None))
+        .map_err(|_| "naga's SPIR-V writer panicked".to_string())?
+        .map_err(|e| format!("SPIR-V: {e}"))?;
+    Ok(())
+}
+
+/// The environment variable that lets GPU tests skip when no adapter exists. CI never sets it.
+pub const ALLOW_NO_GPU: &str = "NUMR_ALLOW_NO_GPU";
+
+/// The GPU for tests, shared by every test in the process. When no adapter is found the test
+/// fails, unless `NUMR_ALLOW_NO_GPU=1` is set, in which case this returns `None` and the caller
+/// skips.
+pub fn test_gpu() -> Option<crate::GpuContext> {
+    use std::sync::OnceLock;
+    static CTX: OnceLock<Result<crate::GpuContext, String>> = OnceLock::new();
+    match CTX.get_or_init(|| crate::GpuContext::new().map_err(|e| e.to_string())) {
+        Ok(c) => Some(c.clone()),
+        Err(e) => {
+            if std::env::var(ALLOW_NO_GPU).is_ok_and(|v| v == "1") {
+                eprintln!("skipping GPU test: {e} ({ALLOW_NO_GPU}=1)");
+                None
+            } else {
+                panic!("no usable GPU adapter ({e}); GPU tests fail without one. Set {ALLOW_NO_GPU}=1 to skip them explicitly.");
+            }
+        }
+    }
+}
