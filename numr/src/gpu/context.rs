@@ -21,8 +21,6 @@ pub struct GpuOptions {
     pub runtime_checks: bool,
     /// Force a parameter mode (tests use this to exercise the uniform-arena path).
     pub param_mode: Option<ParamMode>,
-    /// Record GPU timestamps per dispatch (see [`crate::gpu::Profiler`]).
-    pub profiling: bool,
     /// Bytes of free buffers the pool may keep for reuse.
     pub pool_limit_bytes: u64,
 }
@@ -34,7 +32,6 @@ impl Default for GpuOptions {
             backend: None,
             runtime_checks: true,
             param_mode: None,
-            profiling: false,
             pool_limit_bytes: 2 << 30,
         }
     }
@@ -131,9 +128,20 @@ impl GpuContext {
         if let Some(b) = &options.backend {
             desc.backends = backend_of(b).ok_or_else(|| NumrError::NoAdapter { filter: format!("backend {b}") })?;
         }
-        let backends = desc.backends;
-        let instance = wgpu::Instance::new(desc);
-        let adapters = pollster::block_on(instance.enumerate_adapters(backends));
+        // Without an explicit choice, look at the native APIs first (Vulkan, Metal, DX12) and
+        // only fall back to GL when none of them has an adapter.
+        let explicit = options.backend.is_some() || std::env::var("WGPU_BACKEND").is_ok();
+        if !explicit {
+            desc.backends &= wgpu::Backends::PRIMARY;
+        }
+        let mut backends = desc.backends;
+        let mut instance = wgpu::Instance::new(desc);
+        let mut adapters = pollster::block_on(instance.enumerate_adapters(backends));
+        if adapters.is_empty() && !explicit {
+            backends = wgpu::Backends::all();
+            instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+            adapters = pollster::block_on(instance.enumerate_adapters(backends));
+        }
         let adapter = match &options.adapter {
             Some(sel) => match sel.parse::<usize>() {
                 Ok(i) => adapters.into_iter().nth(i),

@@ -1,0 +1,188 @@
+//! The GPU machinery: buffer pool reuse, limits as typed errors, the pipeline cache, the recorder
+//! (one encoder, one pass, one submit; bind groups reused across submits), the uniform-arena
+//! parameter path, the profiler and the implicit stream.
+
+use numr::gpu::{Access, Binding, BufferKind, GpuOptions, KernelBuilder, KernelEnv, ParamMode};
+use numr::kernels::binary::{Binary, BinaryOp};
+use numr::testing::{check_close, test_gpu};
+use numr::{DType, Device, GpuContext, NumrError, Tensor};
+
+fn data(n: usize) -> Vec<f32> {
+    (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect()
+}
+
+#[test]
+fn pool_reuses_freed_buffers_by_size_class() {
+    let Some(ctx) = test_gpu() else { return };
+    let before = ctx.pool_stats();
+    let a = ctx.alloc(1000, BufferKind::Storage).unwrap();
+    assert_eq!(a.capacity(), 1024);
+    drop(a);
+    let b = ctx.alloc(900, BufferKind::Storage).unwrap();
+    let after = ctx.pool_stats();
+    assert!(after.reused > before.reused, "{before:?} -> {after:?}");
+    assert_eq!(b.capacity(), 1024);
+}
+
+#[test]
+fn limits_are_typed_errors() {
+    let Some(ctx) = test_gpu() else { return };
+    let dev = Device::Gpu(ctx.clone());
+    let limits = ctx.capabilities().limits.clone();
+    let n = (limits.max_buffer_size / 4 + 16) as usize;
+    match Tensor::zeros(&[n], DType::F32, &dev) {
+        Err(NumrError::BufferTooLarge { bytes, limit }) => assert!(bytes > limit),
+        other => panic!("expected BufferTooLarge, got {other:?}"),
+    }
+    assert!(matches!(ctx.alloc(limits.max_buffer_size + 1, BufferKind::Storage), Err(NumrError::BufferTooLarge { .. })));
+    // A tensor that fits a buffer but not one binding.
+    let binding = limits.max_storage_buffer_binding_size;
+    if binding + 1024 <= limits.max_buffer_size && binding <= 1 << 30 {
+        let t = Tensor::zeros(&[(binding / 4 + 64) as usize], DType::F32, &dev).unwrap();
+        match t.scale(2.0) {
+            Err(NumrError::BindingTooLarge { bytes, limit }) => assert!(bytes > limit && limit == binding),
+            other => panic!("expected BindingTooLarge, got {other:?}"),
+        }
+        // A view of it that fits one binding still works.
+        let v = t.narrow(0, 1000, 1000).unwrap().scale(2.0).unwrap();
+        assert_eq!(v.to_vec::<f32>().unwrap(), vec![0.0; 1000]);
+    }
+}
+
+#[test]
+fn pipeline_cache_compiles_once() {
+    // A context of its own: tests run in parallel and others compile kernels on the shared one.
+    if test_gpu().is_none() {
+        return;
+    }
+    let ctx = GpuContext::new().unwrap();
+    let dev = Device::Gpu(ctx.clone());
+    let a = Tensor::from_slice(&data(100), &[100], &dev).unwrap();
+    a.scale(2.0).unwrap();
+    let n = ctx.cached_kernels();
+    for _ in 0..5 {
+        a.scale(3.0).unwrap();
+    }
+    assert_eq!(ctx.cached_kernels(), n);
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let src = Binary { op: BinaryOp::Scale, dtype: DType::F32 }.source(&env);
+    let k1 = ctx.kernel(&src).unwrap();
+    let k2 = ctx.kernel(&src).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&k1, &k2));
+}
+
+fn scale_params(n: u32, s: f32) -> Vec<u32> {
+    let mut p = vec![n, s.to_bits(), 0, 0, 1, 1, 1, 1, 1, n];
+    p.extend([0, 0, 0, 0, 0, 1]);
+    p
+}
+
+#[test]
+fn recorder_one_pass_one_submit_and_reused_bind_groups() {
+    let Some(ctx) = test_gpu() else { return };
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let k = ctx.kernel(&Binary { op: BinaryOp::Scale, dtype: DType::F32 }.source(&env)).unwrap();
+    let n = 3000usize;
+    let x = data(n);
+    let a = ctx.upload(bytemuck::cast_slice(&x)).unwrap();
+    let b = ctx.alloc((n * 4) as u64, BufferKind::Storage).unwrap();
+    // Built once, reused for every dispatch of two submits.
+    let ab = ctx.bind(&k, &[Binding::whole(&a), Binding::whole(&b)]).unwrap();
+    let ba = ctx.bind(&k, &[Binding::whole(&b), Binding::whole(&a)]).unwrap();
+    let grid = [(n as u32).div_ceil(256), 1, 1];
+    for _ in 0..2 {
+        let mut rec = ctx.recorder();
+        for i in 0..40 {
+            let (g, s) = if i % 2 == 0 { (&ab, 2.0) } else { (&ba, 1.5) };
+            rec.dispatch(&k, g, &scale_params(n as u32, s), grid).unwrap();
+        }
+        assert_eq!(rec.dispatch_count(), 40);
+        assert_eq!(rec.pass_count(), 1);
+        rec.submit().unwrap();
+    }
+    let got: Vec<f32> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(&a, 0, (n * 4) as u64).unwrap());
+    let want: Vec<f64> = x.iter().map(|&v| v as f64 * 3f64.powi(40)).collect();
+    check_close(&got.iter().map(|&v| v as f64).collect::<Vec<_>>(), &want, DType::F32).unwrap();
+}
+
+#[test]
+fn uniform_arena_parameters() {
+    if test_gpu().is_none() {
+        return;
+    }
+    let ctx = GpuContext::with_options(GpuOptions { param_mode: Some(ParamMode::UniformArena), ..GpuOptions::from_env() }).unwrap();
+    assert_eq!(ctx.capabilities().param_mode, ParamMode::UniformArena);
+    let dev = Device::Gpu(ctx.clone());
+    let x = Tensor::from_slice(&data(5000), &[50, 100], &Device::Cpu).unwrap();
+    let xg = x.to_device(&dev).unwrap();
+    // Several dispatches with different parameters in one recording: each must see its own.
+    let got = xg.scale(2.0).unwrap().add(&xg.scale(-0.5).unwrap()).unwrap().softmax_last().unwrap();
+    let want = x.scale(2.0).unwrap().add(&x.scale(-0.5).unwrap()).unwrap().softmax_last().unwrap();
+    check_close(&got.to_f64_vec().unwrap(), &want.to_f64_vec().unwrap(), DType::F32).unwrap();
+    let w = Tensor::from_slice(&data(100 * 30), &[100, 30], &Device::Cpu).unwrap();
+    let mm = xg.matmul(&w.to_device(&dev).unwrap()).unwrap();
+    check_close(&mm.to_f64_vec().unwrap(), &x.matmul(&w).unwrap().to_f64_vec().unwrap(), DType::F32).unwrap();
+}
+
+#[test]
+fn profiler_reports_time_per_dispatch() {
+    let Some(ctx) = test_gpu() else { return };
+    if !ctx.capabilities().timestamps {
+        return;
+    }
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let k = ctx.kernel(&Binary { op: BinaryOp::Scale, dtype: DType::F32 }.source(&env)).unwrap();
+    let n = 1 << 20;
+    let a = ctx.upload(bytemuck::cast_slice(&data(n))).unwrap();
+    let b = ctx.alloc((n * 4) as u64, BufferKind::Storage).unwrap();
+    let mut rec = ctx.recorder();
+    for _ in 0..3 {
+        rec.dispatch_with(&k, &[Binding::whole(&a), Binding::whole(&b)], &scale_params(n as u32, 2.0), [(n as u32) / 256, 1, 1]).unwrap();
+    }
+    let profile = rec.submit_profiled().unwrap();
+    assert_eq!(profile.entries.len(), 3);
+    assert!(profile.entries.iter().all(|(l, ns)| &**l == "scale_f32" && *ns >= 0.0));
+    assert!(profile.total_ns() > 0.0, "{profile}");
+}
+
+#[test]
+fn eager_ops_share_one_submit() {
+    // A context of its own, so no other test flushes its stream in between.
+    if test_gpu().is_none() {
+        return;
+    }
+    let ctx = GpuContext::new().unwrap();
+    let dev = Device::Gpu(ctx.clone());
+    ctx.sync().unwrap();
+    let x = Tensor::from_slice(&data(1000), &[1000], &dev).unwrap();
+    let mut y = x.clone();
+    for _ in 0..50 {
+        y = y.add(&x).unwrap();
+    }
+    assert_eq!(ctx.pending_dispatches(), 50, "50 eager ops, nothing submitted yet");
+    let got = y.to_vec::<f32>().unwrap();
+    assert_eq!(ctx.pending_dispatches(), 0);
+    let want: Vec<f64> = data(1000).iter().map(|&v| v as f64 * 51.0).collect();
+    check_close(&got.iter().map(|&v| v as f64).collect::<Vec<_>>(), &want, DType::F32).unwrap();
+}
+
+#[test]
+fn bad_kernels_and_devices_are_typed_errors() {
+    let Some(ctx) = test_gpu() else { return };
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let bad = KernelBuilder::new("broken", env).storage("x", Access::ReadWrite, "array<u32>").body("    x[0] = undefined_thing;\n").build();
+    assert!(matches!(ctx.kernel(&bad), Err(NumrError::ShaderCompile { .. })));
+    let limit = ctx.capabilities().limits.max_storage_buffers_per_shader_stage;
+    if limit < 64 {
+        let mut b = KernelBuilder::new("wide", env);
+        for i in 0..=limit {
+            b = b.storage(&format!("x{i}"), Access::Read, "array<u32>");
+        }
+        assert!(matches!(ctx.kernel(&b.build()), Err(NumrError::TooManyBindings { .. })));
+    }
+    let g = Tensor::from_slice(&[1f32, 2.0], &[2], &Device::Gpu(ctx.clone())).unwrap();
+    let c = Tensor::from_slice(&[1f32, 2.0], &[2], &Device::Cpu).unwrap();
+    assert!(matches!(g.add(&c), Err(NumrError::DeviceMismatch { .. })));
+    // The context stays usable after errors.
+    assert_eq!(g.add(&g).unwrap().to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+}
