@@ -34,16 +34,38 @@ pub struct AwqTensors<'a> {
     pub group_size: usize,
 }
 
+/// The quant of input `k`, output `n` from AWQ `qweight` words (`n_out` output columns).
+#[inline]
+pub(crate) fn quant_at(qweight: &[u32], n_out: usize, k: usize, n: usize) -> u32 {
+    (qweight[k * (n_out / 8) + n / 8] >> AWQ_SHIFTS[n % 8]) & 0xF
+}
+
+/// Writes the packed quant words (see [`super::packed_decode`]) of an AWQ `qweight` of `k`
+/// inputs and `n` outputs into `qs` (`n` rows of `k / 8` words).
+///
+/// A blocked transpose: 32 consecutive rows of one qweight column of words give four words
+/// to each of its eight output rows; columns are walked in tiles of 16 (one cache line).
+pub(crate) fn pack_runs(qweight: &[u32], k: usize, n: usize, qs: &mut [u32]) {
+    let (words_per_row, word_cols) = (k / 8, n / 8);
+    for j0 in (0..word_cols).step_by(16) {
+        for k0 in (0..k).step_by(32) {
+            for j in j0..(j0 + 16).min(word_cols) {
+                let column: [u32; 32] = std::array::from_fn(|l| qweight[(k0 + l) * word_cols + j]);
+                for (c, &shift) in AWQ_SHIFTS.iter().enumerate() {
+                    let out = &mut qs[(8 * j + c) * words_per_row + k0 / 8..][..4];
+                    super::int4::pack_run(|l| (column[l] >> shift) & 0xF, out);
+                }
+            }
+        }
+    }
+}
+
 /// Unpacks an AWQ-ordered int32 matrix of `rows x cols/8` words into `rows x cols` nibbles
 /// (row-major), undoing the interleaved column order.
 fn unpack_awq(bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len() * 2);
-    let mut word_buf = [0u8; 8];
     for w in words(bytes) {
-        for (c, v) in word_buf.iter_mut().enumerate() {
-            *v = ((w >> AWQ_SHIFTS[c]) & 0xF) as u8;
-        }
-        out.extend_from_slice(&word_buf);
+        out.extend(AWQ_SHIFTS.iter().map(|&shift| ((w >> shift) & 0xF) as u8));
     }
     out
 }
@@ -62,7 +84,7 @@ impl AwqTensors<'_> {
             k,
             n,
             group_size: gs,
-            q: unpack_awq(self.qweight),
+            qweight: words(self.qweight).collect(),
             z: unpack_awq(self.qzeros),
             s: halves(self.scales),
         })

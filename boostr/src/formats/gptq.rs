@@ -45,6 +45,43 @@ impl GptqZeroOffset {
     }
 }
 
+/// The quant of input `k`, output `n` from GPTQ `qweight` words (`n_out` output columns):
+/// word `(k / 8, n)`, nibble `k % 8`.
+#[inline]
+pub(crate) fn quant_at(qweight: &[u32], n_out: usize, k: usize, n: usize) -> u32 {
+    (qweight[(k / 8) * n_out + n] >> (4 * (k % 8))) & 0xF
+}
+
+/// Spreads the eight nibbles of `w` to the low halves of eight bytes (nibble `i` to byte `i`).
+#[inline]
+fn spread_nibbles(w: u32) -> u64 {
+    let mut x = w as u64;
+    x = (x | x << 16) & 0x0000_FFFF_0000_FFFF;
+    x = (x | x << 8) & 0x00FF_00FF_00FF_00FF;
+    (x | x << 4) & 0x0F0F_0F0F_0F0F_0F0F
+}
+
+/// Writes the packed quant words (see [`super::packed_decode`]) of a GPTQ `qweight` of `k`
+/// inputs and `n` outputs into `qs` (`n` rows of `k / 8` words).
+///
+/// Four qweight words of one column hold a run of 32 inputs in order; the run's bytes pair input
+/// `l` with input `16 + l`, which is two nibble spreads and a shift. Columns are walked in tiles
+/// so that every output row is written sequentially.
+pub(crate) fn pack_runs(qweight: &[u32], k: usize, n: usize, qs: &mut [u32]) {
+    let words_per_row = k / 8;
+    for n0 in (0..n).step_by(64) {
+        for r in (0..k / 8).step_by(4) {
+            for col in n0..(n0 + 64).min(n) {
+                let w = |i: usize| qweight[(r + i) * n + col];
+                let lo = spread_nibbles(w(0)) | spread_nibbles(w(2)) << 4;
+                let hi = spread_nibbles(w(1)) | spread_nibbles(w(3)) << 4;
+                let out = &mut qs[col * words_per_row + r..][..4];
+                out.copy_from_slice(&[lo as u32, (lo >> 32) as u32, hi as u32, (hi >> 32) as u32]);
+            }
+        }
+    }
+}
+
 /// The tensors of one GPTQ linear layer, as raw little-endian bytes.
 #[derive(Debug, Clone, Copy)]
 pub struct GptqTensors<'a> {
@@ -89,14 +126,6 @@ impl GptqTensors<'_> {
                 }
             }
         }
-        // qweight: word (r, n) at index r * N + n; input 8r + i in nibble i.
-        let mut q = vec![0u8; k * n];
-        for (idx, w) in words(self.qweight).enumerate() {
-            let (r, col) = (idx / n, idx % n);
-            for i in 0..8 {
-                q[(8 * r + i) * n + col] = ((w >> (4 * i)) & 0xF) as u8;
-            }
-        }
         let offset = self.zero_offset.offset();
         let mut z = Vec::with_capacity(groups * n);
         for w in words(self.qzeros) {
@@ -107,7 +136,7 @@ impl GptqTensors<'_> {
             k,
             n,
             group_size: gs,
-            q,
+            qweight: words(self.qweight).collect(),
             z,
             s: halves(self.scales),
         })

@@ -34,14 +34,15 @@ impl Int4Scheme {
     }
 }
 
-/// An int4 matrix with its packing undone: every field in logical `[row][col]` order.
+/// An int4 matrix: the checkpoint's quant words as they are, zero points and scales unpacked
+/// to logical `[group][col]` order.
 pub(crate) struct Int4Matrix {
     pub scheme: Int4Scheme,
     pub k: usize,
     pub n: usize,
     pub group_size: usize,
-    /// `q[k * n_cols + n]`, 0..16.
-    pub q: Vec<u8>,
+    /// The `qweight` words in the checkpoint's layout (read through [`Int4Matrix::q`]).
+    pub qweight: Vec<u32>,
     /// `z[g * N + n]`, the effective zero point.
     pub z: Vec<u8>,
     /// `s[g * N + n]`.
@@ -107,7 +108,28 @@ pub(crate) fn halves(bytes: &[u8]) -> Vec<f16> {
         .collect()
 }
 
+/// Packs 32 quants of one output row (input `k0 + l` at `q[l]`) into the four words of a run:
+/// byte `l` of the run holds `q[l]` in its low nibble and `q[16 + l]` in its high nibble.
+#[inline]
+pub(crate) fn pack_run(q: impl Fn(usize) -> u32, out: &mut [u32]) {
+    for (w, word) in out.iter_mut().enumerate().take(4) {
+        *word = (0..4).fold(0, |acc, b| {
+            let l = 4 * w + b;
+            acc | (q(l) | q(16 + l) << 4) << (8 * b)
+        });
+    }
+}
+
 impl Int4Matrix {
+    /// The quant of input `k`, output `n` (0..16), unpacked from `qweight`.
+    #[inline]
+    fn q(&self, k: usize, n: usize) -> u32 {
+        match self.scheme {
+            Int4Scheme::Awq => super::awq::quant_at(&self.qweight, self.n, k, n),
+            Int4Scheme::Gptq => super::gptq::quant_at(&self.qweight, self.n, k, n),
+        }
+    }
+
     /// The reference dequantization, `[K, N]` row-major (`w[k * N + n]`), the checkpoint's own
     /// orientation.
     pub(crate) fn dequantize(&self) -> Vec<f32> {
@@ -116,7 +138,7 @@ impl Int4Matrix {
         for (k, row) in out.chunks_exact_mut(n_cols.max(1)).enumerate() {
             let g = k / gs;
             for (n, w) in row.iter_mut().enumerate() {
-                let q = self.q[k * n_cols + n] as i32;
+                let q = self.q(k, n) as i32;
                 let z = self.z[g * n_cols + n] as i32;
                 *w = (q - z) as f32 * self.s[g * n_cols + n].to_f32();
             }
@@ -134,16 +156,12 @@ impl Int4Matrix {
             group_size: self.group_size,
         };
         let mut p = PackedWeights::zeroed(format, self.n, self.k)?;
-        let (words_per_row, groups) = (self.k / 8, self.k / self.group_size);
+        let groups = self.k / self.group_size;
+        match self.scheme {
+            Int4Scheme::Awq => super::awq::pack_runs(&self.qweight, self.k, self.n, &mut p.qs),
+            Int4Scheme::Gptq => super::gptq::pack_runs(&self.qweight, self.k, self.n, &mut p.qs),
+        }
         for n in 0..self.n {
-            let row = &mut p.qs[n * words_per_row..(n + 1) * words_per_row];
-            for (k, chunk) in (0..self.k).step_by(32).zip(row.chunks_exact_mut(4)) {
-                for l in 0..16 {
-                    let lo = self.q[(k + l) * self.n + n] as u32;
-                    let hi = self.q[(k + 16 + l) * self.n + n] as u32;
-                    chunk[l / 4] |= (lo | hi << 4) << (8 * (l % 4));
-                }
-            }
             for g in 0..groups {
                 p.d[n * groups + g] = self.s[g * self.n + n];
                 p.m[n * groups + g] = f16::from_f32(self.z[g * self.n + n] as f32);
