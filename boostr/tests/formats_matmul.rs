@@ -3,7 +3,9 @@
 #[path = "formats_util.rs"]
 mod util;
 
-use boostr::formats::{FormatError, GgmlType, dequantize, matmul_ref, matvec_ref, repack};
+use boostr::formats::{
+    AwqTensors, FormatError, GgmlType, dequantize, matmul_ref, matvec_ref, repack,
+};
 use util::{Rng, random_tensor};
 
 #[test]
@@ -58,4 +60,37 @@ fn matmul_checks_activation_length() {
             actual: 5
         }
     );
+}
+
+#[test]
+fn int4_matmul_contracts_over_inputs() {
+    // AWQ K = 64, N = 16: y[i][n] = Σ_k x[i][k] * w[k][n] with w the reference [K, N].
+    let mut rng = Rng(33);
+    let (k, n, g) = (64, 16, 32);
+    let qweight = rng.bytes(k * n / 2);
+    let qzeros = rng.bytes(k / g * n / 2);
+    let scales: Vec<u8> = (0..k / g * n)
+        .flat_map(|_| half::f16::from_f32(rng.f32_in(-0.1, 0.1)).to_le_bytes())
+        .collect();
+    let t = AwqTensors {
+        qweight: &qweight,
+        qzeros: &qzeros,
+        scales: &scales,
+        in_features: k,
+        out_features: n,
+        group_size: g,
+    };
+    let w = t.dequantize().unwrap();
+    let p = t.repack().unwrap();
+    let m = 2;
+    let x: Vec<f32> = (0..m * k).map(|_| rng.f32_in(-1.0, 1.0)).collect();
+    let y = matmul_ref(&p, &x, m).unwrap();
+    for i in 0..m {
+        for col in 0..n {
+            let want: f64 = (0..k)
+                .map(|kk| x[i * k + kk] as f64 * w[kk * n + col] as f64)
+                .sum();
+            assert_eq!(y[i * n + col], want as f32, "i={i} n={col}");
+        }
+    }
 }

@@ -151,6 +151,7 @@ fn int4_packed_rows_equal_reference_transposed() {
         (384, 16, 128),
         (256, 8, 256),
         (96, 8, 32),
+        (64, 136, 32), // more output columns than one repack tile
     ] {
         for awq in [true, false] {
             let [qweight, qzeros, scales] = random_int4(&mut rng, k, n, g, awq);

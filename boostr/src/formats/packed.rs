@@ -2,9 +2,10 @@
 //!
 //! File blocks are 18, 20, 22, 24, 34, 84, 110, ... bytes long, so they are never bound to a
 //! shader as they are. At upload every block is split into separate arrays, each a whole number
-//! of 32-bit words per block:
+//! of 32-bit words per block. Each GGUF field keeps its bytes as ggml stores them, so that
+//! masking a word yields four consecutive elements:
 //!
-//! - `qs`: the quant words (low bits of each element), in element order within a block;
+//! - `qs`: the quant words (the low bits of each element);
 //! - `qh`: an extra bit plane (Q5_0/Q5_1 bit 4, Q3_K hmask, Q5_K bit 4, Q6_K top two bits);
 //! - `scales`: the K-quants' packed sub-block scales, kept as stored (3 or 4 words);
 //! - `d`: one f16 scale per block (the super-block `d`, or the AWQ/GPTQ group scale);
