@@ -1,1 +1,132 @@
+//! Benchmark workloads, shared by the criterion benches (`cargo bench -p benches`) and the table
+//! of `cargo xtask bench`. GPU work is timed by wall clock around one submit of many repetitions
+//! (after a warm-up), so per-dispatch overhead is amortised and the figure is what a user gets.
 
+use std::time::Instant;
+
+use numr::gpu::{grid_2d, Binding, BufferKind, GpuContext, KernelEnv};
+use numr::kernels::stream::StreamRead;
+use numr::{DType, Device, Result, Tensor};
+
+/// One measured workload.
+#[derive(Clone, Debug)]
+pub struct Measurement {
+    pub label: String,
+    /// Median seconds per repetition.
+    pub seconds: f64,
+    /// Bytes moved per repetition (read + written).
+    pub bytes: f64,
+    /// Floating-point operations per repetition.
+    pub flops: f64,
+}
+
+impl Measurement {
+    pub fn gbps(&self) -> f64 {
+        self.bytes / self.seconds / 1e9
+    }
+    pub fn tflops(&self) -> f64 {
+        self.flops / self.seconds / 1e12
+    }
+}
+
+/// Median seconds per repetition of `run(reps)` (which must record `reps` repetitions and leave
+/// them submitted), over `trials` timed trials after one warm-up.
+pub fn time_reps(ctx: &GpuContext, reps: usize, trials: usize, mut run: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+    run(1)?;
+    ctx.sync()?;
+    let mut times = Vec::with_capacity(trials);
+    for _ in 0..trials {
+        let t = Instant::now();
+        run(reps)?;
+        ctx.sync()?;
+        times.push(t.elapsed().as_secs_f64() / reps as f64);
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok(times[times.len() / 2])
+}
+
+/// Largest test buffer for this adapter: `want` bytes, capped by one binding.
+pub fn cap_bytes(ctx: &GpuContext, want: u64) -> u64 {
+    let max = ctx.capabilities().limits.max_storage_buffer_binding_size.min(ctx.capabilities().limits.max_buffer_size);
+    want.min(max / 16 * 16)
+}
+
+/// The bandwidth roofline: a plain streaming read of `bytes`.
+pub fn stream_read(ctx: &GpuContext, bytes: u64, reps: usize) -> Result<Measurement> {
+    let bytes = cap_bytes(ctx, bytes);
+    let src = Tensor::zeros(&[(bytes / 4) as usize], DType::U32, &Device::Gpu(ctx.clone()))?;
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let k = ctx.kernel(&StreamRead.source(&env))?;
+    let n_vec4 = (bytes / 16) as u32;
+    let workgroups = (n_vec4 / 256).clamp(1, 16384);
+    let dst = ctx.alloc(workgroups as u64 * 4, BufferKind::Storage)?;
+    let group = ctx.bind(&k, &[src.gpu_binding(16)?.0, Binding::whole(&dst)])?;
+    let grid = grid_2d(workgroups as u64, 65535).expect("small grid");
+    let s = time_reps(ctx, reps, 5, |r| {
+        let mut rec = ctx.recorder();
+        for _ in 0..r {
+            rec.dispatch(&k, &group, &[n_vec4, workgroups * 256], grid)?;
+        }
+        rec.submit()
+    })?;
+    Ok(Measurement { label: format!("stream read {} MiB", bytes >> 20), seconds: s, bytes: bytes as f64, flops: 0.0 })
+}
+
+/// A contiguous copy of `bytes` through [`Tensor::copy`] (counts bytes read plus written).
+pub fn copy(ctx: &GpuContext, bytes: u64, reps: usize) -> Result<Measurement> {
+    let bytes = cap_bytes(ctx, bytes);
+    let src = Tensor::zeros(&[(bytes / 4) as usize], DType::F32, &Device::Gpu(ctx.clone()))?;
+    let s = time_reps(ctx, reps, 5, |r| {
+        let outs: Vec<Tensor> = (0..r).map(|_| src.copy()).collect::<Result<_>>()?;
+        ctx.flush()?;
+        drop(outs);
+        Ok(())
+    })?;
+    Ok(Measurement { label: format!("copy {} MiB", bytes >> 20), seconds: s, bytes: 2.0 * bytes as f64, flops: 0.0 })
+}
+
+/// `[m, k] · [k, n]` matmul of `dtype` (f16 accumulates in f32) through [`Tensor::matmul`].
+pub fn matmul(ctx: &GpuContext, dtype: DType, m: usize, n: usize, k: usize, reps: usize) -> Result<Measurement> {
+    let dev = Device::Gpu(ctx.clone());
+    let fill = |rows: usize, cols: usize| -> Result<Tensor> {
+        let v: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 1000.0).collect();
+        Tensor::from_slice(&v, &[rows, cols], &Device::Cpu)?.cast(dtype)?.to_device(&dev)
+    };
+    let (a, b) = (fill(m, k)?, fill(k, n)?);
+    let s = time_reps(ctx, reps, 3, |r| {
+        let outs: Vec<Tensor> = (0..r).map(|_| a.matmul(&b)).collect::<Result<_>>()?;
+        ctx.flush()?;
+        drop(outs);
+        Ok(())
+    })?;
+    let e = dtype.size() as f64;
+    Ok(Measurement {
+        label: format!("matmul {dtype} {m}x{k}x{n}"),
+        seconds: s,
+        bytes: e * (m * k + k * n + m * n) as f64,
+        flops: 2.0 * (m * n * k) as f64,
+    })
+}
+
+/// The numr core table: roofline, copy and matmuls, with the fraction of the roofline.
+pub fn core_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
+    let (bytes, reps, mm) = if quick { (64u64 << 20, 3, 512) } else { (1u64 << 30, 20, 4096) };
+    let mut v = vec![stream_read(ctx, bytes, reps)?, copy(ctx, bytes, reps)?];
+    for dtype in [DType::F32, DType::F16] {
+        v.push(matmul(ctx, dtype, mm, mm, mm, if quick { 2 } else { 10 })?);
+    }
+    Ok(v)
+}
+
+/// Prints measurements as a markdown table; bandwidth figures as a fraction of the first row.
+pub fn print_table(ctx: &GpuContext, rows: &[Measurement]) {
+    let roof = rows.first().map(|m| m.gbps()).unwrap_or(0.0);
+    println!("adapter: {} ({})", ctx.capabilities().adapter_name, ctx.capabilities().backend);
+    println!("| workload | time | GB/s | of roofline | TFLOP/s |");
+    println!("|---|---|---|---|---|");
+    for m in rows {
+        let tf = if m.flops > 0.0 { format!("{:.2}", m.tflops()) } else { "-".into() };
+        let frac = if m.flops == 0.0 && roof > 0.0 { format!("{:.0}%", 100.0 * m.gbps() / roof) } else { "-".into() };
+        println!("| {} | {:.1} us | {:.0} | {} | {} |", m.label, m.seconds * 1e6, m.gbps(), frac, tf);
+    }
+}

@@ -72,6 +72,7 @@ pub struct KernelBuilder {
     name: String,
     env: KernelEnv,
     f16: bool,
+    enables: Vec<String>,
     bindings: Vec<(String, Access, String)>,
     params: Vec<String>,
     prelude: String,
@@ -87,6 +88,7 @@ impl KernelBuilder {
             name: name.into(),
             env,
             f16: false,
+            enables: Vec::new(),
             bindings: Vec::new(),
             params: Vec::new(),
             prelude: String::new(),
@@ -100,6 +102,12 @@ impl KernelBuilder {
     /// Emits `enable f16;` (the caller must check `env.f16`).
     pub fn enable_f16(mut self) -> Self {
         self.f16 = true;
+        self
+    }
+
+    /// Emits `enable <ext>;` (for example `wgpu_cooperative_matrix`).
+    pub fn enable(mut self, ext: &str) -> Self {
+        self.enables.push(ext.to_string());
         self
     }
 
@@ -151,6 +159,9 @@ impl KernelBuilder {
         let mut w = String::new();
         if self.f16 {
             w.push_str("enable f16;\n");
+        }
+        for e in &self.enables {
+            w.push_str(&format!("enable {e};\n"));
         }
         for (i, (name, access, ty)) in self.bindings.iter().enumerate() {
             let a = match access {

@@ -6,6 +6,7 @@ pub mod binary;
 pub mod matmul;
 pub mod reduce;
 pub mod snippets;
+pub mod stream;
 
 use crate::gpu::{KernelEnv, KernelSource};
 
@@ -16,5 +17,6 @@ pub fn all_sources(env: &KernelEnv) -> Vec<KernelSource> {
     v.extend(binary::Binary::all().iter().map(|k| k.source(env)));
     v.extend(reduce::RowReduce::all().iter().map(|k| k.source(env)));
     v.extend(matmul::Matmul::all(env).iter().map(|k| k.source(env)));
+    v.push(stream::StreamRead.source(env));
     v
 }

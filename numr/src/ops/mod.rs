@@ -23,6 +23,11 @@ impl Tensor {
         self.convert(self.dtype)
     }
 
+    /// A deep copy into a new contiguous buffer (vec4 copies when the source allows).
+    pub fn copy(&self) -> Result<Tensor> {
+        self.convert(self.dtype)
+    }
+
     /// Casts to `dtype` (saturating for integers, round-to-nearest-even for floats).
     pub fn cast(&self, dtype: DType) -> Result<Tensor> {
         if dtype == self.dtype {
