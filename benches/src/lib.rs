@@ -76,10 +76,13 @@ pub fn stream_read(ctx: &GpuContext, bytes: u64, reps: usize) -> Result<Measurem
 pub fn copy(ctx: &GpuContext, bytes: u64, reps: usize) -> Result<Measurement> {
     let bytes = cap_bytes(ctx, bytes);
     let src = Tensor::zeros(&[(bytes / 4) as usize], DType::F32, &Device::Gpu(ctx.clone()))?;
+    // One submit per repetition, so each output returns to the pool before the next is made.
     let s = time_reps(ctx, reps, 5, |r| {
-        let outs: Vec<Tensor> = (0..r).map(|_| src.copy()).collect::<Result<_>>()?;
-        ctx.flush()?;
-        drop(outs);
+        for _ in 0..r {
+            let out = src.copy()?;
+            ctx.flush()?;
+            drop(out);
+        }
         Ok(())
     })?;
     Ok(Measurement { label: format!("copy {} MiB", bytes >> 20), seconds: s, bytes: 2.0 * bytes as f64, flops: 0.0 })
@@ -94,14 +97,48 @@ pub fn matmul(ctx: &GpuContext, dtype: DType, m: usize, n: usize, k: usize, reps
     };
     let (a, b) = (fill(m, k)?, fill(k, n)?);
     let s = time_reps(ctx, reps, 3, |r| {
-        let outs: Vec<Tensor> = (0..r).map(|_| a.matmul(&b)).collect::<Result<_>>()?;
-        ctx.flush()?;
-        drop(outs);
+        for _ in 0..r {
+            let out = a.matmul(&b)?;
+            ctx.flush()?;
+            drop(out);
+        }
         Ok(())
     })?;
     let e = dtype.size() as f64;
     Ok(Measurement {
         label: format!("matmul {dtype} {m}x{k}x{n}"),
+        seconds: s,
+        bytes: e * (m * k + k * n + m * n) as f64,
+        flops: 2.0 * (m * n * k) as f64,
+    })
+}
+
+/// One variant of numr's matmul kernel, dispatched directly over bind groups built once:
+/// `[m, k] · [k, n]`, both row-major.
+pub fn matmul_variant(ctx: &GpuContext, cfg: numr::kernels::matmul::Matmul, m: usize, n: usize, k: usize, reps: usize) -> Result<Measurement> {
+    use numr::kernels::matmul::TILE;
+    let dev = Device::Gpu(ctx.clone());
+    let fill = |rows: usize, cols: usize| -> Result<Tensor> {
+        let v: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 1000.0).collect();
+        Tensor::from_slice(&v, &[rows, cols], &Device::Cpu)?.cast(cfg.dtype)?.to_device(&dev)
+    };
+    let (a, b) = (fill(m, k)?, fill(k, n)?);
+    let out = Tensor::zeros(&[m, n], if cfg.out_f16 { DType::F16 } else { DType::F32 }, &dev)?;
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let kern = ctx.kernel(&cfg.source(&env))?;
+    let group = ctx.bind(&kern, &[a.gpu_binding(4)?.0, b.gpu_binding(4)?.0, out.gpu_binding(4)?.0])?;
+    let params = [m, n, k, 0, m * k, k, 1, 0, k * n, n, 1].map(|x| x as u32);
+    let grid = [(n as u32).div_ceil(TILE), (m as u32).div_ceil(TILE), 1];
+    let s = time_reps(ctx, reps, 3, |r| {
+        let mut rec = ctx.recorder();
+        for _ in 0..r {
+            rec.dispatch(&kern, &group, &params, grid)?;
+        }
+        rec.submit()
+    })?;
+    let e = cfg.dtype.size() as f64;
+    Ok(Measurement {
+        label: format!("kernel {} {m}x{k}x{n}", kern.name()),
         seconds: s,
         bytes: e * (m * k + k * n + m * n) as f64,
         flops: 2.0 * (m * n * k) as f64,
@@ -114,6 +151,10 @@ pub fn core_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
     let mut v = vec![stream_read(ctx, bytes, reps)?, copy(ctx, bytes, reps)?];
     for dtype in [DType::F32, DType::F16] {
         v.push(matmul(ctx, dtype, mm, mm, mm, if quick { 2 } else { 10 })?);
+    }
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    for cfg in numr::kernels::matmul::Matmul::all(&env) {
+        v.push(matmul_variant(ctx, cfg, mm, mm, mm, if quick { 2 } else { 10 })?);
     }
     Ok(v)
 }

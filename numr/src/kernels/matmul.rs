@@ -19,20 +19,31 @@ pub struct Matmul {
     pub dtype: DType,
     /// Write f16 output directly (needs `env.f16`); else f32.
     pub out_f16: bool,
+    /// Read f16 inputs as `array<f16>` elements (needs `env.f16`) instead of unpacking u32 words.
+    pub native_f16_loads: bool,
 }
 
 impl Matmul {
     pub fn all(env: &KernelEnv) -> Vec<Matmul> {
-        let mut v = vec![Matmul { dtype: DType::F32, out_f16: false }, Matmul { dtype: DType::F16, out_f16: false }];
+        let mut v = vec![
+            Matmul { dtype: DType::F32, out_f16: false, native_f16_loads: false },
+            Matmul { dtype: DType::F16, out_f16: false, native_f16_loads: false },
+        ];
         if env.f16 {
-            v.push(Matmul { dtype: DType::F16, out_f16: true });
+            v.push(Matmul { dtype: DType::F16, out_f16: true, native_f16_loads: false });
+            v.push(Matmul { dtype: DType::F16, out_f16: true, native_f16_loads: true });
         }
         v
     }
 
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
-        let name = format!("matmul_{}{}", self.dtype, if self.out_f16 { "_f16out" } else { "" });
-        let native_f16 = self.dtype == DType::F16 && env.f16;
+        let name = format!(
+            "matmul_{}{}{}",
+            self.dtype,
+            if self.out_f16 { "_f16out" } else { "" },
+            if self.native_f16_loads { "_f16loads" } else { "" }
+        );
+        let native_f16 = self.dtype == DType::F16 && env.f16 && self.native_f16_loads;
         let mut pre = String::new();
         let (in_ty, ld_a, ld_b) = if native_f16 {
             ("array<f16>", "f32(a[i])", "f32(b[i])")

@@ -192,7 +192,7 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let (ob, _) = bind_view(&out, 4)?;
         let (sa, sb) = (a.layout.strides(), b.layout.strides());
         let params = [m, n, k, a_off as usize, sa[0], sa[1], sa[2], b_off as usize, sb[0], sb[1], sb[2]].map(|x| x as u32);
-        let kern = ctx.kernel(&Matmul { dtype: a.dtype, out_f16 }.source(&env))?;
+        let kern = ctx.kernel(&Matmul { dtype: a.dtype, out_f16, native_f16_loads: false }.source(&env))?;
         let max = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
         let grid = [(n as u32).div_ceil(TILE), (m as u32).div_ceil(TILE), batch as u32];
         if grid.iter().any(|&g| g > max) {
