@@ -8,5 +8,8 @@
 
 #![warn(missing_docs)]
 
+pub mod chat_template;
+pub mod fetch;
 pub mod gguf;
+pub mod tokenizer;
 pub mod storage;
