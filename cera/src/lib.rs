@@ -11,5 +11,7 @@
 pub mod chat_template;
 pub mod fetch;
 pub mod gguf;
+pub mod model_file;
+pub mod safetensors;
 pub mod tokenizer;
 pub mod storage;

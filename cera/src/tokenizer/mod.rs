@@ -322,7 +322,6 @@ impl Tokenizer {
         StreamDecoder::new(self)
     }
 
-    #[allow(dead_code)]
     pub(crate) fn hf(&self) -> Option<&hf::HfTokenizer> {
         match &self.inner {
             Inner::Hf(h) => Some(h),
