@@ -9,9 +9,12 @@
 #![warn(missing_docs)]
 
 pub mod chat_template;
+pub mod cli;
 pub mod fetch;
+#[doc(hidden)]
+pub mod fuzz_targets;
 pub mod gguf;
 pub mod model_file;
 pub mod safetensors;
-pub mod tokenizer;
 pub mod storage;
+pub mod tokenizer;

@@ -1,1 +1,5 @@
-fn main() {}
+//! The `cera` command line. See `cera --help`.
+
+fn main() -> std::process::ExitCode {
+    cera::cli::main()
+}

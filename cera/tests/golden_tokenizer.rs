@@ -51,7 +51,9 @@ fn load(id: ModelId, golden: &str) -> Model {
     let path = ensure_model(id).unwrap_or_else(|e| panic!("fetching {}: {e}", id.name()));
     let file = GgufFile::open(&path).unwrap();
     let tok = Tokenizer::from_gguf(&file).unwrap();
-    let gpath = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/tokenizer").join(golden);
+    let gpath = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/golden/tokenizer")
+        .join(golden);
     let golden = serde_json::from_str(&std::fs::read_to_string(&gpath).unwrap()).unwrap();
     Model { file, tok, golden }
 }
@@ -77,7 +79,10 @@ fn check_tokenize(m: &Model) {
     for case in &m.golden.cases {
         for run in &case.tokenize {
             n += 1;
-            let opts = EncodeOptions { add_special: run.add_special, parse_special: run.parse_special };
+            let opts = EncodeOptions {
+                add_special: run.add_special,
+                parse_special: run.parse_special,
+            };
             let ids = m.tok.encode(&case.prompt, opts).unwrap();
             if ids != run.ids {
                 failures.push(format!(
@@ -93,7 +98,9 @@ fn check_tokenize(m: &Model) {
                 let got = m.tok.piece(id, true).unwrap();
                 let want: Vec<u8> = match want {
                     serde_json::Value::String(s) => s.as_bytes().to_vec(),
-                    serde_json::Value::Array(a) => a.iter().map(|b| b.as_u64().unwrap() as u8).collect(),
+                    serde_json::Value::Array(a) => {
+                        a.iter().map(|b| b.as_u64().unwrap() as u8).collect()
+                    }
                     other => panic!("bad piece {other}"),
                 };
                 if got != want {
@@ -102,17 +109,30 @@ fn check_tokenize(m: &Model) {
             }
         }
     }
-    assert!(failures.is_empty(), "{} of {n} tokenizations differ from llama.cpp:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {n} tokenizations differ from llama.cpp:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 fn check_detokenize(m: &Model) {
-    let raw = DecodeOptions { render_special: true, strip_space_prefix: false };
+    let raw = DecodeOptions {
+        render_special: true,
+        strip_space_prefix: false,
+    };
     let mut failures = Vec::new();
     for case in &m.golden.cases {
         let ids = &case.tokenize[0].ids;
         let text = m.tok.decode(ids, raw).unwrap();
         if text != case.detokenized {
-            failures.push(format!("{}: got {}, want {}", short(&case.prompt), short(&text), short(&case.detokenized)));
+            failures.push(format!(
+                "{}: got {}, want {}",
+                short(&case.prompt),
+                short(&text),
+                short(&case.detokenized)
+            ));
         }
         // Streaming gives the same text, one token at a time.
         let mut stream = cera::tokenizer::StreamDecoder::with_options(&m.tok, raw);
@@ -124,10 +144,18 @@ fn check_detokenize(m: &Model) {
         }
         streamed.push_str(&stream.finish());
         if streamed != case.detokenized {
-            failures.push(format!("stream {}: got {}", short(&case.prompt), short(&streamed)));
+            failures.push(format!(
+                "stream {}: got {}",
+                short(&case.prompt),
+                short(&streamed)
+            ));
         }
     }
-    assert!(failures.is_empty(), "detokenization differs from llama.cpp:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "detokenization differs from llama.cpp:\n{}",
+        failures.join("\n")
+    );
 }
 
 fn check_chat(m: &Model) {
@@ -136,9 +164,14 @@ fn check_chat(m: &Model) {
         let got = if chat.continue_final_message {
             tpl.render_continuing(&chat.messages).unwrap()
         } else {
-            tpl.render(&chat.messages, chat.add_generation_prompt).unwrap()
+            tpl.render(&chat.messages, chat.add_generation_prompt)
+                .unwrap()
         };
-        assert_eq!(got, chat.rendered, "chat template rendering differs for {:?}", chat.messages);
+        assert_eq!(
+            got, chat.rendered,
+            "chat template rendering differs for {:?}",
+            chat.messages
+        );
     }
 }
 

@@ -64,7 +64,10 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// A message.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -88,14 +91,21 @@ pub struct ChatTemplate {
 }
 
 fn raise_exception(msg: String) -> Result<Value, Error> {
-    Err(Error::new(ErrorKind::InvalidOperation, format!("raise_exception: {msg}")))
+    Err(Error::new(
+        ErrorKind::InvalidOperation,
+        format!("raise_exception: {msg}"),
+    ))
 }
 
 fn strftime_now(fmt: String) -> Result<String, Error> {
     use std::fmt::Write;
     let mut s = String::new();
-    write!(s, "{}", chrono::Local::now().format(&fmt))
-        .map_err(|_| Error::new(ErrorKind::InvalidOperation, format!("bad strftime format {fmt:?}")))?;
+    write!(s, "{}", chrono::Local::now().format(&fmt)).map_err(|_| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("bad strftime format {fmt:?}"),
+        )
+    })?;
     Ok(s)
 }
 
@@ -106,8 +116,13 @@ fn tojson(v: Value, kwargs: minijinja::value::Kwargs) -> Result<Value, Error> {
     let _: Option<Value> = kwargs.get("separators")?;
     let _: Option<bool> = kwargs.get("ensure_ascii")?;
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&v).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
-    Ok(Value::from_safe_string(pyjson::dumps(&json, indent, sort_keys.unwrap_or(false))))
+    let json = serde_json::to_value(&v)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    Ok(Value::from_safe_string(pyjson::dumps(
+        &json,
+        indent,
+        sort_keys.unwrap_or(false),
+    )))
 }
 
 fn environment(source: &str) -> Result<Environment<'static>, TemplateError> {
@@ -123,13 +138,18 @@ fn environment(source: &str) -> Result<Environment<'static>, TemplateError> {
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     env.add_filter("tojson", tojson);
-    env.add_template_owned("chat", source.to_string()).map_err(|e| TemplateError::Syntax(format!("{e:#}")))?;
+    env.add_template_owned("chat", source.to_string())
+        .map_err(|e| TemplateError::Syntax(format!("{e:#}")))?;
     Ok(env)
 }
 
 impl ChatTemplate {
     /// Compiles Jinja source; `bos_token`/`eos_token` are the texts the template may use.
-    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate, TemplateError> {
+    pub fn new(
+        source: &str,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<ChatTemplate, TemplateError> {
         Ok(ChatTemplate {
             env: Some(environment(source)?),
             source: TemplateSource::Jinja(source.to_string()),
@@ -140,7 +160,12 @@ impl ChatTemplate {
 
     /// A built-in format.
     pub fn builtin(which: BuiltinTemplate) -> ChatTemplate {
-        ChatTemplate { source: TemplateSource::Builtin(which), env: None, bos_token: String::new(), eos_token: String::new() }
+        ChatTemplate {
+            source: TemplateSource::Builtin(which),
+            env: None,
+            bos_token: String::new(),
+            eos_token: String::new(),
+        }
     }
 
     /// The file's `tokenizer.chat_template`, or the built-in format for its architecture.
@@ -165,7 +190,11 @@ impl ChatTemplate {
 
     /// Renders a conversation. With `add_generation_prompt` the text ends with the opening of
     /// the assistant's turn.
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TemplateError> {
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TemplateError> {
         self.render_with(messages, add_generation_prompt, &BTreeMap::new())
     }
 
@@ -194,13 +223,23 @@ impl ChatTemplate {
         extra: &BTreeMap<String, serde_json::Value>,
     ) -> Result<String, TemplateError> {
         let (Some(env), TemplateSource::Jinja(_)) = (&self.env, &self.source) else {
-            let TemplateSource::Builtin(b) = self.source else { unreachable_builtin() };
+            let TemplateSource::Builtin(b) = self.source else {
+                unreachable_builtin()
+            };
             return Ok(b.render(messages, add_generation_prompt));
         };
-        let tpl = env.get_template("chat").map_err(|e| TemplateError::Render(e.to_string()))?;
-        let mut ctx: BTreeMap<String, Value> = extra.iter().map(|(k, v)| (k.clone(), Value::from(Serde(v)))).collect();
+        let tpl = env
+            .get_template("chat")
+            .map_err(|e| TemplateError::Render(e.to_string()))?;
+        let mut ctx: BTreeMap<String, Value> = extra
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::from(Serde(v))))
+            .collect();
         ctx.insert("messages".into(), Value::from(Serde(messages)));
-        ctx.insert("add_generation_prompt".into(), Value::from(add_generation_prompt));
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::from(add_generation_prompt),
+        );
         ctx.insert("bos_token".into(), Value::from(self.bos_token.clone()));
         ctx.insert("eos_token".into(), Value::from(self.eos_token.clone()));
         tpl.render(ctx).map_err(|e| {
@@ -255,16 +294,28 @@ mod tests {
             "[USER:Hi:True][ASSISTANT:Hello!:False][USER:Bye:False]<s>{\"b\": 1, \"a\": [true, null]}>"
         );
         let t = ChatTemplate::new("{{ raise_exception('no system') }}", "", "").unwrap();
-        assert!(matches!(t.render(&msgs(), false), Err(TemplateError::Raised(m)) if m.contains("no system")));
-        assert!(matches!(ChatTemplate::new("{% for %}", "", ""), Err(TemplateError::Syntax(_))));
+        assert!(
+            matches!(t.render(&msgs(), false), Err(TemplateError::Raised(m)) if m.contains("no system"))
+        );
+        assert!(matches!(
+            ChatTemplate::new("{% for %}", "", ""),
+            Err(TemplateError::Syntax(_))
+        ));
         let t = ChatTemplate::new("{{ strftime_now('%Y') }}", "", "").unwrap();
         assert_eq!(t.render(&[], false).unwrap().len(), 4);
     }
 
     #[test]
     fn runaway_template_stops() {
-        let t = ChatTemplate::new("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}", "", "")
-            .unwrap();
-        assert!(matches!(t.render(&[], false), Err(TemplateError::Render(_))));
+        let t = ChatTemplate::new(
+            "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        assert!(matches!(
+            t.render(&[], false),
+            Err(TemplateError::Render(_))
+        ));
     }
 }

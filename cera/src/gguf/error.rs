@@ -54,7 +54,9 @@ pub enum GgufError {
         hint: &'static str,
     },
     /// The file ends inside the header.
-    #[error("GGUF header truncated while reading {what} at byte {offset} (file is {file_len} bytes)")]
+    #[error(
+        "GGUF header truncated while reading {what} at byte {offset} (file is {file_len} bytes)"
+    )]
     Truncated {
         /// What was being read.
         what: &'static str,

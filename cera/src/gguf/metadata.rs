@@ -210,7 +210,10 @@ impl MetadataArray {
             MetadataArray::I16(v) => v.iter().map(|&x| x as i64).collect(),
             MetadataArray::U32(v) => v.iter().map(|&x| x as i64).collect(),
             MetadataArray::I32(v) => v.iter().map(|&x| x as i64).collect(),
-            MetadataArray::U64(v) => v.iter().map(|&x| i64::try_from(x).ok()).collect::<Option<_>>()?,
+            MetadataArray::U64(v) => v
+                .iter()
+                .map(|&x| i64::try_from(x).ok())
+                .collect::<Option<_>>()?,
             MetadataArray::I64(v) => v.clone(),
             MetadataArray::Bool(v) => v.iter().map(|&x| x as i64).collect(),
             _ => return None,
@@ -344,7 +347,9 @@ impl Metadata {
     }
 
     fn require(&self, key: &str) -> Result<&MetadataValue, MetadataError> {
-        self.get(key).ok_or_else(|| MetadataError::Missing { key: key.to_string() })
+        self.get(key).ok_or_else(|| MetadataError::Missing {
+            key: key.to_string(),
+        })
     }
 
     fn wrong(key: &str, expected: &'static str, found: &MetadataValue) -> MetadataError {
@@ -438,7 +443,9 @@ impl Metadata {
     pub fn get_int_array(&self, key: &str) -> Result<Vec<i64>, MetadataError> {
         let v = self.require(key)?;
         match v {
-            MetadataValue::Array(a) => a.to_i64_vec().ok_or_else(|| Self::wrong(key, "array of integers", v)),
+            MetadataValue::Array(a) => a
+                .to_i64_vec()
+                .ok_or_else(|| Self::wrong(key, "array of integers", v)),
             _ => Err(Self::wrong(key, "array of integers", v)),
         }
     }
@@ -449,7 +456,11 @@ impl Metadata {
         key: &str,
         f: impl FnOnce(&'a Self, &str) -> Result<T, MetadataError>,
     ) -> Result<Option<T>, MetadataError> {
-        if self.contains(key) { f(self, key).map(Some) } else { Ok(None) }
+        if self.contains(key) {
+            f(self, key).map(Some)
+        } else {
+            Ok(None)
+        }
     }
 }
 

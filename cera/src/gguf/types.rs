@@ -66,7 +66,10 @@ macro_rules! ggml_types {
 }
 
 const fn l(block_size: u64, type_size: u64) -> Option<BlockLayout> {
-    Some(BlockLayout { block_size, type_size })
+    Some(BlockLayout {
+        block_size,
+        type_size,
+    })
 }
 
 // Layouts: the K-quants use super-blocks of QK_K = 256 elements.
@@ -124,7 +127,7 @@ impl GgmlType {
     /// blocks, the type has no layout, or the size overflows `u64`.
     pub fn bytes_for(self, n_elements: u64) -> Option<u64> {
         let layout = self.layout()?;
-        if n_elements % layout.block_size != 0 {
+        if !n_elements.is_multiple_of(layout.block_size) {
             return None;
         }
         (n_elements / layout.block_size).checked_mul(layout.type_size)
@@ -169,7 +172,14 @@ mod tests {
         ];
         for (t, b, s) in expect {
             assert!(t.is_supported(), "{t}");
-            assert_eq!(t.layout(), Some(BlockLayout { block_size: b, type_size: s }), "{t}");
+            assert_eq!(
+                t.layout(),
+                Some(BlockLayout {
+                    block_size: b,
+                    type_size: s
+                }),
+                "{t}"
+            );
         }
         assert_eq!(GgmlType::Q4_K.bytes_for(512), Some(288));
         assert_eq!(GgmlType::Q4_K.bytes_for(100), None);

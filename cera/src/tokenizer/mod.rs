@@ -143,7 +143,10 @@ pub struct EncodeOptions {
 impl Default for EncodeOptions {
     /// `add_special: true, parse_special: false`, as llama.cpp's `common_tokenize`.
     fn default() -> Self {
-        EncodeOptions { add_special: true, parse_special: false }
+        EncodeOptions {
+            add_special: true,
+            parse_special: false,
+        }
     }
 }
 
@@ -158,13 +161,16 @@ pub struct DecodeOptions {
 
 impl Default for DecodeOptions {
     fn default() -> Self {
-        DecodeOptions { render_special: true, strip_space_prefix: true }
+        DecodeOptions {
+            render_special: true,
+            strip_space_prefix: true,
+        }
     }
 }
 
 enum Inner {
-    Gguf(gguf_vocab::GgufTokenizer),
-    Hf(hf::HfTokenizer),
+    Gguf(Box<gguf_vocab::GgufTokenizer>),
+    Hf(Box<hf::HfTokenizer>),
 }
 
 /// A tokenizer of any supported kind.
@@ -192,21 +198,30 @@ impl Tokenizer {
     /// The tokenizer described by GGUF metadata.
     pub fn from_gguf_metadata(md: &Metadata) -> Result<Tokenizer, TokenizerError> {
         let (inner, special) = gguf_vocab::GgufTokenizer::from_metadata(md)?;
-        Ok(Tokenizer { inner: Inner::Gguf(inner), special })
+        Ok(Tokenizer {
+            inner: Inner::Gguf(Box::new(inner)),
+            special,
+        })
     }
 
     /// A Hugging Face `tokenizer.json`; `tokenizer_config.json` beside it, if present, supplies
     /// the BOS/EOS tokens.
     pub fn from_hf_file(path: impl Into<PathBuf>) -> Result<Tokenizer, TokenizerError> {
         let (inner, special) = hf::HfTokenizer::from_file(path.into())?;
-        Ok(Tokenizer { inner: Inner::Hf(inner), special })
+        Ok(Tokenizer {
+            inner: Inner::Hf(Box::new(inner)),
+            special,
+        })
     }
 
     /// A Hugging Face tokenizer from the bytes of `tokenizer.json` (and optionally
     /// `tokenizer_config.json`).
     pub fn from_hf_bytes(json: &[u8], config: Option<&[u8]>) -> Result<Tokenizer, TokenizerError> {
         let (inner, special) = hf::HfTokenizer::from_bytes(json, config)?;
-        Ok(Tokenizer { inner: Inner::Hf(inner), special })
+        Ok(Tokenizer {
+            inner: Inner::Hf(Box::new(inner)),
+            special,
+        })
     }
 
     /// The algorithm.
@@ -279,7 +294,10 @@ impl Tokenizer {
         if (id as usize) < self.vocab_size() {
             Ok(())
         } else {
-            Err(TokenizerError::InvalidTokenId { id, vocab_size: self.vocab_size() })
+            Err(TokenizerError::InvalidTokenId {
+                id,
+                vocab_size: self.vocab_size(),
+            })
         }
     }
 
@@ -293,7 +311,11 @@ impl Tokenizer {
         })
     }
 
-    pub(crate) fn piece_for_stream(&self, id: u32, render_special: bool) -> Result<Vec<u8>, TokenizerError> {
+    pub(crate) fn piece_for_stream(
+        &self,
+        id: u32,
+        render_special: bool,
+    ) -> Result<Vec<u8>, TokenizerError> {
         self.piece(id, render_special)
     }
 

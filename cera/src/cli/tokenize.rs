@@ -1,0 +1,49 @@
+//! `cera tokenize MODEL TEXT`: print token ids and pieces.
+
+use super::{CliError, resolve_model};
+use crate::model_file::ModelFile;
+use crate::tokenizer::EncodeOptions;
+
+/// Arguments of `cera tokenize`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Model file or folder (or a test model name such as `smollm2-135m`).
+    pub model: String,
+    /// The text to tokenize.
+    pub text: String,
+    /// Do not add BOS/EOS.
+    #[arg(long)]
+    pub no_special: bool,
+    /// Treat control tokens written in the text (`<|im_start|>`) as plain text.
+    #[arg(long)]
+    pub no_parse_special: bool,
+    /// Print only the ids, space-separated.
+    #[arg(long)]
+    pub ids_only: bool,
+}
+
+/// Runs `cera tokenize`.
+pub fn run(args: Args) -> Result<(), CliError> {
+    let model = ModelFile::open(resolve_model(&args.model)?).map_err(CliError::from_err)?;
+    let tok = model.tokenizer().map_err(CliError::from_err)?;
+    let opts = EncodeOptions {
+        add_special: !args.no_special,
+        parse_special: !args.no_parse_special,
+    };
+    let ids = tok.encode(&args.text, opts).map_err(CliError::from_err)?;
+    if args.ids_only {
+        let s: Vec<String> = ids.iter().map(u32::to_string).collect();
+        println!("{}", s.join(" "));
+        return Ok(());
+    }
+    println!("{} tokens", ids.len());
+    for id in ids {
+        let piece = tok.piece(id, true).map_err(CliError::from_err)?;
+        let shown = match std::str::from_utf8(&piece) {
+            Ok(s) => format!("{s:?}"),
+            Err(_) => format!("{piece:02x?} (partial UTF-8)"),
+        };
+        println!("{id:>8}  {shown}");
+    }
+    Ok(())
+}
