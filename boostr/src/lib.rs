@@ -1,2 +1,3 @@
 
 pub mod formats;
+pub mod quant;

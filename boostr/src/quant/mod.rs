@@ -1,0 +1,74 @@
+//! Quantized matrix products on the GPU: weight upload, GEMV (decode), GEMM (prefill) and the
+//! fused kernels (RMSNorm + GEMV, Q/K/V in one dispatch), for every weight format of
+//! [`crate::formats`].
+//!
+//! - [`QuantMatrix`]: the GPU layout, made at upload from a [`PackedWeights`]: one buffer per
+//!   part with the sections `qs | qh | scales | d | m` (each 16-byte aligned; quants as u32
+//!   words read as `vec4<u32>`, `d`/`m` as f16 pairs). A matrix larger than one binding is split
+//!   by rows into several parts, each dispatched on its own; a single row that does not fit is
+//!   [`QuantError::RowTooLarge`], naming the tensor.
+//! - [`decode`]: the WGSL block decoders, one per format, shared by every kernel.
+//! - [`gemv::QuantGemv`]: the mat-vec for 1..=8 activation rows, with the fused RMSNorm
+//!   prologue and the split Q/K/V epilogue as options of the same config.
+//! - [`gemm::QuantGemm`]: the tiled mat-mat (workgroup-memory tiles) and the cooperative-matrix
+//!   mat-mat (f16 16x16x16 tiles, f32 accumulate).
+//!
+//! Kernels require `cols % 32 == 0` (every real weight has it; K-quants need 256 anyway).
+
+pub mod decode;
+pub mod gemm;
+pub mod gemv;
+pub mod upload;
+
+use crate::formats::{FormatError, GgmlType, PackedFormat};
+
+pub use gemm::{GemmPlan, QuantGemm};
+pub use gemv::{GemvPlan, Prologue, QuantGemv};
+pub use upload::{QuantMatrix, QuantPart};
+
+/// The decoder a kernel needs: a GGUF type, or the int4 layout shared by AWQ and GPTQ (whose
+/// group size is a runtime parameter, so one kernel serves every group size).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightKind {
+    Ggml(GgmlType),
+    Int4,
+}
+
+impl WeightKind {
+    pub fn of(format: PackedFormat) -> WeightKind {
+        match format {
+            PackedFormat::Ggml(t) => WeightKind::Ggml(t),
+            _ => WeightKind::Int4,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightKind::Ggml(t) => t.name(),
+            WeightKind::Int4 => "INT4",
+        }
+    }
+    /// Every kind the kernels decode (for validation and benchmarks).
+    pub fn all() -> Vec<WeightKind> {
+        let mut v: Vec<WeightKind> = GgmlType::SUPPORTED.iter().map(|&t| WeightKind::Ggml(t)).collect();
+        v.push(WeightKind::Int4);
+        v
+    }
+}
+
+/// Failures of the quantized ops.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QuantError {
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error(transparent)]
+    Gpu(#[from] numr::NumrError),
+    #[error("tensor {name}: one row needs {row_bytes} bytes, more than one binding ({limit} bytes) can hold")]
+    RowTooLarge { name: String, row_bytes: u64, limit: u64 },
+    #[error("tensor {name}: {reason}")]
+    Unsupported { name: String, reason: String },
+    #[error("{what}: {reason}")]
+    Shape { what: &'static str, reason: String },
+}
+
+pub type Result<T> = std::result::Result<T, QuantError>;

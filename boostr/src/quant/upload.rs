@@ -1,0 +1,200 @@
+//! [`QuantMatrix`]: a [`PackedWeights`] uploaded into GPU buffers, split by rows where one
+//! binding cannot hold it.
+//!
+//! # GPU layout of one part (rows `row0 .. row0 + rows`)
+//! One buffer, bound twice (as `array<vec4<u32>>` for wide quant loads and as `array<u32>`):
+//!
+//! | section | contents | per block |
+//! |---|---|---|
+//! | `qs` | the packed quant words of [`crate::formats::packed_decode`] | `QW` words |
+//! | `qh` | the extra bit plane (Q5_*, Q3_K, Q5_K, Q6_K) | `HW` words |
+//! | `sc` | the K-quants' packed sub-block scales | `SW` words |
+//! | `d`  | one f16 scale per block, two per word | 2 bytes |
+//! | `m`  | one f16 min / zero per block, two per word | 2 bytes |
+//!
+//! Each section starts on a 16-byte boundary, so `qs` and `qh` are `vec4<u32>`-addressable
+//! (every format's per-block word count is a multiple of 4 except legacy `qh`, which is read as
+//! single words). Blocks are in row order, so a part is a plain row range of the packed arrays.
+
+use std::sync::Arc;
+
+use half::f16;
+use numr::gpu::{Binding, GpuBuffer, GpuContext};
+
+use super::{QuantError, Result, WeightKind};
+use crate::formats::{PackedFormat, PackedWeights};
+
+/// Word offsets of the sections inside a part's buffer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sections {
+    pub qs: u32,
+    pub qh: u32,
+    pub sc: u32,
+    pub d: u32,
+    pub m: u32,
+    /// Total words (a multiple of 4).
+    pub words: u32,
+}
+
+/// One row range of a [`QuantMatrix`] in its own buffer.
+#[derive(Clone, Debug)]
+pub struct QuantPart {
+    pub row0: usize,
+    pub rows: usize,
+    pub buffer: Arc<GpuBuffer>,
+    pub sections: Sections,
+}
+
+impl QuantPart {
+    /// The buffer's binding (the same range serves as `wv` and `ws`).
+    pub fn binding(&self) -> Binding {
+        Binding { buffer: self.buffer.clone(), offset: 0, size: self.sections.words as u64 * 4 }
+    }
+}
+
+/// A weight matrix on the GPU: `rows` output features of `cols` inputs.
+#[derive(Clone, Debug)]
+pub struct QuantMatrix {
+    pub name: String,
+    pub format: PackedFormat,
+    pub rows: usize,
+    pub cols: usize,
+    pub parts: Vec<QuantPart>,
+}
+
+fn pad4(w: usize) -> usize {
+    w.div_ceil(4) * 4
+}
+
+/// Sections for `blocks` blocks of `p`'s geometry.
+fn sections(p: &PackedWeights, blocks: usize) -> Sections {
+    let qs = 0;
+    let qh = pad4(blocks * p.qs_words_per_block());
+    let sc = qh + pad4(blocks * p.qh_words_per_block());
+    let d = sc + pad4(blocks * p.scale_words_per_block());
+    let halves = |on: bool| if on { pad4(blocks.div_ceil(2)) } else { 0 };
+    let m = d + halves(p.has_d());
+    let words = m + halves(p.has_m()).max(if m == 0 { 4 } else { 0 });
+    Sections { qs: qs as u32, qh: qh as u32, sc: sc as u32, d: d as u32, m: m as u32, words: words as u32 }
+}
+
+impl QuantMatrix {
+    /// The decoder kind.
+    pub fn kind(&self) -> WeightKind {
+        WeightKind::of(self.format)
+    }
+
+    /// Chunks of 32 elements per row.
+    pub fn chunks_per_row(&self) -> usize {
+        self.cols / 32
+    }
+
+    /// Uploads `p` with the adapter's own binding limit.
+    pub fn upload(ctx: &GpuContext, name: &str, p: &PackedWeights) -> Result<QuantMatrix> {
+        let limit = ctx.capabilities().max_binding_size().min(ctx.capabilities().max_buffer_size());
+        Self::upload_with_limit(ctx, name, p, limit)
+    }
+
+    /// Uploads `p`, splitting it by rows so that no part exceeds `limit` bytes (tests use a small
+    /// limit to exercise splitting).
+    pub fn upload_with_limit(ctx: &GpuContext, name: &str, p: &PackedWeights, limit: u64) -> Result<QuantMatrix> {
+        let (rows, cols) = (p.rows(), p.cols());
+        if cols % 32 != 0 || cols == 0 {
+            return Err(QuantError::Unsupported {
+                name: name.to_string(),
+                reason: format!("{} columns; the GPU kernels need a positive multiple of 32", cols),
+            });
+        }
+        let bpr = p.blocks_per_row();
+        let one = sections(p, bpr).words as u64 * 4;
+        if one > limit {
+            return Err(QuantError::RowTooLarge { name: name.to_string(), row_bytes: one, limit });
+        }
+        // Rows per part: the largest count whose padded sections fit (linear estimate, then
+        // shrink until it fits).
+        let per_row = p.bytes_per_row_read() as u64 + 1;
+        let mut rows_per_part = ((limit.saturating_sub(64)) / per_row).max(1) as usize;
+        // Keep K-quant / int4 groups whole: parts split at row boundaries, which are block
+        // boundaries, so nothing more is needed. Even part sizes keep f16 pairs aligned to rows.
+        if rows_per_part > 1 {
+            rows_per_part &= !1;
+        }
+        while rows_per_part > 1 && sections(p, rows_per_part * bpr).words as u64 * 4 > limit {
+            rows_per_part = (rows_per_part - 1).max(1) & !1;
+            rows_per_part = rows_per_part.max(1);
+        }
+        let mut parts = Vec::new();
+        let mut row0 = 0;
+        while row0 < rows.max(1) {
+            let n = rows_per_part.min(rows - row0);
+            if n == 0 {
+                break;
+            }
+            parts.push(upload_part(ctx, p, row0, n)?);
+            row0 += n;
+        }
+        Ok(QuantMatrix { name: name.to_string(), format: p.format(), rows, cols, parts })
+    }
+}
+
+fn upload_part(ctx: &GpuContext, p: &PackedWeights, row0: usize, rows: usize) -> Result<QuantPart> {
+    let bpr = p.blocks_per_row();
+    let (b0, nb) = (row0 * bpr, rows * bpr);
+    let s = sections(p, nb);
+    let mut words = vec![0u32; s.words as usize];
+    let copy = |dst: &mut [u32], at: u32, src: &[u32], per: usize| {
+        dst[at as usize..at as usize + nb * per].copy_from_slice(&src[b0 * per..(b0 + nb) * per]);
+    };
+    copy(&mut words, s.qs, p.qs(), p.qs_words_per_block());
+    copy(&mut words, s.qh, p.qh(), p.qh_words_per_block());
+    copy(&mut words, s.sc, p.scales(), p.scale_words_per_block());
+    let halves = |dst: &mut [u32], at: u32, src: &[f16]| {
+        for i in 0..nb {
+            let bits = src[b0 + i].to_bits() as u32;
+            dst[at as usize + i / 2] |= bits << (16 * (i % 2));
+        }
+    };
+    if p.has_d() {
+        halves(&mut words, s.d, p.d());
+    }
+    if p.has_m() {
+        halves(&mut words, s.m, p.m());
+    }
+    let buffer = ctx.upload(bytemuck::cast_slice(&words))?;
+    Ok(QuantPart { row0, rows, buffer, sections: s })
+}
+
+/// Concatenates matrices of one format and column count by rows (Q, K and V into one matrix for
+/// the fused projection). Errors when formats or column counts differ.
+pub fn concat_rows(mats: &[&PackedWeights]) -> Result<PackedWeights> {
+    let first = mats.first().ok_or(QuantError::Shape { what: "concat_rows", reason: "no matrices".into() })?;
+    let mut out = (*first).clone();
+    for m in &mats[1..] {
+        if m.format() != first.format() || m.cols() != first.cols() {
+            return Err(QuantError::Shape {
+                what: "concat_rows",
+                reason: format!("{} x {} of {} vs {} x {} of {}", m.rows(), m.cols(), m.format().name(), first.rows(), first.cols(), first.format().name()),
+            });
+        }
+        let nb = out.n_blocks();
+        out.qs.extend_from_slice(m.qs());
+        out.qh.extend_from_slice(m.qh());
+        out.scales.extend_from_slice(m.scales());
+        if out.has_d() {
+            out.d.truncate(nb);
+            out.d.extend_from_slice(&m.d()[..m.n_blocks()]);
+        }
+        if out.has_m() {
+            out.m.truncate(nb);
+            out.m.extend_from_slice(&m.m()[..m.n_blocks()]);
+        }
+        out.rows += m.rows();
+    }
+    let nb = out.n_blocks();
+    for v in [&mut out.d, &mut out.m] {
+        if !v.is_empty() {
+            v.resize(nb + nb % 2, f16::ZERO);
+        }
+    }
+    Ok(out)
+}
