@@ -266,3 +266,77 @@ impl HfTokenizer {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::{DecodeOptions, Tokenizer};
+
+    /// A byte-level BPE `tokenizer.json` with all 256 byte characters, one merge and `<s>`.
+    fn byte_level_json() -> Vec<u8> {
+        let mut vocab = serde_json::Map::new();
+        vocab.insert("<s>".into(), 0.into());
+        for b in 0..=255u8 {
+            let mut s = String::new();
+            bytes::encode_into(&[b], &mut s);
+            vocab.insert(s, (b as u32 + 1).into());
+        }
+        vocab.insert("Hi".into(), 257.into());
+        let bl = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+        serde_json::to_vec(&serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [{"id": 0, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false,
+                              "normalized": false, "special": true}],
+            "normalizer": null, "pre_tokenizer": bl, "post_processor": null, "decoder": bl,
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                      "vocab": vocab, "merges": ["H i"]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn hf_byte_level_round_trip_and_stream() {
+        let cfg =
+            br#"{"bos_token": "<s>", "chat_template": "{{ bos_token }}{{ messages[0].content }}"}"#;
+        let tok = Tokenizer::from_hf_bytes(&byte_level_json(), Some(cfg)).unwrap();
+        let text = "<s>Hi €!";
+        let ids = tok
+            .encode(
+                text,
+                EncodeOptions {
+                    add_special: false,
+                    parse_special: true,
+                },
+            )
+            .unwrap();
+        assert_eq!(ids[0], 0);
+        assert!(ids.contains(&257));
+        let literal = tok
+            .encode(
+                text,
+                EncodeOptions {
+                    add_special: false,
+                    parse_special: false,
+                },
+            )
+            .unwrap();
+        assert_ne!(literal[0], 0, "with parse_special off, <s> is plain text");
+        assert_eq!(tok.decode(&ids, DecodeOptions::default()).unwrap(), text);
+        let mut s = tok.stream_decoder();
+        let mut out = String::new();
+        for &id in &ids {
+            let part = s.push(id).unwrap();
+            assert!(!part.contains('\u{FFFD}'));
+            out.push_str(&part);
+        }
+        out.push_str(&s.finish());
+        assert_eq!(out, text);
+        assert_eq!(tok.special().bos, Some(0));
+        assert_eq!(
+            tok.hf().unwrap().chat_template(),
+            Some("{{ bos_token }}{{ messages[0].content }}")
+        );
+        assert!(Tokenizer::from_hf_bytes(b"{not json", None).is_err());
+    }
+}
