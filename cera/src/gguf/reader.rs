@@ -16,6 +16,8 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 pub const MAX_NESTING: usize = 16;
 /// Most dimensions a tensor may have (ggml's `GGML_MAX_DIMS`).
 pub const MAX_DIMS: u32 = 4;
+/// Most elements reserved ahead of reading them.
+const PREALLOC_LIMIT: usize = 1 << 16;
 
 /// One tensor's entry in the header.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,7 +188,8 @@ fn read_array(c: &mut Cursor<'_>, key: &str, depth: usize) -> Result<MetadataArr
     let n = c.check_count(count, elem.min_size(), "array element")?;
     macro_rules! collect {
         ($variant:ident, $read:expr) => {{
-            let mut v = Vec::with_capacity(n);
+            // Grow with what is actually read, so a lying count cannot reserve memory up front.
+            let mut v = Vec::with_capacity(n.min(PREALLOC_LIMIT));
             for _ in 0..n {
                 v.push($read);
             }
@@ -338,8 +341,8 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
     }
     let alignment = alignment_of(&metadata)?;
 
-    let mut tensors: Vec<TensorInfo> = Vec::with_capacity(n_tensors);
-    let mut seen = std::collections::HashSet::with_capacity(n_tensors);
+    let mut tensors: Vec<TensorInfo> = Vec::with_capacity(n_tensors.min(PREALLOC_LIMIT));
+    let mut seen = std::collections::HashSet::with_capacity(n_tensors.min(PREALLOC_LIMIT));
     for _ in 0..n_tensors {
         let (info, _) = read_tensor_info(&mut c)?;
         if !seen.insert(info.name.clone()) {
