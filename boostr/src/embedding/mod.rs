@@ -1,0 +1,171 @@
+//! Token embedding gather from a quantized table (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, F32) in
+//! [`PackedWeights`]' layout (the CPU decoder [`PackedWeights::dequantize_row`] is the reference;
+//! the WGSL below mirrors [`crate::formats::packed_decode`] element by element).
+//!
+//! Token ids are checked on the host ([`OpsError::TokenOutOfRange`]). A table larger than one
+//! binding is split by rows into chunks, each with its own buffers; every chunk's dispatch writes
+//! only the tokens whose id falls inside it.
+
+use std::sync::Arc;
+
+use half::f16;
+use numr::gpu::{Access, Binding, GpuBuffer, GpuContext, KernelBuilder, KernelEnv, KernelSource};
+use numr::{DType, Tensor};
+
+use crate::formats::{GgmlType, PackedFormat, PackedWeights};
+use crate::ops_common::{dispatch, env_of, fbits, grid_for, upload_u32, OpsError, Result};
+
+/// The gather kernel's variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Embedding {
+    pub format: GgmlType,
+}
+
+/// Formats the gather supports.
+pub const EMBEDDING_FORMATS: [GgmlType; 7] = [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0];
+
+impl Embedding {
+    pub fn all() -> Vec<Embedding> {
+        EMBEDDING_FORMATS.iter().map(|&format| Embedding { format }).collect()
+    }
+
+    /// WGSL. Bindings `ids`, `qs`, `qh`, `dd`, `mm`, `out` (rw); params
+    /// `n_tok, cols, bpr, row0, rows, scale`.
+    pub fn source(&self, env: &KernelEnv) -> KernelSource {
+        use GgmlType::*;
+        let value = match self.format {
+            F32 => "bitcast<f32>(qs[r * p.bpr + e])",
+            F16 => "half(qs[r * p.bpr + e / 2u], e)",
+            Q4_0 => "half(dd[g / 2u], g) * (f32(nib(g, el)) - 8.0)",
+            Q4_1 => "half(dd[g / 2u], g) * f32(nib(g, el)) + half(mm[g / 2u], g)",
+            Q5_0 => "half(dd[g / 2u], g) * (f32(nib(g, el) | (((qh[g] >> el) & 1u) << 4u)) - 16.0)",
+            Q5_1 => "half(dd[g / 2u], g) * f32(nib(g, el) | (((qh[g] >> el) & 1u) << 4u)) + half(mm[g / 2u], g)",
+            Q8_0 => "f32(bitcast<i32>(qs[g * 8u + el / 4u] << (24u - 8u * (el % 4u))) >> 24u) * half(dd[g / 2u], g)",
+            _ => "0.0",
+        };
+        let pre = "fn half(w: u32, i: u32) -> f32 { let v = unpack2x16float(w); return select(v.x, v.y, (i & 1u) == 1u); }
+fn nib(g: u32, el: u32) -> u32 { return (qs[g * 4u + (el % 16u) / 4u] >> (8u * (el % 4u) + 4u * (el / 16u))) & 15u; }
+";
+        let body = format!(
+            "    let i = wg_linear * 256u + lidx;
+    if (i >= p.n_tok * p.cols) {{ return; }}
+    let t = i / p.cols;
+    let e = i - t * p.cols;
+    let id = ids[t];
+    if (id < p.row0 || id >= p.row0 + p.rows) {{ return; }}
+    let r = id - p.row0;
+    let g = r * p.bpr + e / 32u;
+    let el = e % 32u;
+    out[i] = ({value}) * bitcast<f32>(p.scale);
+"
+        );
+        KernelBuilder::new(format!("embedding_{}", self.format.name()).to_lowercase(), *env)
+            .workgroup(256, 1, 1)
+            .storage("ids", Access::Read, "array<u32>")
+            .storage("qs", Access::Read, "array<u32>")
+            .storage("qh", Access::Read, "array<u32>")
+            .storage("dd", Access::Read, "array<u32>")
+            .storage("mm", Access::Read, "array<u32>")
+            .storage("out", Access::ReadWrite, "array<f32>")
+            .params(&["n_tok", "cols", "bpr", "row0", "rows", "scale"])
+            .prelude(pre)
+            .body(&body)
+            .build()
+    }
+}
+
+struct Chunk {
+    row0: usize,
+    rows: usize,
+    qs: Arc<GpuBuffer>,
+    qh: Arc<GpuBuffer>,
+    d: Arc<GpuBuffer>,
+    m: Arc<GpuBuffer>,
+}
+
+/// An embedding table on the GPU, split by rows where one binding cannot hold it.
+pub struct GpuEmbedding {
+    format: GgmlType,
+    vocab: usize,
+    cols: usize,
+    bpr: usize,
+    chunks: Vec<Chunk>,
+}
+
+fn f16_words(v: &[f16]) -> Vec<u32> {
+    v.chunks(2).map(|c| c[0].to_bits() as u32 | (c.get(1).map_or(0, |h| h.to_bits() as u32) << 16)).collect()
+}
+
+impl GpuEmbedding {
+    /// Uploads `table` (rows = vocabulary). `max_chunk_bytes` caps each array of a chunk
+    /// (defaults to the adapter's binding limit; tests lower it to exercise the split).
+    pub fn new(ctx: &GpuContext, table: &PackedWeights, max_chunk_bytes: Option<u64>) -> Result<GpuEmbedding> {
+        let format = match table.format() {
+            PackedFormat::Ggml(t) if EMBEDDING_FORMATS.contains(&t) => t,
+            f => return Err(OpsError::Unsupported { what: "embedding format", reason: f.name().to_string() }),
+        };
+        let limits = &ctx.capabilities().limits;
+        let max = max_chunk_bytes.unwrap_or(u64::MAX).min(limits.max_storage_buffer_binding_size).min(limits.max_buffer_size);
+        let bpr = table.blocks_per_row();
+        let (qw, hw) = (table.qs_words_per_block(), table.qh_words_per_block());
+        let row_bytes = (bpr * qw * 4).max(bpr * hw * 4).max(bpr * 2) as u64;
+        let per_chunk = ((max / row_bytes.max(1)) as usize).min(table.rows()).max(1);
+        let mut chunks = Vec::new();
+        let mut row0 = 0;
+        while row0 < table.rows() {
+            let rows = per_chunk.min(table.rows() - row0);
+            let (b0, b1) = (row0 * bpr, (row0 + rows) * bpr);
+            let d = if table.has_d() { f16_words(&table.d()[b0..b1]) } else { vec![] };
+            let m = if table.has_m() { f16_words(&table.m()[b0..b1]) } else { vec![] };
+            chunks.push(Chunk {
+                row0,
+                rows,
+                qs: upload_u32(ctx, &table.qs()[b0 * qw..b1 * qw])?,
+                qh: upload_u32(ctx, &table.qh()[b0 * hw..b1 * hw])?,
+                d: upload_u32(ctx, &d)?,
+                m: upload_u32(ctx, &m)?,
+            });
+            row0 += rows;
+        }
+        Ok(GpuEmbedding { format, vocab: table.rows(), cols: table.cols(), bpr, chunks })
+    }
+
+    /// Row chunks (one dispatch each).
+    pub fn n_chunks(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// Gathers rows `ids` (times `scale`, e.g. Gemma's `sqrt(hidden)`) into `[ids.len(), cols]`
+    /// f32. A bad id is an error and nothing is recorded.
+    pub fn embed(&self, ctx: &GpuContext, ids: &[u32], scale: f32) -> Result<Tensor> {
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.vocab) {
+            return Err(OpsError::TokenOutOfRange { id, vocab: self.vocab });
+        }
+        let out = Tensor::zeros(&[ids.len(), self.cols], DType::F32, &numr::Device::Gpu(ctx.clone()))?;
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        let idb = Binding::whole(&upload_u32(ctx, ids)?);
+        let src = Embedding { format: self.format }.source(&env_of(ctx));
+        let total = (ids.len() * self.cols) as u64;
+        let grid = grid_for(ctx, total.div_ceil(256))?;
+        for c in &self.chunks {
+            let b = [idb.clone(), Binding::whole(&c.qs), Binding::whole(&c.qh), Binding::whole(&c.d), Binding::whole(&c.m), out.gpu_binding(4)?.0];
+            let params = [ids.len() as u32, self.cols as u32, self.bpr as u32, c.row0 as u32, c.rows as u32, fbits(scale)];
+            dispatch(ctx, &src, &b, &params, grid)?;
+        }
+        Ok(out)
+    }
+}
+
+/// CPU reference: rows of the packed table's own decoder, times `scale`.
+pub fn embedding_ref(table: &PackedWeights, ids: &[u32], scale: f32) -> Result<Vec<f32>> {
+    let mut out = Vec::with_capacity(ids.len() * table.cols());
+    for &id in ids {
+        if id as usize >= table.rows() {
+            return Err(OpsError::TokenOutOfRange { id, vocab: table.rows() });
+        }
+        out.extend(table.dequantize_row(id as usize)?.iter().map(|v| v * scale));
+    }
+    Ok(out)
+}

@@ -1,0 +1,137 @@
+//! RMSNorm (with Gemma's `1 + weight` option) and LayerNorm over rows of f32, optionally fused
+//! with the residual add: `h = x + residual; residual = h; out = norm(h) * w (+ b)`.
+//!
+//! One workgroup of 256 invocations per row; the sums use subgroup reductions where the adapter
+//! has them, else workgroup memory (numr's `workgroup_reduce_fns`). The mean and variance are
+//! two passes over the row (no `E[x²] - E[x]²` cancellation).
+
+use numr::gpu::{Access, GpuContext, KernelBuilder, KernelEnv, KernelSource};
+use numr::kernels::reduce::{reduce_args, workgroup_reduce_fns};
+use numr::Tensor;
+
+use crate::ops_common::{bad, bind, dispatch, dummy, env_of, fbits, grid_for, Result};
+
+/// Which normalisation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NormKind {
+    /// `x / sqrt(mean(x²) + eps)`.
+    Rms,
+    /// `(x - mean) / sqrt(var + eps)`.
+    Layer,
+}
+
+/// A norm kernel variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Norm {
+    pub kind: NormKind,
+    /// Multiply by `1 + w` instead of `w` (Gemma's RMSNorm).
+    pub weight_offset: bool,
+    /// Add a bias after the weight (LayerNorm with bias).
+    pub bias: bool,
+    /// Fused residual add: the residual buffer is updated in place to `x + residual` and that
+    /// sum is normalised.
+    pub residual: bool,
+}
+
+impl Norm {
+    pub const fn rms() -> Norm {
+        Norm { kind: NormKind::Rms, weight_offset: false, bias: false, residual: false }
+    }
+
+    /// Every variant (for validation).
+    pub fn all() -> Vec<Norm> {
+        let mut v = Vec::new();
+        for kind in [NormKind::Rms, NormKind::Layer] {
+            for weight_offset in [false, true] {
+                for bias in [false, true] {
+                    for residual in [false, true] {
+                        v.push(Norm { kind, weight_offset, bias, residual });
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// WGSL. Bindings: `x`, `w`, `b`, `res` (read-write), `out`; params `rows, n, eps, x_off,
+    /// x_stride, res_stride, out_stride`.
+    pub fn source(&self, env: &KernelEnv) -> KernelSource {
+        let name = format!("norm_{:?}_o{}_b{}_r{}", self.kind, self.weight_offset as u8, self.bias as u8, self.residual as u8).to_lowercase();
+        let args = reduce_args(env);
+        let load = if self.residual {
+            "var v = x[xb + i] + res[rb + i]; res[rb + i] = v;"
+        } else {
+            "let v = x[xb + i];"
+        };
+        let reload = if self.residual { "res[rb + i]" } else { "x[xb + i]" };
+        let w = if self.weight_offset { "(1.0 + w[i])" } else { "w[i]" };
+        let b = if self.bias { " + b[i]" } else { "" };
+        let stats = match self.kind {
+            NormKind::Rms => format!(
+                "    var ss = 0.0;\n    for (var i = lidx; i < p.n; i += 256u) {{ {load} ss += v * v; }}\n    let mean = 0.0;\n    let inv = inverseSqrt(wg_sum(ss, {args}) / f32(p.n) + bitcast<f32>(p.eps));\n"
+            ),
+            NormKind::Layer => format!(
+                "    var sm = 0.0;\n    for (var i = lidx; i < p.n; i += 256u) {{ {load} sm += v; }}\n    let mean = wg_sum(sm, {args}) / f32(p.n);\n    var ss = 0.0;\n    for (var i = lidx; i < p.n; i += 256u) {{ let d = {reload} - mean; ss += d * d; }}\n    let inv = inverseSqrt(wg_sum(ss, {args}) / f32(p.n) + bitcast<f32>(p.eps));\n"
+            ),
+        };
+        let body = format!(
+            "    let row = wg_linear;\n    if (row >= p.rows) {{ return; }}\n    let xb = p.x_off + row * p.x_stride;\n    let rb = row * p.res_stride;\n    let ob = row * p.out_stride;\n{stats}    for (var i = lidx; i < p.n; i += 256u) {{ out[ob + i] = ({reload} - mean) * inv * {w}{b}; }}\n"
+        );
+        KernelBuilder::new(name, *env)
+            .workgroup(256, 1, 1)
+            .subgroup_builtins()
+            .storage("x", Access::Read, "array<f32>")
+            .storage("w", Access::Read, "array<f32>")
+            .storage("b", Access::Read, "array<f32>")
+            .storage("res", Access::ReadWrite, "array<f32>")
+            .storage("out", Access::ReadWrite, "array<f32>")
+            .params(&["rows", "n", "eps", "x_off", "x_stride", "res_stride", "out_stride"])
+            .prelude(&workgroup_reduce_fns(env))
+            .body(&body)
+            .build()
+    }
+
+    /// Runs the norm on GPU tensors: `x` is `[rows, n]` f32 (contiguous), `w` (and `b`) `[n]`,
+    /// `residual` `[rows, n]` (updated in place when the variant fuses the residual add).
+    /// Returns `[rows, n]` f32.
+    pub fn run(&self, ctx: &GpuContext, x: &Tensor, w: &Tensor, b: Option<&Tensor>, residual: Option<&Tensor>, eps: f32) -> Result<Tensor> {
+        let n = *x.shape().last().ok_or_else(|| bad("norm", "scalar input"))?;
+        let rows = x.numel() / n.max(1);
+        if w.numel() != n || self.bias != b.is_some() || self.residual != residual.is_some() {
+            return Err(bad("norm", "weight length, bias or residual does not match the variant"));
+        }
+        let out = Tensor::zeros(&[rows, n], numr::DType::F32, x.device())?;
+        let (xb, xo) = bind(x)?;
+        let bb = match b { Some(b) => bind(b)?.0, None => dummy(ctx)? };
+        let rb = match residual { Some(r) => bind(r)?.0, None => dummy(ctx)? };
+        let params = [rows as u32, n as u32, fbits(eps), xo, n as u32, n as u32, n as u32];
+        dispatch(ctx, &self.source(&env_of(ctx)), &[xb, bind(w)?.0, bb, rb, bind(&out)?.0], &params, grid_for(ctx, rows as u64)?)?;
+        Ok(out)
+    }
+
+    /// CPU reference (f64 accumulation). Updates `residual` like the kernel.
+    pub fn reference(&self, x: &[f32], w: &[f32], b: Option<&[f32]>, mut residual: Option<&mut [f32]>, n: usize, eps: f32) -> Vec<f32> {
+        let mut out = vec![0.0f32; x.len()];
+        for r in 0..x.len() / n {
+            let mut h: Vec<f64> = x[r * n..(r + 1) * n].iter().map(|&v| v as f64).collect();
+            if let Some(res) = residual.as_deref_mut() {
+                for (i, hv) in h.iter_mut().enumerate() {
+                    let s = (*hv as f32 + res[r * n + i]) as f64;
+                    res[r * n + i] = s as f32;
+                    *hv = s;
+                }
+            }
+            let mean = match self.kind {
+                NormKind::Rms => 0.0,
+                NormKind::Layer => h.iter().sum::<f64>() / n as f64,
+            };
+            let var = h.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
+            let inv = 1.0 / (var + eps as f64).sqrt();
+            for i in 0..n {
+                let wi = w[i] as f64 + if self.weight_offset { 1.0 } else { 0.0 };
+                out[r * n + i] = ((h[i] - mean) * inv * wi + b.map_or(0.0, |b| b[i] as f64)) as f32;
+            }
+        }
+        out
+    }
+}

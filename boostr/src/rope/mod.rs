@@ -1,0 +1,362 @@
+//! Rotary position embeddings, fused with the per-head QK-norm (Qwen3, LFM2, Gemma 3) and the
+//! KV-cache write, in ONE dispatch for every head of every token.
+//!
+//! The input is a packed activation buffer: token `t`'s row starts at `x_off + t * tok_stride`,
+//! query head `h` at `q_off + h * head_dim` inside it, key head `h` at `k_off + ...`, value head
+//! at `v_off + ...` (for separate Q and K tensors, use two dispatches or equal strides). Each
+//! workgroup handles one head of one token: load the head into workgroup memory, RMS-normalise
+//! it with the q or k weight (optional), rotate the first `rot_dim` dimensions by
+//! `pos[t] * inv_freq[i]`, write it back in place, and (optionally) store K and V rows into the
+//! KV cache at slot `slot0 + t`.
+//!
+//! The inverse frequencies come from the host ([`RopeParams::inv_freqs`]), which applies the base,
+//! the partial rotary dimension and the linear or Llama-3 frequency scaling; the kernel only
+//! multiplies by the position, which comes from a per-token u32 array.
+
+use numr::gpu::{Access, Binding, GpuContext, KernelBuilder, KernelEnv, KernelSource};
+
+use crate::kv_cache::{KvCache, KvDtype};
+use crate::ops_common::{bad, dispatch, dummy, env_of, fbits, grid_for, tree_reduce_fns, upload_u32, Result};
+
+/// Which dimensions form a rotated pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RopeStyle {
+    /// Pairs `(2i, 2i + 1)` (llama.cpp's "normal", GPT-J).
+    Normal,
+    /// Pairs `(i, i + rot_dim / 2)` (NEOX, Hugging Face `rotate_half`).
+    Neox,
+}
+
+/// Frequency scaling for long context.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor` (inverse frequencies divided by `factor`).
+    Linear { factor: f32 },
+    /// Llama 3.1's piecewise scaling.
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position: u32 },
+}
+
+/// Host-side RoPE parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    pub head_dim: usize,
+    /// Rotated dimensions (partial rotary: `< head_dim`); even.
+    pub rot_dim: usize,
+    pub base: f32,
+    pub scaling: RopeScaling,
+    pub style: RopeStyle,
+}
+
+impl RopeParams {
+    /// `rot_dim / 2` inverse frequencies `base^(-2i / rot_dim)`, scaled.
+    pub fn inv_freqs(&self) -> Vec<f32> {
+        let half = self.rot_dim / 2;
+        (0..half)
+            .map(|i| {
+                let inv = (self.base as f64).powf(-2.0 * i as f64 / self.rot_dim as f64);
+                let v = match self.scaling {
+                    RopeScaling::None => inv,
+                    RopeScaling::Linear { factor } => inv / factor as f64,
+                    RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => {
+                        let (f, lo, hi, orig) = (factor as f64, low_freq_factor as f64, high_freq_factor as f64, original_max_position as f64);
+                        let wavelen = 2.0 * std::f64::consts::PI / inv;
+                        if wavelen < orig / hi {
+                            inv
+                        } else if wavelen > orig / lo {
+                            inv / f
+                        } else {
+                            let smooth = (orig / wavelen - lo) / (hi - lo);
+                            (1.0 - smooth) * inv / f + smooth * inv
+                        }
+                    }
+                };
+                v as f32
+            })
+            .collect()
+    }
+
+    /// CPU reference: rotates one head in place at `pos`.
+    pub fn rotate(&self, head: &mut [f32], pos: u32, freqs: &[f32]) {
+        let half = self.rot_dim / 2;
+        for (i, &f) in freqs.iter().enumerate().take(half) {
+            let (a, b) = match self.style {
+                RopeStyle::Normal => (2 * i, 2 * i + 1),
+                RopeStyle::Neox => (i, i + half),
+            };
+            let theta = (pos as f32 * f) as f64;
+            let (s, c) = theta.sin_cos();
+            let (x, y) = (head[a] as f64, head[b] as f64);
+            head[a] = (x * c - y * s) as f32;
+            head[b] = (x * s + y * c) as f32;
+        }
+    }
+}
+
+/// The fused kernel's variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QkvRope {
+    pub style: RopeStyle,
+    /// Rotate q and k (off: norm and/or KV write only).
+    pub rope: bool,
+    /// Per-head RMSNorm of q and k before the rotation.
+    pub qk_norm: bool,
+    /// Gemma's `1 + w` norm weights.
+    pub norm_offset: bool,
+    /// Also store K (after norm and rotation) and V into the KV cache.
+    pub kv_write: Option<KvDtype>,
+}
+
+/// Invocations per workgroup.
+pub const ROPE_WG: u32 = 64;
+
+/// Where the heads live in the packed activation buffer, and how many there are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QkvLayout {
+    pub n_tok: usize,
+    pub n_q: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+    /// f32 elements between tokens.
+    pub tok_stride: usize,
+    /// Element offset of the first token's row.
+    pub x_off: usize,
+    pub q_off: usize,
+    pub k_off: usize,
+    pub v_off: usize,
+}
+
+impl QkvLayout {
+    /// Q, K and V interleaved per token: `[q heads | k heads | v heads]`.
+    pub fn packed(n_tok: usize, n_q: usize, n_kv: usize, head_dim: usize) -> QkvLayout {
+        QkvLayout { n_tok, n_q, n_kv, head_dim, tok_stride: (n_q + 2 * n_kv) * head_dim, x_off: 0, q_off: 0, k_off: n_q * head_dim, v_off: (n_q + n_kv) * head_dim }
+    }
+}
+
+impl QkvRope {
+    pub fn all() -> Vec<QkvRope> {
+        let mut v = Vec::new();
+        for style in [RopeStyle::Normal, RopeStyle::Neox] {
+            for rope in [false, true] {
+                for qk_norm in [false, true] {
+                    for norm_offset in [false, true] {
+                        for kv_write in [None, Some(KvDtype::F16), Some(KvDtype::Q8_0)] {
+                            v.push(QkvRope { style, rope, qk_norm, norm_offset, kv_write });
+                        }
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// WGSL. Bindings `x` (rw), `pos`, `freqs`, `qw`, `kw`, `kc` (rw), `vc` (rw).
+    pub fn source(&self, env: &KernelEnv) -> KernelSource {
+        let name = format!(
+            "qkv_rope_{:?}_r{}_n{}_o{}_{}",
+            self.style,
+            self.rope as u8,
+            self.qk_norm as u8,
+            self.norm_offset as u8,
+            self.kv_write.map_or("nokv".to_string(), |d| format!("{d:?}"))
+        )
+        .to_lowercase();
+        let mut pre = String::from("var<workgroup> row: array<f32, 256>;\n");
+        pre.push_str(&tree_reduce_fns(ROPE_WG));
+        if let Some(d) = self.kv_write {
+            pre.push_str(&d.store_fn("kc", ROPE_WG));
+            pre.push_str(&d.store_fn("vc", ROPE_WG));
+        }
+        let wofs = if self.norm_offset { "1.0 + " } else { "" };
+        let norm = if self.qk_norm {
+            format!(
+                "    if (kind < 2u) {{
+        var ss = 0.0;
+        for (var d = lidx; d < p.hd; d += {ROPE_WG}u) {{ ss += row[d] * row[d]; }}
+        let inv = inverseSqrt(red_sum(ss, lidx) / f32(p.hd) + bitcast<f32>(p.eps));
+        for (var d = lidx; d < p.hd; d += {ROPE_WG}u) {{
+            let w = select(kw[d], qw[d], kind == 0u);
+            row[d] = row[d] * inv * ({wofs}w);
+        }}
+        workgroupBarrier();
+    }}
+"
+            )
+        } else {
+            String::new()
+        };
+        let pair = match self.style {
+            RopeStyle::Normal => "let a = 2u * i; let b = a + 1u;",
+            RopeStyle::Neox => "let a = i; let b = i + p.rot / 2u;",
+        };
+        let rope = if self.rope {
+            format!(
+                "    if (kind < 2u) {{
+        let fp = f32(pos[t]);
+        for (var i = lidx; i < p.rot / 2u; i += {ROPE_WG}u) {{
+            {pair}
+            let th = fp * freqs[i];
+            let c = cos(th);
+            let s = sin(th);
+            let x0 = row[a];
+            let x1 = row[b];
+            row[a] = x0 * c - x1 * s;
+            row[b] = x0 * s + x1 * c;
+        }}
+        workgroupBarrier();
+    }}
+"
+            )
+        } else {
+            String::new()
+        };
+        let kv = if self.kv_write.is_some() {
+            "    if (kind >= 1u) {
+        let slot = p.slot0 + t;
+        if (slot >= p.seg_start && slot < p.seg_start + p.seg_len) {
+            let base = (hh * p.seg_len + slot - p.seg_start) * p.row_words;
+            if (kind == 1u) { store_kc(base, lidx); } else { store_vc(base, lidx); }
+        }
+    }
+"
+        } else {
+            ""
+        };
+        let heads = if self.kv_write.is_some() { "p.n_q + 2u * p.n_kv" } else { "p.n_q + p.n_kv" };
+        let body = format!(
+            "    let nh = {heads};
+    let lt = wg_linear / nh;
+    let h = wg_linear - lt * nh;
+    let t = p.tok0 + lt;
+    if (t >= p.n_tok) {{ return; }}
+    var kind = 0u;
+    var hh = h;
+    var off = p.q_off;
+    if (h >= p.n_q + p.n_kv) {{ kind = 2u; hh = h - p.n_q - p.n_kv; off = p.v_off; }} else if (h >= p.n_q) {{ kind = 1u; hh = h - p.n_q; off = p.k_off; }}
+    let base = p.x_off + t * p.tok_stride + off + hh * p.hd;
+    for (var d = lidx; d < p.hd; d += {ROPE_WG}u) {{ row[d] = x[base + d]; }}
+    workgroupBarrier();
+{norm}{rope}    if (kind < 2u) {{ for (var d = lidx; d < p.hd; d += {ROPE_WG}u) {{ x[base + d] = row[d]; }} }}
+{kv}"
+        );
+        KernelBuilder::new(name, *env)
+            .workgroup(ROPE_WG, 1, 1)
+            .storage("x", Access::ReadWrite, "array<f32>")
+            .storage("pos", Access::Read, "array<u32>")
+            .storage("freqs", Access::Read, "array<f32>")
+            .storage("qw", Access::Read, "array<f32>")
+            .storage("kw", Access::Read, "array<f32>")
+            .storage("kc", Access::ReadWrite, "array<u32>")
+            .storage("vc", Access::ReadWrite, "array<u32>")
+            .params(&["n_tok", "n_q", "n_kv", "hd", "rot", "tok_stride", "x_off", "q_off", "k_off", "v_off", "eps", "slot0", "seg_start", "seg_len", "row_words", "tok0"])
+            .prelude(&pre)
+            .body(&body)
+            .build()
+    }
+
+    /// Records the fused op. `x` is the packed activation binding (f32, `layout` describes it;
+    /// its element offsets are relative to the binding). `positions` has one entry per token (its
+    /// GPU copy is uploaded here; engines keep one buffer and call [`Self::record`]).
+    /// With `kv_write`, `cache` receives K/V for `layer` at slots `cache.reserve(n_tok)..`; the
+    /// caller commits after all layers.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(&self, ctx: &GpuContext, x: &Binding, layout: &QkvLayout, rope: &RopeParams, positions: &[u32], qw: Option<&Binding>, kw: Option<&Binding>, eps: f32, cache: Option<(&KvCache, usize)>) -> Result<()> {
+        if positions.len() != layout.n_tok {
+            return Err(bad("qkv_rope", "one position per token"));
+        }
+        let pos = Binding::whole(&upload_u32(ctx, positions)?);
+        let freqs = upload_u32(ctx, bytemuck::cast_slice(&rope.inv_freqs()))?;
+        self.record(ctx, x, layout, rope, &pos, &Binding::whole(&freqs), qw, kw, eps, cache)
+    }
+
+    /// [`Self::run`] with the positions and inverse frequencies already on the GPU.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record(&self, ctx: &GpuContext, x: &Binding, l: &QkvLayout, rope: &RopeParams, pos: &Binding, freqs: &Binding, qw: Option<&Binding>, kw: Option<&Binding>, eps: f32, cache: Option<(&KvCache, usize)>) -> Result<()> {
+        if l.head_dim > 256 || rope.rot_dim > l.head_dim || rope.rot_dim % 2 != 0 || rope.head_dim != l.head_dim {
+            return Err(bad("qkv_rope", "head_dim at most 256, rot_dim even and at most head_dim"));
+        }
+        if self.qk_norm != (qw.is_some() && kw.is_some()) || self.kv_write.is_some() != cache.is_some() {
+            return Err(bad("qkv_rope", "norm weights or cache do not match the variant"));
+        }
+        let src = self.source(&env_of(ctx));
+        let nh = l.n_q + l.n_kv + if self.kv_write.is_some() { l.n_kv } else { 0 };
+        let mut params = [
+            l.n_tok, l.n_q, l.n_kv, l.head_dim, rope.rot_dim, l.tok_stride, l.x_off, l.q_off, l.k_off, l.v_off, 0, 0, 0, 0, 0, 0,
+        ]
+        .map(|v| v as u32);
+        params[10] = fbits(eps);
+        let d = dummy(ctx)?;
+        let qw = qw.cloned().unwrap_or(d.clone());
+        let kw = kw.cloned().unwrap_or(d);
+        match cache {
+            None => {
+                let grid = grid_for(ctx, (l.n_tok * nh) as u64)?;
+                dispatch(ctx, &src, &[x.clone(), pos.clone(), freqs.clone(), qw, kw, dummy(ctx)?, dummy(ctx)?], &params, grid)
+            }
+            Some((cache, layer)) => {
+                let c = cache.config();
+                if c.head_dim != l.head_dim || c.n_kv_heads != l.n_kv || Some(c.dtype) != self.kv_write || layer >= c.n_layers {
+                    return Err(bad("qkv_rope", "cache shape or dtype does not match"));
+                }
+                let slot0 = cache.reserve(l.n_tok)?;
+                params[11] = slot0 as u32;
+                params[14] = c.dtype.row_words(c.head_dim) as u32;
+                for seg in cache.segments(layer) {
+                    if seg.start >= slot0 + l.n_tok || seg.start + seg.len <= slot0 {
+                        continue;
+                    }
+                    // Each token is transformed exactly once: this dispatch covers the tokens
+                    // whose slots fall in this segment.
+                    let t0 = seg.start.max(slot0) - slot0;
+                    let t1 = (seg.start + seg.len).min(slot0 + l.n_tok) - slot0;
+                    params[0] = t1 as u32;
+                    params[12] = seg.start as u32;
+                    params[13] = seg.len as u32;
+                    params[15] = t0 as u32;
+                    let grid = grid_for(ctx, ((t1 - t0) * nh) as u64)?;
+                    let b = [x.clone(), pos.clone(), freqs.clone(), qw.clone(), kw.clone(), Binding::whole(&seg.k), Binding::whole(&seg.v)];
+                    dispatch(ctx, &src, &b, &params, grid)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// CPU reference: transforms `x` in place (as the kernel does) and returns the K and V rows
+    /// the cache would hold, `[n_tok][n_kv][head_dim]` each, rounded through the cache dtype
+    /// (unrounded when `kv_write` is `None`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reference(&self, x: &mut [f32], l: &QkvLayout, rope: &RopeParams, positions: &[u32], qw: Option<&[f32]>, kw: Option<&[f32]>, eps: f32) -> (Vec<f32>, Vec<f32>) {
+        let hd = l.head_dim;
+        let freqs = rope.inv_freqs();
+        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        for t in 0..l.n_tok {
+            let row0 = l.x_off + t * l.tok_stride;
+            for h in 0..l.n_q + l.n_kv {
+                let (kind, hh) = if h < l.n_q { (0, h) } else { (1, h - l.n_q) };
+                let base = row0 + if kind == 0 { l.q_off } else { l.k_off } + hh * hd;
+                let head = &mut x[base..base + hd];
+                if self.qk_norm {
+                    let w = if kind == 0 { qw.unwrap() } else { kw.unwrap() };
+                    let ss = head.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / hd as f64;
+                    let inv = 1.0 / (ss + eps as f64).sqrt();
+                    for (d, v) in head.iter_mut().enumerate() {
+                        *v = (*v as f64 * inv * (w[d] as f64 + if self.norm_offset { 1.0 } else { 0.0 })) as f32;
+                    }
+                }
+                if self.rope {
+                    rope.rotate(head, positions[t], &freqs);
+                }
+                if kind == 1 {
+                    ks.extend(self.kv_write.map_or(head.to_vec(), |dt| dt.round_row(head)));
+                }
+            }
+            for hh in 0..l.n_kv {
+                let base = row0 + l.v_off + hh * hd;
+                let head = &x[base..base + hd];
+                vs.extend(self.kv_write.map_or(head.to_vec(), |dt| dt.round_row(head)));
+            }
+        }
+        (ks, vs)
+    }
+}

@@ -1,0 +1,43 @@
+//! naga validation (parse, validate, SPIR-V) of every generated variant of the decoder-block ops
+//! in every kernel environment. No GPU needed.
+
+use boostr::act::Act;
+use boostr::attention::{AttnCombine, DecodeAttn, PrefillAttn};
+use boostr::conv::ShortConv;
+use boostr::embedding::Embedding;
+use boostr::norm::Norm;
+use boostr::rope::QkvRope;
+use boostr::sampling::{Argmax, RepetitionPenalty, TopK};
+use numr::gpu::{KernelEnv, KernelSource};
+use numr::testing::validate_wgsl;
+
+fn sources(env: &KernelEnv) -> Vec<KernelSource> {
+    let mut v = Vec::new();
+    v.extend(Norm::all().iter().map(|c| c.source(env)));
+    v.extend(Act::all().iter().map(|c| c.source(env)));
+    v.extend(QkvRope::all().iter().map(|c| c.source(env)));
+    v.extend(DecodeAttn::all().iter().map(|c| c.source(env)));
+    v.extend(PrefillAttn::all().iter().map(|c| c.source(env)));
+    v.extend([64, 128, 256].map(|head_dim| AttnCombine { head_dim }.source(env)));
+    v.extend(ShortConv::all().iter().map(|c| c.source(env)));
+    v.extend(Embedding::all().iter().map(|c| c.source(env)));
+    v.extend([true, false].map(|first| Argmax { first }.source(env)));
+    v.extend([true, false].map(|first| TopK { first }.source(env)));
+    v.push(RepetitionPenalty.source(env));
+    v
+}
+
+#[test]
+fn every_variant_validates() {
+    let mut n = 0;
+    let mut failures = Vec::new();
+    for env in KernelEnv::all_for_validation() {
+        for src in sources(&env) {
+            n += 1;
+            if let Err(e) = validate_wgsl(&src.wgsl) {
+                failures.push(format!("{} ({env:?}): {e}", src.name));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {n} failed:\n{}", failures.len(), failures[..failures.len().min(4)].join("\n"));
+}
