@@ -30,11 +30,13 @@
 //! `o_part[(split * rows + row) * head_dim + d]` (unnormalised) and
 //! `ml[(split * rows + row) * 2 + {0: max, 1: sum}]`, `row = token * n_q + q_head`.
 
-use numr::gpu::{Access, Binding, BufferKind, GpuContext, KernelBuilder, KernelEnv, KernelSource};
+use std::sync::Arc;
+
+use numr::gpu::{Access, Binding, BoundGroup, BufferKind, GpuContext, Kernel, KernelBuilder, KernelEnv, KernelSource, Recorder};
 use numr::{DType, Tensor};
 
 use crate::kv_cache::{KvCache, KvDtype};
-use crate::ops_common::{dispatch, env_of, fbits, grid_for, OpsError, Result, SAFE_TANH};
+use crate::ops_common::{env_of, fbits, grid_for, OpsError, Result, SAFE_TANH};
 
 /// Score of a masked key.
 const NEG: &str = "-1e30";
@@ -438,6 +440,148 @@ impl PrefillAttn {
     }
 }
 
+
+/// One recorded dispatch of a plan.
+struct Step {
+    kernel: Arc<Kernel>,
+    group: BoundGroup,
+    params: Vec<u32>,
+    grid: [u32; 3],
+}
+
+/// Attention dispatches prepared once (kernels compiled, bind groups and partial buffers made),
+/// recordable any number of times. Built by [`DecodePlan::new`] or [`PrefillPlan::new`].
+pub struct AttnPlan {
+    steps: Vec<Step>,
+    /// The output, `[n_tok, n_q, head_dim]` f32.
+    pub out: Tensor,
+}
+
+/// Flash-decoding plan (see [`decode`]).
+pub type DecodePlan = AttnPlan;
+/// Prefill plan (see [`prefill`]).
+pub type PrefillPlan = AttnPlan;
+
+impl AttnPlan {
+    fn step(ctx: &GpuContext, src: &KernelSource, bindings: &[Binding], params: Vec<u32>, grid: [u32; 3]) -> Result<Step> {
+        let kernel = ctx.kernel(src)?;
+        let group = ctx.bind(&kernel, bindings)?;
+        Ok(Step { kernel, group, params, grid })
+    }
+
+    /// Records the plan's dispatches.
+    pub fn record(&self, rec: &mut Recorder) -> numr::Result<()> {
+        for s in &self.steps {
+            rec.dispatch(&s.kernel, &s.group, &s.params, s.grid)?;
+        }
+        Ok(())
+    }
+
+    /// Dispatches per recording.
+    pub fn dispatches(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Flash-decoding of one token: see [`decode`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode(ctx: &GpuContext, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, kv_len: usize, opts: &AttnOptions) -> Result<AttnPlan> {
+        let (hd, group) = check_heads(cache, layer, n_q)?;
+        if kv_len == 0 || kv_len > cache.capacity() {
+            return Err(OpsError::ContextOverflow { needed: kv_len, capacity: cache.capacity() });
+        }
+        let cfg = DecodeAttn { head_dim: hd as u32, group: group as u32, dtype: cache.config().dtype, softcap: opts.softcap.is_some() };
+        let n_kv = cache.config().n_kv_heads;
+        // Enough splits for about 1024 workgroups, within the score buffer.
+        let t = cfg.tile() as usize;
+        let want = (kv_len * n_kv).div_ceil(1024).div_ceil(t) * t;
+        let chunk = want.clamp(t, cfg.max_chunk() as usize);
+        let segs: Vec<_> = cache.segments(layer).iter().filter(|s| s.start < kv_len).collect();
+        let splits: Vec<usize> = segs.iter().map(|s| (s.len.min(kv_len - s.start)).div_ceil(chunk)).collect();
+        let total: usize = splits.iter().sum();
+        let dev = numr::Device::Gpu(ctx.clone());
+        let o_part = ctx.alloc((total * n_q * hd * 4) as u64, BufferKind::Storage)?;
+        let ml = ctx.alloc((total * n_q * 2 * 4) as u64, BufferKind::Storage)?;
+        let src = cfg.source(&env_of(ctx));
+        let mut steps = Vec::new();
+        let mut base = 0;
+        for (seg, &ns) in segs.iter().zip(&splits) {
+            let params = vec![
+                kv_len as u32,
+                (kv_len - 1) as u32,
+                seg.start as u32,
+                seg.len as u32,
+                chunk as u32,
+                base as u32,
+                q_off as u32,
+                n_q as u32,
+                fbits(opts.scale),
+                fbits(opts.softcap.unwrap_or(0.0)),
+                opts.window.unwrap_or(0) as u32,
+            ];
+            let b = [q.clone(), Binding::whole(&seg.k), Binding::whole(&seg.v), Binding::whole(&o_part), Binding::whole(&ml)];
+            steps.push(Self::step(ctx, &src, &b, params, [ns as u32, n_kv as u32, 1])?);
+            base += ns;
+        }
+        let out = Tensor::zeros(&[1, n_q, hd], DType::F32, &dev)?;
+        let comb = AttnCombine { head_dim: hd as u32 }.source(&env_of(ctx));
+        let b = [Binding::whole(&o_part), Binding::whole(&ml), out.gpu_binding(4)?.0];
+        steps.push(Self::step(ctx, &comb, &b, vec![n_q as u32, total as u32, 0], grid_for(ctx, n_q as u64)?)?);
+        Ok(AttnPlan { steps, out })
+    }
+
+    /// Causal prefill of a chunk: see [`prefill`].
+    pub fn prefill(ctx: &GpuContext, q: &Binding, ql: &QueryLayout, cache: &KvCache, layer: usize, p0: usize, opts: &AttnOptions) -> Result<AttnPlan> {
+        let (hd, group) = check_heads(cache, layer, ql.n_q)?;
+        let kv_len = p0 + ql.n_tok;
+        if ql.n_tok == 0 || kv_len > cache.capacity() {
+            return Err(OpsError::ContextOverflow { needed: kv_len, capacity: cache.capacity() });
+        }
+        let segs: Vec<_> = cache.segments(layer).iter().filter(|s| s.start < kv_len).collect();
+        let partial = segs.len() > 1;
+        let cfg = PrefillAttn { head_dim: hd as u32, dtype: cache.config().dtype, softcap: opts.softcap.is_some(), partial };
+        let rows = ql.n_tok * ql.n_q;
+        let dev = numr::Device::Gpu(ctx.clone());
+        let out = Tensor::zeros(&[ql.n_tok, ql.n_q, hd], DType::F32, &dev)?;
+        let (o_bind, ml) = if partial {
+            let o = ctx.alloc((segs.len() * rows * hd * 4) as u64, BufferKind::Storage)?;
+            let ml = ctx.alloc((segs.len() * rows * 2 * 4) as u64, BufferKind::Storage)?;
+            (Binding::whole(&o), Binding::whole(&ml))
+        } else {
+            (out.gpu_binding(4)?.0, crate::ops_common::dummy(ctx)?)
+        };
+        let src = cfg.source(&env_of(ctx));
+        let grid = [(ql.n_tok as u32).div_ceil(PREFILL_BQ), ql.n_q as u32, 1];
+        let mut steps = Vec::new();
+        for (i, seg) in segs.iter().enumerate() {
+            let params = vec![
+                ql.n_tok as u32,
+                ql.n_q as u32,
+                group as u32,
+                p0 as u32,
+                kv_len as u32,
+                seg.start as u32,
+                seg.len as u32,
+                ql.q_off as u32,
+                ql.tok_stride as u32,
+                rows as u32,
+                i as u32,
+                0,
+                fbits(opts.scale),
+                fbits(opts.softcap.unwrap_or(0.0)),
+                opts.window.unwrap_or(0) as u32,
+            ];
+            let b = [q.clone(), Binding::whole(&seg.k), Binding::whole(&seg.v), o_bind.clone(), ml.clone()];
+            steps.push(Self::step(ctx, &src, &b, params, grid)?);
+        }
+        if partial {
+            let comb = AttnCombine { head_dim: hd as u32 }.source(&env_of(ctx));
+            let b = [o_bind, ml, out.gpu_binding(4)?.0];
+            steps.push(Self::step(ctx, &comb, &b, vec![rows as u32, segs.len() as u32, 0], grid_for(ctx, rows as u64)?)?);
+        }
+        Ok(AttnPlan { steps, out })
+    }
+}
+
 fn check_heads(cache: &KvCache, layer: usize, n_q: usize) -> Result<(usize, usize)> {
     let c = cache.config();
     if layer >= c.n_layers || n_q == 0 || n_q % c.n_kv_heads != 0 || n_q / c.n_kv_heads > 16 || ![64, 128, 256].contains(&c.head_dim) {
@@ -448,48 +592,13 @@ fn check_heads(cache: &KvCache, layer: usize, n_q: usize) -> Result<(usize, usiz
 
 /// Flash-decoding of one token. `q` holds `n_q` heads of `head_dim` f32 at element `q_off`; the
 /// cache holds `kv_len` positions of `layer` (the current token's K/V included; the query sits
-/// at position `kv_len - 1`). Returns `[n_q, head_dim]` f32.
+/// at position `kv_len - 1`). Records into the context's stream; returns `[1, n_q, head_dim]` f32.
+/// Engines build an [`AttnPlan`] once per shape instead.
+#[allow(clippy::too_many_arguments)]
 pub fn decode(ctx: &GpuContext, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, kv_len: usize, opts: &AttnOptions) -> Result<Tensor> {
-    let (hd, group) = check_heads(cache, layer, n_q)?;
-    if kv_len == 0 || kv_len > cache.capacity() {
-        return Err(OpsError::ContextOverflow { needed: kv_len, capacity: cache.capacity() });
-    }
-    let cfg = DecodeAttn { head_dim: hd as u32, group: group as u32, dtype: cache.config().dtype, softcap: opts.softcap.is_some() };
-    let n_kv = cache.config().n_kv_heads;
-    // Enough splits for about 1024 workgroups, within the score buffer.
-    let t = cfg.tile() as usize;
-    let want = (kv_len * n_kv).div_ceil(1024).div_ceil(t) * t;
-    let chunk = want.clamp(t, cfg.max_chunk() as usize);
-    let segs: Vec<_> = cache.segments(layer).iter().filter(|s| s.start < kv_len).collect();
-    let splits: Vec<usize> = segs.iter().map(|s| (s.len.min(kv_len - s.start)).div_ceil(chunk)).collect();
-    let total: usize = splits.iter().sum();
-    let dev = numr::Device::Gpu(ctx.clone());
-    let o_part = ctx.alloc((total * n_q * hd * 4) as u64, BufferKind::Storage)?;
-    let ml = ctx.alloc((total * n_q * 2 * 4) as u64, BufferKind::Storage)?;
-    let src = cfg.source(&env_of(ctx));
-    let mut base = 0;
-    for (seg, &ns) in segs.iter().zip(&splits) {
-        let params = [
-            kv_len as u32,
-            (kv_len - 1) as u32,
-            seg.start as u32,
-            seg.len as u32,
-            chunk as u32,
-            base as u32,
-            q_off as u32,
-            n_q as u32,
-            fbits(opts.scale),
-            fbits(opts.softcap.unwrap_or(0.0)),
-            opts.window.unwrap_or(0) as u32,
-        ];
-        let b = [q.clone(), Binding::whole(&seg.k), Binding::whole(&seg.v), Binding::whole(&o_part), Binding::whole(&ml)];
-        dispatch(ctx, &src, &b, &params, [ns as u32, n_kv as u32, 1])?;
-        base += ns;
-    }
-    let out = Tensor::zeros(&[n_q, hd], DType::F32, &dev)?;
-    let comb = AttnCombine { head_dim: hd as u32 }.source(&env_of(ctx));
-    dispatch(ctx, &comb, &[Binding::whole(&o_part), Binding::whole(&ml), out.gpu_binding(4)?.0], &[n_q as u32, total as u32, 0], grid_for(ctx, n_q as u64)?)?;
-    Ok(out)
+    let plan = AttnPlan::decode(ctx, q, q_off, n_q, cache, layer, kv_len, opts)?;
+    ctx.with_stream(|rec| plan.record(rec))?;
+    Ok(plan.out)
 }
 
 /// Where a prefill chunk's queries live: token `t`, head `h` at element
@@ -505,52 +614,9 @@ pub struct QueryLayout {
 /// Causal attention of a chunk of `n_tok` queries whose first token sits at position `p0`; the
 /// cache must already hold positions `0 .. p0 + n_tok` of `layer`. Returns `[n_tok, n_q, head_dim]`.
 pub fn prefill(ctx: &GpuContext, q: &Binding, ql: &QueryLayout, cache: &KvCache, layer: usize, p0: usize, opts: &AttnOptions) -> Result<Tensor> {
-    let (hd, group) = check_heads(cache, layer, ql.n_q)?;
-    let kv_len = p0 + ql.n_tok;
-    if ql.n_tok == 0 || kv_len > cache.capacity() {
-        return Err(OpsError::ContextOverflow { needed: kv_len, capacity: cache.capacity() });
-    }
-    let segs: Vec<_> = cache.segments(layer).iter().filter(|s| s.start < kv_len).collect();
-    let partial = segs.len() > 1;
-    let cfg = PrefillAttn { head_dim: hd as u32, dtype: cache.config().dtype, softcap: opts.softcap.is_some(), partial };
-    let rows = ql.n_tok * ql.n_q;
-    let dev = numr::Device::Gpu(ctx.clone());
-    let out = Tensor::zeros(&[ql.n_tok, ql.n_q, hd], DType::F32, &dev)?;
-    let (o_bind, ml) = if partial {
-        let o = ctx.alloc((segs.len() * rows * hd * 4) as u64, BufferKind::Storage)?;
-        let ml = ctx.alloc((segs.len() * rows * 2 * 4) as u64, BufferKind::Storage)?;
-        (Binding::whole(&o), Binding::whole(&ml))
-    } else {
-        (out.gpu_binding(4)?.0, crate::ops_common::dummy(ctx)?)
-    };
-    let src = cfg.source(&env_of(ctx));
-    let grid = [(ql.n_tok as u32).div_ceil(PREFILL_BQ), ql.n_q as u32, 1];
-    for (i, seg) in segs.iter().enumerate() {
-        let params = [
-            ql.n_tok as u32,
-            ql.n_q as u32,
-            group as u32,
-            p0 as u32,
-            kv_len as u32,
-            seg.start as u32,
-            seg.len as u32,
-            ql.q_off as u32,
-            ql.tok_stride as u32,
-            rows as u32,
-            i as u32,
-            0,
-            fbits(opts.scale),
-            fbits(opts.softcap.unwrap_or(0.0)),
-            opts.window.unwrap_or(0) as u32,
-        ];
-        let b = [q.clone(), Binding::whole(&seg.k), Binding::whole(&seg.v), o_bind.clone(), ml.clone()];
-        dispatch(ctx, &src, &b, &params, grid)?;
-    }
-    if partial {
-        let comb = AttnCombine { head_dim: hd as u32 }.source(&env_of(ctx));
-        dispatch(ctx, &comb, &[o_bind, ml, out.gpu_binding(4)?.0], &[rows as u32, segs.len() as u32, 0], grid_for(ctx, rows as u64)?)?;
-    }
-    Ok(out)
+    let plan = AttnPlan::prefill(ctx, q, ql, cache, layer, p0, opts)?;
+    ctx.with_stream(|rec| plan.record(rec))?;
+    Ok(plan.out)
 }
 
 /// Naive O(n²) CPU reference. `q` is `[n_tok][n_q][hd]`, `k`/`v` are `[n_kv][kv_len][hd]`
