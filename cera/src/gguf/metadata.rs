@@ -321,6 +321,17 @@ impl Metadata {
         true
     }
 
+    /// Sets a key, replacing its value if it exists (to adjust a file's metadata before building
+    /// a tokenizer or template from it).
+    pub fn set(&mut self, key: &str, value: MetadataValue) {
+        match self.index.get(key) {
+            Some(&i) => self.entries[i].1 = value,
+            None => {
+                self.insert(key.to_string(), value);
+            }
+        }
+    }
+
     /// Number of keys.
     pub fn len(&self) -> usize {
         self.entries.len()
