@@ -138,9 +138,28 @@ fn environment(source: &str) -> Result<Environment<'static>, TemplateError> {
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     env.add_filter("tojson", tojson);
-    env.add_template_owned("chat", source.to_string())
+    env.add_template_owned("chat", strip_generation_tags(source))
         .map_err(|e| TemplateError::Syntax(format!("{e:#}")))?;
     Ok(env)
+}
+
+/// Removes transformers' `{% generation %}` / `{% endgeneration %}` markers (they only mark
+/// assistant text for training masks and render nothing).
+fn strip_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(i) = rest.find("{%") {
+        let Some(j) = rest[i..].find("%}") else { break };
+        let inner =
+            rest[i + 2..i + j].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        out.push_str(&rest[..i]);
+        if inner != "generation" && inner != "endgeneration" {
+            out.push_str(&rest[i..i + j + 2]);
+        }
+        rest = &rest[i + j + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 impl ChatTemplate {
@@ -303,6 +322,17 @@ mod tests {
         ));
         let t = ChatTemplate::new("{{ strftime_now('%Y') }}", "", "").unwrap();
         assert_eq!(t.render(&[], false).unwrap().len(), 4);
+    }
+
+    #[test]
+    fn generation_tags_are_ignored() {
+        let src = "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{%- endgeneration %}\
+                   {% else %}{{ m.content }}{% endif %}|{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        assert_eq!(
+            t.render(&msgs(), false).unwrap(),
+            "Be brief.| Hi |Hello!|Bye|"
+        );
     }
 
     #[test]
