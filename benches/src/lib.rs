@@ -2,6 +2,8 @@
 //! of `cargo xtask bench`. GPU work is timed by wall clock around one submit of many repetitions
 //! (after a warm-up), so per-dispatch overhead is amortised and the figure is what a user gets.
 
+pub mod attention;
+
 use std::time::Instant;
 
 use numr::gpu::{grid_2d, Binding, BufferKind, GpuContext, KernelEnv};

@@ -2,6 +2,8 @@
 //!
 //! - `bench [--quick]`: the benchmark table (roofline, copy, matmul) on the chosen GPU
 //!   (`NUMR_ADAPTER` picks it), printed as markdown for the README.
+//! - `bench --attention [--quick]`: decode attention GB/s of KV read at 4K/32K context (fraction
+//!   of the roofline of the same run) and prefill attention TFLOP/s at 2K tokens.
 
 use clap::{Parser, Subcommand};
 
@@ -19,14 +21,18 @@ enum Cmd {
         /// Small sizes and few repetitions (for software adapters).
         #[arg(long)]
         quick: bool,
+        /// The attention table instead (decode GB/s of KV read at 4K/32K beside the roofline of
+        /// the same run, prefill TFLOP/s at 2K tokens).
+        #[arg(long)]
+        attention: bool,
     },
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     match Cli::parse().cmd {
-        Cmd::Bench { quick } => {
+        Cmd::Bench { quick, attention } => {
             let ctx = numr::GpuContext::new()?;
-            let rows = benches::core_table(&ctx, quick)?;
+            let rows = if attention { benches::attention::attention_table(&ctx, quick)? } else { benches::core_table(&ctx, quick)? };
             benches::print_table(&ctx, &rows);
         }
     }

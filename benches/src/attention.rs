@@ -1,0 +1,66 @@
+//! Attention workloads: flash-decoding GB/s of KV read at long contexts (as a fraction of the
+//! streaming-read roofline measured in the same run) and causal prefill TFLOP/s. The plans are
+//! built once (kernels, bind groups, partial buffers) and recorded `reps` times into one submit.
+
+use boostr::attention::{AttnOptions, AttnPlan, QueryLayout};
+use boostr::kv_cache::{KvCache, KvCacheConfig, KvDtype};
+use numr::{DType, Device, GpuContext, Result, Tensor};
+
+use crate::{time_reps, Measurement};
+
+fn cache(ctx: &GpuContext, n_kv: usize, hd: usize, capacity: usize, dtype: KvDtype) -> Result<KvCache> {
+    KvCache::new(ctx, KvCacheConfig { n_layers: 1, n_kv_heads: n_kv, head_dim: hd, capacity, dtype, max_segment_bytes: None })
+        .map_err(|e| numr::NumrError::Internal { context: "building the KV cache".into(), message: e.to_string() })
+}
+
+fn ops_err(e: boostr::ops_common::OpsError) -> numr::NumrError {
+    numr::NumrError::Internal { context: "planning attention".into(), message: e.to_string() }
+}
+
+/// Decode attention of one token over `ctx_len` cached positions; bytes = K and V read.
+pub fn decode(ctx: &GpuContext, n_q: usize, n_kv: usize, hd: usize, ctx_len: usize, dtype: KvDtype, reps: usize) -> Result<Measurement> {
+    let c = cache(ctx, n_kv, hd, ctx_len, dtype)?;
+    let q = Tensor::zeros(&[n_q * hd], DType::F32, &Device::Gpu(ctx.clone()))?;
+    let plan = AttnPlan::decode(ctx, &q.gpu_binding(4)?.0, 0, n_q, &c, 0, ctx_len, &AttnOptions::new(hd)).map_err(ops_err)?;
+    let s = time_reps(ctx, reps, 5, |r| {
+        let mut rec = ctx.recorder();
+        for _ in 0..r {
+            plan.record(&mut rec)?;
+        }
+        rec.submit()
+    })?;
+    let bytes = 2.0 * (ctx_len * n_kv * dtype.row_words(hd) * 4) as f64;
+    Ok(Measurement { label: format!("decode attn {n_q}q/{n_kv}kv hd{hd} {dtype:?} ctx {ctx_len}"), seconds: s, bytes, flops: 0.0 })
+}
+
+/// Causal prefill of `n_tok` tokens on an empty cache; flops = 4 · hd · n_q · n(n+1)/2.
+pub fn prefill(ctx: &GpuContext, n_q: usize, n_kv: usize, hd: usize, n_tok: usize, reps: usize) -> Result<Measurement> {
+    let c = cache(ctx, n_kv, hd, n_tok, KvDtype::F16)?;
+    let q = Tensor::zeros(&[n_tok * n_q * hd], DType::F32, &Device::Gpu(ctx.clone()))?;
+    let ql = QueryLayout { n_tok, n_q, q_off: 0, tok_stride: n_q * hd };
+    let plan = AttnPlan::prefill(ctx, &q.gpu_binding(4)?.0, &ql, &c, 0, 0, &AttnOptions::new(hd)).map_err(ops_err)?;
+    let s = time_reps(ctx, reps, 3, |r| {
+        let mut rec = ctx.recorder();
+        for _ in 0..r {
+            plan.record(&mut rec)?;
+        }
+        rec.submit()
+    })?;
+    let flops = 4.0 * (hd * n_q) as f64 * (n_tok * (n_tok + 1) / 2) as f64;
+    Ok(Measurement { label: format!("prefill attn {n_q}q/{n_kv}kv hd{hd} {n_tok} tok"), seconds: s, bytes: 0.0, flops })
+}
+
+/// The attention table: the roofline first, then decode at 4K and 32K (f16 and q8_0 caches) and
+/// prefill at 2K tokens (Llama-3-8B shape: 32 query heads, 8 KV heads, head_dim 128).
+pub fn attention_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
+    let (roof_bytes, reps) = if quick { (64u64 << 20, 3) } else { (1u64 << 30, 20) };
+    let mut v = vec![crate::stream_read(ctx, roof_bytes, reps)?];
+    let ctxs: &[usize] = if quick { &[1024] } else { &[4096, 32768] };
+    for &len in ctxs {
+        for dtype in [KvDtype::F16, KvDtype::Q8_0] {
+            v.push(decode(ctx, 32, 8, 128, len, dtype, if quick { 3 } else { 200 })?);
+        }
+    }
+    v.push(prefill(ctx, 32, 8, 128, if quick { 128 } else { 2048 }, if quick { 1 } else { 5 })?);
+    Ok(v)
+}
