@@ -10,7 +10,11 @@ pub struct Args {
     /// Model file or folder (or a test model name such as `smollm2-135m`).
     pub model: String,
     /// The text to tokenize.
-    pub text: String,
+    #[arg(required_unless_present = "file")]
+    pub text: Option<String>,
+    /// Read the text from a file instead (`-` for standard input).
+    #[arg(long, short = 'f', conflicts_with = "text")]
+    pub file: Option<std::path::PathBuf>,
     /// Do not add BOS/EOS.
     #[arg(long)]
     pub no_special: bool,
@@ -30,7 +34,20 @@ pub fn run(args: Args) -> Result<(), CliError> {
         add_special: !args.no_special,
         parse_special: !args.no_parse_special,
     };
-    let ids = tok.encode(&args.text, opts).map_err(CliError::from_err)?;
+    let text = match (&args.text, &args.file) {
+        (Some(t), _) => t.clone(),
+        (None, Some(p)) if p.as_os_str() == "-" => {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+                .map_err(CliError::from_err)?;
+            s
+        }
+        (None, Some(p)) => {
+            std::fs::read_to_string(p).map_err(|e| CliError(format!("{}: {e}", p.display())))?
+        }
+        (None, None) => return Err(CliError("give the text or --file".into())),
+    };
+    let ids = tok.encode(&text, opts).map_err(CliError::from_err)?;
     if args.ids_only {
         let s: Vec<String> = ids.iter().map(u32::to_string).collect();
         println!("{}", s.join(" "));

@@ -386,6 +386,24 @@ mod tests {
         }
     }
 
+    /// Long runs do not hit the backtracking limit or take quadratic time.
+    #[test]
+    fn long_runs() {
+        let inputs = [
+            " ".repeat(200_000) + "x",
+            "a".repeat(200_000),
+            "\n ".repeat(50_000),
+            "1".repeat(100_000),
+        ];
+        for pre in ["default", "llama3", "qwen2", "gpt-2", "smollm"] {
+            let p = PreTokenizer::from_name(pre).unwrap();
+            for t in &inputs {
+                let pieces = p.split(t).unwrap();
+                assert_eq!(pieces.concat(), *t, "{pre}");
+            }
+        }
+    }
+
     #[test]
     fn smollm_splits_digits() {
         assert_eq!(split("smollm", "ab 123"), ["ab", " ", "1", "2", "3"]);
