@@ -3,6 +3,7 @@
 //! (after a warm-up), so per-dispatch overhead is amortised and the figure is what a user gets.
 
 pub mod attention;
+pub mod quant;
 
 use std::time::Instant;
 

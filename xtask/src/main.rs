@@ -2,6 +2,8 @@
 //!
 //! - `bench [--quick]`: the benchmark table (roofline, copy, matmul) on the chosen GPU
 //!   (`NUMR_ADAPTER` picks it), printed as markdown for the README.
+//! - `bench --kernels [--quick]`: the quantized kernel table (GEMV per format at Llama-3-8B
+//!   shapes, GEMM at M = 512), each figure beside the streaming-read roofline of the same run.
 //! - `bench --attention [--quick]`: decode attention GB/s of KV read at 4K/32K context (fraction
 //!   of the roofline of the same run) and prefill attention TFLOP/s at 2K tokens.
 
@@ -21,6 +23,10 @@ enum Cmd {
         /// Small sizes and few repetitions (for software adapters).
         #[arg(long)]
         quick: bool,
+        /// The quantized kernel table instead (boostr::quant GEMV GB/s and GEMM TFLOP/s, with the
+        /// roofline of the same run).
+        #[arg(long)]
+        kernels: bool,
         /// The attention table instead (decode GB/s of KV read at 4K/32K beside the roofline of
         /// the same run, prefill TFLOP/s at 2K tokens).
         #[arg(long)]
@@ -30,9 +36,11 @@ enum Cmd {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     match Cli::parse().cmd {
-        Cmd::Bench { quick, attention } => {
+        Cmd::Bench { quick, kernels, attention } => {
             let ctx = numr::GpuContext::new()?;
-            let rows = if attention { benches::attention::attention_table(&ctx, quick)? } else { benches::core_table(&ctx, quick)? };
+            let rows = if attention {
+                benches::attention::attention_table(&ctx, quick)?
+            } else if kernels { benches::quant::quant_table(&ctx, quick)? } else { benches::core_table(&ctx, quick)? };
             benches::print_table(&ctx, &rows);
         }
     }
