@@ -11,7 +11,9 @@ llama.cpp's Jinja engine; for Gemma 3 270M, which ships none, llama.cpp's built-
 
 To cover the other BPE pre-tokenizers (llama3, qwen2, gpt-2, default) it also makes copies of
 the SmolLM2 file with only `tokenizer.ggml.pre` changed (gguf-py's gguf_new_metadata, from
-`pip install gguf`) and records their /tokenize output as smollm2-pre-<name>.json.
+`pip install gguf`) and records their /tokenize output as smollm2-pre-<name>.json. Likewise a
+copy of Gemma 3 with `tokenizer.ggml.add_space_prefix` set (Llama 2-style SentencePiece) gives
+gemma3-space-prefix.json.
 
 Usage:
     python3 scripts/make_tokenizer_goldens.py [--cache DIR]
@@ -23,6 +25,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
 import sys
@@ -226,6 +229,17 @@ def main():
             )
             make({**smollm, "name": name}, cache, path=copy, tokenize_only=True, extra={"pre_tokenizer": pre})
             copy.unlink()
+        gemma = MODELS[1]
+        copy = pathlib.Path(tmp) / "gemma3-space-prefix.gguf"
+        shutil.copyfile(cache / gemma["file"], copy)
+        subprocess.run(
+            [sys.executable, "-m", "gguf.scripts.gguf_set_metadata", str(copy), "tokenizer.ggml.add_space_prefix", "1",
+             "--force"],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        make({**gemma, "name": "gemma3-space-prefix"}, cache, path=copy, tokenize_only=True,
+             extra={"add_space_prefix": True})
+        copy.unlink()
 
 
 if __name__ == "__main__":

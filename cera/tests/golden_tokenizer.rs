@@ -232,6 +232,55 @@ fn pre_tokenizers_match_llama_cpp() {
     }
 }
 
+/// Gemma's vocabulary with `add_space_prefix` on (Llama 2-style SentencePiece): a space before
+/// the text and after every special token, against llama.cpp given such a copy of the file.
+#[test]
+fn spm_space_prefix_matches_llama_cpp() {
+    let base = gemma();
+    let mut md = base.file.metadata().clone();
+    md.set(
+        "tokenizer.ggml.add_space_prefix",
+        cera::gguf::MetadataValue::Bool(true),
+    );
+    let tok = Tokenizer::from_gguf_metadata(&md).unwrap();
+    assert!(tok.adds_space_prefix());
+    let gpath = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/golden/tokenizer/gemma3-space-prefix.json");
+    let golden: Golden = serde_json::from_str(&std::fs::read_to_string(&gpath).unwrap()).unwrap();
+    let m = Model {
+        file: GgufFile::open(base.file.path().unwrap()).unwrap(),
+        tok,
+        golden,
+    };
+    check_tokenize(&m);
+    check_detokenize(&m);
+    // Decoding with the default options strips the prefix again. (Text with user-defined
+    // tokens such as Gemma's "\n" does not round-trip: llama.cpp prefixes every fragment.)
+    let text = "Hello world, naïve café!";
+    let ids = m
+        .tok
+        .encode(
+            text,
+            EncodeOptions {
+                add_special: true,
+                parse_special: false,
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        m.tok
+            .decode(
+                &ids,
+                DecodeOptions {
+                    render_special: false,
+                    strip_space_prefix: true
+                }
+            )
+            .unwrap(),
+        text
+    );
+}
+
 #[test]
 fn special_tokens_from_metadata() {
     let s = smollm().tok.special();

@@ -310,9 +310,10 @@ impl GgufTokenizer {
 
     pub(crate) fn decode(&self, ids: &[u32], opts: DecodeOptions) -> String {
         let mut out = Vec::new();
-        for (i, &id) in ids.iter().enumerate() {
+        for &id in ids {
             let p = self.piece(id, opts.render_special);
-            let strip = i == 0
+            // The prefix space sits on the first piece that produces text (after an unrendered BOS).
+            let strip = out.is_empty()
                 && opts.strip_space_prefix
                 && self.adds_space_prefix()
                 && p.first() == Some(&b' ');

@@ -155,7 +155,8 @@ impl Default for EncodeOptions {
 pub struct DecodeOptions {
     /// Render control tokens as their text (otherwise they produce nothing).
     pub render_special: bool,
-    /// Drop the leading space that SentencePiece's `add_space_prefix` put in front.
+    /// Drop the leading space that SentencePiece's `add_space_prefix` put in front (from the
+    /// first piece that produces text, so an unrendered BOS does not stop it).
     pub strip_space_prefix: bool,
 }
 

@@ -36,7 +36,7 @@ impl<'t> StreamDecoder<'t> {
     /// Adds one token and returns the text it completes (possibly empty).
     pub fn push(&mut self, id: u32) -> Result<String, TokenizerError> {
         let mut piece = self.tok.piece_for_stream(id, self.opts.render_special)?;
-        if self.first {
+        if self.first && !piece.is_empty() {
             self.first = false;
             if self.opts.strip_space_prefix
                 && self.tok.adds_space_prefix()
