@@ -281,6 +281,52 @@ fn spm_space_prefix_matches_llama_cpp() {
     );
 }
 
+/// A character split over byte-fallback tokens (Gemma has no token for U+10FFFD) comes out whole, once, from the last of them;
+/// an emoji split over byte-level BPE pieces likewise.
+#[test]
+fn stream_decoder_holds_partial_characters() {
+    for (m, text) in [(gemma(), "a\u{10FFFD}b"), (smollm(), "a\u{1F9EC}b")] {
+        let ids = m
+            .tok
+            .encode(
+                text,
+                EncodeOptions {
+                    add_special: false,
+                    parse_special: false,
+                },
+            )
+            .unwrap();
+        assert!(
+            ids.len() >= 4,
+            "{text:?} should need several tokens: {ids:?}"
+        );
+        let mut s = m.tok.stream_decoder();
+        let parts: Vec<String> = ids.iter().map(|&id| s.push(id).unwrap()).collect();
+        assert!(parts.iter().all(|p| !p.contains('\u{FFFD}')), "{parts:?}");
+        assert!(
+            parts.iter().any(String::is_empty),
+            "some token completed no character: {parts:?}"
+        );
+        assert_eq!(parts.concat() + &s.finish(), text);
+    }
+    // A dangling partial character is flushed as U+FFFD by finish().
+    let m = gemma();
+    let ids = m
+        .tok
+        .encode(
+            "\u{10FFFD}",
+            EncodeOptions {
+                add_special: false,
+                parse_special: false,
+            },
+        )
+        .unwrap();
+    let mut s = m.tok.stream_decoder();
+    assert_eq!(s.push(ids[0]).unwrap(), "");
+    assert!(!s.pending_bytes().is_empty());
+    assert_eq!(s.finish(), "\u{FFFD}");
+}
+
 #[test]
 fn special_tokens_from_metadata() {
     let s = smollm().tok.special();
