@@ -115,3 +115,24 @@ fn safetensors_survives_mutations() {
         fuzz_targets::safetensors(&input);
     }
 }
+
+/// Inputs that once crashed a fuzz target (`cera/tests/fuzz_regressions/<target>/`).
+#[test]
+fn fuzz_regressions() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz_regressions");
+    let targets: [(&str, fn(&[u8])); 2] = [
+        ("gguf", fuzz_targets::gguf),
+        ("safetensors", fuzz_targets::safetensors),
+    ];
+    for (name, run) in targets {
+        for entry in std::fs::read_dir(dir.join(name)).unwrap() {
+            let path = entry.unwrap().path();
+            if path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("crash-"))
+            {
+                run(&std::fs::read(&path).unwrap());
+            }
+        }
+    }
+}

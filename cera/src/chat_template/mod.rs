@@ -149,14 +149,18 @@ fn strip_generation_tags(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
     let mut rest = source;
     while let Some(i) = rest.find("{%") {
-        let Some(j) = rest[i..].find("%}") else { break };
-        let inner =
-            rest[i + 2..i + j].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        // The closing `%}` is searched after the opening `{%` (`{%}` must not close itself).
+        let Some(j) = rest[i + 2..].find("%}") else {
+            break;
+        };
+        let end = i + 2 + j + 2;
+        let inner = rest[i + 2..i + 2 + j]
+            .trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
         out.push_str(&rest[..i]);
         if inner != "generation" && inner != "endgeneration" {
-            out.push_str(&rest[i..i + j + 2]);
+            out.push_str(&rest[i..end]);
         }
-        rest = &rest[i + j + 2..];
+        rest = &rest[end..];
     }
     out.push_str(rest);
     out
@@ -332,6 +336,15 @@ mod tests {
         assert_eq!(
             t.render(&msgs(), false).unwrap(),
             "Be brief.| Hi |Hello!|Bye|"
+        );
+        // Found by cargo fuzz: `{%}` used to slice out of order.
+        for src in ["{%}", "a{%}b%}", "{%", "%}{%", "{%generation%}{%}"] {
+            assert!(strip_generation_tags(src).len() <= src.len());
+            let _ = ChatTemplate::new(src, "", "");
+        }
+        assert_eq!(
+            strip_generation_tags("x{% generation %}y{%- endgeneration -%}z"),
+            "xyz"
         );
     }
 
