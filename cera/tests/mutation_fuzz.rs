@@ -120,7 +120,8 @@ fn safetensors_survives_mutations() {
 #[test]
 fn fuzz_regressions() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz_regressions");
-    let targets: [(&str, fn(&[u8])); 2] = [
+    type Target = fn(&[u8]);
+    let targets: [(&str, Target); 2] = [
         ("gguf", fuzz_targets::gguf),
         ("safetensors", fuzz_targets::safetensors),
     ];

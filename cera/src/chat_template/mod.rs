@@ -245,11 +245,15 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &BTreeMap<String, serde_json::Value>,
     ) -> Result<String, TemplateError> {
-        let (Some(env), TemplateSource::Jinja(_)) = (&self.env, &self.source) else {
-            let TemplateSource::Builtin(b) = self.source else {
-                unreachable_builtin()
-            };
-            return Ok(b.render(messages, add_generation_prompt));
+        let env = match (&self.env, &self.source) {
+            (Some(env), _) => env,
+            (None, TemplateSource::Builtin(b)) => {
+                return Ok(b.render(messages, add_generation_prompt));
+            }
+            // Only `new` makes Jinja templates, and it always compiles an environment.
+            (None, TemplateSource::Jinja(_)) => {
+                return Err(TemplateError::Render("template was not compiled".into()));
+            }
         };
         let tpl = env
             .get_template("chat")
@@ -276,11 +280,6 @@ impl ChatTemplate {
             }
         })
     }
-}
-
-/// A built-in template has no environment; a Jinja one always has one.
-fn unreachable_builtin() -> ! {
-    unreachable!("ChatTemplate invariant: Jinja templates always carry an environment")
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ fn tables() -> &'static Tables {
                 next += 1;
                 next - 1
             };
-            let c = char::from_u32(cp).expect("valid code point");
+            let c = char::from_u32(cp).unwrap_or('\0'); // cp < 0x144: always valid
             to_char[b as usize] = c;
             to_byte[cp as usize] = Some(b);
         }
