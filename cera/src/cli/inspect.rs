@@ -2,6 +2,7 @@
 //! table, like gguf-dump.
 
 use super::{CliError, resolve_model};
+use crate::chat_template::TemplateSource;
 use crate::gguf::{HyperParams, MetadataValue};
 use crate::model_file::{ModelFile, TensorSource};
 
@@ -127,7 +128,12 @@ pub fn run(args: Args) -> Result<(), CliError> {
                 "present in file".to_string()
             } else {
                 match model.chat_template(&tok) {
-                    Ok(t) => format!("none in file (using built-in {:?})", t.source()),
+                    Ok(t) => match t.source() {
+                        TemplateSource::Builtin(b) => {
+                            format!("none in file (built-in `{}` used)", b.name())
+                        }
+                        _ => "none in file".to_string(),
+                    },
                     Err(e) => format!("none ({e})"),
                 }
             };
