@@ -181,10 +181,25 @@ fn safetensors_bad_index_and_config() {
     // Two shards that both hold the same tensor.
     let shard = write_safetensors(&[("model.norm.weight", SafeDType::F32, &[1], &[0; 4])]);
     write("a.safetensors", &shard);
-    write("b.safetensors", &shard);
+    write(
+        "b.safetensors",
+        &write_safetensors(&[
+            ("model.norm.weight", SafeDType::F32, &[1], &[0; 4]),
+            ("y", SafeDType::F32, &[1], &[0; 4]),
+        ]),
+    );
     write(
         "model.safetensors.index.json",
         br#"{"weight_map":{"model.norm.weight":"a.safetensors","x":"b.safetensors"}}"#,
+    );
+    let e = SafetensorsModel::open(&dir).unwrap_err();
+    assert!(
+        matches!(e, SafetensorsError::InvalidIndex { ref reason, .. } if reason.contains("`x`")),
+        "{e:?}"
+    );
+    write(
+        "model.safetensors.index.json",
+        br#"{"weight_map":{"model.norm.weight":"a.safetensors","y":"b.safetensors"}}"#,
     );
     assert!(matches!(
         SafetensorsModel::open(&dir).unwrap_err(),

@@ -74,13 +74,13 @@ impl SafetensorsModel {
     /// `config.json` is used if present).
     pub fn open(path: impl AsRef<Path>) -> Result<SafetensorsModel, SafetensorsError> {
         let path = path.as_ref();
-        let (dir, files) = if path.is_dir() {
+        let (dir, index) = if path.is_dir() {
             let index = path.join("model.safetensors.index.json");
             let single = path.join("model.safetensors");
             if index.is_file() {
-                (path.to_path_buf(), read_index(&index)?)
+                (path.to_path_buf(), Some(index))
             } else if single.is_file() {
-                (path.to_path_buf(), vec!["model.safetensors".to_string()])
+                (path.to_path_buf(), None)
             } else {
                 return Err(SafetensorsError::NoModel(path.to_path_buf()));
             }
@@ -92,9 +92,23 @@ impl SafetensorsModel {
                 .unwrap_or_default()
                 .to_string();
             if name.ends_with(".json") {
-                (dir, read_index(path)?)
+                (dir, Some(path.to_path_buf()))
             } else {
-                (dir, vec![name])
+                (dir, None)
+            }
+        };
+        let (files, weight_map) = match &index {
+            Some(index) => read_index(index)?,
+            None => {
+                let name = if path.is_dir() {
+                    "model.safetensors".to_string()
+                } else {
+                    path.file_name()
+                        .and_then(|n| n.to_str())
+                        .unwrap_or_default()
+                        .to_string()
+                };
+                (vec![name], Vec::new())
             }
         };
         let cfg_path = dir.join("config.json");
@@ -107,6 +121,15 @@ impl SafetensorsModel {
         for f in &files {
             let p = dir.join(f);
             shards.push((p.clone(), SafetensorsFile::open(&p)?));
+        }
+        // Every tensor the index lists must be in the shard it names.
+        for (tensor, k) in weight_map {
+            if shards[k].1.tensor(&tensor).is_none() {
+                return Err(SafetensorsError::InvalidIndex {
+                    path: index.clone().unwrap_or_default(),
+                    reason: format!("`{tensor}` is not in {}", files[k]),
+                });
+            }
         }
         Self::assemble(dir, shards, config)
     }
@@ -301,8 +324,11 @@ impl SafetensorsModel {
     }
 }
 
-/// Reads a shard index and returns its shard file names in first-use order.
-fn read_index(path: &Path) -> Result<Vec<String>, SafetensorsError> {
+/// Reads a shard index: its shard file names in first-use order, and each listed tensor with
+/// the index of its shard.
+type Index = (Vec<String>, Vec<(String, usize)>);
+
+fn read_index(path: &Path) -> Result<Index, SafetensorsError> {
     let invalid = |reason: String| SafetensorsError::InvalidIndex {
         path: path.to_path_buf(),
         reason,
@@ -315,6 +341,7 @@ fn read_index(path: &Path) -> Result<Vec<String>, SafetensorsError> {
         .and_then(|m| m.as_object())
         .ok_or_else(|| invalid("no weight_map object".into()))?;
     let mut files: Vec<String> = Vec::new();
+    let mut listed = Vec::with_capacity(map.len());
     for (tensor, f) in map {
         let f = f
             .as_str()
@@ -325,14 +352,19 @@ fn read_index(path: &Path) -> Result<Vec<String>, SafetensorsError> {
                 "`{tensor}` maps to `{f}`, which is not a file name in the same folder"
             )));
         }
-        if !files.iter().any(|x| x == f) {
-            files.push(f.to_string());
-        }
+        let k = match files.iter().position(|x| x == f) {
+            Some(k) => k,
+            None => {
+                files.push(f.to_string());
+                files.len() - 1
+            }
+        };
+        listed.push((tensor.clone(), k));
     }
     if files.is_empty() {
         return Err(invalid("weight_map is empty".into()));
     }
-    Ok(files)
+    Ok((files, listed))
 }
 
 #[cfg(test)]
