@@ -44,8 +44,10 @@ pub fn gguf(data: &[u8]) {
     }
 }
 
-/// Parses `data` as a single safetensors file and reads every tensor.
+/// Parses `data` as a single safetensors file and reads every tensor (and, on the side, as a
+/// `config.json`).
 pub fn safetensors(data: &[u8]) {
+    let _ = crate::safetensors::HfConfig::parse(data);
     let Ok(m) = SafetensorsModel::from_bytes(data.to_vec(), None) else {
         return;
     };
