@@ -4,7 +4,7 @@
 //! at each use.
 
 use boostr::act::{Act, ActKind, GluInput};
-use boostr::attention::{self, AttnOptions, QueryLayout};
+use boostr::attention::{self, AttnOptions, AttnPlan, DecodeKernel, QueryLayout};
 use boostr::conv::ShortConv;
 use boostr::embedding::{embedding_ref, GpuEmbedding, EMBEDDING_FORMATS};
 use boostr::formats::{repack, GgmlType};
@@ -203,10 +203,16 @@ fn decode_case(ctx: &GpuContext, hd: usize, n_q: usize, n_kv: usize, len: usize,
     let (k, v) = fill(ctx, &mut cache, len, len as u64);
     let q = rnd(n_q * hd, 99, 2.0);
     let qt = up(ctx, &q, &[q.len()]);
-    let got = attention::decode(ctx, &qt.gpu_binding(4).unwrap().0, 0, n_q, &cache, 0, len, &opts).unwrap().to_vec::<f32>().unwrap();
     let want = attention::attention_ref(&q, &k, &v, 1, n_q, n_kv, hd, len, len - 1, &opts);
-    // exp and long sums in another order than the f64 reference.
-    close(&got, &want, Some(1e-4));
+    // The adapter's best kernel (subgroup where it can) and the portable tiled one.
+    let best = DecodeKernel::best(&boostr::ops_common::env_of(ctx));
+    for kind in if best == DecodeKernel::Tiled { vec![best] } else { vec![best, DecodeKernel::Tiled] } {
+        let plan = AttnPlan::decode_with(ctx, kind, &qt.gpu_binding(4).unwrap().0, 0, n_q, &cache, 0, len, &opts).unwrap();
+        ctx.with_stream(|rec| plan.record(rec)).unwrap();
+        let got = plan.out.to_vec::<f32>().unwrap();
+        // exp and long sums in another order than the f64 reference.
+        close(&got, &want, Some(1e-4));
+    }
 }
 
 #[test]

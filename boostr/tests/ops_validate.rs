@@ -2,7 +2,7 @@
 //! in every kernel environment. No GPU needed.
 
 use boostr::act::Act;
-use boostr::attention::{AttnCombine, DecodeAttn, PrefillAttn};
+use boostr::attention::{AttnCombine, DecodeAttn, DecodeAttnSg, DecodeKernel, PrefillAttn};
 use boostr::conv::ShortConv;
 use boostr::embedding::Embedding;
 use boostr::norm::Norm;
@@ -17,6 +17,9 @@ fn sources(env: &KernelEnv) -> Vec<KernelSource> {
     v.extend(Act::all().iter().map(|c| c.source(env)));
     v.extend(QkvRope::all().iter().map(|c| c.source(env)));
     v.extend(DecodeAttn::all().iter().map(|c| c.source(env)));
+    if DecodeKernel::best(env) == DecodeKernel::Subgroup {
+        v.extend(DecodeAttnSg::all().iter().map(|c| c.source(env)));
+    }
     v.extend(PrefillAttn::all().iter().map(|c| c.source(env)));
     v.extend([64, 128, 256].map(|head_dim| AttnCombine { head_dim }.source(env)));
     v.extend(ShortConv::all().iter().map(|c| c.source(env)));

@@ -9,15 +9,15 @@
 //! position `p0` attends to keys `0 ..= p0 + i` (and, with a window `w`, only keys with
 //! `p0 + i - key < w`), so a chunk prefilled on top of a non-empty cache is correct.
 //!
-//! # Decode ([`DecodeAttn`])
-//! The cache is cut into splits of `chunk` positions; one workgroup of 128 invocations handles one
-//! split of one KV head for all `group` query heads that share it (one K/V read for the group).
-//! It stages K tiles in workgroup memory (f32), computes all scores of its split, takes the split's
-//! max and sum, and accumulates `p · V` with each invocation owning 8 dimensions of a strided
-//! subset of positions (coalesced 16-byte V loads), then reduces across invocations. It writes the
-//! unnormalised partial output and `(max, sum)` per split; [`AttnCombine`] merges the splits.
-//! Caches split across buffers ([`crate::kv_cache::KvSegment`]) run one dispatch per segment into
-//! the same partial arrays.
+//! # Decode ([`DecodeAttnSg`], portable fallback [`DecodeAttn`])
+//! The cache is cut into splits of `chunk` positions, enough of them for about
+//! [`DECODE_TARGET_WGS`] workgroups; each workgroup handles one split of one KV head for the
+//! query heads that share it (one K/V read for the group) and writes the unnormalised partial
+//! output and `(max, sum)`; [`AttnCombine`] merges the splits. Where the adapter has subgroups of
+//! at least 8 invocations, [`DecodeAttnSg`] keeps queries, scores and the online softmax in
+//! registers (see [`decode`] module docs); elsewhere [`DecodeAttn`] stages K tiles in workgroup
+//! memory. Caches split across buffers ([`crate::kv_cache::KvSegment`]) run one dispatch per
+//! segment into the same partial arrays.
 //!
 //! # Prefill ([`PrefillAttn`])
 //! One workgroup handles 32 queries of one head: 4 invocations per query, each owning every
@@ -32,11 +32,44 @@
 
 use std::sync::Arc;
 
-use numr::gpu::{Access, Binding, BoundGroup, BufferKind, GpuContext, Kernel, KernelBuilder, KernelEnv, KernelSource, Recorder};
+use numr::gpu::{Binding, BoundGroup, BufferKind, GpuContext, Kernel, KernelEnv, KernelSource, Recorder};
 use numr::{DType, Tensor};
 
 use crate::kv_cache::{KvCache, KvDtype};
 use crate::ops_common::{env_of, fbits, grid_for, OpsError, Result, SAFE_TANH};
+
+pub mod decode;
+mod decode_tiled;
+mod prefill;
+
+pub use decode::{AttnCombine, DecodeAttnSg, COMBINE_WG, DECODE_SG_WG};
+pub use decode_tiled::{DecodeAttn, DECODE_WG};
+pub use prefill::{PrefillAttn, PREFILL_BK, PREFILL_BQ};
+
+/// Decode workgroups the split count aims at (several per compute unit on large GPUs).
+/// `BOOSTR_DECODE_WGS` overrides it (tuning).
+pub const DECODE_TARGET_WGS: usize = 1024;
+
+fn decode_target_wgs() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("BOOSTR_DECODE_WGS").ok().and_then(|v| v.parse().ok()).filter(|&v| v > 0).unwrap_or(DECODE_TARGET_WGS))
+}
+
+/// Which decode kernel a plan uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeKernel {
+    /// [`DecodeAttnSg`] (needs subgroups of at least 8 invocations).
+    Subgroup,
+    /// [`DecodeAttn`] (any adapter).
+    Tiled,
+}
+
+impl DecodeKernel {
+    /// The fastest kernel the environment supports.
+    pub fn best(env: &KernelEnv) -> Self {
+        if env.subgroups && env.subgroup_min_size >= 8 { DecodeKernel::Subgroup } else { DecodeKernel::Tiled }
+    }
+}
 
 /// Score of a masked key.
 const NEG: &str = "-1e30";
@@ -90,357 +123,6 @@ fn softcap_expr(on: bool) -> &'static str {
     if on { "s = bitcast<f32>(p.softcap) * tanh_s(s / bitcast<f32>(p.softcap));" } else { "" }
 }
 
-/// The flash-decoding kernel's variant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct DecodeAttn {
-    pub head_dim: u32,
-    /// Query heads per KV head (1..=16).
-    pub group: u32,
-    pub dtype: KvDtype,
-    pub softcap: bool,
-}
-
-/// Invocations per decode workgroup.
-pub const DECODE_WG: u32 = 128;
-
-impl DecodeAttn {
-    /// Positions per K tile.
-    pub fn tile(&self) -> u32 {
-        (DECODE_WG / self.group).clamp(1, 4096 / self.head_dim)
-    }
-    /// Most positions per split (the score buffer holds `group * max_chunk` floats).
-    pub fn max_chunk(&self) -> u32 {
-        (1024 / self.group) / self.tile() * self.tile()
-    }
-
-    pub fn all() -> Vec<DecodeAttn> {
-        let mut v = Vec::new();
-        for head_dim in [64, 128, 256] {
-            for group in [1, 2, 4, 8, 16] {
-                for dtype in [KvDtype::F16, KvDtype::Q8_0] {
-                    for softcap in [false, true] {
-                        v.push(DecodeAttn { head_dim, group, dtype, softcap });
-                    }
-                }
-            }
-        }
-        v
-    }
-
-    /// WGSL. Bindings `q`, `kc`, `vc`, `o_part` (rw), `ml` (rw). Grid `[splits, n_kv]`.
-    pub fn source(&self, env: &KernelEnv) -> KernelSource {
-        let (hd, g, t) = (self.head_dim, self.group, self.tile());
-        let cmax = self.max_chunk();
-        let c8 = hd / 8; // 8-value groups per row
-        let lanes = DECODE_WG / c8; // position lanes in the V pass
-        let name = format!("attn_decode_hd{hd}_g{g}_{:?}_c{}", self.dtype, self.softcap as u8).to_lowercase();
-        let mut pre = format!(
-            "var<workgroup> qs: array<f32, {}>;\nvar<workgroup> kt: array<f32, {}>;\nvar<workgroup> sc: array<f32, 1024>;\nvar<workgroup> stat: array<f32, 32>;\n",
-            g * hd,
-            t * (hd + 1)
-        );
-        pre.push_str(V8_DEFS);
-        pre.push_str(SAFE_TANH);
-        pre.push_str(&ld8_fn(self.dtype, "kc", hd));
-        pre.push_str(&ld8_fn(self.dtype, "vc", hd));
-        pre.push_str(&crate::ops_common::tree_reduce_fns(DECODE_WG));
-        // Per-head accumulators, unrolled so they stay in registers.
-        let mut acc_decl = String::new();
-        let mut acc_upd = String::new();
-        let mut acc_out = String::new();
-        for gi in 0..g {
-            acc_decl.push_str(&format!("    var a{gi} = vec4<f32>(0.0); var b{gi} = vec4<f32>(0.0);\n"));
-            acc_upd.push_str(&format!("            {{ let pr = sc[{gi}u * {cmax}u + j]; a{gi} += pr * v.a; b{gi} += pr * v.b; }}\n"));
-            acc_out.push_str(&format!(
-                "    {{
-        let o = r * {hd}u + c * 8u;
-        sc[o] = a{gi}.x; sc[o + 1u] = a{gi}.y; sc[o + 2u] = a{gi}.z; sc[o + 3u] = a{gi}.w;
-        sc[o + 4u] = b{gi}.x; sc[o + 5u] = b{gi}.y; sc[o + 6u] = b{gi}.z; sc[o + 7u] = b{gi}.w;
-        workgroupBarrier();
-        let row = kvh * {g}u + {gi}u;
-        for (var d = lidx; d < {hd}u; d += {DECODE_WG}u) {{
-            var s = 0.0;
-            for (var l = 0u; l < {lanes}u; l++) {{ s += sc[l * {hd}u + d]; }}
-            o_part[(split * p.rows + row) * {hd}u + d] = s;
-        }}
-        if (lidx == 0u) {{ ml[(split * p.rows + row) * 2u] = stat[{gi}u]; ml[(split * p.rows + row) * 2u + 1u] = stat[16u + {gi}u]; }}
-        workgroupBarrier();
-    }}
-"
-            ));
-        }
-        let cap = softcap_expr(self.softcap);
-        let body = format!(
-            "    let kvh = wid.y;
-    let split = p.split_base + wid.x;
-    let lo = p.seg_start + wid.x * p.chunk;
-    let hi = min(min(lo + p.chunk, p.seg_start + p.seg_len), p.kv_len);
-    let n = select(0u, hi - lo, hi > lo);
-    let scale = bitcast<f32>(p.scale);
-    for (var i = lidx; i < {g}u * {hd}u; i += {DECODE_WG}u) {{ qs[i] = q[p.q_off + kvh * {g}u * {hd}u + i] * scale; }}
-    let row0 = kvh * p.seg_len + lo - p.seg_start;
-    for (var t0 = 0u; t0 < n; t0 += {t}u) {{
-        workgroupBarrier();
-        for (var i = lidx; i < {t}u * {c8}u; i += {DECODE_WG}u) {{
-            let tt = i / {c8}u;
-            let c = i - tt * {c8}u;
-            var v = V8(vec4<f32>(0.0), vec4<f32>(0.0));
-            if (t0 + tt < n) {{ v = ld8_kc(row0 + t0 + tt, c); }}
-            let o = tt * {hd1}u + c * 8u;
-            kt[o] = v.a.x; kt[o + 1u] = v.a.y; kt[o + 2u] = v.a.z; kt[o + 3u] = v.a.w;
-            kt[o + 4u] = v.b.x; kt[o + 5u] = v.b.y; kt[o + 6u] = v.b.z; kt[o + 7u] = v.b.w;
-        }}
-        workgroupBarrier();
-        for (var i = lidx; i < {g}u * {t}u; i += {DECODE_WG}u) {{
-            let gi = i / {t}u;
-            let tt = i - gi * {t}u;
-            var s = 0.0;
-            for (var d = 0u; d < {hd}u; d++) {{ s += qs[gi * {hd}u + d] * kt[tt * {hd1}u + d]; }}
-            {cap}
-            let kp = lo + t0 + tt;
-            let ok = t0 + tt < n && (p.window == 0u || p.q_pos - kp < p.window);
-            sc[gi * {cmax}u + t0 + tt] = select({NEG}, s, ok);
-        }}
-    }}
-    workgroupBarrier();
-    for (var gi = 0u; gi < {g}u; gi++) {{
-        var m = {NEG};
-        for (var j = lidx; j < n; j += {DECODE_WG}u) {{ m = max(m, sc[gi * {cmax}u + j]); }}
-        m = red_max(m, lidx);
-        var l = 0.0;
-        for (var j = lidx; j < n; j += {DECODE_WG}u) {{
-            let s = sc[gi * {cmax}u + j];
-            let pr = select(0.0, exp(s - m), s > -1e29);
-            sc[gi * {cmax}u + j] = pr;
-            l += pr;
-        }}
-        l = red_sum(l, lidx);
-        if (lidx == 0u) {{ stat[gi] = m; stat[16u + gi] = l; }}
-    }}
-    workgroupBarrier();
-    let c = lidx % {c8}u;
-    let r = lidx / {c8}u;
-{acc_decl}    for (var j = r; j < n; j += {lanes}u) {{
-        let v = ld8_vc(row0 + j, c);
-{acc_upd}    }}
-    workgroupBarrier();
-{acc_out}",
-            hd1 = hd + 1
-        );
-        KernelBuilder::new(name, *env)
-            .workgroup(DECODE_WG, 1, 1)
-            .storage("q", Access::Read, "array<f32>")
-            .storage("kc", Access::Read, cache_ty(self.dtype))
-            .storage("vc", Access::Read, cache_ty(self.dtype))
-            .storage("o_part", Access::ReadWrite, "array<f32>")
-            .storage("ml", Access::ReadWrite, "array<f32>")
-            .params(&["kv_len", "q_pos", "seg_start", "seg_len", "chunk", "split_base", "q_off", "rows", "scale", "softcap", "window"])
-            .prelude(&pre)
-            .body(&body)
-            .build()
-    }
-}
-
-/// Merges per-split partial results into the normalised output.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct AttnCombine {
-    pub head_dim: u32,
-}
-
-impl AttnCombine {
-    /// WGSL. Bindings `o_part`, `ml`, `out` (rw); params `rows, splits, out_off`. One workgroup
-    /// of 64 invocations per row.
-    pub fn source(&self, env: &KernelEnv) -> KernelSource {
-        let hd = self.head_dim;
-        let body = format!(
-            "    let row = wg_linear;
-    if (row >= p.rows) {{ return; }}
-    var mx = {NEG};
-    for (var s = 0u; s < p.splits; s++) {{ mx = max(mx, ml[(s * p.rows + row) * 2u]); }}
-    var l = 0.0;
-    for (var s = 0u; s < p.splits; s++) {{
-        let m = ml[(s * p.rows + row) * 2u];
-        l += select(0.0, exp(m - mx), m > -1e29) * ml[(s * p.rows + row) * 2u + 1u];
-    }}
-    let inv = select(0.0, 1.0 / l, l > 0.0);
-    for (var d = lidx; d < {hd}u; d += 64u) {{
-        var acc = 0.0;
-        for (var s = 0u; s < p.splits; s++) {{
-            let m = ml[(s * p.rows + row) * 2u];
-            acc += select(0.0, exp(m - mx), m > -1e29) * o_part[(s * p.rows + row) * {hd}u + d];
-        }}
-        out[p.out_off + row * {hd}u + d] = acc * inv;
-    }}
-"
-        );
-        KernelBuilder::new(format!("attn_combine_hd{hd}"), *env)
-            .workgroup(64, 1, 1)
-            .storage("o_part", Access::Read, "array<f32>")
-            .storage("ml", Access::Read, "array<f32>")
-            .storage("out", Access::ReadWrite, "array<f32>")
-            .params(&["rows", "splits", "out_off"])
-            .body(&body)
-            .build()
-    }
-}
-
-/// The prefill kernel's variant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct PrefillAttn {
-    pub head_dim: u32,
-    pub dtype: KvDtype,
-    pub softcap: bool,
-    /// Write partial results (for caches split across segments) instead of the final output.
-    pub partial: bool,
-}
-
-/// Queries per prefill workgroup (4 invocations each).
-pub const PREFILL_BQ: u32 = 32;
-/// Keys per prefill tile.
-pub const PREFILL_BK: u32 = 16;
-
-impl PrefillAttn {
-    pub fn all() -> Vec<PrefillAttn> {
-        let mut v = Vec::new();
-        for head_dim in [64, 128, 256] {
-            for dtype in [KvDtype::F16, KvDtype::Q8_0] {
-                for softcap in [false, true] {
-                    for partial in [false, true] {
-                        v.push(PrefillAttn { head_dim, dtype, softcap, partial });
-                    }
-                }
-            }
-        }
-        v
-    }
-
-    /// WGSL. Bindings `q`, `kc`, `vc`, `out` (rw; `o_part` when partial), `ml` (rw). Grid
-    /// `[ceil(n_tok / 32), n_q]`.
-    pub fn source(&self, env: &KernelEnv) -> KernelSource {
-        let (hd, bq, bk) = (self.head_dim, PREFILL_BQ, PREFILL_BK);
-        let (nd, c8) = (hd / 4, hd / 8);
-        let name = format!("attn_prefill_hd{hd}_{:?}_c{}_p{}", self.dtype, self.softcap as u8, self.partial as u8).to_lowercase();
-        let mut pre = format!(
-            "var<workgroup> kt: array<f32, {kts}>;\nvar<workgroup> vt: array<f32, {kts}>;\nvar<workgroup> xs: array<f32, {xs}>;\n",
-            kts = bk * hd,
-            xs = bq * 4 * bk
-        );
-        pre.push_str(V8_DEFS);
-        pre.push_str(SAFE_TANH);
-        pre.push_str(&ld8_fn(self.dtype, "kc", hd));
-        pre.push_str(&ld8_fn(self.dtype, "vc", hd));
-        let cap = softcap_expr(self.softcap);
-        let write = if self.partial {
-            format!(
-                "    if (valid_q) {{
-        let prow = p.split_base * p.rows + row;
-        for (var i = 0u; i < {nd}u; i++) {{ out[prow * {hd}u + 4u * i + lane] = acc[i]; }}
-        if (lane == 0u) {{ ml[prow * 2u] = m; ml[prow * 2u + 1u] = l; }}
-    }}
-"
-            )
-        } else {
-            format!(
-                "    if (valid_q) {{
-        let inv = select(0.0, 1.0 / l, l > 0.0);
-        for (var i = 0u; i < {nd}u; i++) {{ out[p.out_off + row * {hd}u + 4u * i + lane] = acc[i] * inv; }}
-    }}
-"
-            )
-        };
-        let body = format!(
-            "    let h = wid.y;
-    let kvh = h / p.group;
-    let qi = lidx / 4u;
-    let lane = lidx % 4u;
-    let tok = wid.x * {bq}u + qi;
-    let valid_q = tok < p.n_tok;
-    let qpos = p.p0 + min(tok, p.n_tok - 1u);
-    let row = tok * p.n_q + h;
-    let scale = bitcast<f32>(p.scale);
-    var qv: array<f32, {nd}>;
-    var acc: array<f32, {nd}>;
-    let qb = p.q_off + min(tok, p.n_tok - 1u) * p.tok_stride + h * {hd}u;
-    for (var i = 0u; i < {nd}u; i++) {{ qv[i] = q[qb + 4u * i + lane] * scale; acc[i] = 0.0; }}
-    var m = {NEG};
-    var l = 0.0;
-    // Keys this tile of queries can see, inside this segment.
-    let last_q = p.p0 + min(wid.x * {bq}u + {bq}u, p.n_tok) - 1u;
-    let first_q = p.p0 + wid.x * {bq}u;
-    var k_lo = p.seg_start;
-    if (p.window > 0u && first_q + 1u > p.window) {{ k_lo = max(k_lo, first_q + 1u - p.window); }}
-    let k_hi = min(min(last_q + 1u, p.kv_len), p.seg_start + p.seg_len);
-    var s: array<f32, {bk}>;
-    for (var t0 = k_lo; t0 < k_hi; t0 += {bk}u) {{
-        workgroupBarrier();
-        for (var i = lidx; i < {bk}u * {c8}u; i += 128u) {{
-            let tt = i / {c8}u;
-            let c = i - tt * {c8}u;
-            var kv = V8(vec4<f32>(0.0), vec4<f32>(0.0));
-            var vv = kv;
-            if (t0 + tt < k_hi) {{
-                let r = kvh * p.seg_len + t0 + tt - p.seg_start;
-                kv = ld8_kc(r, c);
-                vv = ld8_vc(r, c);
-            }}
-            let o = tt * {hd}u + c * 8u;
-            kt[o] = kv.a.x; kt[o + 1u] = kv.a.y; kt[o + 2u] = kv.a.z; kt[o + 3u] = kv.a.w;
-            kt[o + 4u] = kv.b.x; kt[o + 5u] = kv.b.y; kt[o + 6u] = kv.b.z; kt[o + 7u] = kv.b.w;
-            vt[o] = vv.a.x; vt[o + 1u] = vv.a.y; vt[o + 2u] = vv.a.z; vt[o + 3u] = vv.a.w;
-            vt[o + 4u] = vv.b.x; vt[o + 5u] = vv.b.y; vt[o + 6u] = vv.b.z; vt[o + 7u] = vv.b.w;
-        }}
-        workgroupBarrier();
-        for (var k = 0u; k < {bk}u; k++) {{
-            var d = 0.0;
-            for (var i = 0u; i < {nd}u; i++) {{ d += qv[i] * kt[k * {hd}u + 4u * i + lane]; }}
-            xs[lidx * {bk}u + k] = d;
-        }}
-        workgroupBarrier();
-        var mt = {NEG};
-        for (var k = 0u; k < {bk}u; k++) {{
-            let b = qi * 4u * {bk}u + k;
-            var sv = xs[b] + xs[b + {bk}u] + xs[b + {bk2}u] + xs[b + {bk3}u];
-            {{ var s = sv; {cap} sv = s; }}
-            let kp = t0 + k;
-            let ok = kp < k_hi && kp <= qpos && (p.window == 0u || qpos - kp < p.window);
-            s[k] = select({NEG}, sv, ok);
-            mt = max(mt, s[k]);
-        }}
-        let mn = max(m, mt);
-        let corr = exp(m - mn);
-        var ps = 0.0;
-        for (var k = 0u; k < {bk}u; k++) {{
-            let pr = select(0.0, exp(s[k] - mn), s[k] > -1e29);
-            s[k] = pr;
-            ps += pr;
-        }}
-        l = l * corr + ps;
-        m = mn;
-        for (var i = 0u; i < {nd}u; i++) {{
-            var a = acc[i] * corr;
-            for (var k = 0u; k < {bk}u; k++) {{ a += s[k] * vt[k * {hd}u + 4u * i + lane]; }}
-            acc[i] = a;
-        }}
-    }}
-{write}",
-            bk2 = 2 * bk,
-            bk3 = 3 * bk
-        );
-        KernelBuilder::new(name, *env)
-            .workgroup(128, 1, 1)
-            .storage("q", Access::Read, "array<f32>")
-            .storage("kc", Access::Read, cache_ty(self.dtype))
-            .storage("vc", Access::Read, cache_ty(self.dtype))
-            .storage("out", Access::ReadWrite, "array<f32>")
-            .storage("ml", Access::ReadWrite, "array<f32>")
-            .params(&["n_tok", "n_q", "group", "p0", "kv_len", "seg_start", "seg_len", "q_off", "tok_stride", "rows", "split_base", "out_off", "scale", "softcap", "window"])
-            .prelude(&pre)
-            .body(&body)
-            .build()
-    }
-}
-
-
 /// One recorded dispatch of a plan.
 struct Step {
     kernel: Arc<Kernel>,
@@ -485,23 +167,48 @@ impl AttnPlan {
     /// Flash-decoding of one token: see [`decode`].
     #[allow(clippy::too_many_arguments)]
     pub fn decode(ctx: &GpuContext, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, kv_len: usize, opts: &AttnOptions) -> Result<AttnPlan> {
+        Self::decode_with(ctx, DecodeKernel::best(&env_of(ctx)), q, q_off, n_q, cache, layer, kv_len, opts)
+    }
+
+    /// [`Self::decode`] with a chosen kernel (tests run both; `Subgroup` needs the adapter's
+    /// support, see [`DecodeKernel::best`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_with(ctx: &GpuContext, kind: DecodeKernel, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, kv_len: usize, opts: &AttnOptions) -> Result<AttnPlan> {
         let (hd, group) = check_heads(cache, layer, n_q)?;
         if kv_len == 0 || kv_len > cache.capacity() {
             return Err(OpsError::ContextOverflow { needed: kv_len, capacity: cache.capacity() });
         }
-        let cfg = DecodeAttn { head_dim: hd as u32, group: group as u32, dtype: cache.config().dtype, softcap: opts.softcap.is_some() };
+        if (q.size / 4) < (q_off + n_q * hd) as u64 {
+            return Err(OpsError::BadArgs { op: "attention decode", reason: format!("q binding of {} bytes, needs {} f32 from {q_off}", q.size, n_q * hd) });
+        }
+        let env = env_of(ctx);
+        let dtype = cache.config().dtype;
+        let softcap = opts.softcap.is_some();
         let n_kv = cache.config().n_kv_heads;
-        // Enough splits for about 1024 workgroups, within the score buffer.
-        let t = cfg.tile() as usize;
-        let want = (kv_len * n_kv).div_ceil(1024).div_ceil(t) * t;
-        let chunk = want.clamp(t, cfg.max_chunk() as usize);
+        let (src, chunk, wg_y) = match kind {
+            DecodeKernel::Subgroup => {
+                if DecodeKernel::best(&env) != DecodeKernel::Subgroup {
+                    return Err(OpsError::Unsupported { what: "subgroup decode", reason: "the adapter lacks subgroups of at least 8".into() });
+                }
+                let cfg = DecodeAttnSg::new(hd as u32, group as u32, dtype, softcap);
+                let wg_y = n_kv * (cfg.group / cfg.heads) as usize;
+                let step = DecodeAttnSg::step_keys() as usize;
+                let splits = decode_target_wgs().div_ceil(wg_y).clamp(1, kv_len.div_ceil(step));
+                (cfg.source(&env), kv_len.div_ceil(splits).div_ceil(step) * step, wg_y)
+            }
+            DecodeKernel::Tiled => {
+                let cfg = DecodeAttn { head_dim: hd as u32, group: group as u32, dtype, softcap };
+                let t = cfg.tile() as usize;
+                let want = (kv_len * n_kv).div_ceil(decode_target_wgs()).div_ceil(t) * t;
+                (cfg.source(&env), want.clamp(t, cfg.max_chunk() as usize), n_kv)
+            }
+        };
         let segs: Vec<_> = cache.segments(layer).iter().filter(|s| s.start < kv_len).collect();
         let splits: Vec<usize> = segs.iter().map(|s| (s.len.min(kv_len - s.start)).div_ceil(chunk)).collect();
         let total: usize = splits.iter().sum();
         let dev = numr::Device::Gpu(ctx.clone());
         let o_part = ctx.alloc((total * n_q * hd * 4) as u64, BufferKind::Storage)?;
         let ml = ctx.alloc((total * n_q * 2 * 4) as u64, BufferKind::Storage)?;
-        let src = cfg.source(&env_of(ctx));
         let mut steps = Vec::new();
         let mut base = 0;
         for (seg, &ns) in segs.iter().zip(&splits) {
@@ -519,11 +226,11 @@ impl AttnPlan {
                 opts.window.unwrap_or(0) as u32,
             ];
             let b = [q.clone(), Binding::whole(&seg.k), Binding::whole(&seg.v), Binding::whole(&o_part), Binding::whole(&ml)];
-            steps.push(Self::step(ctx, &src, &b, params, [ns as u32, n_kv as u32, 1])?);
+            steps.push(Self::step(ctx, &src, &b, params, [ns as u32, wg_y as u32, 1])?);
             base += ns;
         }
         let out = Tensor::zeros(&[1, n_q, hd], DType::F32, &dev)?;
-        let comb = AttnCombine { head_dim: hd as u32 }.source(&env_of(ctx));
+        let comb = AttnCombine { head_dim: hd as u32 }.source(&env);
         let b = [Binding::whole(&o_part), Binding::whole(&ml), out.gpu_binding(4)?.0];
         steps.push(Self::step(ctx, &comb, &b, vec![n_q as u32, total as u32, 0], grid_for(ctx, n_q as u64)?)?);
         Ok(AttnPlan { steps, out })

@@ -1,0 +1,286 @@
+//! The subgroup flash-decoding kernel and the pass that merges partial results.
+//!
+//! # [`DecodeAttnSg`]
+//! One workgroup of [`DECODE_SG_WG`] invocations handles one split (a range of positions) of one
+//! KV head for `heads` of the query heads that share it. Eight lanes (of one subgroup) form a
+//! *slot* that owns one key at a time: lane `c` holds the values `8(c + 8j) .. 8(c + 8j) + 8`
+//! (`j < head_dim / 64`) of every query head in registers, loads the same values of the key's K
+//! and V rows (16-byte loads of packed f16, the eight lanes reading one contiguous row), dots them
+//! with the queries and sums the dot across the eight lanes with three `subgroupShuffleXor`.
+//! Each slot runs its own online softmax in registers over `KEYS_PER_STEP` keys per step; the
+//! workgroup's 16 slots merge once at the end through workgroup memory. Nothing in the key loop
+//! touches workgroup memory or barriers, and every K/V byte is read once per workgroup.
+//!
+//! Indexing is in bounds by construction (key positions are clamped into the split, lanes into
+//! the row; the plan checks the query binding), so the kernel is compiled unchecked.
+
+use numr::gpu::{Access, KernelBuilder, KernelEnv, KernelSource};
+
+use super::*;
+
+/// Invocations per subgroup decode workgroup.
+pub const DECODE_SG_WG: u32 = 128;
+/// Lanes per slot (one key at a time per slot).
+const SLOT: u32 = 8;
+/// Keys a slot takes per step (their loads are all issued before any math).
+pub const KEYS_PER_STEP: u32 = 2;
+
+/// Variant of the subgroup decode kernel (needs subgroups of at least 8 invocations).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DecodeAttnSg {
+    pub head_dim: u32,
+    /// Query heads per KV head.
+    pub group: u32,
+    /// Query heads per workgroup (divides `group`); the others go to sibling workgroups.
+    pub heads: u32,
+    pub dtype: KvDtype,
+    pub softcap: bool,
+}
+
+impl DecodeAttnSg {
+    /// The variant for a shape: as many heads per workgroup as keep about 128 floats of queries
+    /// and accumulators per lane.
+    pub fn new(head_dim: u32, group: u32, dtype: KvDtype, softcap: bool) -> Self {
+        let nv = head_dim / 64;
+        let mut heads = (8 / nv).clamp(1, group);
+        while group % heads != 0 {
+            heads -= 1;
+        }
+        DecodeAttnSg { head_dim, group, heads, dtype, softcap }
+    }
+
+    /// Positions one workgroup step covers (splits are multiples of it).
+    pub fn step_keys() -> u32 {
+        DECODE_SG_WG / SLOT * KEYS_PER_STEP
+    }
+
+    pub fn all() -> Vec<DecodeAttnSg> {
+        let mut v = Vec::new();
+        for head_dim in [64, 128, 256] {
+            for group in 1..=16 {
+                for dtype in [KvDtype::F16, KvDtype::Q8_0] {
+                    for softcap in [false, true] {
+                        let c = DecodeAttnSg::new(head_dim, group, dtype, softcap);
+                        if !v.contains(&c) && (group <= 4 || group % 4 == 0) {
+                            v.push(c);
+                        }
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// WGSL. Bindings `q`, `kc`, `vc`, `o_part` (rw, vec4 rows), `ml` (rw). Grid
+    /// `[splits, n_kv * group / heads]`. Needs `env.subgroups` with a minimum size of 8.
+    pub fn source(&self, env: &KernelEnv) -> KernelSource {
+        let (hd, g, h, u) = (self.head_dim, self.group, self.heads, KEYS_PER_STEP);
+        let nv = hd / 64;
+        let nslot = DECODE_SG_WG / SLOT;
+        let hd4 = hd / 4;
+        let name = format!("attn_decode_sg_hd{hd}_g{g}_h{h}_{:?}_c{}", self.dtype, self.softcap as u8).to_lowercase();
+        let mut pre = format!("var<workgroup> sml: array<f32, {}>;\nvar<workgroup> sacc: array<vec4<f32>, {}>;\n", nslot * h * 2, nslot * hd4);
+        pre.push_str(V8_DEFS);
+        pre.push_str(SAFE_TANH);
+        pre.push_str(&ld8_fn(self.dtype, "kc", hd));
+        pre.push_str(&ld8_fn(self.dtype, "vc", hd));
+        pre.push_str(&format!(
+            "fn ldq(i: u32, scale: f32) -> V8 {{\n    return V8(vec4<f32>(q[i], q[i + 1u], q[i + 2u], q[i + 3u]) * scale, vec4<f32>(q[i + 4u], q[i + 5u], q[i + 6u], q[i + 7u]) * scale);\n}}\n"
+        ));
+        let mut b = String::new();
+        let w = |b: &mut String, s: String| b.push_str(&s);
+        w(
+            &mut b,
+            format!(
+                "    let nhb = {g}u / {h}u;
+    let kvh = wid.y / nhb;
+    let hb = wid.y - kvh * nhb;
+    let split = p.split_base + wid.x;
+    let lo0 = p.seg_start + wid.x * p.chunk;
+    let hi = min(min(lo0 + p.chunk, p.seg_start + p.seg_len), p.kv_len);
+    var lo = lo0;
+    if (p.window > 0u && p.q_pos + 1u > p.window) {{ lo = max(lo, p.q_pos + 1u - p.window); }}
+    let c = sg_id % {SLOT}u;
+    let slot = (lidx / sg_size) * (sg_size / {SLOT}u) + sg_id / {SLOT}u;
+    let scale = bitcast<f32>(p.scale);
+    let qb = p.q_off + (kvh * {g}u + hb * {h}u) * {hd}u;
+    let rowb = kvh * p.seg_len;
+"
+            ),
+        );
+        for gi in 0..h {
+            w(&mut b, format!("    var m{gi} = {NEG}; var l{gi} = 0.0;\n"));
+            for j in 0..nv {
+                w(&mut b, format!("    let q{gi}_{j} = ldq(qb + {o}u + 8u * (c + {j8}u), scale); var a{gi}_{j} = vec4<f32>(0.0); var b{gi}_{j} = vec4<f32>(0.0);\n", o = gi * hd, j8 = 8 * j));
+            }
+        }
+        w(&mut b, format!("    for (var t = lo; t < hi; t += {}u) {{\n", nslot * u));
+        for k in 0..u {
+            w(&mut b, format!("        let p{k} = t + slot * {u}u + {k}u;\n        let r{k} = rowb + min(p{k}, hi - 1u) - p.seg_start;\n"));
+            for j in 0..nv {
+                w(&mut b, format!("        let k{k}_{j} = ld8_kc(r{k}, c + {j8}u);\n", j8 = 8 * j));
+            }
+        }
+        for k in 0..u {
+            for j in 0..nv {
+                w(&mut b, format!("        let v{k}_{j} = ld8_vc(r{k}, c + {j8}u);\n", j8 = 8 * j));
+            }
+        }
+        let cap = |x: String| if self.softcap { format!("bitcast<f32>(p.softcap) * tanh_s({x} / bitcast<f32>(p.softcap))") } else { x };
+        for gi in 0..h {
+            w(&mut b, "        {\n".into());
+            for k in 0..u {
+                let dots: Vec<String> = (0..nv).map(|j| format!("dot(q{gi}_{j}.a, k{k}_{j}.a) + dot(q{gi}_{j}.b, k{k}_{j}.b)")).collect();
+                w(
+                    &mut b,
+                    format!(
+                        "            var x{k} = {};
+            x{k} += subgroupShuffleXor(x{k}, 1u); x{k} += subgroupShuffleXor(x{k}, 2u); x{k} += subgroupShuffleXor(x{k}, 4u);
+            let s{k} = select({NEG}, {}, p{k} < hi);
+",
+                        dots.join(" + "),
+                        cap(format!("x{k}"))
+                    ),
+                );
+            }
+            let smax = (0..u).fold(format!("m{gi}"), |acc, k| format!("max({acc}, s{k})"));
+            w(&mut b, format!("            let mn = {smax};\n            let corr = exp(m{gi} - mn);\n"));
+            for k in 0..u {
+                w(&mut b, format!("            let e{k} = select(0.0, exp(s{k} - mn), s{k} > -1e29);\n"));
+            }
+            let esum = (0..u).map(|k| format!("e{k}")).collect::<Vec<_>>().join(" + ");
+            w(&mut b, format!("            l{gi} = l{gi} * corr + {esum};\n            m{gi} = mn;\n"));
+            for j in 0..nv {
+                let (mut ea, mut eb) = (format!("a{gi}_{j} * corr"), format!("b{gi}_{j} * corr"));
+                for k in 0..u {
+                    ea = format!("fma(vec4<f32>(e{k}), v{k}_{j}.a, {ea})");
+                    eb = format!("fma(vec4<f32>(e{k}), v{k}_{j}.b, {eb})");
+                }
+                w(&mut b, format!("            a{gi}_{j} = {ea};\n            b{gi}_{j} = {eb};\n"));
+            }
+            w(&mut b, "        }\n".into());
+        }
+        w(&mut b, "    }\n".into());
+        // Merge the slots: (max, sum) first, then one head's accumulators at a time.
+        w(&mut b, "    if (c == 0u) {\n".into());
+        for gi in 0..h {
+            w(&mut b, format!("        sml[slot * {h2}u + {o}u] = m{gi}; sml[slot * {h2}u + {o1}u] = l{gi};\n", h2 = 2 * h, o = 2 * gi, o1 = 2 * gi + 1));
+        }
+        w(&mut b, "    }\n    workgroupBarrier();\n".into());
+        for gi in 0..h {
+            w(
+                &mut b,
+                format!(
+                    "    {{
+        var mx = {NEG};
+        for (var s = 0u; s < {nslot}u; s++) {{ mx = max(mx, sml[s * {h2}u + {o}u]); }}
+        let wt = select(0.0, exp(m{gi} - mx), m{gi} > -1e29);
+",
+                    h2 = 2 * h,
+                    o = 2 * gi
+                ),
+            );
+            for j in 0..nv {
+                w(&mut b, format!("        sacc[slot * {hd4}u + 2u * (c + {j8}u)] = a{gi}_{j} * wt; sacc[slot * {hd4}u + 2u * (c + {j8}u) + 1u] = b{gi}_{j} * wt;\n", j8 = 8 * j));
+            }
+            w(
+                &mut b,
+                format!(
+                    "        workgroupBarrier();
+        let row = split * p.rows + kvh * {g}u + hb * {h}u + {gi}u;
+        for (var i = lidx; i < {hd4}u; i += {DECODE_SG_WG}u) {{
+            var acc = vec4<f32>(0.0);
+            for (var s = 0u; s < {nslot}u; s++) {{ acc += sacc[s * {hd4}u + i]; }}
+            o_part[row * {hd4}u + i] = acc;
+        }}
+        if (lidx == 0u) {{
+            var l = 0.0;
+            for (var s = 0u; s < {nslot}u; s++) {{
+                let ms = sml[s * {h2}u + {o}u];
+                l += select(0.0, exp(ms - mx), ms > -1e29) * sml[s * {h2}u + {o1}u];
+            }}
+            ml[row * 2u] = mx;
+            ml[row * 2u + 1u] = l;
+        }}
+        workgroupBarrier();
+    }}
+",
+                    h2 = 2 * h,
+                    o = 2 * gi,
+                    o1 = 2 * gi + 1
+                ),
+            );
+        }
+        KernelBuilder::new(name, *env)
+            .workgroup(DECODE_SG_WG, 1, 1)
+            .subgroup_builtins()
+            .storage("q", Access::Read, "array<f32>")
+            .storage("kc", Access::Read, cache_ty(self.dtype))
+            .storage("vc", Access::Read, cache_ty(self.dtype))
+            .storage("o_part", Access::ReadWrite, "array<vec4<f32>>")
+            .storage("ml", Access::ReadWrite, "array<f32>")
+            .params(&["kv_len", "q_pos", "seg_start", "seg_len", "chunk", "split_base", "q_off", "rows", "scale", "softcap", "window"])
+            .prelude(&pre)
+            .body(&b)
+            .unchecked(true)
+            .build()
+    }
+}
+
+/// Invocations per combine workgroup.
+pub const COMBINE_WG: u32 = 256;
+
+/// Merges per-split partial results into the normalised output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttnCombine {
+    pub head_dim: u32,
+}
+
+impl AttnCombine {
+    /// WGSL. Bindings `o_part` (vec4 rows), `ml`, `out` (rw); params `rows, splits, out_off`. One
+    /// workgroup of [`COMBINE_WG`] invocations per row: `head_dim / 4` invocations per split
+    /// lane, the split lanes summed through workgroup memory.
+    pub fn source(&self, env: &KernelEnv) -> KernelSource {
+        let hd4 = self.head_dim / 4;
+        let nl = COMBINE_WG / hd4;
+        let mut pre = crate::ops_common::tree_reduce_fns(COMBINE_WG);
+        pre.push_str(&format!("var<workgroup> cacc: array<vec4<f32>, {COMBINE_WG}>;\n"));
+        let body = format!(
+            "    let row = min(wg_linear, p.rows - 1u);
+    var mx = {NEG};
+    for (var s = lidx; s < p.splits; s += {COMBINE_WG}u) {{ mx = max(mx, ml[(s * p.rows + row) * 2u]); }}
+    mx = red_max(mx, lidx);
+    var l = 0.0;
+    for (var s = lidx; s < p.splits; s += {COMBINE_WG}u) {{
+        let m = ml[(s * p.rows + row) * 2u];
+        l += select(0.0, exp(m - mx), m > -1e29) * ml[(s * p.rows + row) * 2u + 1u];
+    }}
+    l = red_sum(l, lidx);
+    let d = lidx % {hd4}u;
+    var acc = vec4<f32>(0.0);
+    for (var s = lidx / {hd4}u; s < p.splits; s += {nl}u) {{
+        let m = ml[(s * p.rows + row) * 2u];
+        acc += select(0.0, exp(m - mx), m > -1e29) * o_part[(s * p.rows + row) * {hd4}u + d];
+    }}
+    cacc[lidx] = acc;
+    workgroupBarrier();
+    if (lidx < {hd4}u && wg_linear < p.rows) {{
+        for (var i = 1u; i < {nl}u; i++) {{ acc += cacc[i * {hd4}u + lidx]; }}
+        let o = acc * select(0.0, 1.0 / l, l > 0.0);
+        let b = p.out_off + row * {hd}u + 4u * lidx;
+        out[b] = o.x; out[b + 1u] = o.y; out[b + 2u] = o.z; out[b + 3u] = o.w;
+    }}
+",
+            hd = self.head_dim
+        );
+        KernelBuilder::new(format!("attn_combine_hd{}", self.head_dim), *env)
+            .workgroup(COMBINE_WG, 1, 1)
+            .storage("o_part", Access::Read, "array<vec4<f32>>")
+            .storage("ml", Access::Read, "array<f32>")
+            .storage("out", Access::ReadWrite, "array<f32>")
+            .params(&["rows", "splits", "out_off"])
+            .prelude(&pre)
+            .body(&body)
+            .build()
+    }
+}
