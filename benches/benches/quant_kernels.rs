@@ -1,13 +1,14 @@
 //! Criterion benches of boostr's quantized kernels: the streaming-read roofline, GEMV per format
-//! at the Llama-3-8B down-projection shape (4096x14336, GB/s of weight bytes) and GEMM at M = 512
+//! (f32 math and integer dot) at the Llama-3-8B down-projection shape (4096x14336, GB/s of weight
+//! bytes, rotating over weight copies larger than the L2) and GEMM at M = 512
 //! (Gelem/s = GFLOP/s). `cargo bench -p benches --bench quant_kernels`; `NUMR_ADAPTER` picks the
 //! GPU. `cargo xtask bench --kernels` prints the full table.
 
 use std::time::Duration;
 
-use benches::quant::{gemm, gemv, random_weight};
+use benches::quant::{copies_for, gemm, gemv, gemv_q8, random_weight, upload_copies};
 use benches::{cap_bytes, stream_read};
-use boostr::quant::{QuantGemm, QuantGemv, QuantMatrix, WeightKind};
+use boostr::quant::{QuantGemm, QuantGemv, QuantGemvQ8, QuantMatrix, WeightKind};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use numr::gpu::KernelEnv;
 use numr::GpuContext;
@@ -24,12 +25,18 @@ fn bench(c: &mut Criterion) {
     let (n, k) = if soft { (256, 1024) } else { (4096, 14336) };
     for kind in WeightKind::all() {
         let p = random_weight(kind, n, k, 7).unwrap();
-        let w = QuantMatrix::upload(&ctx, "w", &p).unwrap();
+        let ws = upload_copies(&ctx, &p, if soft { 2 } else { copies_for(p.total_bytes()) }).unwrap();
         let cfg = QuantGemv { unchecked: true, ..QuantGemv::new(kind, &env, 1) };
         g.throughput(Throughput::Bytes(p.total_bytes() as u64));
         g.bench_function(format!("gemv_{}_{n}x{k}", kind.name()), |b| {
-            b.iter_custom(|it| Duration::from_secs_f64(gemv(&ctx, &cfg, &w, p.total_bytes(), it as usize).unwrap().seconds * it as f64))
+            b.iter_custom(|it| Duration::from_secs_f64(gemv(&ctx, &cfg, &ws, p.total_bytes(), it as usize).unwrap()[0].seconds * it as f64))
         });
+        if QuantGemvQ8::supports(kind) {
+            let cfg = QuantGemvQ8 { unchecked: true, ..QuantGemvQ8::new(kind, &env, 1) };
+            g.bench_function(format!("gemv_q8_{}_{n}x{k}", kind.name()), |b| {
+                b.iter_custom(|it| Duration::from_secs_f64(gemv_q8(&ctx, &cfg, &ws, p.total_bytes(), it as usize, false).unwrap()[0].seconds * it as f64))
+            });
+        }
     }
     let (m, n, k) = if soft { (64, 256, 512) } else { (512, 4096, 4096) };
     for kind in [WeightKind::Ggml(boostr::formats::GgmlType::Q4_0), WeightKind::Ggml(boostr::formats::GgmlType::Q4_K)] {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use boostr::formats::{AwqTensors, GgmlType, PackedWeights, repack};
 use boostr::quant::gemv::GemvIo;
-use boostr::quant::{GemmPlan, GemvPlan, QuantGemm, QuantGemv, QuantMatrix, WeightKind};
+use boostr::quant::{GemmPlan, GemvPlan, Q8Activations, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, QuantMatrix, WeightKind};
 use numr::gpu::{BufferKind, GpuBuffer, GpuContext, KernelEnv};
 use numr::{NumrError, Result};
 
@@ -84,38 +84,123 @@ fn upload_x(ctx: &GpuContext, n: usize) -> Result<Arc<GpuBuffer>> {
     ctx.upload(bytemuck::cast_slice(&v))
 }
 
-/// One GEMV of `cfg` over a random `n x k` weight with `m` activation rows. Bytes are the packed
-/// weight bytes read (the activations are negligible and cached).
-pub fn gemv(ctx: &GpuContext, cfg: &QuantGemv, w: &QuantMatrix, packed_bytes: usize, reps: usize) -> Result<Measurement> {
-    let m = cfg.activation_rows as usize;
-    let x = upload_x(ctx, m * w.cols)?;
-    let y = ctx.alloc(4 * (m * w.rows) as u64, BufferKind::Storage)?;
-    let io = GemvIo { x: &x, norm_weight: None, outputs: &[&y], qkv_rows: [0; 3], eps: 0.0 };
-    let plan = GemvPlan::new(ctx, cfg, w, &io).map_err(err)?;
-    let s = time_reps(ctx, reps, 5, |r| {
+/// Weight copies to rotate through so that a timed run reads at least 192 MiB of distinct
+/// weights (more than the H200's 60 MB L2): every GEMV then streams its matrix from memory.
+pub fn copies_for(bytes: usize) -> usize {
+    (192usize << 20).div_ceil(bytes.max(1)).max(3)
+}
+
+/// Uploads `copies` copies of `p` (separate buffers, same contents).
+pub fn upload_copies(ctx: &GpuContext, p: &PackedWeights, copies: usize) -> Result<Vec<QuantMatrix>> {
+    (0..copies).map(|_| QuantMatrix::upload(ctx, "w", p).map_err(err)).collect()
+}
+
+/// Times `record(rep)` (which records repetition `rep`, reading copy `rep % copies`): the wall
+/// clock per repetition over one submit of `reps` (after a warm-up), and the median GPU
+/// timestamp time of the dispatches whose label starts with `gpu_label` (one profiled submit).
+fn time_rotating(
+    ctx: &GpuContext,
+    reps: usize,
+    gpu_label: &str,
+    mut record: impl FnMut(&mut numr::gpu::Recorder, usize) -> Result<()>,
+) -> Result<(f64, f64)> {
+    let wall = time_reps(ctx, reps, 5, |r| {
         let mut rec = ctx.recorder();
-        for _ in 0..r {
-            plan.record(&mut rec).map_err(err)?;
+        for i in 0..r {
+            record(&mut rec, i)?;
         }
         rec.submit()
     })?;
-    Ok(Measurement {
-        label: format!(
-            "gemv {} {}x{} m{} r{} t{}{}{}",
-            w.format.name(),
-            w.rows,
-            w.cols,
-            m,
-            cfg.rows_per_workgroup,
-            cfg.threads,
-            if cfg.f16_math { " f16" } else { "" },
-            if cfg.unchecked { " unchecked" } else { "" }
-        ),
-        seconds: s,
-        bytes: packed_bytes as f64,
-        flops: 0.0,
-    })
+    let mut rec = ctx.recorder();
+    for i in 0..reps {
+        record(&mut rec, i)?;
+    }
+    let prof = rec.submit_profiled()?;
+    let mut ns: Vec<f64> = prof.entries.iter().filter(|e| e.0.starts_with(gpu_label)).map(|e| e.1).collect();
+    ns.sort_by(|a, b| a.total_cmp(b));
+    let gpu = ns.get(ns.len() / 2).copied().unwrap_or(f64::NAN) * 1e-9;
+    Ok((wall, gpu))
 }
+
+fn gemv_label(name: &str, w: &QuantMatrix, m: usize, cfg: String) -> String {
+    format!("{name} {} {}x{} m{m} {cfg}", w.format.name(), w.rows, w.cols)
+}
+
+/// The f32-math GEMV of `cfg` rotating over `ws` (copies of one weight): a wall-clock row and a
+/// GPU-timestamp row. Bytes are the packed weight bytes read (activations are negligible).
+pub fn gemv(ctx: &GpuContext, cfg: &QuantGemv, ws: &[QuantMatrix], packed_bytes: usize, reps: usize) -> Result<Vec<Measurement>> {
+    let m = cfg.activation_rows as usize;
+    let w0 = &ws[0];
+    let x = upload_x(ctx, m * w0.cols)?;
+    let y = ctx.alloc(4 * (m * w0.rows) as u64, BufferKind::Storage)?;
+    let io = GemvIo { x: &x, norm_weight: None, outputs: &[&y], qkv_rows: [0; 3], eps: 0.0 };
+    let plans = ws.iter().map(|w| GemvPlan::new(ctx, cfg, w, &io).map_err(err)).collect::<Result<Vec<_>>>()?;
+    let (wall, gpu) = time_rotating(ctx, reps, "quant_gemv_", |rec, i| plans[i % plans.len()].record(rec).map_err(err))?;
+    let label = gemv_label(
+        "gemv",
+        w0,
+        m,
+        format!("r{} t{}{}{}", cfg.rows_per_workgroup, cfg.threads, if cfg.f16_math { " f16" } else { "" }, if cfg.unchecked { " unchecked" } else { "" }),
+    );
+    Ok(vec![
+        Measurement { label: format!("{label} [wall]"), seconds: wall, bytes: packed_bytes as f64, flops: 0.0 },
+        Measurement { label: format!("{label} [gpu]"), seconds: gpu, bytes: packed_bytes as f64, flops: 0.0 },
+    ])
+}
+
+/// The integer-dot GEMV of `cfg` rotating over `ws`: wall clock of the GEMV alone (activations
+/// quantized once, as when several projections share them), wall clock of quantize + GEMV per
+/// repetition, and the GPU-timestamp times of the GEMV and of the quantize pass.
+pub fn gemv_q8(ctx: &GpuContext, cfg: &QuantGemvQ8, ws: &[QuantMatrix], packed_bytes: usize, reps: usize, with_quantize: bool) -> Result<Vec<Measurement>> {
+    let m = cfg.activation_rows as usize;
+    let w0 = &ws[0];
+    let x = upload_x(ctx, m * w0.cols)?;
+    let y = ctx.alloc(4 * (m * w0.rows) as u64, BufferKind::Storage)?;
+    let xa = Q8Activations::new(ctx, &x, m, w0.cols).map_err(err)?;
+    let plans = ws.iter().map(|w| Q8GemvPlan::new(ctx, cfg, w, &xa, &y).map_err(err)).collect::<Result<Vec<_>>>()?;
+    let mut rec = ctx.recorder();
+    xa.record(&mut rec).map_err(err)?;
+    rec.submit()?;
+    let (wall, gpu) = time_rotating(ctx, reps, "quant_gemv_q8", |rec, i| plans[i % plans.len()].record(rec).map_err(err))?;
+    let label = gemv_label(
+        "gemv-q8",
+        w0,
+        m,
+        format!("r{} t{} u{}{}{}", cfg.rows_per_workgroup, cfg.threads, cfg.unroll, if cfg.contiguous { "c" } else { "" }, if cfg.unchecked { " unchecked" } else { "" }),
+    );
+    let b = packed_bytes as f64;
+    let mut v = vec![
+        Measurement { label: format!("{label} [wall]"), seconds: wall, bytes: b, flops: 0.0 },
+        Measurement { label: format!("{label} [gpu]"), seconds: gpu, bytes: b, flops: 0.0 },
+    ];
+    if with_quantize {
+        let (wall2, gpu_q) = time_rotating(ctx, reps, "quantize_q8", |rec, i| {
+            xa.record(rec).map_err(err)?;
+            plans[i % plans.len()].record(rec).map_err(err)
+        })?;
+        v.push(Measurement { label: format!("{label} +quantize [wall]"), seconds: wall2, bytes: b, flops: 0.0 });
+        v.push(Measurement { label: format!("quantize_q8 m{m} k{} [gpu]", w0.cols), seconds: gpu_q, bytes: (m * w0.cols * 4) as f64, flops: 0.0 });
+    }
+    Ok(v)
+}
+
+/// Integer-dot GEMV configurations of the sweep: (rows per workgroup, threads, unroll, contiguous).
+pub const SWEEP: [(u32, u32, u32, bool); 14] = [
+    (1, 32, 2, false),
+    (1, 64, 2, false),
+    (1, 128, 2, false),
+    (2, 32, 2, false),
+    (2, 64, 1, false),
+    (2, 64, 4, false),
+    (2, 64, 2, true),
+    (2, 128, 2, false),
+    (2, 256, 1, false),
+    (4, 32, 2, false),
+    (4, 64, 2, false),
+    (4, 128, 1, false),
+    (4, 64, 4, true),
+    (8, 64, 1, false),
+];
 
 /// One GEMM (`m x k` activations times the `n x k` weight).
 pub fn gemm(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, m: usize, reps: usize) -> Result<Measurement> {
@@ -137,33 +222,54 @@ pub fn gemm(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, m: usize, reps: 
     })
 }
 
-/// The quant table: the roofline first, then GEMV per format and shape (plus variants of the
-/// main formats at the 4096x14336 shape), then GEMM at M = 512.
+/// The quant table: the roofline first, then GEMV per format and shape, then GEMM at M = 512.
+/// Every GEMV rotates over weight copies totalling at least 192 MiB (so the L2 cannot hold
+/// them) and is reported twice: `[wall]` (wall clock per GEMV over one submit of many, so it
+/// includes the barrier between dispatches) and `[gpu]` (median GPU timestamp per dispatch).
+/// `BOOSTR_BENCH=gemv` stops after the GEMV rows; `BOOSTR_BENCH=sweep` adds a sweep of the
+/// integer-dot GEMV's configurations for the main formats.
 pub fn quant_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
     let env = KernelEnv::from_caps(ctx.capabilities());
-    let (roof_bytes, reps) = if quick { (64u64 << 20, 3) } else { (1u64 << 30, 50) };
+    let mode = std::env::var("BOOSTR_BENCH").unwrap_or_default();
+    let (roof_bytes, reps) = if quick { (64u64 << 20, 3) } else { (1u64 << 30, 60) };
     let mut v = vec![stream_read(ctx, roof_bytes, if quick { 3 } else { 20 })?];
     let shapes: Vec<(usize, usize)> = if quick { vec![(256, 512)] } else { GEMV_SHAPES.to_vec() };
     let main = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
-    for kind in WeightKind::all() {
+    let is_main = |kind: WeightKind| matches!(kind, WeightKind::Ggml(t) if main.contains(&t));
+    let mut kinds: Vec<WeightKind> = main.iter().map(|&t| WeightKind::Ggml(t)).collect();
+    kinds.extend(WeightKind::all().into_iter().filter(|&k| !is_main(k)));
+    for kind in kinds {
         for (si, &(n, k)) in shapes.iter().enumerate() {
             let p = random_weight(kind, n, k, 7)?;
             let bytes = p.total_bytes();
-            let w = QuantMatrix::upload(ctx, "w", &p).map_err(err)?;
+            let ws = upload_copies(ctx, &p, if quick { 2 } else { copies_for(bytes) })?;
             let base = QuantGemv { unchecked: true, ..QuantGemv::new(kind, &env, 1) };
-            v.push(gemv(ctx, &base, &w, bytes, reps)?);
-            let is_main = matches!(kind, WeightKind::Ggml(t) if main.contains(&t));
-            if is_main && si == shapes.len() - 1 {
-                for (rpw, threads) in [(2, 128), (4, 64), (4, 256), (8, 128), (1, 32)] {
-                    v.push(gemv(ctx, &QuantGemv { rows_per_workgroup: rpw, threads, ..base }, &w, bytes, reps)?);
-                }
-                if env.f16 {
-                    v.push(gemv(ctx, &QuantGemv { f16_math: true, ..base }, &w, bytes, reps)?);
-                }
-                v.push(gemv(ctx, &QuantGemv { unchecked: false, ..base }, &w, bytes, reps)?);
-                v.push(gemv(ctx, &QuantGemv::new(kind, &env, 8), &w, bytes, reps)?);
+            if is_main(kind) || !QuantGemvQ8::supports(kind) {
+                v.extend(gemv(ctx, &base, &ws, bytes, reps)?);
             }
+            if QuantGemvQ8::supports(kind) {
+                let q8 = QuantGemvQ8 { unchecked: true, ..QuantGemvQ8::new(kind, &env, 1) };
+                v.extend(gemv_q8(ctx, &q8, &ws, bytes, reps, is_main(kind))?);
+                if is_main(kind) && si == shapes.len() - 1 {
+                    v.extend(gemv(ctx, &QuantGemv::new(kind, &env, 8), &ws, bytes, reps)?);
+                    v.extend(gemv(ctx, &QuantGemv { unchecked: true, ..QuantGemv::new(kind, &env, 8) }, &ws, bytes, reps)?);
+                    v.extend(gemv_q8(ctx, &QuantGemvQ8 { unchecked: true, ..QuantGemvQ8::new(kind, &env, 8) }, &ws, bytes, reps, false)?);
+                }
+                if mode == "sweep" && is_main(kind) && si != 1 {
+                    for (r, t, u, c) in SWEEP {
+                        let cfg = QuantGemvQ8 { rows_per_workgroup: r, threads: t, unroll: u, contiguous: c, ..q8 };
+                        v.extend(gemv_q8(ctx, &cfg, &ws, bytes, reps, false)?);
+                    }
+                }
+            }
+            drop(ws);
         }
+        if mode == "sweep" && !is_main(kind) {
+            break;
+        }
+    }
+    if mode == "gemv" || mode == "sweep" {
+        return Ok(v);
     }
     let (m, n, k) = if quick { (64, 256, 512) } else { (512, 4096, 4096) };
     let coop = QuantGemm::coopmat_available(ctx);

@@ -1,0 +1,286 @@
+//! [`QuantGemvQ8`]: the integer-dot GEMV (decode), `y[m][n] = sum_k x[m][k] * W[n][k]` for
+//! 1..=8 activation rows, with the activations quantized to int8 per 32-element block first.
+//!
+//! Two dispatches, recorded together by [`Q8GemvPlan`]:
+//! 1. [`QuantizeQ8`] (one invocation per block of 32 activations): `d = max|x| / 127`,
+//!    `q = round(x / d)` packed four per word (`xq`, two `vec4<u32>` per block), and per block
+//!    `vec4(d, d * sum(q[0..16]), d * sum(q[16..32]), 0)` (`xs`). In a model the same quantized
+//!    activations serve every projection that reads them (Q/K/V, gate/up).
+//! 2. The GEMV: a workgroup of `threads` invocations owns `rows_per_workgroup` rows; invocation
+//!    `t` takes `unroll` chunks of 32 per step (chunks `t + u * threads`, or `unroll`
+//!    consecutive chunks with `contiguous`), each decoded once by the format's shared decoder
+//!    ([`super::decode`]), whose quant bytes go straight into `dot4I8Packed` against the int8
+//!    activations loaded once for all rows. Per chunk and row:
+//!    `acc += d_x * (a.x * dot_lo + a.y * dot_hi) + b.x * s_lo + b.y * s_hi` (the decoder's
+//!    affine map `w = a * q + b` per 16 elements). The steps past the row end are clamped and
+//!    weighted by zero, so the inner loop has no branches. The partial sums are reduced like the
+//!    f32 GEMV's ([`super::gemv`]).
+//!
+//! Accuracy: the products are exact integers; the only error beyond f32 rounding is the int8
+//! rounding of the activations (at most `d / 2` per element, the scheme of llama.cpp's Q8_1 path).
+//! The tests check the GEMV against the CPU reference on the GPU's own quantized activations
+//! (f32 tolerance) and against the unquantized reference (1e-2).
+
+use std::sync::Arc;
+
+use numr::gpu::{grid_2d, Access, Binding, BoundGroup, BufferKind, GpuBuffer, GpuContext, Kernel, KernelBuilder, KernelEnv, KernelSource, Recorder};
+
+use super::decode::{decoder, is_quantized};
+use super::gemv::{part_params, reduce_fn, PARAMS};
+use super::{QuantError, QuantMatrix, Result, WeightKind};
+
+/// The activation quantizer (one kernel for every shape; 64 blocks per workgroup).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QuantizeQ8;
+
+impl QuantizeQ8 {
+    pub const BLOCKS_PER_WORKGROUP: u32 = 64;
+
+    pub fn source(&self, env: &KernelEnv) -> KernelSource {
+        let body = "    let b = wg_linear * 64u + lidx;
+    if (b >= p.nb) { return; }
+    var v: array<vec4<f32>, 8>;
+    var amax = vec4<f32>(0.0);
+    for (var i = 0u; i < 8u; i++) { v[i] = x[b * 8u + i]; amax = max(amax, abs(v[i])); }
+    let am = max(max(amax.x, amax.y), max(amax.z, amax.w));
+    let inv = select(0.0, 127.0 / am, am > 0.0);
+    var w: array<u32, 8>;
+    var lo = 0i;
+    var hi = 0i;
+    for (var i = 0u; i < 8u; i++) {
+        let q = vec4<i32>(round(v[i] * inv));
+        w[i] = pack4xI8(q);
+        let s = q.x + q.y + q.z + q.w;
+        if (i < 4u) { lo += s; } else { hi += s; }
+    }
+    xq[b * 2u] = vec4<u32>(w[0], w[1], w[2], w[3]);
+    xq[b * 2u + 1u] = vec4<u32>(w[4], w[5], w[6], w[7]);
+    let d = am / 127.0;
+    xs[b] = vec4<f32>(d, d * f32(lo), d * f32(hi), 0.0);
+";
+        KernelBuilder::new("quantize_q8_x", *env)
+            .workgroup(Self::BLOCKS_PER_WORKGROUP, 1, 1)
+            .storage("x", Access::Read, "array<vec4<f32>>")
+            .storage("xq", Access::ReadWrite, "array<vec4<u32>>")
+            .storage("xs", Access::ReadWrite, "array<vec4<f32>>")
+            .params(&["nb"])
+            .body(body)
+            .build()
+    }
+}
+
+/// An integer-dot GEMV configuration (quantized formats only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QuantGemvQ8 {
+    pub kind: WeightKind,
+    /// Weight rows per workgroup (each activation chunk is loaded once for all of them).
+    pub rows_per_workgroup: u32,
+    /// Invocations per workgroup (a multiple of the subgroup size).
+    pub threads: u32,
+    /// Chunks of 32 per invocation per step (independent loads in flight).
+    pub unroll: u32,
+    /// An invocation's `unroll` chunks are consecutive (else `threads` apart).
+    pub contiguous: bool,
+    /// Reduce with subgroup operations (needs `env.subgroups`).
+    pub subgroups: bool,
+    /// Activation rows (1..=8).
+    pub activation_rows: u32,
+    pub unchecked: bool,
+}
+
+impl QuantGemvQ8 {
+    /// Whether the integer-dot path decodes `kind` (every quantized format).
+    pub fn supports(kind: WeightKind) -> bool {
+        is_quantized(kind)
+    }
+
+    /// The default for `kind` on `env` with `m` activation rows (measured on the H200).
+    pub fn new(kind: WeightKind, env: &KernelEnv, m: u32) -> QuantGemvQ8 {
+        QuantGemvQ8 {
+            kind,
+            rows_per_workgroup: if m <= 2 { 2 } else { 1 },
+            threads: 64,
+            unroll: 2,
+            contiguous: false,
+            subgroups: env.subgroups,
+            activation_rows: m,
+            unchecked: false,
+        }
+    }
+
+    /// Every variant the tests validate with naga for `env`.
+    pub fn all_for(env: &KernelEnv) -> Vec<QuantGemvQ8> {
+        let mut v = Vec::new();
+        for kind in WeightKind::all().into_iter().filter(|&k| Self::supports(k)) {
+            for m in [1, 3, 8] {
+                let base = QuantGemvQ8::new(kind, env, m);
+                v.push(base);
+                if m == 1 {
+                    v.push(QuantGemvQ8 { unroll: 4, contiguous: true, rows_per_workgroup: 4, unchecked: true, ..base });
+                }
+            }
+        }
+        v
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "quant_gemv_q8_{}_r{}_t{}_u{}{}_m{}{}{}",
+            self.kind.name().to_lowercase(),
+            self.rows_per_workgroup,
+            self.threads,
+            self.unroll,
+            if self.contiguous { "c" } else { "" },
+            self.activation_rows,
+            if self.subgroups { "_sg" } else { "" },
+            if self.unchecked { "_unchecked" } else { "" },
+        )
+    }
+
+    /// The WGSL source for `env`.
+    pub fn source(&self, env: &KernelEnv) -> KernelSource {
+        let r = self.rows_per_workgroup as usize;
+        let mm = self.activation_rows as usize;
+        let (wg, un) = (self.threads, self.unroll as usize);
+        let sg = self.subgroups && env.subgroups;
+        let v = r * mm;
+        let mut pre = decoder(self.kind);
+        pre.push_str(&reduce_fn(v, wg, sg, env));
+        let rargs = if sg { "lidx, sg_size, sg_id" } else { "lidx" };
+        let mut b = format!("    let row0 = wg_linear * {r}u;\n    if (row0 >= p.rows) {{ return; }}\n");
+        for i in 0..r {
+            b.push_str(&format!("    let rb{i} = min(row0 + {i}u, p.rows - 1u) * p.cpr;\n"));
+        }
+        let (first, step, stride) = if self.contiguous {
+            (format!("lidx * {un}u"), format!("{}u", wg as usize * un), "1u".to_string())
+        } else {
+            ("lidx".to_string(), format!("{}u", wg as usize * un), format!("{wg}u"))
+        };
+        b.push_str(&format!("    var acc: array<f32, {v}>;\n    for (var kb = {first}; kb < p.cpr; kb += {step}) {{\n"));
+        for u in 0..un {
+            b.push_str(&format!(
+                "        let k{u} = kb + {u}u * {stride};\n        let c{u} = min(k{u}, p.cpr - 1u);\n        let ok{u} = k{u} < p.cpr;\n"
+            ));
+            for m in 0..mm {
+                b.push_str(&format!(
+                    "        let xa{m}_{u} = xq[({m}u * p.cpr + c{u}) * 2u];\n        let xb{m}_{u} = xq[({m}u * p.cpr + c{u}) * 2u + 1u];\n        let xs{m}_{u} = select(vec4<f32>(0.0), xs[{m}u * p.cpr + c{u}], ok{u});\n"
+                ));
+            }
+            for i in 0..r {
+                b.push_str(&format!("        let q{i}_{u} = dq(rb{i} + c{u});\n"));
+            }
+        }
+        for u in 0..un {
+            for i in 0..r {
+                for m in 0..mm {
+                    let dot = |lo: usize, xv: &str| {
+                        ["x", "y", "z", "w"]
+                            .iter()
+                            .enumerate()
+                            .map(|(e, f)| format!("dot4I8Packed(q{i}_{u}.w[{}], {xv}{m}_{u}.{f})", lo + e))
+                            .collect::<Vec<_>>()
+                            .join(" + ")
+                    };
+                    b.push_str(&format!(
+                        "        acc[{}] += xs{m}_{u}.x * (q{i}_{u}.a.x * f32({}) + q{i}_{u}.a.y * f32({})) + q{i}_{u}.b.x * xs{m}_{u}.y + q{i}_{u}.b.y * xs{m}_{u}.z;\n",
+                        i * mm + m,
+                        dot(0, "xa"),
+                        dot(4, "xb")
+                    ));
+                }
+            }
+        }
+        b.push_str("    }\n");
+        b.push_str(&format!(
+            "    let tot = wg_reduce_{v}(acc, {rargs});\n    if (lidx < {v}u) {{\n        let row = row0 + lidx / {mm}u;\n        let m = lidx % {mm}u;\n        if (row < p.rows) {{ y[m * p.n_out + p.row0 + row] = tot; }}\n    }}\n"
+        ));
+        let mut kb = KernelBuilder::new(self.name(), *env).workgroup(wg, 1, 1).unchecked(self.unchecked);
+        if sg {
+            kb = kb.subgroup_builtins();
+        }
+        kb.storage("xq", Access::Read, "array<vec4<u32>>")
+            .storage("xs", Access::Read, "array<vec4<f32>>")
+            .storage("wv", Access::Read, "array<vec4<u32>>")
+            .storage("ws", Access::Read, "array<u32>")
+            .storage("y", Access::ReadWrite, "array<f32>")
+            .params(PARAMS)
+            .prelude(&pre)
+            .body(&b)
+            .build()
+    }
+}
+
+/// The quantized activations of `m` rows of `k` inputs (scratch of a [`Q8GemvPlan`]; can be
+/// shared by several plans that read the same activations).
+pub struct Q8Activations {
+    pub xq: Arc<GpuBuffer>,
+    pub xs: Arc<GpuBuffer>,
+    kernel: Arc<Kernel>,
+    group: BoundGroup,
+    nb: u32,
+    grid: [u32; 3],
+}
+
+impl Q8Activations {
+    /// Scratch for `m x k` activations read from `x` (f32, `k % 32 == 0`).
+    pub fn new(ctx: &GpuContext, x: &Arc<GpuBuffer>, m: usize, k: usize) -> Result<Q8Activations> {
+        if k % 32 != 0 || k == 0 || m == 0 {
+            return Err(QuantError::Shape { what: "quantize_q8", reason: format!("{m} x {k} (k must be a positive multiple of 32)") });
+        }
+        let nb = m * k / 32;
+        let env = KernelEnv::from_caps(ctx.capabilities());
+        let kernel = ctx.kernel(&QuantizeQ8.source(&env))?;
+        let xq = ctx.alloc(nb as u64 * 32, BufferKind::Storage)?;
+        let xs = ctx.alloc(nb as u64 * 16, BufferKind::Storage)?;
+        let group = ctx.bind(&kernel, &[Binding { buffer: x.clone(), offset: 0, size: nb as u64 * 128 }, Binding::whole(&xq), Binding::whole(&xs)])?;
+        let wgs = (nb as u64).div_ceil(QuantizeQ8::BLOCKS_PER_WORKGROUP as u64);
+        let grid = grid_2d(wgs, ctx.capabilities().limits.max_compute_workgroups_per_dimension)
+            .ok_or(QuantError::Shape { what: "quantize_q8", reason: format!("{wgs} workgroups") })?;
+        Ok(Q8Activations { xq, xs, kernel, group, nb: nb as u32, grid })
+    }
+
+    /// Records the quantization dispatch.
+    pub fn record(&self, rec: &mut Recorder) -> Result<()> {
+        rec.dispatch(&self.kernel, &self.group, &[self.nb], self.grid)?;
+        Ok(())
+    }
+}
+
+/// The integer-dot GEMV over every part of a matrix, reading a [`Q8Activations`].
+pub struct Q8GemvPlan {
+    kernel: Arc<Kernel>,
+    steps: Vec<(BoundGroup, Vec<u32>, [u32; 3])>,
+}
+
+impl Q8GemvPlan {
+    pub fn new(ctx: &GpuContext, cfg: &QuantGemvQ8, w: &QuantMatrix, xa: &Q8Activations, y: &Arc<GpuBuffer>) -> Result<Q8GemvPlan> {
+        if cfg.kind != w.kind() || !QuantGemvQ8::supports(cfg.kind) {
+            return Err(QuantError::Shape { what: "gemv_q8", reason: format!("kernel for {} given {}", cfg.kind.name(), w.kind().name()) });
+        }
+        let m = cfg.activation_rows as usize;
+        if !(1..=8).contains(&m) || xa.nb as usize != m * w.chunks_per_row() {
+            return Err(QuantError::Shape { what: "gemv_q8", reason: format!("{m} activation rows (1..=8) of {} blocks vs {} quantized", w.chunks_per_row(), xa.nb) });
+        }
+        let env = KernelEnv::from_caps(ctx.capabilities());
+        let kernel = ctx.kernel(&cfg.source(&env))?;
+        let mut steps = Vec::new();
+        for part in &w.parts {
+            let bind = [Binding::whole(&xa.xq), Binding::whole(&xa.xs), part.binding(), part.binding(), Binding::whole(y)];
+            let group = ctx.bind(&kernel, &bind)?;
+            let params = part_params(w, part).to_vec();
+            let wgs = part.rows.div_ceil(cfg.rows_per_workgroup as usize) as u64;
+            let grid = grid_2d(wgs, ctx.capabilities().limits.max_compute_workgroups_per_dimension)
+                .ok_or(QuantError::Shape { what: "gemv_q8", reason: format!("{wgs} workgroups") })?;
+            steps.push((group, params, grid));
+        }
+        Ok(Q8GemvPlan { kernel, steps })
+    }
+
+    /// Records the GEMV dispatches (one per part); record the [`Q8Activations`] first.
+    pub fn record(&self, rec: &mut Recorder) -> Result<()> {
+        for (g, p, grid) in &self.steps {
+            rec.dispatch(&self.kernel, g, p, *grid)?;
+        }
+        Ok(())
+    }
+}
