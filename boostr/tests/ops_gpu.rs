@@ -184,10 +184,14 @@ fn prefill_attention() {
         let qt = up(&ctx, &q, &[q.len()]);
         let opts = AttnOptions { scale: 1.0 / (hd as f32).sqrt(), softcap, window };
         let ql = QueryLayout { n_tok, n_q, q_off: 0, tok_stride: n_q * hd };
-        let got = attention::prefill(&ctx, &qt.gpu_binding(4).unwrap().0, &ql, &cache, 0, p0, &opts).unwrap().to_vec::<f32>().unwrap();
         let want = attention::attention_ref(&q, &k, &v, n_tok, n_q, n_kv, hd, p0 + n_tok, p0, &opts);
+        let got = attention::prefill(&ctx, &qt.gpu_binding(4).unwrap().0, &ql, &cache, 0, p0, &opts).unwrap().to_vec::<f32>().unwrap();
         // exp and long sums in another order than the f64 reference.
         close(&got, &want, Some(1e-4));
+        // The portable tiled kernel too (the default above is the subgroup one where available).
+        let plan = AttnPlan::prefill_with(&ctx, DecodeKernel::Tiled, &qt.gpu_binding(4).unwrap().0, &ql, &cache, 0, p0, &opts).unwrap();
+        ctx.with_stream(|rec| plan.record(rec)).unwrap();
+        close(&plan.out.to_vec::<f32>().unwrap(), &want, Some(1e-4));
     }
 }
 

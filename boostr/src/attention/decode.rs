@@ -22,7 +22,7 @@ use super::*;
 pub const DECODE_SG_WG: u32 = 128;
 /// Lanes per slot (one key at a time per slot).
 const SLOT: u32 = 8;
-/// Keys a slot takes per step (their loads are all issued before any math).
+/// Keys a slot takes per step by default (their loads are all issued before any math).
 pub const KEYS_PER_STEP: u32 = 2;
 
 /// Variant of the subgroup decode kernel (needs subgroups of at least 8 invocations).
@@ -35,23 +35,30 @@ pub struct DecodeAttnSg {
     pub heads: u32,
     pub dtype: KvDtype,
     pub softcap: bool,
+    /// Keys a slot takes per step (1..=4).
+    pub keys: u32,
+    /// Write the normalised output (`[n_tok][n_q][head_dim]` f32 in the `o_part` binding) instead
+    /// of a partial: for a single split over an unsegmented cache.
+    pub normalised: bool,
 }
 
 impl DecodeAttnSg {
-    /// The variant for a shape: as many heads per workgroup as keep about 128 floats of queries
-    /// and accumulators per lane.
+    /// The variant for a shape: as many heads per workgroup as keep about 64 floats of queries
+    /// and accumulators per lane (more heads per workgroup re-read K/V less but hold more
+    /// registers, so fewer workgroups fit; measured best on the H200 at head_dim 128: 2 heads,
+    /// 2 keys per step).
     pub fn new(head_dim: u32, group: u32, dtype: KvDtype, softcap: bool) -> Self {
         let nv = head_dim / 64;
-        let mut heads = (8 / nv).clamp(1, group);
+        let mut heads = (4 / nv).clamp(1, group);
         while group % heads != 0 {
             heads -= 1;
         }
-        DecodeAttnSg { head_dim, group, heads, dtype, softcap }
+        DecodeAttnSg { head_dim, group, heads, dtype, softcap, keys: KEYS_PER_STEP, normalised: false }
     }
 
     /// Positions one workgroup step covers (splits are multiples of it).
-    pub fn step_keys() -> u32 {
-        DECODE_SG_WG / SLOT * KEYS_PER_STEP
+    pub fn step_keys(&self) -> u32 {
+        DECODE_SG_WG / SLOT * self.keys
     }
 
     pub fn all() -> Vec<DecodeAttnSg> {
@@ -63,6 +70,11 @@ impl DecodeAttnSg {
                         let c = DecodeAttnSg::new(head_dim, group, dtype, softcap);
                         if !v.contains(&c) && (group <= 4 || group % 4 == 0) {
                             v.push(c);
+                            v.push(DecodeAttnSg { normalised: true, ..c });
+                            if group == 4 && !softcap {
+                                v.push(DecodeAttnSg { heads: 2, keys: 1, ..c });
+                                v.push(DecodeAttnSg { heads: 1, keys: 4, ..c });
+                            }
                         }
                     }
                 }
@@ -72,13 +84,15 @@ impl DecodeAttnSg {
     }
 
     /// WGSL. Bindings `q`, `kc`, `vc`, `o_part` (rw, vec4 rows), `ml` (rw). Grid
-    /// `[splits, n_kv * group / heads]`. Needs `env.subgroups` with a minimum size of 8.
+    /// `[splits, n_kv * group / heads, n_tok]`: query token `t` (at `q_off + t * tok_stride`) sits
+    /// at position `q_pos + t` and sees keys `..= q_pos + t` (decode: one token; prefill: a chunk,
+    /// the longest rows scheduled first). Needs `env.subgroups` with a minimum size of 8.
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
-        let (hd, g, h, u) = (self.head_dim, self.group, self.heads, KEYS_PER_STEP);
+        let (hd, g, h, u) = (self.head_dim, self.group, self.heads, self.keys);
         let nv = hd / 64;
         let nslot = DECODE_SG_WG / SLOT;
         let hd4 = hd / 4;
-        let name = format!("attn_decode_sg_hd{hd}_g{g}_h{h}_{:?}_c{}", self.dtype, self.softcap as u8).to_lowercase();
+        let name = format!("attn_decode_sg_hd{hd}_g{g}_h{h}_k{u}_{:?}_c{}_n{}", self.dtype, self.softcap as u8, self.normalised as u8).to_lowercase();
         let mut pre = format!("var<workgroup> sml: array<f32, {}>;\nvar<workgroup> sacc: array<vec4<f32>, {}>;\n", nslot * h * 2, nslot * hd4);
         pre.push_str(V8_DEFS);
         pre.push_str(SAFE_TANH);
@@ -96,14 +110,16 @@ impl DecodeAttnSg {
     let kvh = wid.y / nhb;
     let hb = wid.y - kvh * nhb;
     let split = p.split_base + wid.x;
+    let tok = p.n_tok - 1u - wid.z;
+    let q_pos = p.q_pos + tok;
     let lo0 = p.seg_start + wid.x * p.chunk;
-    let hi = min(min(lo0 + p.chunk, p.seg_start + p.seg_len), p.kv_len);
+    let hi = min(min(lo0 + p.chunk, p.seg_start + p.seg_len), q_pos + 1u);
     var lo = lo0;
-    if (p.window > 0u && p.q_pos + 1u > p.window) {{ lo = max(lo, p.q_pos + 1u - p.window); }}
+    if (p.window > 0u && q_pos + 1u > p.window) {{ lo = max(lo, q_pos + 1u - p.window); }}
     let c = sg_id % {SLOT}u;
     let slot = (lidx / sg_size) * (sg_size / {SLOT}u) + sg_id / {SLOT}u;
     let scale = bitcast<f32>(p.scale);
-    let qb = p.q_off + (kvh * {g}u + hb * {h}u) * {hd}u;
+    let qb = p.q_off + tok * p.tok_stride + (kvh * {g}u + hb * {h}u) * {hd}u;
     let rowb = kvh * p.seg_len;
 "
             ),
@@ -187,18 +203,19 @@ impl DecodeAttnSg {
                 &mut b,
                 format!(
                     "        workgroupBarrier();
-        let row = split * p.rows + kvh * {g}u + hb * {h}u + {gi}u;
+        let row = split * p.rows + tok * p.n_q + kvh * {g}u + hb * {h}u + {gi}u;
+        var l = 0.0;
+        for (var s = 0u; s < {nslot}u; s++) {{
+            let ms = sml[s * {h2}u + {o}u];
+            l += select(0.0, exp(ms - mx), ms > -1e29) * sml[s * {h2}u + {o1}u];
+        }}
+        let inv = {inv};
         for (var i = lidx; i < {hd4}u; i += {DECODE_SG_WG}u) {{
             var acc = vec4<f32>(0.0);
             for (var s = 0u; s < {nslot}u; s++) {{ acc += sacc[s * {hd4}u + i]; }}
-            o_part[row * {hd4}u + i] = acc;
+            o_part[row * {hd4}u + i] = acc * inv;
         }}
-        if (lidx == 0u) {{
-            var l = 0.0;
-            for (var s = 0u; s < {nslot}u; s++) {{
-                let ms = sml[s * {h2}u + {o}u];
-                l += select(0.0, exp(ms - mx), ms > -1e29) * sml[s * {h2}u + {o1}u];
-            }}
+        if (lidx == 0u && {partial}) {{
             ml[row * 2u] = mx;
             ml[row * 2u + 1u] = l;
         }}
@@ -207,7 +224,9 @@ impl DecodeAttnSg {
 ",
                     h2 = 2 * h,
                     o = 2 * gi,
-                    o1 = 2 * gi + 1
+                    o1 = 2 * gi + 1,
+                    inv = if self.normalised { "select(0.0, 1.0 / l, l > 0.0)" } else { "1.0" },
+                    partial = !self.normalised
                 ),
             );
         }
@@ -219,7 +238,7 @@ impl DecodeAttnSg {
             .storage("vc", Access::Read, cache_ty(self.dtype))
             .storage("o_part", Access::ReadWrite, "array<vec4<f32>>")
             .storage("ml", Access::ReadWrite, "array<f32>")
-            .params(&["kv_len", "q_pos", "seg_start", "seg_len", "chunk", "split_base", "q_off", "rows", "scale", "softcap", "window"])
+            .params(&["kv_len", "q_pos", "seg_start", "seg_len", "chunk", "split_base", "q_off", "rows", "scale", "softcap", "window", "tok_stride", "n_tok", "n_q"])
             .prelude(&pre)
             .body(&b)
             .unchecked(true)

@@ -19,12 +19,12 @@
 //! memory. Caches split across buffers ([`crate::kv_cache::KvSegment`]) run one dispatch per
 //! segment into the same partial arrays.
 //!
-//! # Prefill ([`PrefillAttn`])
-//! One workgroup handles 32 queries of one head: 4 invocations per query, each owning every
-//! fourth dimension of the query and of the output accumulator. K and V tiles of 16 positions are
-//! staged as f32 in workgroup memory; partial dot products are summed across the 4 invocations
-//! through workgroup memory, then each invocation runs the online softmax for its query. Only
-//! tiles at or below the causal diagonal (and inside the window) are visited.
+//! # Prefill
+//! Where subgroups allow, [`DecodeAttnSg`] with one query token per grid layer (`z`), one split
+//! per cache segment, and the normalised output written directly when the cache has one
+//! segment. Elsewhere [`PrefillAttn`]: one workgroup handles 32 queries of one head, K and V
+//! tiles of 16 positions staged as f32 in workgroup memory, online softmax per query; only tiles
+//! at or below the causal diagonal (and inside the window) are visited.
 //!
 //! # Partial layout (both kernels)
 //! `o_part[(split * rows + row) * head_dim + d]` (unnormalised) and
@@ -48,11 +48,28 @@ pub use prefill::{PrefillAttn, PREFILL_BK, PREFILL_BQ};
 
 /// Decode workgroups the split count aims at (several per compute unit on large GPUs).
 /// `BOOSTR_DECODE_WGS` overrides it (tuning).
-pub const DECODE_TARGET_WGS: usize = 1024;
+pub const DECODE_TARGET_WGS: usize = 512;
+
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).filter(|&v| v > 0)
+}
 
 fn decode_target_wgs() -> usize {
     static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("BOOSTR_DECODE_WGS").ok().and_then(|v| v.parse().ok()).filter(|&v| v > 0).unwrap_or(DECODE_TARGET_WGS))
+    *V.get_or_init(|| env_usize("BOOSTR_DECODE_WGS").unwrap_or(DECODE_TARGET_WGS))
+}
+
+/// The subgroup decode variant for a shape; `BOOSTR_DECODE_HEADS` (heads per workgroup, a divisor
+/// of the group) and `BOOSTR_DECODE_KEYS` (keys per slot step, 1..=4) override it (tuning).
+fn decode_sg_cfg(hd: u32, group: u32, dtype: KvDtype, softcap: bool) -> DecodeAttnSg {
+    let mut c = DecodeAttnSg::new(hd, group, dtype, softcap);
+    if let Some(h) = env_usize("BOOSTR_DECODE_HEADS").map(|h| h as u32).filter(|h| group % h == 0) {
+        c.heads = h;
+    }
+    if let Some(k) = env_usize("BOOSTR_DECODE_KEYS").filter(|&k| k <= 4) {
+        c.keys = k as u32;
+    }
+    c
 }
 
 /// Which decode kernel a plan uses.
@@ -190,9 +207,9 @@ impl AttnPlan {
                 if DecodeKernel::best(&env) != DecodeKernel::Subgroup {
                     return Err(OpsError::Unsupported { what: "subgroup decode", reason: "the adapter lacks subgroups of at least 8".into() });
                 }
-                let cfg = DecodeAttnSg::new(hd as u32, group as u32, dtype, softcap);
+                let cfg = decode_sg_cfg(hd as u32, group as u32, dtype, softcap);
                 let wg_y = n_kv * (cfg.group / cfg.heads) as usize;
-                let step = DecodeAttnSg::step_keys() as usize;
+                let step = cfg.step_keys() as usize;
                 let splits = decode_target_wgs().div_ceil(wg_y).clamp(1, kv_len.div_ceil(step));
                 (cfg.source(&env), kv_len.div_ceil(splits).div_ceil(step) * step, wg_y)
             }
@@ -212,7 +229,7 @@ impl AttnPlan {
         let mut steps = Vec::new();
         let mut base = 0;
         for (seg, &ns) in segs.iter().zip(&splits) {
-            let params = vec![
+            let mut params = vec![
                 kv_len as u32,
                 (kv_len - 1) as u32,
                 seg.start as u32,
@@ -225,6 +242,9 @@ impl AttnPlan {
                 fbits(opts.softcap.unwrap_or(0.0)),
                 opts.window.unwrap_or(0) as u32,
             ];
+            if kind == DecodeKernel::Subgroup {
+                params.extend([0, 1, n_q as u32]);
+            }
             let b = [q.clone(), Binding::whole(&seg.k), Binding::whole(&seg.v), Binding::whole(&o_part), Binding::whole(&ml)];
             steps.push(Self::step(ctx, &src, &b, params, [ns as u32, wg_y as u32, 1])?);
             base += ns;
@@ -238,10 +258,22 @@ impl AttnPlan {
 
     /// Causal prefill of a chunk: see [`prefill`].
     pub fn prefill(ctx: &GpuContext, q: &Binding, ql: &QueryLayout, cache: &KvCache, layer: usize, p0: usize, opts: &AttnOptions) -> Result<AttnPlan> {
+        let kind = if ql.n_tok <= 65535 { DecodeKernel::best(&env_of(ctx)) } else { DecodeKernel::Tiled };
+        Self::prefill_with(ctx, kind, q, ql, cache, layer, p0, opts)
+    }
+
+    /// [`Self::prefill`] with a chosen kernel: `Subgroup` runs [`DecodeAttnSg`] with one query
+    /// token per grid layer and one split per segment (chunks of at most 65535 tokens);
+    /// `Tiled` runs [`PrefillAttn`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn prefill_with(ctx: &GpuContext, kind: DecodeKernel, q: &Binding, ql: &QueryLayout, cache: &KvCache, layer: usize, p0: usize, opts: &AttnOptions) -> Result<AttnPlan> {
         let (hd, group) = check_heads(cache, layer, ql.n_q)?;
         let kv_len = p0 + ql.n_tok;
         if ql.n_tok == 0 || kv_len > cache.capacity() {
             return Err(OpsError::ContextOverflow { needed: kv_len, capacity: cache.capacity() });
+        }
+        if kind == DecodeKernel::Subgroup {
+            return Self::prefill_sg(ctx, q, ql, cache, layer, p0, opts, hd, group);
         }
         let segs: Vec<_> = cache.segments(layer).iter().filter(|s| s.start < kv_len).collect();
         let partial = segs.len() > 1;
@@ -282,6 +314,69 @@ impl AttnPlan {
         }
         if partial {
             let comb = AttnCombine { head_dim: hd as u32 }.source(&env_of(ctx));
+            let b = [o_bind, ml, out.gpu_binding(4)?.0];
+            steps.push(Self::step(ctx, &comb, &b, vec![rows as u32, segs.len() as u32, 0], grid_for(ctx, rows as u64)?)?);
+        }
+        Ok(AttnPlan { steps, out })
+    }
+}
+
+impl AttnPlan {
+    #[allow(clippy::too_many_arguments)]
+    fn prefill_sg(ctx: &GpuContext, q: &Binding, ql: &QueryLayout, cache: &KvCache, layer: usize, p0: usize, opts: &AttnOptions, hd: usize, group: usize) -> Result<AttnPlan> {
+        let env = env_of(ctx);
+        if DecodeKernel::best(&env) != DecodeKernel::Subgroup || ql.n_tok > 65535 {
+            return Err(OpsError::Unsupported { what: "subgroup prefill", reason: "needs subgroups of at least 8 and at most 65535 tokens".into() });
+        }
+        let last = ql.q_off + (ql.n_tok - 1) * ql.tok_stride + ql.n_q * hd;
+        if (q.size / 4) < last as u64 {
+            return Err(OpsError::BadArgs { op: "attention prefill", reason: format!("q binding of {} bytes, the layout reads {last} f32", q.size) });
+        }
+        let kv_len = p0 + ql.n_tok;
+        let segs: Vec<_> = cache.segments(layer).iter().filter(|s| s.start < kv_len).collect();
+        let partial = segs.len() > 1;
+        let mut cfg = decode_sg_cfg(hd as u32, group as u32, cache.config().dtype, opts.softcap.is_some());
+        cfg.normalised = !partial;
+        let n_kv = cache.config().n_kv_heads;
+        let wg_y = n_kv * (cfg.group / cfg.heads) as usize;
+        let rows = ql.n_tok * ql.n_q;
+        let dev = numr::Device::Gpu(ctx.clone());
+        let out = Tensor::zeros(&[ql.n_tok, ql.n_q, hd], DType::F32, &dev)?;
+        let (o_bind, ml) = if partial {
+            let o = ctx.alloc((segs.len() * rows * hd * 4) as u64, BufferKind::Storage)?;
+            let ml = ctx.alloc((segs.len() * rows * 2 * 4) as u64, BufferKind::Storage)?;
+            (Binding::whole(&o), Binding::whole(&ml))
+        } else {
+            let (b, off) = out.gpu_binding(16)?;
+            if off != 0 {
+                return Err(OpsError::BadArgs { op: "attention prefill", reason: "output not at the start of its binding".into() });
+            }
+            (b, crate::ops_common::dummy(ctx)?)
+        };
+        let src = cfg.source(&env);
+        let mut steps = Vec::new();
+        for (i, seg) in segs.iter().enumerate() {
+            let params = vec![
+                kv_len as u32,
+                p0 as u32,
+                seg.start as u32,
+                seg.len as u32,
+                seg.len as u32,
+                i as u32,
+                ql.q_off as u32,
+                rows as u32,
+                fbits(opts.scale),
+                fbits(opts.softcap.unwrap_or(0.0)),
+                opts.window.unwrap_or(0) as u32,
+                ql.tok_stride as u32,
+                ql.n_tok as u32,
+                ql.n_q as u32,
+            ];
+            let b = [q.clone(), Binding::whole(&seg.k), Binding::whole(&seg.v), o_bind.clone(), ml.clone()];
+            steps.push(Self::step(ctx, &src, &b, params, [1, wg_y as u32, ql.n_tok as u32])?);
+        }
+        if partial {
+            let comb = AttnCombine { head_dim: hd as u32 }.source(&env);
             let b = [o_bind, ml, out.gpu_binding(4)?.0];
             steps.push(Self::step(ctx, &comb, &b, vec![rows as u32, segs.len() as u32, 0], grid_for(ctx, rows as u64)?)?);
         }
