@@ -50,7 +50,7 @@ impl DecodeAttnSg {
     pub fn new(head_dim: u32, group: u32, dtype: KvDtype, softcap: bool) -> Self {
         let nv = head_dim / 64;
         let mut heads = (4 / nv).clamp(1, group);
-        while group % heads != 0 {
+        while !group.is_multiple_of(heads) {
             heads -= 1;
         }
         DecodeAttnSg { head_dim, group, heads, dtype, softcap, keys: KEYS_PER_STEP, normalised: false }
@@ -98,9 +98,9 @@ impl DecodeAttnSg {
         pre.push_str(SAFE_TANH);
         pre.push_str(&ld8_fn(self.dtype, "kc", hd));
         pre.push_str(&ld8_fn(self.dtype, "vc", hd));
-        pre.push_str(&format!(
-            "fn ldq(i: u32, scale: f32) -> V8 {{\n    return V8(vec4<f32>(q[i], q[i + 1u], q[i + 2u], q[i + 3u]) * scale, vec4<f32>(q[i + 4u], q[i + 5u], q[i + 6u], q[i + 7u]) * scale);\n}}\n"
-        ));
+        pre.push_str(
+            "fn ldq(i: u32, scale: f32) -> V8 {\n    return V8(vec4<f32>(q[i], q[i + 1u], q[i + 2u], q[i + 3u]) * scale, vec4<f32>(q[i + 4u], q[i + 5u], q[i + 6u], q[i + 7u]) * scale);\n}\n",
+        );
         let mut b = String::new();
         let w = |b: &mut String, s: String| b.push_str(&s);
         w(

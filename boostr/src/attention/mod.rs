@@ -63,7 +63,7 @@ fn decode_target_wgs() -> usize {
 /// of the group) and `BOOSTR_DECODE_KEYS` (keys per slot step, 1..=4) override it (tuning).
 fn decode_sg_cfg(hd: u32, group: u32, dtype: KvDtype, softcap: bool) -> DecodeAttnSg {
     let mut c = DecodeAttnSg::new(hd, group, dtype, softcap);
-    if let Some(h) = env_usize("BOOSTR_DECODE_HEADS").map(|h| h as u32).filter(|h| group % h == 0) {
+    if let Some(h) = env_usize("BOOSTR_DECODE_HEADS").map(|h| h as u32).filter(|&h| group.is_multiple_of(h)) {
         c.heads = h;
     }
     if let Some(k) = env_usize("BOOSTR_DECODE_KEYS").filter(|&k| k <= 4) {
@@ -386,7 +386,7 @@ impl AttnPlan {
 
 fn check_heads(cache: &KvCache, layer: usize, n_q: usize) -> Result<(usize, usize)> {
     let c = cache.config();
-    if layer >= c.n_layers || n_q == 0 || n_q % c.n_kv_heads != 0 || n_q / c.n_kv_heads > 16 || ![64, 128, 256].contains(&c.head_dim) {
+    if layer >= c.n_layers || n_q == 0 || !n_q.is_multiple_of(c.n_kv_heads) || n_q / c.n_kv_heads > 16 || ![64, 128, 256].contains(&c.head_dim) {
         return Err(OpsError::Unsupported { what: "attention shape", reason: format!("n_q {n_q}, cache {c:?} (head_dim 64/128/256, group <= 16)") });
     }
     Ok((c.head_dim, n_q / c.n_kv_heads))
