@@ -1,0 +1,246 @@
+//! The cooperative-matrix GEMM kernel (f16 16x16x16 tiles, f32 accumulate), generated from a
+//! typed [`CoopTiles`] configuration.
+//!
+//! One workgroup computes a `bm x bn` output block (`bm` activation rows, `bn` weight rows)
+//! with `sg_m x sg_n` subgroups of 32; each subgroup owns a `(bm / sg_m) x (bn / sg_n)` block of
+//! 16x16 accumulators that live in `coop_mat` variables for the whole K loop. K advances in
+//! steps of `bk` (a multiple of 32): each step stages the activations (`f32` -> `f16`) and the
+//! weights (dequantized once per workgroup with the format's `dqf`, stored as `f16`) in
+//! workgroup memory, rows padded by `pad` halves against bank conflicts, then runs `bk / 16`
+//! multiply-add sub-steps per barrier.
+//!
+//! Layout and naga 30's column-major `coopLoad`: activations are stored `[m][k]` and loaded with
+//! `coopLoadT` (row-major A); weights are stored `[n][k]`, which is Wᵀ (`K x N`) column-major,
+//! and loaded with `coopLoad`. Results go row-major with `coopStoreT`: straight to `y` when the
+//! whole block is in bounds, else through a per-subgroup 16x16 scratch with bounds checks (so M
+//! and N need not be multiples of the block). Indices in pointer arguments are bound with `let`
+//! (naga 30's SPIR-V writer panics otherwise).
+//!
+//! In bounds by construction (so `unchecked` is safe): activation rows are clamped to `m - 1`,
+//! weight rows to `rows - 1`, and K-step chunks past the row to its last chunk with the
+//! activations zeroed there.
+
+use std::fmt::Write;
+
+use numr::gpu::{Access, KernelBuilder, KernelEnv, KernelSource};
+
+use crate::quant::decode::decoder;
+use crate::quant::gemv::PARAMS;
+use crate::quant::WeightKind;
+
+/// Block shape of the cooperative-matrix GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CoopTiles {
+    /// Activation rows per workgroup.
+    pub bm: u32,
+    /// Weight rows (output columns) per workgroup.
+    pub bn: u32,
+    /// K elements per barrier step (multiple of 32).
+    pub bk: u32,
+    /// Subgroups along M and along N (workgroup = 32 * sg_m * sg_n invocations).
+    pub sg_m: u32,
+    pub sg_n: u32,
+    /// Padding of each staged row, in f16 elements (multiple of 8 keeps rows 16-byte aligned).
+    pub pad: u32,
+}
+
+impl CoopTiles {
+    /// The default block: 128x128, K steps of 64, 8 subgroups of 64x32 (4x2 accumulators).
+    pub const DEFAULT: CoopTiles = CoopTiles { bm: 128, bn: 128, bk: 64, sg_m: 2, sg_n: 4, pad: 8 };
+
+    /// Shapes worth comparing in benchmarks (all valid).
+    pub fn candidates() -> Vec<CoopTiles> {
+        let t = |bm, bn, bk, sg_m, sg_n| CoopTiles { bm, bn, bk, sg_m, sg_n, pad: 8 };
+        vec![
+            t(128, 128, 64, 2, 4),
+            t(128, 128, 32, 2, 4),
+            t(128, 128, 64, 4, 2),
+            t(128, 64, 64, 4, 2),
+            t(64, 128, 64, 2, 4),
+            t(64, 64, 64, 2, 2),
+            t(64, 64, 128, 2, 2),
+            t(64, 128, 32, 1, 4),
+        ]
+    }
+
+    fn wg(&self) -> u32 {
+        32 * self.sg_m * self.sg_n
+    }
+
+    /// Accumulator tiles per subgroup along M and N.
+    fn frags(&self) -> (u32, u32) {
+        (self.bm / self.sg_m / 16, self.bn / self.sg_n / 16)
+    }
+
+    /// Workgroup memory in bytes.
+    pub fn shared_bytes(&self) -> u32 {
+        let stride = self.bk + self.pad;
+        2 * (self.bm + self.bn) * stride + 4 * 256 * self.sg_m * self.sg_n
+    }
+
+    /// Whether the shape is well formed and fits `max_shared` bytes of workgroup memory.
+    pub fn valid(&self, max_shared: u32) -> bool {
+        let (fm, fn_) = (self.bm / self.sg_m.max(1) / 16, self.bn / self.sg_n.max(1) / 16);
+        self.sg_m > 0
+            && self.sg_n > 0
+            && self.bk % 32 == 0
+            && self.bk > 0
+            && self.pad % 8 == 0
+            && self.bm % (16 * self.sg_m) == 0
+            && self.bn % (16 * self.sg_n) == 0
+            && fm > 0
+            && fn_ > 0
+            && self.wg() <= 1024
+            && self.shared_bytes() <= max_shared
+    }
+}
+
+/// The WGSL kernel for `kind` with block shape `t`.
+pub fn coop_source(kind: WeightKind, t: &CoopTiles, unchecked: bool, env: &KernelEnv) -> KernelSource {
+    assert!(t.valid(u32::MAX), "invalid coopmat tiles {t:?}");
+    let (fm, fn_) = t.frags();
+    let (wg, s) = (t.wg(), t.bk + t.pad);
+    let (tm, tn) = (t.bm / t.sg_m, t.bn / t.sg_n);
+    let name = format!(
+        "quant_gemm_{}_coop{}x{}x{}_{}x{}{}",
+        kind.name().to_lowercase(),
+        t.bm,
+        t.bn,
+        t.bk,
+        t.sg_m,
+        t.sg_n,
+        if unchecked { "_unchecked" } else { "" }
+    );
+    let mut pre = decoder(kind);
+    let _ = write!(
+        pre,
+        "var<workgroup> As: array<f16, {}>;\nvar<workgroup> Ws: array<f16, {}>;\nvar<workgroup> Cs: array<f32, {}>;\n",
+        t.bm * s,
+        t.bn * s,
+        256 * t.sg_m * t.sg_n
+    );
+    let cpk = t.bk / 32; // chunks per K step
+    let xv4 = t.bm * t.bk / 4; // activation vec4s per step
+    let wch = t.bn * cpk; // weight chunks per step
+    let mut b = String::new();
+    let _ = write!(
+        b,
+        "    let n0 = wid.x * {bn}u;
+    let m0 = wid.y * {bm}u;
+    let sgi = lidx >> 5u;
+    let lane = lidx & 31u;
+    let sm = (sgi / {sg_n}u) * {tm}u;
+    let sn = (sgi % {sg_n}u) * {tn}u;
+    let nsteps = (p.cpr + {cpk}u - 1u) / {cpk}u;
+",
+        bn = t.bn,
+        bm = t.bm,
+        sg_n = t.sg_n,
+    );
+    for i in 0..fm {
+        for j in 0..fn_ {
+            let _ = writeln!(b, "    var c{i}_{j} = coop_mat16x16<f32, C>();");
+        }
+    }
+    b.push_str("    for (var ks = 0u; ks < nsteps; ks++) {\n");
+    // Activations: bm rows x bk/4 vec4s, row-major, f32 -> f16.
+    let xper = xv4.div_ceil(wg);
+    let _ = write!(
+        b,
+        "        for (var t = 0u; t < {xper}u; t++) {{
+            let idx = lidx + t * {wg}u;
+            let r = idx / {q}u;
+            let e = idx % {q}u;
+            let gm = min(m0 + r, p.m - 1u);
+            let kv = ks * {q}u + e;
+            var xv = vec4<f32>(0.0);
+            if ({guard}kv < p.k4) {{ xv = x[gm * p.k4 + kv]; }}
+            let o = r * {s}u + e * 4u;
+            As[o] = f16(xv.x); As[o + 1u] = f16(xv.y); As[o + 2u] = f16(xv.z); As[o + 3u] = f16(xv.w);
+        }}
+",
+        q = t.bk / 4,
+        guard = if xv4 % wg != 0 { format!("idx < {xv4}u && ") } else { String::new() },
+    );
+    // Weights: bn rows x cpk chunks, dequantized once, f16.
+    let wper = wch.div_ceil(wg);
+    let _ = write!(
+        b,
+        "        for (var t = 0u; t < {wper}u; t++) {{
+            let idx = lidx + t * {wg}u;
+            {open}let r = idx / {cpk}u;
+            let h = idx % {cpk}u;
+            let row = min(n0 + r, p.rows - 1u);
+            let kc = min(ks * {cpk}u + h, p.cpr - 1u);
+            let v = dqf(row * p.cpr + kc);
+            let o = r * {s}u + h * 32u;
+            for (var i = 0u; i < 8u; i++) {{
+                let oi = o + i * 4u;
+                Ws[oi] = f16(v[i].x); Ws[oi + 1u] = f16(v[i].y); Ws[oi + 2u] = f16(v[i].z); Ws[oi + 3u] = f16(v[i].w);
+            }}
+            {close}
+        }}
+        workgroupBarrier();
+",
+        open = if wch % wg != 0 { format!("if (idx < {wch}u) {{\n            ") } else { String::new() },
+        close = if wch % wg != 0 { "}" } else { "" },
+    );
+    // Multiply-add sub-steps.
+    let _ = writeln!(b, "        for (var kk = 0u; kk < {}u; kk += 16u) {{", t.bk);
+    for i in 0..fm {
+        let _ = writeln!(b, "            let ia{i} = (sm + {}u) * {s}u + kk;", 16 * i);
+        let _ = writeln!(b, "            let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&As[ia{i}], {s}u);");
+    }
+    for j in 0..fn_ {
+        let _ = writeln!(b, "            let ib{j} = (sn + {}u) * {s}u + kk;", 16 * j);
+        let _ = writeln!(b, "            let b{j} = coopLoad<coop_mat16x16<f16, B>>(&Ws[ib{j}], {s}u);");
+    }
+    for i in 0..fm {
+        for j in 0..fn_ {
+            let _ = writeln!(b, "            c{i}_{j} = coopMultiplyAdd(a{i}, b{j}, c{i}_{j});");
+        }
+    }
+    b.push_str("        }\n        workgroupBarrier();\n    }\n");
+    // Epilogue: direct row-major stores when the block is in bounds, else via scratch.
+    let _ = write!(b, "    if (m0 + {}u <= p.m && n0 + {}u <= p.rows) {{\n        let ny = p.n_out;\n", t.bm, t.bn);
+    for i in 0..fm {
+        for j in 0..fn_ {
+            let _ = writeln!(b, "        let iy{i}_{j} = (m0 + sm + {}u) * p.n_out + p.row0 + n0 + sn + {}u;", 16 * i, 16 * j);
+            let _ = writeln!(b, "        coopStoreT(c{i}_{j}, &y[iy{i}_{j}], ny);");
+        }
+    }
+    b.push_str("    } else {\n        let cs = sgi * 256u;\n");
+    for i in 0..fm {
+        for j in 0..fn_ {
+            let _ = write!(
+                b,
+                "        coopStoreT(c{i}_{j}, &Cs[cs], 16u);
+        workgroupBarrier();
+        for (var t = 0u; t < 8u; t++) {{
+            let e = lane + t * 32u;
+            let gm = m0 + sm + {mi}u + (e >> 4u);
+            let gn = n0 + sn + {nj}u + (e & 15u);
+            if (gm < p.m && gn < p.rows) {{ y[gm * p.n_out + p.row0 + gn] = Cs[cs + e]; }}
+        }}
+        workgroupBarrier();
+",
+                mi = 16 * i,
+                nj = 16 * j,
+            );
+        }
+    }
+    b.push_str("    }\n");
+    KernelBuilder::new(name, *env)
+        .unchecked(unchecked)
+        .enable_f16()
+        .enable("wgpu_cooperative_matrix")
+        .workgroup(wg, 1, 1)
+        .prelude(&pre)
+        .body(&b)
+        .storage("x", Access::Read, "array<vec4<f32>>")
+        .storage("wv", Access::Read, "array<vec4<u32>>")
+        .storage("ws", Access::Read, "array<u32>")
+        .storage("y", Access::ReadWrite, "array<f32>")
+        .params(PARAMS)
+        .build()
+}

@@ -1,0 +1,189 @@
+//! The cooperative-matrix GEMM ([`boostr::quant::gemm::CoopTiles`] block shapes) against the CPU
+//! reference, naga validation of every candidate shape, and an ignored speed probe
+//! (`cargo test --release -p boostr --test quant_gemm -- --ignored --nocapture gemm_speed`)
+//! that prints TFLOP/s (2·M·N·K / GPU time per dispatch) at M = 512, N = K = 4096.
+//!
+//! Tolerance: 1e-2 relative to max(|want|, rms(want)), the workspace's f16 tolerance (inputs
+//! rounded to f16, products accumulated in f32).
+
+#[path = "formats_util.rs"]
+mod util;
+
+use std::sync::Arc;
+
+use boostr::formats::{AwqTensors, GgmlType, PackedWeights, matmul_ref, repack};
+use boostr::quant::gemm::CoopTiles;
+use boostr::quant::{GemmPlan, QuantGemm, QuantMatrix, WeightKind};
+use half::f16;
+use numr::gpu::{BufferKind, GpuBuffer, GpuContext, KernelEnv};
+use numr::testing::{check_close_rtol, test_gpu, validate_wgsl};
+use util::{Rng, f16_fields};
+
+const RTOL_F16: f64 = 1e-2;
+
+fn small_f16(rng: &mut Rng, lo: f32, hi: f32) -> [u8; 2] {
+    f16::from_f32(rng.f32_in(lo, hi)).to_bits().to_le_bytes()
+}
+
+/// A random weight with modest scales (so f16 staging stays in range).
+fn random_weight(rng: &mut Rng, kind: WeightKind, rows: usize, cols: usize) -> PackedWeights {
+    let n = rows * cols;
+    let ty = match kind {
+        WeightKind::Int4 => {
+            let g = 128;
+            let qweight = rng.bytes(n / 2);
+            let qzeros = rng.bytes(cols / g * rows / 2);
+            let scales: Vec<u8> = (0..cols / g * rows).flat_map(|_| small_f16(rng, 0.002, 0.02)).collect();
+            return AwqTensors { qweight: &qweight, qzeros: &qzeros, scales: &scales, in_features: cols, out_features: rows, group_size: g }
+                .repack()
+                .unwrap();
+        }
+        WeightKind::Ggml(t) => t,
+    };
+    let bytes: Vec<u8> = match ty {
+        GgmlType::F32 => (0..n).flat_map(|_| rng.f32_in(-1.0, 1.0).to_le_bytes()).collect(),
+        GgmlType::F16 => (0..n).flat_map(|_| small_f16(rng, -1.0, 1.0)).collect(),
+        GgmlType::BF16 => (0..n).flat_map(|_| ((rng.f32_in(-1.0, 1.0).to_bits() >> 16) as u16).to_le_bytes()).collect(),
+        _ => {
+            let ts = ty.type_size();
+            let mut data = rng.bytes(n / ty.block_size() * ts);
+            for block in data.chunks_exact_mut(ts) {
+                for &off in f16_fields(ty) {
+                    block[off..off + 2].copy_from_slice(&small_f16(rng, 0.002, 0.02));
+                }
+            }
+            data
+        }
+    };
+    repack(ty, &bytes, rows, cols).unwrap()
+}
+
+fn run_gemm(ctx: &GpuContext, cfg: &QuantGemm, tiles: CoopTiles, w: &QuantMatrix, x: &Arc<GpuBuffer>, m: usize) -> Vec<f64> {
+    let y = ctx.alloc(4 * (m * w.rows) as u64, BufferKind::Storage).unwrap();
+    let plan = GemmPlan::with_tiles(ctx, cfg, tiles, w, x, &y, m).unwrap();
+    let mut rec = ctx.recorder();
+    plan.record(&mut rec).unwrap();
+    rec.submit().unwrap();
+    let bytes = ctx.read_bytes(&y, 0, 4 * (m * w.rows) as u64).unwrap();
+    bytemuck::cast_slice::<u8, f32>(&bytes).iter().map(|&v| v as f64).collect()
+}
+
+fn random_x(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.f32_in(-1.0, 1.0)).collect()
+}
+
+#[test]
+fn coopmat_tile_shapes_validate_with_naga() {
+    let mut n = 0;
+    for env in KernelEnv::all_for_validation() {
+        if !(env.f16 && env.subgroups) {
+            continue;
+        }
+        for kind in WeightKind::all() {
+            for t in CoopTiles::candidates() {
+                assert!(t.valid(48 << 10), "{t:?}");
+                for unchecked in [false, true] {
+                    let src = boostr::quant::gemm::coop_source(kind, &t, unchecked, &env);
+                    validate_wgsl(&src.wgsl).unwrap_or_else(|e| panic!("{} {t:?}: {e}\n{}", kind.name(), src.wgsl));
+                    n += 1;
+                }
+            }
+        }
+    }
+    assert!(n > 0);
+}
+
+/// Every candidate shape and format, with M and N partly outside whole blocks (both epilogue
+/// paths) and K a non-multiple of the K step for the legacy formats.
+#[test]
+fn coopmat_gemm_matches_reference_for_every_shape() {
+    let Some(ctx) = test_gpu() else { return };
+    if !QuantGemm::coopmat_available(&ctx) {
+        eprintln!("no cooperative matrix here: skipped");
+        return;
+    }
+    let mut rng = Rng(21);
+    let (rows, m) = (200, 150);
+    for kind in WeightKind::all() {
+        let kq = matches!(kind, WeightKind::Ggml(t) if t.block_size() == 256) || kind == WeightKind::Int4;
+        let cols = if kq { 768 } else { 544 };
+        let p = random_weight(&mut rng, kind, rows, cols);
+        let w = QuantMatrix::upload(&ctx, "w", &p).unwrap();
+        let x = random_x(&mut rng, m * cols);
+        let xb = ctx.upload(bytemuck::cast_slice(&x)).unwrap();
+        let want: Vec<f64> = matmul_ref(&p, &x, m).unwrap().iter().map(|&v| v as f64).collect();
+        for unchecked in [false, true] {
+            for t in CoopTiles::candidates() {
+                let got = run_gemm(&ctx, &QuantGemm { kind, coopmat: true, unchecked }, t, &w, &xb, m);
+                check_close_rtol(&got, &want, RTOL_F16).unwrap_or_else(|e| panic!("{} {t:?} unchecked={unchecked}: {e}", kind.name()));
+            }
+        }
+    }
+}
+
+/// Speed probe for the H200: TFLOP/s per format and block shape at M = 512, N = K = 4096,
+/// each checked against the CPU on the first 8 activation rows.
+#[test]
+#[ignore]
+fn gemm_speed() {
+    let Some(ctx) = test_gpu() else { return };
+    let coop = QuantGemm::coopmat_available(&ctx);
+    let (m, n, k) = (512usize, 4096usize, 4096usize);
+    let only: Option<String> = std::env::var("GEMM_TILES").ok();
+    let mut rng = Rng(5);
+    let x = random_x(&mut rng, m * k);
+    let xb = ctx.upload(bytemuck::cast_slice(&x)).unwrap();
+    let y = ctx.alloc(4 * (m * n) as u64, BufferKind::Storage).unwrap();
+    // Raise the GPU clocks first (without this the first format measured several times slower).
+    {
+        let kind = WeightKind::Ggml(GgmlType::Q8_0);
+        let w = QuantMatrix::upload(&ctx, "warm", &random_weight(&mut rng, kind, n, k)).unwrap();
+        let plan = GemmPlan::new(&ctx, &QuantGemm::new(kind, &ctx), &w, &xb, &y, m).unwrap();
+        let t0 = std::time::Instant::now();
+        while t0.elapsed().as_secs_f64() < 1.0 {
+            let mut rec = ctx.recorder();
+            for _ in 0..50 {
+                plan.record(&mut rec).unwrap();
+            }
+            rec.submit().unwrap();
+            ctx.sync().unwrap();
+        }
+    }
+    let kinds = [GgmlType::Q4_0, GgmlType::F16, GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K];
+    for ty in kinds {
+        let kind = WeightKind::Ggml(ty);
+        let p = random_weight(&mut rng, kind, n, k);
+        let w = QuantMatrix::upload(&ctx, "w", &p).unwrap();
+        let check_m = 8;
+        let want: Vec<f64> = matmul_ref(&p, &x[..check_m * k], check_m).unwrap().iter().map(|&v| v as f64).collect();
+        let mut variants: Vec<(QuantGemm, CoopTiles)> = vec![(QuantGemm { kind, coopmat: false, unchecked: true }, CoopTiles::DEFAULT)];
+        if coop {
+            for t in CoopTiles::candidates() {
+                if only.as_ref().is_none_or(|o| o.contains(&format!("{}x{}x{}", t.bm, t.bn, t.bk))) {
+                    variants.push((QuantGemm { kind, coopmat: true, unchecked: true }, t));
+                }
+            }
+        }
+        for (cfg, t) in variants {
+            let plan = GemmPlan::with_tiles(&ctx, &cfg, t, &w, &xb, &y, m).unwrap();
+            // Warm-up and correctness.
+            let mut rec = ctx.recorder();
+            plan.record(&mut rec).unwrap();
+            rec.submit().unwrap();
+            let bytes = ctx.read_bytes(&y, 0, 4 * (check_m * n) as u64).unwrap();
+            let got: Vec<f64> = bytemuck::cast_slice::<u8, f32>(&bytes).iter().map(|&v| v as f64).collect();
+            let ok = check_close_rtol(&got, &want, RTOL_F16);
+            let mut rec = ctx.recorder();
+            for _ in 0..20 {
+                plan.record(&mut rec).unwrap();
+            }
+            let prof = rec.submit_profiled().unwrap();
+            let mut ns: Vec<f64> = prof.entries.iter().map(|e| e.1).collect();
+            ns.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            let med = ns[ns.len() / 2];
+            let tflops = 2.0 * (m * n * k) as f64 / med / 1e3;
+            let label = if cfg.coopmat { format!("coop {}x{}x{} sg {}x{}", t.bm, t.bn, t.bk, t.sg_m, t.sg_n) } else { "tiled".into() };
+            println!("GEMM {:5} {m}x{k}x{n} {label:28} {:8.1} us {tflops:6.1} TFLOP/s  {}", ty.name(), med / 1e3, if ok.is_ok() { "ok".to_string() } else { format!("WRONG {ok:?}") });
+        }
+    }
+}
