@@ -148,6 +148,51 @@ pub fn matmul_variant(ctx: &GpuContext, cfg: numr::kernels::matmul::Matmul, m: u
     })
 }
 
+/// Cost of one small dispatch: `n` dispatches of a one-workgroup kernel in one pass and one
+/// submit. `dependent`: each reads the word the previous one wrote (a barrier between each);
+/// else each writes its own word (no hazards). The label names the context's options.
+pub fn dispatch_overhead(ctx: &GpuContext, n: usize, dependent: bool) -> Result<Measurement> {
+    use numr::gpu::{Access, KernelBuilder};
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let k = ctx.kernel(
+        &KernelBuilder::new("tiny", env)
+            .storage("x", Access::ReadWrite, "array<u32>")
+            .params(&["i", "j"])
+            .prelude("var<workgroup> scratch: array<u32, 1024>;")
+            .workgroup(64, 1, 1)
+            .body("    scratch[lidx] = lidx;\n    workgroupBarrier();\n    if (lidx == 0u) { x[p.j] = x[p.i] + scratch[63]; }\n")
+            .build(),
+    )?;
+    let buf = ctx.alloc((n as u64 + 1) * 4, BufferKind::Storage)?;
+    let group = ctx.bind(&k, &[Binding::whole(&buf)])?;
+    let s = time_reps(ctx, 1, 5, |_| {
+        let mut rec = ctx.recorder();
+        for i in 0..n as u32 {
+            let p = if dependent { [i, i + 1] } else { [n as u32, i] };
+            rec.dispatch(&k, &group, &p, [1, 1, 1])?;
+        }
+        rec.submit()
+    })?;
+    let zi = if ctx.options().zero_init_workgroup_memory { ", zero-init wg memory" } else { "" };
+    let mut gpu = String::new();
+    if ctx.capabilities().timestamps {
+        let mut rec = ctx.recorder();
+        for i in 0..n as u32 {
+            let p = if dependent { [i, i + 1] } else { [n as u32, i] };
+            rec.dispatch(&k, &group, &p, [1, 1, 1])?;
+        }
+        let mut t: Vec<f64> = rec.submit_profiled()?.entries.iter().map(|e| e.1).collect();
+        t.sort_by(|a, b| a.total_cmp(b));
+        gpu = format!(", GPU timestamps median {:.2} us", t[t.len() / 2] / 1e3);
+    }
+    Ok(Measurement {
+        label: format!("{n} tiny dispatches, {}{zi}{gpu} (wall per dispatch)", if dependent { "dependent" } else { "independent" }),
+        seconds: s / n as f64,
+        bytes: 0.0,
+        flops: 0.0,
+    })
+}
+
 /// The numr core table: roofline, copy and matmuls, with the fraction of the roofline.
 pub fn core_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
     let (bytes, reps, mm) = if quick { (64u64 << 20, 3, 512) } else { (1u64 << 30, 20, 4096) };
@@ -159,6 +204,11 @@ pub fn core_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
     for cfg in numr::kernels::matmul::Matmul::all(&env) {
         v.push(matmul_variant(ctx, cfg, mm, mm, mm, if quick { 2 } else { 10 })?);
     }
+    let n = if quick { 50 } else { 1000 };
+    v.push(dispatch_overhead(ctx, n, true)?);
+    v.push(dispatch_overhead(ctx, n, false)?);
+    let zero = numr::GpuContext::with_options(numr::GpuOptions { zero_init_workgroup_memory: true, ..ctx.options().clone() })?;
+    v.push(dispatch_overhead(&zero, n, true)?);
     Ok(v)
 }
 

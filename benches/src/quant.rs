@@ -239,11 +239,10 @@ pub fn gemm(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, m: usize, reps: 
 /// Every GEMV rotates over weight copies totalling at least 192 MiB (so the L2 cannot hold
 /// them) and is reported twice: `[wall]` (wall clock per GEMV over one submit of many, so it
 /// includes the barrier between dispatches) and `[gpu]` (median GPU timestamp per dispatch).
-/// `BOOSTR_BENCH=gemv` stops after the GEMV rows; `BOOSTR_BENCH=sweep` adds a sweep of the
-/// integer-dot GEMV's configurations for the main formats.
-pub fn quant_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
+/// `mode`: `""` for everything, `"gemv"` stops after the GEMV rows, `"sweep"` adds a sweep of the
+/// integer-dot GEMV's configurations for the main formats (`cargo xtask bench --kernels --only gemv`).
+pub fn quant_table(ctx: &GpuContext, quick: bool, mode: &str) -> Result<Vec<Measurement>> {
     let env = KernelEnv::from_caps(ctx.capabilities());
-    let mode = std::env::var("BOOSTR_BENCH").unwrap_or_default();
     let (roof_bytes, reps) = if quick { (64u64 << 20, 3) } else { (1u64 << 30, 60) };
     let mut v = vec![stream_read(ctx, roof_bytes, if quick { 3 } else { 20 })?];
     let shapes: Vec<(usize, usize)> = if quick { vec![(256, 512)] } else { GEMV_SHAPES.to_vec() };

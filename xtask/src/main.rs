@@ -27,6 +27,10 @@ enum Cmd {
         /// roofline of the same run).
         #[arg(long)]
         kernels: bool,
+        /// With --kernels: `gemv` (only the GEMV rows) or `sweep` (GEMV rows plus a sweep of the
+        /// integer-dot GEMV configurations).
+        #[arg(long, default_value = "")]
+        only: String,
         /// The attention table instead (decode GB/s of KV read at 4K/32K beside the roofline of
         /// the same run, prefill TFLOP/s at 2K tokens).
         #[arg(long)]
@@ -36,11 +40,11 @@ enum Cmd {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     match Cli::parse().cmd {
-        Cmd::Bench { quick, kernels, attention } => {
+        Cmd::Bench { quick, kernels, only, attention } => {
             let ctx = numr::GpuContext::new()?;
             let rows = if attention {
                 benches::attention::attention_table(&ctx, quick)?
-            } else if kernels { benches::quant::quant_table(&ctx, quick)? } else { benches::core_table(&ctx, quick)? };
+            } else if kernels { benches::quant::quant_table(&ctx, quick, &only)? } else { benches::core_table(&ctx, quick)? };
             benches::print_table(&ctx, &rows);
         }
     }

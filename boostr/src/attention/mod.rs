@@ -46,30 +46,17 @@ pub use decode::{AttnCombine, DecodeAttnSg, COMBINE_WG, DECODE_SG_WG};
 pub use decode_tiled::{DecodeAttn, DECODE_WG};
 pub use prefill::{PrefillAttn, PREFILL_BK, PREFILL_BQ};
 
-/// Decode workgroups the split count aims at (several per compute unit on large GPUs).
-/// `BOOSTR_DECODE_WGS` overrides it (tuning).
+/// Decode workgroups the split count aims at (several per compute unit on large GPUs; the best
+/// of a sweep on the H200).
 pub const DECODE_TARGET_WGS: usize = 512;
 
-fn env_usize(name: &str) -> Option<usize> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).filter(|&v| v > 0)
-}
-
 fn decode_target_wgs() -> usize {
-    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *V.get_or_init(|| env_usize("BOOSTR_DECODE_WGS").unwrap_or(DECODE_TARGET_WGS))
+    DECODE_TARGET_WGS
 }
 
-/// The subgroup decode variant for a shape; `BOOSTR_DECODE_HEADS` (heads per workgroup, a divisor
-/// of the group) and `BOOSTR_DECODE_KEYS` (keys per slot step, 1..=4) override it (tuning).
+/// The subgroup decode variant for a shape (other variants: build a [`DecodeAttnSg`] yourself).
 fn decode_sg_cfg(hd: u32, group: u32, dtype: KvDtype, softcap: bool) -> DecodeAttnSg {
-    let mut c = DecodeAttnSg::new(hd, group, dtype, softcap);
-    if let Some(h) = env_usize("BOOSTR_DECODE_HEADS").map(|h| h as u32).filter(|&h| group.is_multiple_of(h)) {
-        c.heads = h;
-    }
-    if let Some(k) = env_usize("BOOSTR_DECODE_KEYS").filter(|&k| k <= 4) {
-        c.keys = k as u32;
-    }
-    c
+    DecodeAttnSg::new(hd, group, dtype, softcap)
 }
 
 /// Which decode kernel a plan uses.

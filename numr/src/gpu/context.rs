@@ -23,6 +23,10 @@ pub struct GpuOptions {
     pub param_mode: Option<ParamMode>,
     /// Bytes of free buffers the pool may keep for reuse.
     pub pool_limit_bytes: u64,
+    /// Have wgpu zero workgroup memory at the start of every workgroup. Off by default: every
+    /// kernel in the stack writes workgroup memory before reading it (the parity tests check the
+    /// outputs), and the zeroing is a prologue plus a barrier in every workgroup.
+    pub zero_init_workgroup_memory: bool,
 }
 
 impl Default for GpuOptions {
@@ -33,6 +37,7 @@ impl Default for GpuOptions {
             runtime_checks: true,
             param_mode: None,
             pool_limit_bytes: 2 << 30,
+            zero_init_workgroup_memory: false,
         }
     }
 }

@@ -158,7 +158,10 @@ impl GpuContext {
                     layout: Some(&pl),
                     module: &module,
                     entry_point: Some(&src.entry),
-                    compilation_options: Default::default(),
+                    compilation_options: wgpu::PipelineCompilationOptions {
+                        zero_initialize_workgroup_memory: self.inner.options.zero_init_workgroup_memory,
+                        ..Default::default()
+                    },
                     cache: None,
                 })
             })
