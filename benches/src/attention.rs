@@ -2,7 +2,7 @@
 //! streaming-read roofline measured in the same run) and causal prefill TFLOP/s. The plans are
 //! built once (kernels, bind groups, partial buffers) and recorded `reps` times into one submit.
 
-use boostr::attention::{AttnOptions, AttnPlan, QueryLayout};
+use boostr::attention::{AttnOptions, AttnPlan, DecodeKernel, QueryLayout};
 use boostr::kv_cache::{KvCache, KvCacheConfig, KvDtype};
 use numr::{DType, Device, GpuContext, Result, Tensor};
 
@@ -18,10 +18,15 @@ fn ops_err(e: boostr::ops_common::OpsError) -> numr::NumrError {
 }
 
 /// Decode attention of one token over `ctx_len` cached positions; bytes = K and V read.
-pub fn decode(ctx: &GpuContext, n_q: usize, n_kv: usize, hd: usize, ctx_len: usize, dtype: KvDtype, reps: usize) -> Result<Measurement> {
+/// `two_pass`: the subgroup kernel plus the separate combine dispatch instead of the fused merge.
+#[allow(clippy::too_many_arguments)]
+pub fn decode(ctx: &GpuContext, n_q: usize, n_kv: usize, hd: usize, ctx_len: usize, dtype: KvDtype, reps: usize, two_pass: bool) -> Result<Measurement> {
     let c = cache(ctx, n_kv, hd, ctx_len, dtype)?;
     let q = Tensor::zeros(&[n_q * hd], DType::F32, &Device::Gpu(ctx.clone()))?;
-    let plan = AttnPlan::decode(ctx, &q.gpu_binding(4)?.0, 0, n_q, &c, 0, ctx_len, &AttnOptions::new(hd)).map_err(ops_err)?;
+    let kind = DecodeKernel::best(&boostr::ops_common::env_of(ctx));
+    let qb = q.gpu_binding(4)?.0;
+    let opts = AttnOptions::new(hd);
+    let plan = if two_pass { AttnPlan::decode_two_pass(ctx, kind, &qb, 0, n_q, &c, 0, ctx_len, &opts) } else { AttnPlan::decode(ctx, &qb, 0, n_q, &c, 0, ctx_len, &opts) }.map_err(ops_err)?;
     let s = time_reps(ctx, reps, 5, |r| {
         let mut rec = ctx.recorder();
         for _ in 0..r {
@@ -30,7 +35,7 @@ pub fn decode(ctx: &GpuContext, n_q: usize, n_kv: usize, hd: usize, ctx_len: usi
         rec.submit()
     })?;
     let bytes = 2.0 * (ctx_len * n_kv * dtype.row_words(hd) * 4) as f64;
-    Ok(Measurement { label: format!("decode attn {n_q}q/{n_kv}kv hd{hd} {dtype:?} ctx {ctx_len}"), seconds: s, bytes, flops: 0.0 })
+    Ok(Measurement { label: format!("decode attn {n_q}q/{n_kv}kv hd{hd} {dtype:?} ctx {ctx_len}{}", if two_pass { " two-pass" } else { "" }), seconds: s, bytes, flops: 0.0 })
 }
 
 /// Causal prefill of `n_tok` tokens on an empty cache; flops = 4 · hd · n_q · n(n+1)/2.
@@ -58,8 +63,9 @@ pub fn attention_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>
     let ctxs: &[usize] = if quick { &[1024] } else { &[4096, 32768] };
     for &len in ctxs {
         for dtype in [KvDtype::F16, KvDtype::Q8_0] {
-            v.push(decode(ctx, 32, 8, 128, len, dtype, if quick { 3 } else { 200 })?);
+            v.push(decode(ctx, 32, 8, 128, len, dtype, if quick { 3 } else { 200 }, false)?);
         }
+        v.push(decode(ctx, 32, 8, 128, len, KvDtype::F16, if quick { 3 } else { 200 }, true)?);
     }
     v.push(prefill(ctx, 32, 8, 128, if quick { 128 } else { 2048 }, if quick { 1 } else { 5 })?);
     Ok(v)

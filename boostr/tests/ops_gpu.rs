@@ -210,9 +210,21 @@ fn decode_case(ctx: &GpuContext, hd: usize, n_q: usize, n_kv: usize, len: usize,
     let want = attention::attention_ref(&q, &k, &v, 1, n_q, n_kv, hd, len, len - 1, &opts);
     // The adapter's best kernel (subgroup where it can) and the portable tiled one.
     let best = DecodeKernel::best(&boostr::ops_common::env_of(ctx));
-    for kind in if best == DecodeKernel::Tiled { vec![best] } else { vec![best, DecodeKernel::Tiled] } {
-        let plan = AttnPlan::decode_with(ctx, kind, &qt.gpu_binding(4).unwrap().0, 0, n_q, &cache, 0, len, &opts).unwrap();
-        ctx.with_stream(|rec| plan.record(rec)).unwrap();
+    // Subgroup: the fused merge (one dispatch on an unsegmented cache) and the two-pass path.
+    let runs = if best == DecodeKernel::Tiled { vec![(best, false)] } else { vec![(best, false), (best, true), (DecodeKernel::Tiled, false)] };
+    for (kind, two_pass) in runs {
+        let qb = qt.gpu_binding(4).unwrap().0;
+        let plan = if two_pass { AttnPlan::decode_two_pass(ctx, kind, &qb, 0, n_q, &cache, 0, len, &opts) } else { AttnPlan::decode_with(ctx, kind, &qb, 0, n_q, &cache, 0, len, &opts) }.unwrap();
+        let fused = kind == DecodeKernel::Subgroup && !two_pass && seg.is_none();
+        assert_eq!(plan.dispatches(), if fused { 1 } else { cache.segments(0).iter().filter(|s| s.start < len).count() + 1 }, "{kind:?} two_pass {two_pass}");
+        // Three recordings in one stream: the fused arrival counters must reset between uses.
+        ctx.with_stream(|rec| {
+            for _ in 0..3 {
+                plan.record(rec)?;
+            }
+            Ok(())
+        })
+        .unwrap();
         let got = plan.out.to_vec::<f32>().unwrap();
         // exp and long sums in another order than the f64 reference.
         close(&got, &want, Some(1e-4));

@@ -40,6 +40,10 @@ pub struct DecodeAttnSg {
     /// Write the normalised output (`[n_tok][n_q][head_dim]` f32 in the `o_part` binding) instead
     /// of a partial: for a single split over an unsegmented cache.
     pub normalised: bool,
+    /// Merge the splits in the same dispatch (partials only, one query token): each workgroup
+    /// writes its partial, then bumps a per-(KV head, head block) counter in `cnt`; the last one
+    /// to arrive merges all splits of its heads into `out` and resets the counter to 0.
+    pub fused: bool,
 }
 
 impl DecodeAttnSg {
@@ -53,7 +57,7 @@ impl DecodeAttnSg {
         while !group.is_multiple_of(heads) {
             heads -= 1;
         }
-        DecodeAttnSg { head_dim, group, heads, dtype, softcap, keys: KEYS_PER_STEP, normalised: false }
+        DecodeAttnSg { head_dim, group, heads, dtype, softcap, keys: KEYS_PER_STEP, normalised: false, fused: false }
     }
 
     /// Positions one workgroup step covers (splits are multiples of it).
@@ -71,6 +75,7 @@ impl DecodeAttnSg {
                         if !v.contains(&c) && (group <= 4 || group % 4 == 0) {
                             v.push(c);
                             v.push(DecodeAttnSg { normalised: true, ..c });
+                            v.push(DecodeAttnSg { fused: true, ..c });
                             if group == 4 && !softcap {
                                 v.push(DecodeAttnSg { heads: 2, keys: 1, ..c });
                                 v.push(DecodeAttnSg { heads: 1, keys: 4, ..c });
@@ -92,7 +97,7 @@ impl DecodeAttnSg {
         let nv = hd / 64;
         let nslot = DECODE_SG_WG / SLOT;
         let hd4 = hd / 4;
-        let name = format!("attn_decode_sg_hd{hd}_g{g}_h{h}_k{u}_{:?}_c{}_n{}", self.dtype, self.softcap as u8, self.normalised as u8).to_lowercase();
+        let name = format!("attn_decode_sg_hd{hd}_g{g}_h{h}_k{u}_{:?}_c{}_n{}_f{}", self.dtype, self.softcap as u8, self.normalised as u8, self.fused as u8).to_lowercase();
         let mut pre = format!("var<workgroup> sml: array<f32, {}>;\nvar<workgroup> sacc: array<vec4<f32>, {}>;\n", nslot * h * 2, nslot * hd4);
         pre.push_str(V8_DEFS);
         pre.push_str(SAFE_TANH);
@@ -230,15 +235,69 @@ impl DecodeAttnSg {
                 ),
             );
         }
-        KernelBuilder::new(name, *env)
+        if self.fused {
+            let nl = DECODE_SG_WG / hd4;
+            pre.push_str("var<workgroup> s_last: u32;\n");
+            w(
+                &mut b,
+                format!(
+                    "    storageBarrier();
+    if (lidx == 0u) {{ s_last = select(0u, 1u, atomicAdd(&cnt[wid.y], 1u) == p.splits - 1u); }}
+    if (workgroupUniformLoad(&s_last) == 1u) {{
+        storageBarrier();
+        let d = lidx % {hd4}u;
+        let sl = lidx / {hd4}u;
+"
+                ),
+            );
+            for gi in 0..h {
+                w(
+                    &mut b,
+                    format!(
+                        "        {{
+            let row = tok * p.n_q + kvh * {g}u + hb * {h}u + {gi}u;
+            var mx = {NEG};
+            for (var s = 0u; s < p.splits; s++) {{ mx = max(mx, ml[(s * p.rows + row) * 2u]); }}
+            var l = 0.0;
+            var acc = vec4<f32>(0.0);
+            for (var s = 0u; s < p.splits; s++) {{
+                let ms = ml[(s * p.rows + row) * 2u];
+                let wt = select(0.0, exp(ms - mx), ms > -1e29);
+                l += wt * ml[(s * p.rows + row) * 2u + 1u];
+                if (s % {nl}u == sl) {{ acc += wt * o_part[(s * p.rows + row) * {hd4}u + d]; }}
+            }}
+            sacc[lidx] = acc;
+            workgroupBarrier();
+            if (lidx < {hd4}u) {{
+                for (var i = 1u; i < {nl}u; i++) {{ acc += sacc[i * {hd4}u + lidx]; }}
+                let o = acc * select(0.0, 1.0 / l, l > 0.0);
+                let ob = p.out_off + row * {hd}u + 4u * lidx;
+                out[ob] = o.x; out[ob + 1u] = o.y; out[ob + 2u] = o.z; out[ob + 3u] = o.w;
+            }}
+            workgroupBarrier();
+        }}
+"
+                    ),
+                );
+            }
+            w(&mut b, "        if (lidx == 0u) { atomicStore(&cnt[wid.y], 0u); }
+    }
+".into());
+        }
+        let mut kb = KernelBuilder::new(name, *env)
             .workgroup(DECODE_SG_WG, 1, 1)
             .subgroup_builtins()
             .storage("q", Access::Read, "array<f32>")
             .storage("kc", Access::Read, cache_ty(self.dtype))
             .storage("vc", Access::Read, cache_ty(self.dtype))
             .storage("o_part", Access::ReadWrite, "array<vec4<f32>>")
-            .storage("ml", Access::ReadWrite, "array<f32>")
-            .params(&["kv_len", "q_pos", "seg_start", "seg_len", "chunk", "split_base", "q_off", "rows", "scale", "softcap", "window", "tok_stride", "n_tok", "n_q"])
+            .storage("ml", Access::ReadWrite, "array<f32>");
+        let mut params = vec!["kv_len", "q_pos", "seg_start", "seg_len", "chunk", "split_base", "q_off", "rows", "scale", "softcap", "window", "tok_stride", "n_tok", "n_q"];
+        if self.fused {
+            kb = kb.storage("cnt", Access::ReadWrite, "array<atomic<u32>>").storage("out", Access::ReadWrite, "array<f32>");
+            params.extend(["splits", "out_off"]);
+        }
+        kb.params(&params)
             .prelude(&pre)
             .body(&b)
             .unchecked(true)

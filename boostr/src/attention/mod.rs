@@ -178,6 +178,19 @@ impl AttnPlan {
     /// support, see [`DecodeKernel::best`]).
     #[allow(clippy::too_many_arguments)]
     pub fn decode_with(ctx: &GpuContext, kind: DecodeKernel, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, kv_len: usize, opts: &AttnOptions) -> Result<AttnPlan> {
+        Self::decode_impl(ctx, kind, true, q, q_off, n_q, cache, layer, kv_len, opts)
+    }
+
+    /// [`Self::decode_with`] without the fused merge: the subgroup kernel writes partials and
+    /// [`AttnCombine`] merges them in a second dispatch (the path segmented caches always take;
+    /// kept for comparison in the benches and tests).
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_two_pass(ctx: &GpuContext, kind: DecodeKernel, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, kv_len: usize, opts: &AttnOptions) -> Result<AttnPlan> {
+        Self::decode_impl(ctx, kind, false, q, q_off, n_q, cache, layer, kv_len, opts)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn decode_impl(ctx: &GpuContext, kind: DecodeKernel, fuse: bool, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, kv_len: usize, opts: &AttnOptions) -> Result<AttnPlan> {
         let (hd, group) = check_heads(cache, layer, n_q)?;
         if kv_len == 0 || kv_len > cache.capacity() {
             return Err(OpsError::ContextOverflow { needed: kv_len, capacity: cache.capacity() });
@@ -189,12 +202,15 @@ impl AttnPlan {
         let dtype = cache.config().dtype;
         let softcap = opts.softcap.is_some();
         let n_kv = cache.config().n_kv_heads;
+        let segs: Vec<_> = cache.segments(layer).iter().filter(|s| s.start < kv_len).collect();
+        let fused = fuse && kind == DecodeKernel::Subgroup && segs.len() == 1;
         let (src, chunk, wg_y) = match kind {
             DecodeKernel::Subgroup => {
                 if DecodeKernel::best(&env) != DecodeKernel::Subgroup {
                     return Err(OpsError::Unsupported { what: "subgroup decode", reason: "the adapter lacks subgroups of at least 8".into() });
                 }
-                let cfg = decode_sg_cfg(hd as u32, group as u32, dtype, softcap);
+                let mut cfg = decode_sg_cfg(hd as u32, group as u32, dtype, softcap);
+                cfg.fused = fused;
                 let wg_y = n_kv * (cfg.group / cfg.heads) as usize;
                 let step = cfg.step_keys() as usize;
                 let splits = decode_target_wgs().div_ceil(wg_y).clamp(1, kv_len.div_ceil(step));
@@ -207,12 +223,12 @@ impl AttnPlan {
                 (cfg.source(&env), want.clamp(t, cfg.max_chunk() as usize), n_kv)
             }
         };
-        let segs: Vec<_> = cache.segments(layer).iter().filter(|s| s.start < kv_len).collect();
         let splits: Vec<usize> = segs.iter().map(|s| (s.len.min(kv_len - s.start)).div_ceil(chunk)).collect();
         let total: usize = splits.iter().sum();
         let dev = numr::Device::Gpu(ctx.clone());
         let o_part = ctx.alloc((total * n_q * hd * 4) as u64, BufferKind::Storage)?;
         let ml = ctx.alloc((total * n_q * 2 * 4) as u64, BufferKind::Storage)?;
+        let out = Tensor::zeros(&[1, n_q, hd], DType::F32, &dev)?;
         let mut steps = Vec::new();
         let mut base = 0;
         for (seg, &ns) in segs.iter().zip(&splits) {
@@ -232,11 +248,21 @@ impl AttnPlan {
             if kind == DecodeKernel::Subgroup {
                 params.extend([0, 1, n_q as u32]);
             }
-            let b = [q.clone(), Binding::whole(&seg.k), Binding::whole(&seg.v), Binding::whole(&o_part), Binding::whole(&ml)];
+            let mut b = vec![q.clone(), Binding::whole(&seg.k), Binding::whole(&seg.v), Binding::whole(&o_part), Binding::whole(&ml)];
+            if fused {
+                // One arrival counter per workgroup row, zero between uses (the last arrival resets it).
+                let cnt = ctx.alloc((wg_y * 4) as u64, BufferKind::Storage)?;
+                ctx.write(&cnt, 0, &vec![0u8; wg_y * 4])?;
+                b.push(Binding::whole(&cnt));
+                b.push(out.gpu_binding(4)?.0);
+                params.extend([ns as u32, out.gpu_binding(4)?.1 as u32]);
+            }
             steps.push(Self::step(ctx, &src, &b, params, [ns as u32, wg_y as u32, 1])?);
             base += ns;
         }
-        let out = Tensor::zeros(&[1, n_q, hd], DType::F32, &dev)?;
+        if fused {
+            return Ok(AttnPlan { steps, out });
+        }
         let comb = AttnCombine { head_dim: hd as u32 }.source(&env);
         let b = [Binding::whole(&o_part), Binding::whole(&ml), out.gpu_binding(4)?.0];
         steps.push(Self::step(ctx, &comb, &b, vec![n_q as u32, total as u32, 0], grid_for(ctx, n_q as u64)?)?);
