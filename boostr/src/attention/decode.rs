@@ -42,7 +42,8 @@ pub struct DecodeAttnSg {
     pub normalised: bool,
     /// Merge the splits in the same dispatch (partials only, one query token): each workgroup
     /// writes its partial, then bumps a per-(KV head, head block) counter in `cnt`; the last one
-    /// to arrive merges all splits of its heads into `out` and resets the counter to 0.
+    /// to arrive merges all splits of its heads into `out` and resets the counter to 0 (at most
+    /// [`DECODE_SG_WG`] splits: one invocation per split computes the merge weights).
     pub fused: bool,
 }
 
@@ -237,7 +238,7 @@ impl DecodeAttnSg {
         }
         if self.fused {
             let nl = DECODE_SG_WG / hd4;
-            pre.push_str("var<workgroup> s_last: u32;\n");
+            pre.push_str(&format!("var<workgroup> s_last: u32;\nvar<workgroup> s_w: array<f32, {DECODE_SG_WG}>;\nvar<workgroup> s_r: array<f32, {}>;\n", DECODE_SG_WG / SLOT));
             w(
                 &mut b,
                 format!(
@@ -251,21 +252,36 @@ impl DecodeAttnSg {
                 ),
             );
             for gi in 0..h {
+                let mut loads = String::new();
+                let mut adds = String::new();
+                for k in 0..4 {
+                    loads.push_str(&format!("                let s{k} = s0 + {k}u * {nl}u; let i{k} = min(s{k}, p.splits - 1u); let o{k} = o_part[(i{k} * p.rows + row) * {hd4}u + d];\n"));
+                    adds.push_str(&format!("                acc += select(0.0, s_w[i{k}], s{k} < p.splits) * o{k};\n"));
+                }
                 w(
                     &mut b,
                     format!(
                         "        {{
             let row = tok * p.n_q + kvh * {g}u + hb * {h}u + {gi}u;
+            let si = min(lidx, p.splits - 1u);
+            let ms = select({NEG}, ml[(si * p.rows + row) * 2u], lidx < p.splits);
+            let ls = ml[(si * p.rows + row) * 2u + 1u];
+            let rm = subgroupMax(ms);
+            if (sg_id == 0u) {{ s_r[lidx / sg_size] = rm; }}
+            workgroupBarrier();
             var mx = {NEG};
-            for (var s = 0u; s < p.splits; s++) {{ mx = max(mx, ml[(s * p.rows + row) * 2u]); }}
+            for (var i = 0u; i < {DECODE_SG_WG}u / sg_size; i++) {{ mx = max(mx, s_r[i]); }}
+            let wt = select(0.0, exp(ms - mx), ms > -1e29);
+            s_w[lidx] = wt;
+            let rl = subgroupAdd(wt * ls);
+            workgroupBarrier();
+            if (sg_id == 0u) {{ s_r[lidx / sg_size] = rl; }}
+            workgroupBarrier();
             var l = 0.0;
+            for (var i = 0u; i < {DECODE_SG_WG}u / sg_size; i++) {{ l += s_r[i]; }}
             var acc = vec4<f32>(0.0);
-            for (var s = 0u; s < p.splits; s++) {{
-                let ms = ml[(s * p.rows + row) * 2u];
-                let wt = select(0.0, exp(ms - mx), ms > -1e29);
-                l += wt * ml[(s * p.rows + row) * 2u + 1u];
-                if (s % {nl}u == sl) {{ acc += wt * o_part[(s * p.rows + row) * {hd4}u + d]; }}
-            }}
+            for (var s0 = sl; s0 < p.splits; s0 += {nl4}u) {{
+{loads}{adds}            }}
             sacc[lidx] = acc;
             workgroupBarrier();
             if (lidx < {hd4}u) {{
@@ -276,7 +292,8 @@ impl DecodeAttnSg {
             }}
             workgroupBarrier();
         }}
-"
+",
+                        nl4 = 4 * nl
                     ),
                 );
             }

@@ -224,6 +224,10 @@ impl AttnPlan {
             }
         };
         let splits: Vec<usize> = segs.iter().map(|s| (s.len.min(kv_len - s.start)).div_ceil(chunk)).collect();
+        if fused && splits[0] > DECODE_SG_WG as usize {
+            // The fused merge takes one invocation per split; more splits than that merge in a pass.
+            return Self::decode_impl(ctx, kind, false, q, q_off, n_q, cache, layer, kv_len, opts);
+        }
         let total: usize = splits.iter().sum();
         let dev = numr::Device::Gpu(ctx.clone());
         let o_part = ctx.alloc((total * n_q * hd * 4) as u64, BufferKind::Storage)?;
