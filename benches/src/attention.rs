@@ -38,6 +38,23 @@ pub fn decode(ctx: &GpuContext, n_q: usize, n_kv: usize, hd: usize, ctx_len: usi
     Ok(Measurement { label: format!("decode attn {n_q}q/{n_kv}kv hd{hd} {dtype:?} ctx {ctx_len}{}", if two_pass { " two-pass" } else { "" }), seconds: s, bytes, flops: 0.0 })
 }
 
+/// Fused decode with a chosen tuning (heads per workgroup, keys per step, target workgroups).
+#[allow(clippy::too_many_arguments)]
+pub fn decode_tuned(ctx: &GpuContext, n_q: usize, n_kv: usize, hd: usize, ctx_len: usize, heads: u32, keys: u32, target: usize, reps: usize) -> Result<Measurement> {
+    let c = cache(ctx, n_kv, hd, ctx_len, KvDtype::F16)?;
+    let q = Tensor::zeros(&[n_q * hd], DType::F32, &Device::Gpu(ctx.clone()))?;
+    let plan = AttnPlan::decode_tuned(ctx, heads, keys, target, &q.gpu_binding(4)?.0, 0, n_q, &c, 0, ctx_len, &AttnOptions::new(hd)).map_err(ops_err)?;
+    let s = time_reps(ctx, reps, 5, |r| {
+        let mut rec = ctx.recorder();
+        for _ in 0..r {
+            plan.record(&mut rec)?;
+        }
+        rec.submit()
+    })?;
+    let bytes = 2.0 * (ctx_len * n_kv * KvDtype::F16.row_words(hd) * 4) as f64;
+    Ok(Measurement { label: format!("decode attn {n_q}q/{n_kv}kv hd{hd} F16 ctx {ctx_len} fused h{heads}/k{keys}/wg{target}"), seconds: s, bytes, flops: 0.0 })
+}
+
 /// Causal prefill of `n_tok` tokens on an empty cache; flops = 4 · hd · n_q · n(n+1)/2.
 pub fn prefill(ctx: &GpuContext, n_q: usize, n_kv: usize, hd: usize, n_tok: usize, reps: usize) -> Result<Measurement> {
     let c = cache(ctx, n_kv, hd, n_tok, KvDtype::F16)?;
@@ -66,6 +83,11 @@ pub fn attention_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>
             v.push(decode(ctx, 32, 8, 128, len, dtype, if quick { 3 } else { 200 }, false)?);
         }
         v.push(decode(ctx, 32, 8, 128, len, KvDtype::F16, if quick { 3 } else { 200 }, true)?);
+    }
+    if !quick {
+        for (heads, keys, target) in [(2, 2, 512), (2, 4, 528), (2, 4, 396), (2, 4, 1056), (4, 4, 264)] {
+            v.push(decode_tuned(ctx, 32, 8, 128, 32768, heads, keys, target, 200)?);
+        }
     }
     v.push(prefill(ctx, 32, 8, 128, if quick { 128 } else { 2048 }, if quick { 1 } else { 5 })?);
     Ok(v)

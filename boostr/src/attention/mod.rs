@@ -178,7 +178,19 @@ impl AttnPlan {
     /// support, see [`DecodeKernel::best`]).
     #[allow(clippy::too_many_arguments)]
     pub fn decode_with(ctx: &GpuContext, kind: DecodeKernel, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, kv_len: usize, opts: &AttnOptions) -> Result<AttnPlan> {
-        Self::decode_impl(ctx, kind, true, q, q_off, n_q, cache, layer, kv_len, opts)
+        Self::decode_impl(ctx, kind, true, None, q, q_off, n_q, cache, layer, kv_len, opts)
+    }
+
+    /// [`Self::decode`] with the subgroup kernel's tuning chosen: query heads per workgroup
+    /// (divides the group), keys per slot step (1..=4) and the workgroup count the split count
+    /// aims at (for sweeps; the defaults are the best measured on the H200).
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_tuned(ctx: &GpuContext, heads: u32, keys: u32, target_wgs: usize, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, kv_len: usize, opts: &AttnOptions) -> Result<AttnPlan> {
+        let group = n_q / cache.config().n_kv_heads.max(1);
+        if heads == 0 || !group.is_multiple_of(heads as usize) || !(1..=4).contains(&keys) || target_wgs == 0 {
+            return Err(OpsError::BadArgs { op: "attention decode", reason: format!("tuning heads {heads}, keys {keys}, target {target_wgs} for group {group}") });
+        }
+        Self::decode_impl(ctx, DecodeKernel::Subgroup, true, Some((heads, keys, target_wgs)), q, q_off, n_q, cache, layer, kv_len, opts)
     }
 
     /// [`Self::decode_with`] without the fused merge: the subgroup kernel writes partials and
@@ -186,11 +198,11 @@ impl AttnPlan {
     /// kept for comparison in the benches and tests).
     #[allow(clippy::too_many_arguments)]
     pub fn decode_two_pass(ctx: &GpuContext, kind: DecodeKernel, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, kv_len: usize, opts: &AttnOptions) -> Result<AttnPlan> {
-        Self::decode_impl(ctx, kind, false, q, q_off, n_q, cache, layer, kv_len, opts)
+        Self::decode_impl(ctx, kind, false, None, q, q_off, n_q, cache, layer, kv_len, opts)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn decode_impl(ctx: &GpuContext, kind: DecodeKernel, fuse: bool, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, kv_len: usize, opts: &AttnOptions) -> Result<AttnPlan> {
+    fn decode_impl(ctx: &GpuContext, kind: DecodeKernel, fuse: bool, tune: Option<(u32, u32, usize)>, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, kv_len: usize, opts: &AttnOptions) -> Result<AttnPlan> {
         let (hd, group) = check_heads(cache, layer, n_q)?;
         if kv_len == 0 || kv_len > cache.capacity() {
             return Err(OpsError::ContextOverflow { needed: kv_len, capacity: cache.capacity() });
@@ -211,9 +223,14 @@ impl AttnPlan {
                 }
                 let mut cfg = decode_sg_cfg(hd as u32, group as u32, dtype, softcap);
                 cfg.fused = fused;
+                cfg.keys = decode::DECODE_KEYS_PER_STEP;
+                let mut target = decode_target_wgs();
+                if let Some((heads, keys, t)) = tune {
+                    (cfg.heads, cfg.keys, target) = (heads, keys, t);
+                }
                 let wg_y = n_kv * (cfg.group / cfg.heads) as usize;
                 let step = cfg.step_keys() as usize;
-                let splits = decode_target_wgs().div_ceil(wg_y).clamp(1, kv_len.div_ceil(step));
+                let splits = target.div_ceil(wg_y).clamp(1, kv_len.div_ceil(step));
                 (cfg.source(&env), kv_len.div_ceil(splits).div_ceil(step) * step, wg_y)
             }
             DecodeKernel::Tiled => {
@@ -226,7 +243,7 @@ impl AttnPlan {
         let splits: Vec<usize> = segs.iter().map(|s| (s.len.min(kv_len - s.start)).div_ceil(chunk)).collect();
         if fused && splits[0] > DECODE_SG_WG as usize {
             // The fused merge takes one invocation per split; more splits than that merge in a pass.
-            return Self::decode_impl(ctx, kind, false, q, q_off, n_q, cache, layer, kv_len, opts);
+            return Self::decode_impl(ctx, kind, false, tune, q, q_off, n_q, cache, layer, kv_len, opts);
         }
         let total: usize = splits.iter().sum();
         let dev = numr::Device::Gpu(ctx.clone());
