@@ -17,7 +17,10 @@
 //! at least 8 invocations, [`DecodeAttnSg`] keeps queries, scores and the online softmax in
 //! registers (see [`decode`] module docs); elsewhere [`DecodeAttn`] stages K tiles in workgroup
 //! memory. Caches split across buffers ([`crate::kv_cache::KvSegment`]) run one dispatch per
-//! segment into the same partial arrays.
+//! segment into the same partial arrays. On an unsegmented cache the subgroup kernel merges the
+//! splits itself (`DecodeAttnSg::fused`: the last workgroup to arrive for a row of heads, counted
+//! by an atomic per row, merges them and resets the counter), so decode is one dispatch;
+//! [`AttnPlan::decode_two_pass`] keeps the separate [`AttnCombine`] pass.
 //!
 //! # Prefill
 //! Where subgroups allow, [`DecodeAttnSg`] with one query token per grid layer (`z`), one split
