@@ -119,11 +119,27 @@ pub fn matmul(ctx: &GpuContext, dtype: DType, m: usize, n: usize, k: usize, reps
 /// One variant of numr's matmul kernel, dispatched directly over bind groups built once:
 /// `[m, k] · [k, n]`, both row-major.
 pub fn matmul_variant(ctx: &GpuContext, cfg: numr::kernels::matmul::Matmul, m: usize, n: usize, k: usize, reps: usize) -> Result<Measurement> {
+    matmul_variant_data(ctx, cfg, m, n, k, reps, false)
+}
+
+/// [`matmul_variant`]; `f16_values`: round the inputs to f16 values first (to test an f32 kernel
+/// on exactly the data an f16 kernel sees).
+pub fn matmul_variant_data(
+    ctx: &GpuContext,
+    cfg: numr::kernels::matmul::Matmul,
+    m: usize,
+    n: usize,
+    k: usize,
+    reps: usize,
+    f16_values: bool,
+) -> Result<Measurement> {
     use numr::kernels::matmul::TILE;
     let dev = Device::Gpu(ctx.clone());
     let fill = |rows: usize, cols: usize| -> Result<Tensor> {
         let v: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 1000.0).collect();
-        Tensor::from_slice(&v, &[rows, cols], &Device::Cpu)?.cast(cfg.dtype)?.to_device(&dev)
+        let t = Tensor::from_slice(&v, &[rows, cols], &Device::Cpu)?;
+        let t = if f16_values { t.cast(DType::F16)?.cast(DType::F32)? } else { t };
+        t.cast(cfg.dtype)?.to_device(&dev)
     };
     let (a, b) = (fill(m, k)?, fill(k, n)?);
     let out = Tensor::zeros(&[m, n], if cfg.out_f16 { DType::F16 } else { DType::F32 }, &dev)?;
@@ -141,7 +157,7 @@ pub fn matmul_variant(ctx: &GpuContext, cfg: numr::kernels::matmul::Matmul, m: u
     })?;
     let e = cfg.dtype.size() as f64;
     Ok(Measurement {
-        label: format!("kernel {} {m}x{k}x{n}", kern.name()),
+        label: format!("kernel {}{} {m}x{k}x{n}", kern.name(), if f16_values { " (f16-rounded data)" } else { "" }),
         seconds: s,
         bytes: e * (m * k + k * n + m * n) as f64,
         flops: 2.0 * (m * n * k) as f64,
@@ -201,9 +217,16 @@ pub fn core_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
         v.push(matmul(ctx, dtype, mm, mm, mm, if quick { 2 } else { 10 })?);
     }
     let env = KernelEnv::from_caps(ctx.capabilities());
-    for cfg in numr::kernels::matmul::Matmul::all(&env) {
-        v.push(matmul_variant(ctx, cfg, mm, mm, mm, if quick { 2 } else { 10 })?);
+    use numr::kernels::matmul::Matmul;
+    let mreps = if quick { 2 } else { 10 };
+    for cfg in Matmul::all(&env) {
+        v.push(matmul_variant(ctx, cfg, mm, mm, mm, mreps)?);
     }
+    // Diagnostics for the f16 matmul gap: no bounds checks; f32 kernel on f16-rounded values.
+    for cfg in [Matmul::new(DType::F32), Matmul::new(DType::F16), Matmul { pair_loads: true, unrolled_store: true, ..Matmul::new(DType::F16) }] {
+        v.push(matmul_variant(ctx, Matmul { unchecked: true, ..cfg }, mm, mm, mm, mreps)?);
+    }
+    v.push(matmul_variant_data(ctx, Matmul::new(DType::F32), mm, mm, mm, mreps, true)?);
     let n = if quick { 50 } else { 1000 };
     v.push(dispatch_overhead(ctx, n, true)?);
     v.push(dispatch_overhead(ctx, n, false)?);

@@ -169,3 +169,35 @@ fn big_tensors_past_the_1d_grid() {
     let a = random(&[70000, 300], DType::F32, 71);
     assert_parity("sum 70000 rows", &a.to_device(&dev).unwrap().sum_last().unwrap(), &a.sum_last().unwrap());
 }
+
+/// Every matmul kernel variant (`Matmul::all`) dispatched directly on row-major inputs whose
+/// strides satisfy every variant (even K and N), with M, N, K not multiples of the tile.
+#[test]
+fn matmul_every_variant() {
+    use numr::gpu::KernelEnv;
+    use numr::kernels::matmul::{Matmul, TILE};
+    let Some(dev) = gpu() else { return };
+    let Device::Gpu(ctx) = &dev else { unreachable!() };
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    for (i, &(b, m, k, n)) in [(2usize, 66usize, 34usize, 130usize), (1, 5, 2, 2), (1, 64, 64, 64)].iter().enumerate() {
+        for cfg in Matmul::all(&env) {
+            let x = random(&[b, m, k], cfg.dtype, 80 + i as u64);
+            let y = random(&[b, k, n], cfg.dtype, 90 + i as u64);
+            let want = x.cast(DType::F32).unwrap().matmul(&y.cast(DType::F32).unwrap()).unwrap();
+            let (xg, yg) = (x.to_device(&dev).unwrap(), y.to_device(&dev).unwrap());
+            let out_dt = if cfg.out_f16 { DType::F16 } else { DType::F32 };
+            let out = Tensor::zeros(&[b, m, n], out_dt, &dev).unwrap();
+            let src = cfg.source(&env);
+            let kern = ctx.kernel(&src).unwrap();
+            let binds = [xg.gpu_binding(4).unwrap().0, yg.gpu_binding(4).unwrap().0, out.gpu_binding(4).unwrap().0];
+            let params = [m, n, k, 0, m * k, k, 1, 0, k * n, n, 1].map(|v| v as u32);
+            let grid = [(n as u32).div_ceil(TILE), (m as u32).div_ceil(TILE), b as u32];
+            ctx.with_stream(|rec| rec.dispatch_with(&kern, &binds, &params, grid)).unwrap();
+            let got = out.to_f64_vec().unwrap();
+            let tol = if cfg.dtype == DType::F16 || cfg.out_f16 { DType::F16 } else { DType::F32 };
+            if let Err(e) = check_close(&got, &want.to_f64_vec().unwrap(), tol) {
+                panic!("{} b{b} m{m} k{k} n{n}: {e}", kern.name());
+            }
+        }
+    }
+}

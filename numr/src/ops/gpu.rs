@@ -192,7 +192,15 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let (ob, _) = bind_view(&out, 4)?;
         let (sa, sb) = (a.layout.strides(), b.layout.strides());
         let params = [m, n, k, a_off as usize, sa[0], sa[1], sa[2], b_off as usize, sb[0], sb[1], sb[2]].map(|x| x as u32);
-        let kern = ctx.kernel(&Matmul { dtype: a.dtype, out_f16, native_f16_loads: false }.source(&env))?;
+        // f16: read one u32 word (two adjacent f16) per tile-load step when A is contiguous along K,
+        // B along N, and every other stride and offset is even (so pairs never straddle words).
+        let even = |x: usize| x % 2 == 0;
+        let pair_loads = a.dtype == DType::F16
+            && sa[2] == 1
+            && sb[2] == 1
+            && [a_off as usize, sa[0], sa[1], b_off as usize, sb[0], sb[1]].into_iter().all(even);
+        let cfg = Matmul { out_f16, pair_loads, unrolled_store: true, ..Matmul::new(a.dtype) };
+        let kern = ctx.kernel(&cfg.source(&env))?;
         let max = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
         let grid = [(n as u32).div_ceil(TILE), (m as u32).div_ceil(TILE), batch as u32];
         if grid.iter().any(|&g| g > max) {
