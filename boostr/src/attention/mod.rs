@@ -279,7 +279,7 @@ impl AttnPlan {
                 ctx.write(&cnt, 0, &vec![0u8; wg_y * 4])?;
                 b.push(Binding::whole(&cnt));
                 b.push(out.gpu_binding(4)?.0);
-                params.extend([ns as u32, out.gpu_binding(4)?.1 as u32]);
+                params.extend([ns as u32, out.gpu_binding(4)?.1]);
             }
             steps.push(Self::step(ctx, &src, &b, params, [ns as u32, wg_y as u32, 1])?);
             base += ns;
