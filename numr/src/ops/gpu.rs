@@ -194,7 +194,7 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let params = [m, n, k, a_off as usize, sa[0], sa[1], sa[2], b_off as usize, sb[0], sb[1], sb[2]].map(|x| x as u32);
         // f16: read one u32 word (two adjacent f16) per tile-load step when A is contiguous along K,
         // B along N, and every other stride and offset is even (so pairs never straddle words).
-        let even = |x: usize| x % 2 == 0;
+        let even = |x: usize| x.is_multiple_of(2);
         let pair_loads = a.dtype == DType::F16
             && sa[2] == 1
             && sb[2] == 1
