@@ -2,7 +2,7 @@
 //! Included by the other test files with `#[path = "formats_util.rs"] mod util;`.
 #![allow(dead_code)]
 
-use boostr::formats::GgmlType;
+use boostr::formats::{GgmlType, PackedWeights, repack};
 use std::path::PathBuf;
 
 fn golden_dir() -> PathBuf {
@@ -171,4 +171,31 @@ pub fn random_tensor(rng: &mut Rng, ty: GgmlType, n_elements: usize) -> Vec<u8> 
             data
         }
     }
+}
+
+/// Two little-endian bytes of a random f16 in `[lo, hi)` (finite scale fields for random blocks).
+pub fn small_f16(rng: &mut Rng, lo: f32, hi: f32) -> [u8; 2] {
+    half::f16::from_f32(rng.f32_in(lo, hi)).to_bits().to_le_bytes()
+}
+
+/// A random `rows x cols` weight of `ty` with modest scales (so f16 math stays in range),
+/// in the packed GPU layout.
+pub fn random_ggml(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> PackedWeights {
+    let n = rows * cols;
+    let bytes: Vec<u8> = match ty {
+        GgmlType::F32 => (0..n).flat_map(|_| rng.f32_in(-1.0, 1.0).to_le_bytes()).collect(),
+        GgmlType::F16 => (0..n).flat_map(|_| small_f16(rng, -1.0, 1.0)).collect(),
+        GgmlType::BF16 => (0..n).flat_map(|_| ((rng.f32_in(-1.0, 1.0).to_bits() >> 16) as u16).to_le_bytes()).collect(),
+        _ => {
+            let ts = ty.type_size();
+            let mut data = rng.bytes(n / ty.block_size() * ts);
+            for block in data.chunks_exact_mut(ts) {
+                for &off in f16_fields(ty) {
+                    block[off..off + 2].copy_from_slice(&small_f16(rng, 0.002, 0.02));
+                }
+            }
+            data
+        }
+    };
+    repack(ty, &bytes, rows, cols).unwrap()
 }

@@ -11,19 +11,14 @@ mod util;
 
 use std::sync::Arc;
 
-use boostr::formats::{AwqTensors, GgmlType, PackedWeights, matmul_ref, repack};
+use boostr::formats::{AwqTensors, GgmlType, PackedWeights, matmul_ref};
 use boostr::quant::gemm::CoopTiles;
 use boostr::quant::{GemmPlan, QuantGemm, QuantMatrix, WeightKind};
-use half::f16;
 use numr::gpu::{BufferKind, GpuBuffer, GpuContext, KernelEnv};
 use numr::testing::{check_close_rtol, test_gpu, validate_wgsl};
-use util::{Rng, f16_fields};
+use util::{Rng, random_ggml, small_f16};
 
 const RTOL_F16: f64 = 1e-2;
-
-fn small_f16(rng: &mut Rng, lo: f32, hi: f32) -> [u8; 2] {
-    f16::from_f32(rng.f32_in(lo, hi)).to_bits().to_le_bytes()
-}
 
 /// A random weight with modest scales (so f16 staging stays in range).
 fn random_weight(rng: &mut Rng, kind: WeightKind, rows: usize, cols: usize) -> PackedWeights {
@@ -40,22 +35,7 @@ fn random_weight(rng: &mut Rng, kind: WeightKind, rows: usize, cols: usize) -> P
         }
         WeightKind::Ggml(t) => t,
     };
-    let bytes: Vec<u8> = match ty {
-        GgmlType::F32 => (0..n).flat_map(|_| rng.f32_in(-1.0, 1.0).to_le_bytes()).collect(),
-        GgmlType::F16 => (0..n).flat_map(|_| small_f16(rng, -1.0, 1.0)).collect(),
-        GgmlType::BF16 => (0..n).flat_map(|_| ((rng.f32_in(-1.0, 1.0).to_bits() >> 16) as u16).to_le_bytes()).collect(),
-        _ => {
-            let ts = ty.type_size();
-            let mut data = rng.bytes(n / ty.block_size() * ts);
-            for block in data.chunks_exact_mut(ts) {
-                for &off in f16_fields(ty) {
-                    block[off..off + 2].copy_from_slice(&small_f16(rng, 0.002, 0.02));
-                }
-            }
-            data
-        }
-    };
-    repack(ty, &bytes, rows, cols).unwrap()
+    random_ggml(rng, ty, rows, cols)
 }
 
 fn run_gemm(ctx: &GpuContext, cfg: &QuantGemm, tiles: CoopTiles, w: &QuantMatrix, x: &Arc<GpuBuffer>, m: usize) -> Vec<f64> {

@@ -13,29 +13,17 @@ mod util;
 
 use std::sync::Arc;
 
-use boostr::formats::{AwqTensors, GgmlType, PackedWeights, matmul_ref, repack};
+use boostr::formats::{AwqTensors, GgmlType, PackedWeights, matmul_ref};
 use boostr::quant::{Q8Activations, Q8GemvPlan, QuantGemvQ8, QuantMatrix, QuantizeQ8, WeightKind};
-use half::f16;
 use numr::gpu::{BufferKind, GpuBuffer, GpuContext, KernelEnv};
 use numr::testing::{check_close_rtol, test_gpu, validate_wgsl};
-use util::{Rng, f16_fields};
-
-fn small_f16(rng: &mut Rng, lo: f32, hi: f32) -> [u8; 2] {
-    f16::from_f32(rng.f32_in(lo, hi)).to_bits().to_le_bytes()
-}
+use util::{Rng, random_ggml, small_f16};
 
 /// Every quantized format (int4 as AWQ with groups of 32 and 128) at `rows x cols`.
 fn quant_weights(rng: &mut Rng, rows: usize, cols: usize) -> Vec<(String, PackedWeights)> {
     let mut v = Vec::new();
     for &ty in GgmlType::SUPPORTED.iter().filter(|&&t| QuantGemvQ8::supports(WeightKind::Ggml(t))) {
-        let ts = ty.type_size();
-        let mut data = rng.bytes(rows * cols / ty.block_size() * ts);
-        for block in data.chunks_exact_mut(ts) {
-            for &off in f16_fields(ty) {
-                block[off..off + 2].copy_from_slice(&small_f16(rng, 0.002, 0.02));
-            }
-        }
-        v.push((ty.name().to_string(), repack(ty, &data, rows, cols).unwrap()));
+        v.push((ty.name().to_string(), random_ggml(rng, ty, rows, cols)));
     }
     for g in [32, 128] {
         let n = rows.div_ceil(8) * 8;

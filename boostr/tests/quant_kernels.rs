@@ -13,42 +13,16 @@ mod util;
 
 use std::sync::Arc;
 
-use boostr::formats::{AwqTensors, GgmlType, GptqTensors, GptqZeroOffset, PackedWeights, matmul_ref, repack};
+use boostr::formats::{AwqTensors, GgmlType, GptqTensors, GptqZeroOffset, PackedWeights, matmul_ref};
 use boostr::quant::gemv::GemvIo;
 use boostr::quant::upload::concat_rows;
 use boostr::quant::{GemmPlan, GemvPlan, Prologue, QuantError, QuantGemm, QuantGemv, QuantMatrix, WeightKind};
-use half::f16;
 use numr::gpu::{BufferKind, GpuBuffer, GpuContext, KernelEnv};
 use numr::testing::{check_close_rtol, test_gpu, validate_wgsl};
-use util::{Rng, f16_fields};
+use util::{Rng, random_ggml, small_f16};
 
 const RTOL_F32: f64 = 1e-4;
 const RTOL_F16: f64 = 1e-2;
-
-fn small_f16(rng: &mut Rng, lo: f32, hi: f32) -> [u8; 2] {
-    f16::from_f32(rng.f32_in(lo, hi)).to_bits().to_le_bytes()
-}
-
-/// A random `rows x cols` weight of `ty` with modest scales (so f16 math stays in range).
-fn random_ggml(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> PackedWeights {
-    let n = rows * cols;
-    let bytes: Vec<u8> = match ty {
-        GgmlType::F32 => (0..n).flat_map(|_| rng.f32_in(-1.0, 1.0).to_le_bytes()).collect(),
-        GgmlType::F16 => (0..n).flat_map(|_| small_f16(rng, -1.0, 1.0)).collect(),
-        GgmlType::BF16 => (0..n).flat_map(|_| ((rng.f32_in(-1.0, 1.0).to_bits() >> 16) as u16).to_le_bytes()).collect(),
-        _ => {
-            let ts = ty.type_size();
-            let mut data = rng.bytes(n / ty.block_size() * ts);
-            for block in data.chunks_exact_mut(ts) {
-                for &off in f16_fields(ty) {
-                    block[off..off + 2].copy_from_slice(&small_f16(rng, 0.002, 0.02));
-                }
-            }
-            data
-        }
-    };
-    repack(ty, &bytes, rows, cols).unwrap()
-}
 
 /// A random AWQ (`gptq = false`) or GPTQ weight of `n` outputs and `k` inputs.
 fn random_int4(rng: &mut Rng, gptq: bool, n: usize, k: usize, group: usize) -> PackedWeights {
