@@ -1,6 +1,6 @@
 //! The GPU machinery: buffer pool reuse, limits as typed errors, the pipeline cache, the recorder
-//! (one encoder, one pass, one submit; bind groups reused across submits), the uniform-arena
-//! parameter path, the profiler and the implicit stream.
+//! (one encoder, one pass, one submit; bind groups reused across submits; recordings finished
+//! ahead and submitted later), the uniform-arena parameter path, the profiler and the implicit stream.
 
 use numr::gpu::{Access, Binding, BufferKind, GpuOptions, KernelBuilder, KernelEnv, ParamMode};
 use numr::kernels::binary::{Binary, BinaryOp};
@@ -103,6 +103,45 @@ fn recorder_one_pass_one_submit_and_reused_bind_groups() {
     let got: Vec<f32> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(&a, 0, (n * 4) as u64).unwrap());
     let want: Vec<f64> = x.iter().map(|&v| v as f64 * 3f64.powi(40)).collect();
     check_close(&got.iter().map(|&v| v as f64).collect::<Vec<_>>(), &want, DType::F32).unwrap();
+}
+
+/// Two recordings finished ahead and submitted in the reverse order: each runs with its own
+/// parameters (immediates, or a uniform buffer of its own), in submission order.
+#[test]
+fn finished_recordings_submit_later_with_their_own_parameters() {
+    let Some(shared) = test_gpu() else { return };
+    let arena = GpuContext::with_options(GpuOptions { param_mode: Some(ParamMode::UniformArena), ..GpuOptions::from_env() }).unwrap();
+    for ctx in [shared, arena] {
+        let env = KernelEnv::from_caps(ctx.capabilities());
+        let k = ctx.kernel(&Binary { op: BinaryOp::Scale, dtype: DType::F32 }.source(&env)).unwrap();
+        let n = 1000usize;
+        let x = data(n);
+        let a = ctx.upload(bytemuck::cast_slice(&x)).unwrap();
+        let b = ctx.alloc((n * 4) as u64, BufferKind::Storage).unwrap();
+        // `ab`: b = s a; `ba`: a = s b.
+        let ab = ctx.bind(&k, &[Binding::whole(&a), Binding::whole(&b)]).unwrap();
+        let ba = ctx.bind(&k, &[Binding::whole(&b), Binding::whole(&a)]).unwrap();
+        let grid = [(n as u32).div_ceil(256), 1, 1];
+        let finish = |steps: &[(&numr::gpu::BoundGroup, f32)]| {
+            let mut rec = ctx.recorder();
+            for &(g, s) in steps {
+                rec.dispatch(&k, g, &scale_params(n as u32, s), grid).unwrap();
+            }
+            rec.finish().unwrap()
+        };
+        let first = finish(&[(&ab, 2.0), (&ba, 3.0)]);
+        let second = finish(&[(&ab, 0.5)]);
+        assert_eq!((first.dispatch_count(), second.dispatch_count()), (2, 1));
+        // A plain recording in between must not disturb the finished ones' parameters.
+        let mut rec = ctx.recorder();
+        rec.dispatch(&k, &ba, &scale_params(n as u32, -1.0), grid).unwrap();
+        second.submit().unwrap();
+        rec.submit().unwrap();
+        first.submit().unwrap();
+        let got: Vec<f32> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(&a, 0, (n * 4) as u64).unwrap());
+        let want: Vec<f64> = x.iter().map(|&v| v as f64 * -3.0).collect();
+        check_close(&got.iter().map(|&v| v as f64).collect::<Vec<_>>(), &want, DType::F32).unwrap();
+    }
 }
 
 #[test]

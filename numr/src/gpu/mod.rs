@@ -16,4 +16,4 @@ pub use kernel::{grid_2d, Access, KernelBuilder, KernelEnv, KernelSource, MAX_PA
 pub use pipeline::{Binding, BoundGroup, Kernel};
 pub use pool::{size_class, BufferKind, GpuBuffer, PoolStats};
 pub use profiler::Profile;
-pub use recorder::Recorder;
+pub use recorder::{Recorded, Recorder};

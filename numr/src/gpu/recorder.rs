@@ -149,30 +149,43 @@ impl Recorder {
         Ok(())
     }
 
+    /// A uniform buffer of at least `need` bytes and its bind group (the parameter arena layout).
+    fn new_arena(&self, need: u64) -> Result<ParamArena> {
+        let buffer = self.ctx.alloc(need, BufferKind::Uniform)?;
+        let layout = self.ctx.arena_layout();
+        let group = self.ctx.scoped("creating the parameter arena", || {
+            self.ctx.inner.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("numr-param-arena"),
+                layout: &layout,
+                entries: &[wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: buffer.raw(),
+                        offset: 0,
+                        size: wgpu::BufferSize::new(super::kernel::MAX_PARAM_WORDS as u64 * 4),
+                    }),
+                }],
+            })
+        })?;
+        Ok(ParamArena { buffer, group })
+    }
+
+    fn uses_arena(&self) -> bool {
+        self.ctx.inner.caps.param_mode == ParamMode::UniformArena && !self.rec.params.is_empty()
+    }
+
+    fn arena_bytes(&self) -> u64 {
+        self.rec.params.len() as u64 + super::kernel::MAX_PARAM_WORDS as u64 * 4
+    }
+
     fn arena(&self) -> Result<Option<wgpu::BindGroup>> {
-        if self.ctx.inner.caps.param_mode != ParamMode::UniformArena || self.rec.params.is_empty() {
+        if !self.uses_arena() {
             return Ok(None);
         }
         let mut slot = self.ctx.inner.arena.lock().unwrap_or_else(|p| p.into_inner());
-        let need = self.rec.params.len() as u64 + super::kernel::MAX_PARAM_WORDS as u64 * 4;
+        let need = self.arena_bytes();
         if slot.as_ref().is_none_or(|a| a.buffer.capacity() < need) {
-            let buffer = self.ctx.alloc(need.max(64 << 10), BufferKind::Uniform)?;
-            let layout = self.ctx.arena_layout();
-            let group = self.ctx.scoped("creating the parameter arena", || {
-                self.ctx.inner.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some("numr-param-arena"),
-                    layout: &layout,
-                    entries: &[wgpu::BindGroupEntry {
-                        binding: 0,
-                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: buffer.raw(),
-                            offset: 0,
-                            size: wgpu::BufferSize::new(super::kernel::MAX_PARAM_WORDS as u64 * 4),
-                        }),
-                    }],
-                })
-            })?;
-            *slot = Some(ParamArena { buffer, group });
+            *slot = Some(self.new_arena(need.max(64 << 10))?);
         }
         Ok(slot.as_ref().map(|a| a.group.clone()))
     }
@@ -252,6 +265,17 @@ impl Recorder {
         })
     }
 
+    /// Encodes the recording now and returns it ready to submit later. Encoding is the CPU cost
+    /// of a recording (wgpu's validation and the driver's command building); doing it ahead lets
+    /// the CPU prepare the next batch while the GPU runs this one, and lets benchmarks time the
+    /// GPU alone. Parameters go to a uniform buffer of the recording's own where the adapter has
+    /// no immediates, so several finished recordings never share one.
+    pub fn finish(self) -> Result<Recorded> {
+        let own = if self.uses_arena() { Some(self.new_arena(self.arena_bytes())?) } else { None };
+        let cmd = self.ctx.scoped("encoding a recording", || self.encode(own.as_ref().map(|a| &a.group), None))?;
+        Ok(Recorded { ctx: self.ctx, cmd: Some(cmd), params: self.rec.params, arena: own, _keep: self.rec.keep, dispatches: self.rec.dispatches })
+    }
+
     /// Submits with GPU timestamps around every dispatch (or every pass, where the adapter only
     /// has pass-level timestamps), waits, and returns the time per labelled dispatch.
     pub fn submit_profiled(self) -> Result<Profile> {
@@ -263,5 +287,35 @@ impl Recorder {
         let plan = QueryPlan::new(&self.ctx, labels.len() as u32)?;
         self.submit_inner(Some(&plan))?;
         plan.read(&self.ctx, labels)
+    }
+}
+
+/// A recording encoded by [`Recorder::finish`], submitted once with [`Recorded::submit`]. It
+/// keeps every buffer it binds alive until dropped.
+pub struct Recorded {
+    ctx: GpuContext,
+    cmd: Option<wgpu::CommandBuffer>,
+    params: Vec<u8>,
+    arena: Option<ParamArena>,
+    _keep: Vec<Arc<GpuBuffer>>,
+    dispatches: usize,
+}
+
+impl Recorded {
+    /// Dispatches in the recording.
+    pub fn dispatch_count(&self) -> usize {
+        self.dispatches
+    }
+
+    /// Submits the encoded commands. Returns when queued.
+    pub fn submit(mut self) -> Result<()> {
+        let Some(cmd) = self.cmd.take() else { return Ok(()) };
+        let _lock = self.ctx.inner.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.ctx.scoped("submitting a finished recording", || {
+            if let Some(a) = &self.arena {
+                self.ctx.inner.queue.write_buffer(a.buffer.raw(), 0, &self.params);
+            }
+            self.ctx.inner.queue.submit([cmd]);
+        })
     }
 }
