@@ -17,7 +17,7 @@ fn bench(c: &mut Criterion) {
     for len in if cpu { vec![1024] } else { vec![4096, 32768] } {
         g.throughput(Throughput::Bytes((2 * len * 8 * 128 * 2) as u64));
         g.bench_function(format!("decode_f16_{len}"), |b| {
-            b.iter_custom(|iters| Duration::from_secs_f64(decode(&ctx, 32, 8, 128, len, KvDtype::F16, iters as usize).unwrap().seconds * iters as f64))
+            b.iter_custom(|iters| Duration::from_secs_f64(decode(&ctx, 32, 8, 128, len, KvDtype::F16, iters as usize, false).unwrap().seconds * iters as f64))
         });
     }
     let n = if cpu { 128 } else { 2048 };

@@ -6,7 +6,7 @@ use boostr::attention::{AttnOptions, AttnPlan, DecodeKernel, QueryLayout};
 use boostr::kv_cache::{KvCache, KvCacheConfig, KvDtype};
 use numr::{DType, Device, GpuContext, Result, Tensor};
 
-use crate::{time_reps, Measurement};
+use crate::{time_recorded, Measurement};
 
 fn cache(ctx: &GpuContext, n_kv: usize, hd: usize, capacity: usize, dtype: KvDtype) -> Result<KvCache> {
     KvCache::new(ctx, KvCacheConfig { n_layers: 1, n_kv_heads: n_kv, head_dim: hd, capacity, dtype, max_segment_bytes: None })
@@ -27,12 +27,9 @@ pub fn decode(ctx: &GpuContext, n_q: usize, n_kv: usize, hd: usize, ctx_len: usi
     let qb = q.gpu_binding(4)?.0;
     let opts = AttnOptions::new(hd);
     let plan = if two_pass { AttnPlan::decode_two_pass(ctx, kind, &qb, 0, n_q, &c, 0, ctx_len, &opts) } else { AttnPlan::decode(ctx, &qb, 0, n_q, &c, 0, ctx_len, &opts) }.map_err(ops_err)?;
-    let s = time_reps(ctx, reps, 5, |r| {
-        let mut rec = ctx.recorder();
-        for _ in 0..r {
-            plan.record(&mut rec)?;
-        }
-        rec.submit()
+    let s = time_recorded(ctx, reps, 5, |rec, _| {
+        plan.record(rec)?;
+        Ok(())
     })?;
     let bytes = 2.0 * (ctx_len * n_kv * dtype.row_words(hd) * 4) as f64;
     Ok(Measurement { label: format!("decode attn {n_q}q/{n_kv}kv hd{hd} {dtype:?} ctx {ctx_len}{}", if two_pass { " two-pass" } else { "" }), seconds: s, bytes, flops: 0.0 })
@@ -44,12 +41,9 @@ pub fn decode_tuned(ctx: &GpuContext, n_q: usize, n_kv: usize, hd: usize, ctx_le
     let c = cache(ctx, n_kv, hd, ctx_len, KvDtype::F16)?;
     let q = Tensor::zeros(&[n_q * hd], DType::F32, &Device::Gpu(ctx.clone()))?;
     let plan = AttnPlan::decode_tuned(ctx, heads, keys, target, &q.gpu_binding(4)?.0, 0, n_q, &c, 0, ctx_len, &AttnOptions::new(hd)).map_err(ops_err)?;
-    let s = time_reps(ctx, reps, 5, |r| {
-        let mut rec = ctx.recorder();
-        for _ in 0..r {
-            plan.record(&mut rec)?;
-        }
-        rec.submit()
+    let s = time_recorded(ctx, reps, 5, |rec, _| {
+        plan.record(rec)?;
+        Ok(())
     })?;
     let bytes = 2.0 * (ctx_len * n_kv * KvDtype::F16.row_words(hd) * 4) as f64;
     Ok(Measurement { label: format!("decode attn {n_q}q/{n_kv}kv hd{hd} F16 ctx {ctx_len} fused h{heads}/k{keys}/wg{target}"), seconds: s, bytes, flops: 0.0 })
@@ -61,12 +55,9 @@ pub fn prefill(ctx: &GpuContext, n_q: usize, n_kv: usize, hd: usize, n_tok: usiz
     let q = Tensor::zeros(&[n_tok * n_q * hd], DType::F32, &Device::Gpu(ctx.clone()))?;
     let ql = QueryLayout { n_tok, n_q, q_off: 0, tok_stride: n_q * hd };
     let plan = AttnPlan::prefill(ctx, &q.gpu_binding(4)?.0, &ql, &c, 0, 0, &AttnOptions::new(hd)).map_err(ops_err)?;
-    let s = time_reps(ctx, reps, 3, |r| {
-        let mut rec = ctx.recorder();
-        for _ in 0..r {
-            plan.record(&mut rec)?;
-        }
-        rec.submit()
+    let s = time_recorded(ctx, reps, 3, |rec, _| {
+        plan.record(rec)?;
+        Ok(())
     })?;
     let flops = 4.0 * (hd * n_q) as f64 * (n_tok * (n_tok + 1) / 2) as f64;
     Ok(Measurement { label: format!("prefill attn {n_q}q/{n_kv}kv hd{hd} {n_tok} tok"), seconds: s, bytes: 0.0, flops })

@@ -1,8 +1,12 @@
 //! Benchmark workloads, shared by the criterion benches (`cargo bench -p benches`) and the table
-//! of `cargo xtask bench`. GPU work is timed by wall clock around one submit of many repetitions
-//! (after a warm-up), so per-dispatch overhead is amortised and the figure is what a user gets.
+//! of `cargo xtask bench`. Recorded GPU work is encoded ahead and timed by wall clock from one
+//! submit of many repetitions to its completion ([`time_recorded`], after a warm-up): the GPU's
+//! own cost per dispatch, barriers included, without the CPU's encoding (which an engine overlaps
+//! with the GPU). Eager tensor ops ([`copy`], [`matmul`]) are timed with their encoding
+//! ([`time_reps`]), which is what a user of the eager API gets.
 
 pub mod attention;
+pub mod probe;
 pub mod quant;
 
 use std::time::Instant;
@@ -48,6 +52,43 @@ pub fn time_reps(ctx: &GpuContext, reps: usize, trials: usize, mut run: impl FnM
     Ok(times[times.len() / 2])
 }
 
+/// Median GPU seconds per repetition: `record(rec, i)` records repetition `i` of `reps`; the
+/// recording is encoded ahead ([`numr::gpu::Recorder::finish`]) and only submit-to-completion is
+/// timed, so the CPU's encoding (which a real engine overlaps with the GPU) is not counted.
+/// Untimed trials run first for at least [`WARM_SECS`] (the GPU's clocks rise only under
+/// sustained load; from idle, short kernels measure up to several times slower), then `trials`
+/// timed ones.
+pub fn time_recorded(
+    ctx: &GpuContext,
+    reps: usize,
+    trials: usize,
+    mut record: impl FnMut(&mut numr::gpu::Recorder, usize) -> Result<()>,
+) -> Result<f64> {
+    let trial = |record: &mut dyn FnMut(&mut numr::gpu::Recorder, usize) -> Result<()>| -> Result<f64> {
+        let mut rec = ctx.recorder();
+        for i in 0..reps {
+            record(&mut rec, i)?;
+        }
+        let done = rec.finish()?;
+        ctx.sync()?;
+        let t = Instant::now();
+        done.submit()?;
+        ctx.sync()?;
+        Ok(t.elapsed().as_secs_f64() / reps as f64)
+    };
+    let warm = Instant::now();
+    trial(&mut record)?;
+    while warm.elapsed().as_secs_f64() < WARM_SECS {
+        trial(&mut record)?;
+    }
+    let mut times = (0..trials).map(|_| trial(&mut record)).collect::<Result<Vec<f64>>>()?;
+    times.sort_by(|a, b| a.total_cmp(b));
+    Ok(times[times.len() / 2])
+}
+
+/// Seconds of untimed load before each [`time_recorded`] measurement.
+pub const WARM_SECS: f64 = 0.25;
+
 /// Largest test buffer for this adapter: `want` bytes, capped by one binding.
 pub fn cap_bytes(ctx: &GpuContext, want: u64) -> u64 {
     let max = ctx.capabilities().limits.max_storage_buffer_binding_size.min(ctx.capabilities().limits.max_buffer_size);
@@ -65,12 +106,9 @@ pub fn stream_read(ctx: &GpuContext, bytes: u64, reps: usize) -> Result<Measurem
     let dst = ctx.alloc(workgroups as u64 * 4, BufferKind::Storage)?;
     let group = ctx.bind(&k, &[src.gpu_binding(16)?.0, Binding::whole(&dst)])?;
     let grid = grid_2d(workgroups as u64, 65535).expect("small grid");
-    let s = time_reps(ctx, reps, 5, |r| {
-        let mut rec = ctx.recorder();
-        for _ in 0..r {
-            rec.dispatch(&k, &group, &[n_vec4, workgroups * 256], grid)?;
-        }
-        rec.submit()
+    let s = time_recorded(ctx, reps, 5, |rec, _| {
+        rec.dispatch(&k, &group, &[n_vec4, workgroups * 256], grid)?;
+        Ok(())
     })?;
     Ok(Measurement { label: format!("stream read {} MiB", bytes >> 20), seconds: s, bytes: bytes as f64, flops: 0.0 })
 }
@@ -148,12 +186,9 @@ pub fn matmul_variant_data(
     let group = ctx.bind(&kern, &[a.gpu_binding(4)?.0, b.gpu_binding(4)?.0, out.gpu_binding(4)?.0])?;
     let params = [m, n, k, 0, m * k, k, 1, 0, k * n, n, 1].map(|x| x as u32);
     let grid = [(n as u32).div_ceil(TILE), (m as u32).div_ceil(TILE), 1];
-    let s = time_reps(ctx, reps, 3, |r| {
-        let mut rec = ctx.recorder();
-        for _ in 0..r {
-            rec.dispatch(&kern, &group, &params, grid)?;
-        }
-        rec.submit()
+    let s = time_recorded(ctx, reps, 3, |rec, _| {
+        rec.dispatch(&kern, &group, &params, grid)?;
+        Ok(())
     })?;
     let e = cfg.dtype.size() as f64;
     Ok(Measurement {
@@ -181,14 +216,20 @@ pub fn dispatch_overhead(ctx: &GpuContext, n: usize, dependent: bool) -> Result<
     )?;
     let buf = ctx.alloc((n as u64 + 1) * 4, BufferKind::Storage)?;
     let group = ctx.bind(&k, &[Binding::whole(&buf)])?;
-    let s = time_reps(ctx, 1, 5, |_| {
-        let mut rec = ctx.recorder();
-        for i in 0..n as u32 {
-            let p = if dependent { [i, i + 1] } else { [n as u32, i] };
-            rec.dispatch(&k, &group, &p, [1, 1, 1])?;
-        }
-        rec.submit()
-    })?;
+    let record = |rec: &mut numr::gpu::Recorder, i: usize| {
+        let i = i as u32;
+        let p = if dependent { [i, i + 1] } else { [n as u32, i] };
+        rec.dispatch(&k, &group, &p, [1, 1, 1])
+    };
+    let s = time_recorded(ctx, n, 5, record)?;
+    // The CPU side: recording and encoding one dispatch.
+    let t = Instant::now();
+    let mut rec = ctx.recorder();
+    for i in 0..n {
+        record(&mut rec, i)?;
+    }
+    drop(rec.finish()?);
+    let encode = t.elapsed().as_secs_f64() / n as f64;
     let zi = if ctx.options().zero_init_workgroup_memory { ", zero-init wg memory" } else { "" };
     let mut gpu = String::new();
     if ctx.capabilities().timestamps {
@@ -202,8 +243,12 @@ pub fn dispatch_overhead(ctx: &GpuContext, n: usize, dependent: bool) -> Result<
         gpu = format!(", GPU timestamps median {:.2} us", t[t.len() / 2] / 1e3);
     }
     Ok(Measurement {
-        label: format!("{n} tiny dispatches, {}{zi}{gpu} (wall per dispatch)", if dependent { "dependent" } else { "independent" }),
-        seconds: s / n as f64,
+        label: format!(
+            "{n} tiny dispatches, {}{zi}{gpu}, encoding {:.2} us (GPU wall per dispatch)",
+            if dependent { "dependent" } else { "independent" },
+            encode * 1e6
+        ),
+        seconds: s,
         bytes: 0.0,
         flops: 0.0,
     })

@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use boostr::formats::{AwqTensors, GgmlType, PackedWeights, repack};
 use boostr::quant::gemv::GemvIo;
+use boostr::quant::gemm::CoopTiles;
 use boostr::quant::{GemmPlan, GemvPlan, Q8Activations, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, QuantMatrix, WeightKind};
 use numr::gpu::{BufferKind, GpuBuffer, GpuContext, KernelEnv};
 use numr::{NumrError, Result};
 
-use crate::{Measurement, stream_read, time_reps};
+use crate::{Measurement, stream_read, time_recorded};
 
 /// Llama-3-8B GEMV shapes `(N, K)`: attention out (4096x4096), FFN up (14336x4096) and FFN down
 /// (4096x14336).
@@ -96,7 +97,7 @@ pub fn upload_copies(ctx: &GpuContext, p: &PackedWeights, copies: usize) -> Resu
 }
 
 /// Times `record(rep)` (which records repetition `rep`, reading copy `rep % copies`): the wall
-/// clock per repetition over one submit of `reps` (after a warm-up), and the median GPU
+/// clock per repetition from submit to completion of `reps` encoded ahead ([`time_recorded`]), and the median GPU
 /// timestamp time of the dispatches whose label starts with `gpu_label` (one profiled submit).
 fn time_rotating(
     ctx: &GpuContext,
@@ -104,20 +105,8 @@ fn time_rotating(
     gpu_label: &str,
     mut record: impl FnMut(&mut numr::gpu::Recorder, usize) -> Result<()>,
 ) -> Result<(f64, f64)> {
-    // Warm-up: touch every copy once (first use of fresh buffers is slower).
-    let mut rec = ctx.recorder();
-    for i in 0..reps {
-        record(&mut rec, i)?;
-    }
-    rec.submit()?;
-    ctx.sync()?;
-    let wall = time_reps(ctx, reps, 7, |r| {
-        let mut rec = ctx.recorder();
-        for i in 0..r {
-            record(&mut rec, i)?;
-        }
-        rec.submit()
-    })?;
+    // time_recorded's warm-up trial touches every copy once (first use of fresh buffers is slower).
+    let wall = time_recorded(ctx, reps, 7, &mut record)?;
     let mut rec = ctx.recorder();
     for i in 0..reps {
         record(&mut rec, i)?;
@@ -173,7 +162,16 @@ pub fn gemv_q8(ctx: &GpuContext, cfg: &QuantGemvQ8, ws: &[QuantMatrix], packed_b
         "gemv-q8",
         w0,
         m,
-        format!("r{} t{} u{}{}{}", cfg.rows_per_workgroup, cfg.threads, cfg.unroll, if cfg.contiguous { "c" } else { "" }, if cfg.unchecked { " unchecked" } else { "" }),
+        format!(
+            "r{} t{} u{}{}{}{}{}",
+            cfg.rows_per_workgroup,
+            cfg.threads,
+            cfg.unroll,
+            if cfg.contiguous { "c" } else { "" },
+            if cfg.prefetch { " prefetch" } else { "" },
+            if cfg.subgroup_rows > 0 { format!(" sg-rows{}", cfg.subgroup_rows) } else { String::new() },
+            if cfg.unchecked { " unchecked" } else { "" }
+        ),
     );
     let b = packed_bytes as f64;
     let mut v = vec![
@@ -181,12 +179,18 @@ pub fn gemv_q8(ctx: &GpuContext, cfg: &QuantGemvQ8, ws: &[QuantMatrix], packed_b
         Measurement { label: format!("{label} [gpu]"), seconds: gpu, bytes: b, flops: 0.0 },
     ];
     if with_quantize {
-        // The same GEMVs writing one output per copy: no write-after-write hazard, so no barrier
-        // between dispatches (isolates the fixed cost of a dependent dispatch).
-        let ys = ws.iter().map(|w| ctx.alloc(4 * (m * w.rows) as u64, BufferKind::Storage)).collect::<Result<Vec<_>>>()?;
-        let free = ws.iter().zip(&ys).map(|(w, y)| Q8GemvPlan::new(ctx, cfg, w, &xa, y).map_err(err)).collect::<Result<Vec<_>>>()?;
-        let (wall_free, _) = time_rotating(ctx, reps, "quant_gemv_q8", |rec, i| free[i % free.len()].record(rec).map_err(err))?;
-        v.push(Measurement { label: format!("{label} independent outputs [wall]"), seconds: wall_free, bytes: b, flops: 0.0 });
+        // The same GEMVs, each writing an output of its own: no hazard between dispatches, so no
+        // barrier, and the GPU may overlap one GEMV's tail with the next one's start (as with
+        // the independent projections of a layer: Q/K/V, gate/up).
+        let free = (0..reps)
+            .map(|i| {
+                let w = &ws[i % ws.len()];
+                let y = ctx.alloc(4 * (m * w.rows) as u64, BufferKind::Storage)?;
+                Q8GemvPlan::new(ctx, cfg, w, &xa, &y).map_err(err)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (wall_free, _) = time_rotating(ctx, reps, "quant_gemv_q8", |rec, i| free[i].record(rec).map_err(err))?;
+        v.push(Measurement { label: format!("{label} independent outputs, no barriers [wall]"), seconds: wall_free, bytes: b, flops: 0.0 });
         let (wall2, gpu_q) = time_rotating(ctx, reps, "quantize_q8", |rec, i| {
             xa.record(rec).map_err(err)?;
             plans[i % plans.len()].record(rec).map_err(err)
@@ -217,18 +221,47 @@ pub const SWEEP: [(u32, u32, u32, bool); 14] = [
 
 /// One GEMM (`m x k` activations times the `n x k` weight).
 pub fn gemm(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, m: usize, reps: usize) -> Result<Measurement> {
-    let x = upload_x(ctx, m * w.cols)?;
-    let y = ctx.alloc(4 * (m * w.rows) as u64, BufferKind::Storage)?;
-    let plan = GemmPlan::new(ctx, cfg, w, &x, &y, m).map_err(err)?;
-    let s = time_reps(ctx, reps, 3, |r| {
+    gemm_tiles(ctx, cfg, CoopTiles::DEFAULT, w, m, reps)
+}
+
+/// Keeps the GPU busy with `plan`-sized work for about `secs` so that its clocks are up before a
+/// compute-bound measurement (from idle, the first GEMMs run several times slower).
+pub fn warm_clocks(ctx: &GpuContext, secs: f64) -> Result<()> {
+    let w = QuantMatrix::upload(ctx, "warm", &random_weight(WeightKind::Ggml(GgmlType::Q8_0), 4096, 4096, 3)?).map_err(err)?;
+    let x = upload_x(ctx, 512 * 4096)?;
+    let y = ctx.alloc(4 * 512 * 4096, BufferKind::Storage)?;
+    let kind = WeightKind::Ggml(GgmlType::Q8_0);
+    let plan = GemmPlan::new(ctx, &QuantGemm::new(kind, ctx), &w, &x, &y, 512).map_err(err)?;
+    let t = std::time::Instant::now();
+    while t.elapsed().as_secs_f64() < secs {
         let mut rec = ctx.recorder();
-        for _ in 0..r {
+        for _ in 0..20 {
             plan.record(&mut rec).map_err(err)?;
         }
-        rec.submit()
+        rec.submit()?;
+        ctx.sync()?;
+    }
+    Ok(())
+}
+
+/// One GEMM with an explicit coopmat block shape.
+pub fn gemm_tiles(ctx: &GpuContext, cfg: &QuantGemm, tiles: CoopTiles, w: &QuantMatrix, m: usize, reps: usize) -> Result<Measurement> {
+    let x = upload_x(ctx, m * w.cols)?;
+    let y = ctx.alloc(4 * (m * w.rows) as u64, BufferKind::Storage)?;
+    let plan = GemmPlan::with_tiles(ctx, cfg, tiles, w, &x, &y, m).map_err(err)?;
+    let s = time_recorded(ctx, reps, 3, |rec, _| {
+        plan.record(rec).map_err(err)?;
+        Ok(())
     })?;
     Ok(Measurement {
-        label: format!("gemm {} {}x{}x{} {}", w.format.name(), m, w.cols, w.rows, if cfg.coopmat { "coopmat" } else { "tiled" }),
+        label: format!(
+            "gemm {} {}x{}x{} {}",
+            w.format.name(),
+            m,
+            w.cols,
+            w.rows,
+            if cfg.coopmat { format!("coopmat {}x{}x{} sg{}x{}", tiles.bm, tiles.bn, tiles.bk, tiles.sg_m, tiles.sg_n) } else { "tiled".into() }
+        ),
         seconds: s,
         bytes: 0.0,
         flops: 2.0 * (m * w.rows * w.cols) as f64,
@@ -243,36 +276,39 @@ pub fn gemm(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, m: usize, reps: 
 /// integer-dot GEMV's configurations for the main formats (`cargo xtask bench --kernels --only gemv`).
 pub fn quant_table(ctx: &GpuContext, quick: bool, mode: &str) -> Result<Vec<Measurement>> {
     let env = KernelEnv::from_caps(ctx.capabilities());
-    let (roof_bytes, reps) = if quick { (64u64 << 20, 3) } else { (1u64 << 30, 60) };
+    let (roof_bytes, reps) = if quick { (64u64 << 20, 3) } else { (1u64 << 30, 100) };
     let mut v = vec![stream_read(ctx, roof_bytes, if quick { 3 } else { 20 })?];
     let shapes: Vec<(usize, usize)> = if quick { vec![(256, 512)] } else { GEMV_SHAPES.to_vec() };
     let main = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K];
     let is_main = |kind: WeightKind| matches!(kind, WeightKind::Ggml(t) if main.contains(&t));
     let mut kinds: Vec<WeightKind> = main.iter().map(|&t| WeightKind::Ggml(t)).collect();
     kinds.extend(WeightKind::all().into_iter().filter(|&k| !is_main(k)));
+    // What any dispatch of one GEMV's bytes gets: the streaming read of Q4_0 4096x14336's bytes,
+    // in a dependent chain and without barriers.
+    let (sn, sk) = shapes[shapes.len() - 1];
+    let q4_bytes = random_weight(WeightKind::Ggml(GgmlType::Q4_0), sn, sk, 7)?.total_bytes() as u64 / 16 * 16;
+    for independent in [false, true] {
+        v.extend(crate::probe::stream_rotating(ctx, q4_bytes, 4, independent, reps, quick)?);
+    }
     for kind in kinds {
         for (si, &(n, k)) in shapes.iter().enumerate() {
+            let last = si == shapes.len() - 1;
             let p = random_weight(kind, n, k, 7)?;
             let bytes = p.total_bytes();
             let ws = upload_copies(ctx, &p, if quick { 2 } else { copies_for(bytes) })?;
-            let base = QuantGemv { unchecked: true, ..QuantGemv::new(kind, &env, 1) };
-            if is_main(kind) || !QuantGemvQ8::supports(kind) {
-                v.extend(gemv(ctx, &base, &ws, bytes, reps)?);
+            if (is_main(kind) && last) || !QuantGemvQ8::supports(kind) {
+                v.extend(gemv(ctx, &QuantGemv { unchecked: true, ..QuantGemv::new(kind, &env, 1) }, &ws, bytes, reps)?);
             }
             if QuantGemvQ8::supports(kind) {
                 let q8 = QuantGemvQ8 { unchecked: true, ..QuantGemvQ8::new(kind, &env, 1) };
                 v.extend(gemv_q8(ctx, &q8, &ws, bytes, reps, is_main(kind))?);
-                if is_main(kind) && si == shapes.len() - 1 {
-                    v.extend(gemv(ctx, &QuantGemv::new(kind, &env, 8), &ws, bytes, reps)?);
+                if is_main(kind) && mode == "gemv" {
+                    v.extend(gemv_q8(ctx, &QuantGemvQ8 { rows_per_workgroup: 2, ..q8 }, &ws, bytes, reps, true)?);
+                }
+                if is_main(kind) && last {
                     v.extend(gemv(ctx, &QuantGemv { unchecked: true, ..QuantGemv::new(kind, &env, 8) }, &ws, bytes, reps)?);
                     let q8m8 = QuantGemvQ8 { unchecked: true, ..QuantGemvQ8::new(kind, &env, 8) };
                     v.extend(gemv_q8(ctx, &q8m8, &ws, bytes, reps, false)?);
-                    if mode == "gemv" {
-                        for (r, t, u) in [(1, 64, 2), (1, 32, 1), (4, 64, 1), (2, 128, 1)] {
-                            let cfg = QuantGemvQ8 { rows_per_workgroup: r, threads: t, unroll: u, ..q8m8 };
-                            v.extend(gemv_q8(ctx, &cfg, &ws, bytes, reps, false)?);
-                        }
-                    }
                 }
                 if mode == "sweep" && is_main(kind) && si != 1 {
                     for (r, t, u, c) in SWEEP {
@@ -287,8 +323,14 @@ pub fn quant_table(ctx: &GpuContext, quick: bool, mode: &str) -> Result<Vec<Meas
             break;
         }
     }
+    // GPU timestamps around single dispatches run several microseconds long on the H200 (they
+    // serialise the pass), so the table keeps the wall-clock rows; `--only probe` shows both.
+    v.retain(|m| !m.label.ends_with("[gpu]"));
     if mode == "gemv" || mode == "sweep" {
         return Ok(v);
+    }
+    if !quick {
+        warm_clocks(ctx, 1.0)?;
     }
     let (m, n, k) = if quick { (64, 256, 512) } else { (512, 4096, 4096) };
     let coop = QuantGemm::coopmat_available(ctx);
@@ -298,6 +340,30 @@ pub fn quant_table(ctx: &GpuContext, quick: bool, mode: &str) -> Result<Vec<Meas
         v.push(gemm(ctx, &QuantGemm { kind, coopmat: false, unchecked: true }, &w, m, if quick { 2 } else { 10 })?);
         if coop {
             v.push(gemm(ctx, &QuantGemm { kind, coopmat: true, unchecked: true }, &w, m, if quick { 2 } else { 10 })?);
+        }
+    }
+    Ok(v)
+}
+
+/// The coopmat GEMM over every candidate block shape, M = 512, N = K = 4096, for the main
+/// formats, after warming the clocks (`cargo xtask bench --kernels --only gemm`).
+pub fn gemm_sweep(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
+    let (m, n, k) = if quick { (64, 256, 512) } else { (512, 4096, 4096) };
+    let mut v = Vec::new();
+    if !QuantGemm::coopmat_available(ctx) {
+        return Ok(v);
+    }
+    if !quick {
+        warm_clocks(ctx, 1.0)?;
+    }
+    let max_shared = ctx.capabilities().limits.max_compute_workgroup_storage_size;
+    let shapes = |bm, bn, bk, sg_m, sg_n| CoopTiles { bm, bn, bk, sg_m, sg_n, pad: 8 };
+    let tiles = [CoopTiles::DEFAULT, shapes(128, 128, 64, 4, 2), shapes(64, 128, 32, 1, 4), shapes(128, 128, 32, 4, 4), shapes(128, 64, 64, 2, 2), shapes(64, 128, 64, 2, 4)];
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16, GgmlType::Q5_K] {
+        let kind = WeightKind::Ggml(ty);
+        let w = QuantMatrix::upload(ctx, "w", &random_weight(kind, n, k, 9)?).map_err(err)?;
+        for t in tiles.into_iter().filter(|t| t.valid(max_shared)) {
+            v.push(gemm_tiles(ctx, &QuantGemm { kind, coopmat: true, unchecked: true }, t, &w, m, if quick { 2 } else { 20 })?);
         }
     }
     Ok(v)

@@ -106,13 +106,21 @@ fn q8_gemv_matches_reference_for_every_quantized_format() {
         // Every format with the defaults; the other variants on the formats with specialised
         // decoders' neighbours (legacy, Q8_0, K-quants, int4) to keep lavapipe time short.
         let all_variants = ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "AWQ-g32"].contains(&name.as_str());
-        let cases: &[(usize, u32)] = if all_variants { &[(1, 0), (1, 1), (1, 2), (3, 0), (8, 0)] } else { &[(1, 0), (8, 0)] };
+        let cases: &[(usize, u32)] = if all_variants { &[(1, 0), (1, 1), (1, 2), (1, 3), (1, 5), (3, 0), (3, 4), (3, 6), (8, 0)] } else { &[(1, 0), (8, 0)] };
         for &(m, variant) in cases {
             let base = QuantGemvQ8::new(kind, &env, m as u32);
             let cfg = match variant {
                 0 => base,
                 1 => QuantGemvQ8 { unroll: 4, contiguous: true, rows_per_workgroup: 4, threads: 32, unchecked: true, ..base },
-                _ => QuantGemvQ8 { subgroups: false, rows_per_workgroup: 3, unroll: 3, ..base },
+                2 => QuantGemvQ8 { subgroups: false, rows_per_workgroup: 3, unroll: 3, ..base },
+                // Rows per subgroup: 8 rows over 8 subgroups (on 32-wide subgroups; lavapipe's
+                // 8-wide ones take a row each too), and pairs of rows with contiguous chunks.
+                3 => QuantGemvQ8 { subgroup_rows: 1, rows_per_workgroup: 8, threads: 256, unroll: 2, ..base },
+                4 => QuantGemvQ8 { subgroup_rows: 2, rows_per_workgroup: 6, threads: 64, unroll: 2, contiguous: true, ..base },
+                // Prefetching the next step's chunks: with the defaults, and with rows per
+                // subgroup, two rows per workgroup and an uneven number of steps.
+                5 => QuantGemvQ8 { prefetch: true, ..base },
+                _ => QuantGemvQ8 { prefetch: true, subgroup_rows: 1, rows_per_workgroup: 2, threads: 64, unroll: 3, ..base },
             };
             let x: Vec<f32> = (0..m * cols).map(|_| rng.f32_in(-1.0, 1.0)).collect();
             let (got, deq) = run(&ctx, &cfg, &w, &x, m);

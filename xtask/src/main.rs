@@ -28,7 +28,9 @@ enum Cmd {
         #[arg(long)]
         kernels: bool,
         /// With --kernels: `gemv` (only the GEMV rows) or `sweep` (GEMV rows plus a sweep of the
-        /// integer-dot GEMV configurations).
+        /// integer-dot GEMV configurations) or `probe` (the fixed cost of a GEMV-sized dispatch:
+        /// small streaming reads, empty grids, one-copy GEMVs; see `benches::probe`) or `gemm`
+        /// (the coopmat GEMM over every candidate block shape).
         #[arg(long, default_value = "")]
         only: String,
         /// The attention table instead (decode GB/s of KV read at 4K/32K beside the roofline of
@@ -44,7 +46,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let ctx = numr::GpuContext::new()?;
             let rows = if attention {
                 benches::attention::attention_table(&ctx, quick)?
-            } else if kernels { benches::quant::quant_table(&ctx, quick, &only)? } else { benches::core_table(&ctx, quick)? };
+            } else if kernels && only == "gemm" {
+                benches::quant::gemm_sweep(&ctx, quick)?
+            } else if kernels && only == "probe" {
+                benches::probe::probe_table(&ctx, quick)?
+            } else if kernels {
+                benches::quant::quant_table(&ctx, quick, &only)?
+            } else {
+                benches::core_table(&ctx, quick)?
+            };
             benches::print_table(&ctx, &rows);
         }
     }

@@ -83,6 +83,16 @@ pub struct QuantGemvQ8 {
     pub contiguous: bool,
     /// Reduce with subgroup operations (needs `env.subgroups`).
     pub subgroups: bool,
+    /// With subgroups: each subgroup owns `subgroup_rows` rows at a time (its lanes split K and
+    /// it reduces them alone, with no workgroup barrier), and the workgroup's subgroups take the
+    /// `rows_per_workgroup` rows in turn. 0: the whole workgroup splits K of every row. Larger
+    /// workgroups over more rows mean fewer workgroups per dispatch, whose launch costs about a
+    /// nanosecond each on the H200 (`cargo xtask bench --kernels --only probe`).
+    pub subgroup_rows: u32,
+    /// Software pipelining: each step loads (and decodes) the next step's weight chunks before
+    /// the dot products of the current ones, so a step's memory latency overlaps the previous
+    /// step's math.
+    pub prefetch: bool,
     /// Activation rows (1..=8).
     pub activation_rows: u32,
     pub unchecked: bool,
@@ -94,16 +104,22 @@ impl QuantGemvQ8 {
         is_quantized(kind)
     }
 
-    /// The default for `kind` on `env` with `m` activation rows (the best of the H200 sweep at
-    /// 4096x14336 for m = 1: one row per 32-invocation workgroup, two chunks in flight).
+    /// The default for `kind` on `env` with `m` activation rows (the best of the H200 sweeps at
+    /// 4096x14336 for m = 1, `cargo xtask bench --kernels --only gemv|probe`: one row per
+    /// 32-invocation workgroup with two chunks in flight; two rows for Q4_K/Q5_K, whose
+    /// scale unpacking the activations' loads then amortise).
     pub fn new(kind: WeightKind, env: &KernelEnv, m: u32) -> QuantGemvQ8 {
+        use crate::formats::GgmlType::{Q4_K, Q5_K};
+        let kq45 = matches!(kind, WeightKind::Ggml(Q4_K | Q5_K));
         QuantGemvQ8 {
             kind,
-            rows_per_workgroup: if m <= 2 { 1 } else { 2 },
+            rows_per_workgroup: if m <= 2 && !kq45 { 1 } else { 2 },
             threads: if m <= 2 { 32 } else { 64 },
             unroll: if m <= 2 { 2 } else { 1 },
             contiguous: false,
             subgroups: env.subgroups,
+            subgroup_rows: 0,
+            prefetch: false,
             activation_rows: m,
             unchecked: false,
         }
@@ -119,6 +135,10 @@ impl QuantGemvQ8 {
                 if m == 1 {
                     v.push(QuantGemvQ8 { unroll: 4, contiguous: true, rows_per_workgroup: 4, unchecked: true, ..base });
                 }
+                v.push(QuantGemvQ8 { subgroup_rows: 1, rows_per_workgroup: 8, threads: 256, ..base });
+                v.push(QuantGemvQ8 { subgroup_rows: 2, rows_per_workgroup: 8, threads: 128, contiguous: true, unchecked: true, ..base });
+                v.push(QuantGemvQ8 { prefetch: true, ..base });
+                v.push(QuantGemvQ8 { prefetch: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base });
             }
         }
         v
@@ -126,49 +146,63 @@ impl QuantGemvQ8 {
 
     fn name(&self) -> String {
         format!(
-            "quant_gemv_q8_{}_r{}_t{}_u{}{}_m{}{}{}",
+            "quant_gemv_q8_{}_r{}_t{}_u{}{}{}_m{}{}{}",
             self.kind.name().to_lowercase(),
             self.rows_per_workgroup,
             self.threads,
             self.unroll,
             if self.contiguous { "c" } else { "" },
+            if self.prefetch { "p" } else { "" },
             self.activation_rows,
-            if self.subgroups { "_sg" } else { "" },
+            match (self.subgroups, self.subgroup_rows) {
+                (false, _) => String::new(),
+                (true, 0) => "_sg".to_string(),
+                (true, n) => format!("_sgrows{n}"),
+            },
             if self.unchecked { "_unchecked" } else { "" },
         )
     }
 
-    /// The WGSL source for `env`.
-    pub fn source(&self, env: &KernelEnv) -> KernelSource {
-        let r = self.rows_per_workgroup as usize;
+    /// Whether the kernel runs in subgroup-rows mode on `env`.
+    fn per_subgroup(&self, env: &KernelEnv) -> bool {
+        self.subgroups && env.subgroups && self.subgroup_rows > 0
+    }
+
+    /// The K loop over `r` rows whose first chunks are `rb0..`: `first`/`step`/`stride` place
+    /// an invocation's chunks; `acc` gets `r * m` sums (row-major over rows, then activations).
+    fn k_loop(&self, r: usize, first: &str, step: &str, stride: &str) -> String {
         let mm = self.activation_rows as usize;
-        let (wg, un) = (self.threads, self.unroll as usize);
-        let sg = self.subgroups && env.subgroups;
-        let v = r * mm;
-        let mut pre = decoder(self.kind);
-        pre.push_str(&reduce_fn(v, wg, sg, env));
-        let rargs = if sg { "lidx, sg_size, sg_id" } else { "lidx" };
-        let mut b = format!("    let row0 = wg_linear * {r}u;\n    if (row0 >= p.rows) {{ return; }}\n");
-        for i in 0..r {
-            b.push_str(&format!("    let rb{i} = min(row0 + {i}u, p.rows - 1u) * p.cpr;\n"));
+        let un = self.unroll as usize;
+        let mut b = format!("    var acc: array<f32, {}>;\n", r * mm);
+        if self.prefetch {
+            for u in 0..un {
+                for i in 0..r {
+                    b.push_str(&format!("    var q{i}_{u} = dq(rb{i} + min({first} + {u}u * {stride}, p.cpr - 1u));\n"));
+                }
+            }
         }
-        let (first, step, stride) = if self.contiguous {
-            (format!("lidx * {un}u"), format!("{}u", wg as usize * un), "1u".to_string())
-        } else {
-            ("lidx".to_string(), format!("{}u", wg as usize * un), format!("{wg}u"))
-        };
-        b.push_str(&format!("    var acc: array<f32, {v}>;\n    for (var kb = {first}; kb < p.cpr; kb += {step}) {{\n"));
+        b.push_str(&format!("    for (var kb = {first}; kb < p.cpr; kb += {step}) {{\n"));
         for u in 0..un {
             b.push_str(&format!(
                 "        let k{u} = kb + {u}u * {stride};\n        let c{u} = min(k{u}, p.cpr - 1u);\n        let ok{u} = k{u} < p.cpr;\n"
             ));
+            if self.prefetch {
+                b.push_str(&format!("        let nc{u} = min(k{u} + {step}, p.cpr - 1u);\n"));
+                for i in 0..r {
+                    b.push_str(&format!("        let n{i}_{u} = dq(rb{i} + nc{u});\n"));
+                }
+            }
+        }
+        for u in 0..un {
             for m in 0..mm {
                 b.push_str(&format!(
                     "        let xa{m}_{u} = xq[({m}u * p.cpr + c{u}) * 2u];\n        let xb{m}_{u} = xq[({m}u * p.cpr + c{u}) * 2u + 1u];\n        let xs{m}_{u} = select(vec4<f32>(0.0), xs[{m}u * p.cpr + c{u}], ok{u});\n"
                 ));
             }
-            for i in 0..r {
-                b.push_str(&format!("        let q{i}_{u} = dq(rb{i} + c{u});\n"));
+            if !self.prefetch {
+                for i in 0..r {
+                    b.push_str(&format!("        let q{i}_{u} = dq(rb{i} + c{u});\n"));
+                }
             }
         }
         for u in 0..un {
@@ -191,10 +225,60 @@ impl QuantGemvQ8 {
                 }
             }
         }
+        if self.prefetch {
+            for u in 0..un {
+                for i in 0..r {
+                    b.push_str(&format!("        q{i}_{u} = n{i}_{u};\n"));
+                }
+            }
+        }
         b.push_str("    }\n");
-        b.push_str(&format!(
-            "    let tot = wg_reduce_{v}(acc, {rargs});\n    if (lidx < {v}u) {{\n        let row = row0 + lidx / {mm}u;\n        let m = lidx % {mm}u;\n        if (row < p.rows) {{ y[m * p.n_out + p.row0 + row] = tot; }}\n    }}\n"
-        ));
+        b
+    }
+
+    /// The WGSL source for `env`.
+    pub fn source(&self, env: &KernelEnv) -> KernelSource {
+        let r = self.rows_per_workgroup as usize;
+        let mm = self.activation_rows as usize;
+        let (wg, un) = (self.threads, self.unroll as usize);
+        let sg = self.subgroups && env.subgroups;
+        let mut pre = decoder(self.kind);
+        let mut b = format!("    let row0 = wg_linear * {r}u;\n    if (row0 >= p.rows) {{ return; }}\n");
+        if self.per_subgroup(env) {
+            // Each subgroup walks its rows `n` at a time; lanes split K; no workgroup barrier.
+            let n = self.subgroup_rows as usize;
+            let v = n * mm;
+            b.push_str(&format!(
+                "    let nsg = max({wg}u / sg_size, 1u);\n    for (var rr = (lidx / sg_size) * {n}u; rr < {r}u; rr += nsg * {n}u) {{\n    let r0 = row0 + rr;\n    if (r0 >= p.rows) {{ break; }}\n"
+            ));
+            for i in 0..n {
+                b.push_str(&format!("    let rb{i} = min(r0 + {i}u, p.rows - 1u) * p.cpr;\n"));
+            }
+            let (first, stride) = if self.contiguous { (format!("sg_id * {un}u"), "1u".to_string()) } else { ("sg_id".to_string(), "sg_size".to_string()) };
+            b.push_str(&self.k_loop(n, &first, &format!("sg_size * {un}u"), &stride));
+            for j in 0..v {
+                b.push_str(&format!("    let t{j} = subgroupAdd(acc[{j}]);\n"));
+            }
+            b.push_str("    if (sg_id == 0u) {\n");
+            for i in 0..n {
+                for m in 0..mm {
+                    b.push_str(&format!("        if (r0 + {i}u < p.rows) {{ y[{m}u * p.n_out + p.row0 + r0 + {i}u] = t{}; }}\n", i * mm + m));
+                }
+            }
+            b.push_str("    }\n    }\n");
+        } else {
+            let v = r * mm;
+            pre.push_str(&reduce_fn(v, wg, sg, env));
+            let rargs = if sg { "lidx, sg_size, sg_id" } else { "lidx" };
+            for i in 0..r {
+                b.push_str(&format!("    let rb{i} = min(row0 + {i}u, p.rows - 1u) * p.cpr;\n"));
+            }
+            let (first, stride) = if self.contiguous { (format!("lidx * {un}u"), "1u".to_string()) } else { ("lidx".to_string(), format!("{wg}u")) };
+            b.push_str(&self.k_loop(r, &first, &format!("{}u", wg as usize * un), &stride));
+            b.push_str(&format!(
+                "    let tot = wg_reduce_{v}(acc, {rargs});\n    if (lidx < {v}u) {{\n        let row = row0 + lidx / {mm}u;\n        let m = lidx % {mm}u;\n        if (row < p.rows) {{ y[m * p.n_out + p.row0 + row] = tot; }}\n    }}\n"
+            ));
+        }
         let mut kb = KernelBuilder::new(self.name(), *env).workgroup(wg, 1, 1).unchecked(self.unchecked);
         if sg {
             kb = kb.subgroup_builtins();
@@ -261,6 +345,12 @@ impl Q8GemvPlan {
         let m = cfg.activation_rows as usize;
         if !(1..=8).contains(&m) || xa.nb as usize != m * w.chunks_per_row() {
             return Err(QuantError::Shape { what: "gemv_q8", reason: format!("{m} activation rows (1..=8) of {} blocks vs {} quantized", w.chunks_per_row(), xa.nb) });
+        }
+        if cfg.rows_per_workgroup == 0 || cfg.threads == 0 || cfg.unroll == 0 || (cfg.subgroup_rows > 0 && cfg.rows_per_workgroup % cfg.subgroup_rows != 0) {
+            return Err(QuantError::Shape {
+                what: "gemv_q8",
+                reason: format!("{} rows per workgroup in groups of {}, {} threads, unroll {}", cfg.rows_per_workgroup, cfg.subgroup_rows, cfg.threads, cfg.unroll),
+            });
         }
         let env = KernelEnv::from_caps(ctx.capabilities());
         let kernel = ctx.kernel(&cfg.source(&env))?;

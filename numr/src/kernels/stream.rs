@@ -1,6 +1,6 @@
 //! Streaming read: the bandwidth roofline kernel. Each invocation reads vec4 words in a
-//! grid-stride loop and folds them with XOR; one word per workgroup is written so the reads cannot
-//! be optimised away. Benchmarks report other kernels as a fraction of what this one reaches.
+//! grid-stride loop and folds them with XOR; an invocation writes only when its fold hits one
+//! magic value (so the reads cannot be optimised away, and the tail costs nothing). Benchmarks report other kernels as a fraction of what this one reaches.
 
 use crate::gpu::{Access, KernelBuilder, KernelEnv, KernelSource};
 
@@ -16,17 +16,10 @@ impl StreamRead {
             .storage("src", Access::Read, "array<vec4<u32>>")
             .storage("dst", Access::ReadWrite, "array<u32>")
             .params(&["n_vec4", "stride"])
-            .prelude("var<workgroup> acc_wg: array<u32, 256>;")
             .body(
                 "    var acc = vec4<u32>(0u);
     for (var i = wg_linear * 256u + lidx; i < p.n_vec4; i += p.stride) { acc ^= src[i]; }
-    acc_wg[lidx] = acc.x ^ acc.y ^ acc.z ^ acc.w;
-    workgroupBarrier();
-    if (lidx == 0u) {
-        var t = 0u;
-        for (var j = 0u; j < 256u; j++) { t ^= acc_wg[j]; }
-        dst[wg_linear] = t;
-    }
+    if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9E3779B9u) { dst[wg_linear] = lidx; }
 ",
             )
             .build()

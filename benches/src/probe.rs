@@ -1,0 +1,204 @@
+//! Diagnostics for the GEMV's fixed cost (`cargo xtask bench --kernels --only probe`): what a
+//! dispatch the size of one GEMV costs before any GEMV work, so that the GEMV rows can be read
+//! against what the GPU gives any kernel of that size.
+//!
+//! - The streaming read of exactly one GEMV's weight bytes, rotating over copies past the L2
+//!   (the small-read roofline), wall clock and GPU timestamps.
+//! - An empty grid of the GEMV's shape (4096 workgroups of 32 invocations writing one word).
+//! - The integer-dot GEMV rotating over copies and on one L2-resident copy.
+
+use std::sync::Arc;
+
+use numr::gpu::{grid_2d, Access, Binding, BoundGroup, BufferKind, GpuBuffer, GpuContext, Kernel, KernelBuilder, KernelEnv};
+use numr::kernels::stream::StreamRead;
+use numr::Result;
+
+use crate::quant::{copies_for, gemv_q8, random_weight, upload_copies};
+use crate::{dispatch_overhead, stream_read, time_recorded, Measurement};
+use boostr::formats::GgmlType;
+use boostr::quant::{QuantGemvQ8, WeightKind};
+
+/// Wall seconds per dispatch over `reps` dispatches in one submit, and the median GPU time.
+fn time_dispatches(ctx: &GpuContext, reps: usize, k: &Kernel, groups: &[BoundGroup], params: &[u32], grid: [u32; 3]) -> Result<(f64, f64)> {
+    let wall = time_recorded(ctx, reps, 7, |rec, i| {
+        rec.dispatch(k, &groups[i % groups.len()], params, grid)?;
+        Ok(())
+    })?;
+    let mut rec = ctx.recorder();
+    for i in 0..reps {
+        rec.dispatch(k, &groups[i % groups.len()], params, grid)?;
+    }
+    let mut t: Vec<f64> = rec.submit_profiled()?.entries.iter().map(|e| e.1).collect();
+    t.sort_by(|a, b| a.total_cmp(b));
+    Ok((wall, t[t.len() / 2] * 1e-9))
+}
+
+/// A streaming read of `bytes` per dispatch rotating over copies (one vec4 per invocation when
+/// `per_thread == 1`, else `per_thread` vec4 in a grid-stride loop).
+pub fn stream_rotating(ctx: &GpuContext, bytes: u64, per_thread: u64, independent: bool, reps: usize, quick: bool) -> Result<Vec<Measurement>> {
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let k = ctx.kernel(&StreamRead.source(&env))?;
+    let n_vec4 = (bytes / 16) as u32;
+    let wgs = (n_vec4 as u64).div_ceil(256 * per_thread) as u32;
+    let copies = if quick { 2 } else { copies_for(bytes as usize) };
+    let srcs: Vec<Arc<GpuBuffer>> = (0..copies).map(|_| ctx.alloc(bytes, BufferKind::Storage)).collect::<Result<_>>()?;
+    let dsts: Vec<Arc<GpuBuffer>> = (0..if independent { reps } else { 1 }).map(|_| ctx.alloc(wgs as u64 * 4, BufferKind::Storage)).collect::<Result<_>>()?;
+    let groups: Vec<BoundGroup> =
+        (0..reps).map(|i| ctx.bind(&k, &[Binding::whole(&srcs[i % copies]), Binding::whole(&dsts[i % dsts.len()])])).collect::<Result<_>>()?;
+    let grid = grid_2d(wgs as u64, 65535).expect("grid");
+    let (wall, gpu) = time_dispatches(ctx, reps, &k, &groups, &[n_vec4, wgs * 256], grid)?;
+    let label = format!(
+        "stream read {:.1} MB x{copies} rotating, {per_thread} vec4/invocation{}",
+        bytes as f64 / 1e6,
+        if independent { ", no barriers" } else { "" }
+    );
+    Ok(vec![
+        Measurement { label: format!("{label} [wall]"), seconds: wall, bytes: bytes as f64, flops: 0.0 },
+        Measurement { label: format!("{label} [gpu]"), seconds: gpu, bytes: bytes as f64, flops: 0.0 },
+    ])
+}
+
+/// An empty grid of `wgs` workgroups of `threads` (each workgroup writes one word), into one
+/// buffer for all repetitions (a barrier between dispatches) or one per repetition.
+fn empty_grid(ctx: &GpuContext, wgs: u32, threads: u32, reps: usize, independent: bool) -> Result<Vec<Measurement>> {
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let k = ctx.kernel(
+        &KernelBuilder::new(format!("empty_grid_t{threads}"), env)
+            .workgroup(threads, 1, 1)
+            .storage("y", Access::ReadWrite, "array<u32>")
+            .params(&["n"])
+            .body("    if (lidx == 0u && wg_linear < p.n) { y[wg_linear] = wg_linear; }\n")
+            .build(),
+    )?;
+    let groups: Vec<BoundGroup> = (0..if independent { reps } else { 1 })
+        .map(|_| ctx.bind(&k, &[Binding::whole(&ctx.alloc(wgs as u64 * 4, BufferKind::Storage)?)]))
+        .collect::<Result<_>>()?;
+    let (wall, gpu) = time_dispatches(ctx, reps, &k, &groups, &[wgs], grid_2d(wgs as u64, 65535).expect("grid"))?;
+    let label = format!("empty grid {wgs} x {threads} invocations{}", if independent { ", no barriers" } else { "" });
+    Ok(vec![
+        Measurement { label: format!("{label} [wall]"), seconds: wall, bytes: 0.0, flops: 0.0 },
+        Measurement { label: format!("{label} [gpu]"), seconds: gpu, bytes: 0.0, flops: 0.0 },
+    ])
+}
+
+/// A GEMV-shaped read with no math: workgroup `w` of `threads` reads row `w` (`cpr` vec4 words)
+/// in steps of `unroll` vec4 per invocation, `threads` apart; `prefetch` loads the next step's
+/// words before folding the current ones. Isolates the access pattern's streaming rate.
+#[allow(clippy::too_many_arguments)]
+fn row_stream(ctx: &GpuContext, rows: u32, cpr: u32, threads: u32, unroll: u32, prefetch: bool, independent: bool, reps: usize, quick: bool) -> Result<Vec<Measurement>> {
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let mut body = String::from("    let base = wg_linear * p.cpr;\n    var acc = vec4<u32>(0u);\n");
+    let load = |dst: &str, kb: &str| -> String {
+        (0..unroll).map(|u| format!("        {dst}{u} = src[base + min({kb} + {u}u * {threads}u, p.cpr - 1u)];\n")).collect()
+    };
+    if prefetch {
+        for u in 0..unroll {
+            body.push_str(&format!("    var n{u} = vec4<u32>(0u);\n"));
+        }
+        body.push_str(&load("n", "lidx").replace("        ", "    "));
+        body.push_str(&format!("    for (var kb = lidx; kb < p.cpr; kb += {}u) {{\n", threads * unroll));
+        for u in 0..unroll {
+            body.push_str(&format!("        let c{u} = n{u};\n"));
+        }
+        body.push_str(&load("n", &format!("(kb + {}u)", threads * unroll)));
+        for u in 0..unroll {
+            body.push_str(&format!("        acc ^= c{u};\n"));
+        }
+        body.push_str("    }\n");
+    } else {
+        body.push_str(&format!("    for (var kb = lidx; kb < p.cpr; kb += {}u) {{\n", threads * unroll));
+        for u in 0..unroll {
+            body.push_str(&format!("        acc ^= src[base + min(kb + {u}u * {threads}u, p.cpr - 1u)];\n"));
+        }
+        body.push_str("    }\n");
+    }
+    body.push_str("    if (acc.x == 0x12345678u) { dst[wg_linear] = acc.y; }\n");
+    let k = ctx.kernel(
+        &KernelBuilder::new(format!("row_stream_t{threads}_u{unroll}{}", if prefetch { "_pf" } else { "" }), env)
+            .workgroup(threads, 1, 1)
+            .storage("src", Access::Read, "array<vec4<u32>>")
+            .storage("dst", Access::ReadWrite, "array<u32>")
+            .params(&["cpr"])
+            .body(&body)
+            .unchecked(true)
+            .build(),
+    )?;
+    let bytes = rows as u64 * cpr as u64 * 16;
+    let copies = if quick { 2 } else { copies_for(bytes as usize) };
+    let srcs: Vec<Arc<GpuBuffer>> = (0..copies).map(|_| ctx.alloc(bytes, BufferKind::Storage)).collect::<Result<_>>()?;
+    // One output for all (a barrier between dispatches), or one per repetition (none).
+    let dsts: Vec<Arc<GpuBuffer>> = (0..if independent { reps } else { 1 }).map(|_| ctx.alloc(rows as u64 * 4, BufferKind::Storage)).collect::<Result<_>>()?;
+    let groups: Vec<BoundGroup> =
+        (0..reps).map(|i| ctx.bind(&k, &[Binding::whole(&srcs[i % copies]), Binding::whole(&dsts[i % dsts.len()])])).collect::<Result<_>>()?;
+    let (wall, _) = time_dispatches(ctx, reps, &k, &groups, &[cpr], grid_2d(rows as u64, 65535).expect("grid"))?;
+    Ok(vec![Measurement {
+        label: format!(
+            "row stream {rows} rows x {} B, t{threads} u{unroll}{}{} [wall]",
+            cpr * 16,
+            if prefetch { " prefetch" } else { "" },
+            if independent { ", no barriers" } else { "" }
+        ),
+        seconds: wall,
+        bytes: bytes as f64,
+        flops: 0.0,
+    }])
+}
+
+/// Configurations of the probe sweep: (rows per workgroup, threads, rows per subgroup (0: the
+/// workgroup splits K), unroll, contiguous (K-quants: whole super-blocks at unroll 8)).
+pub const SG_SWEEP: [(u32, u32, u32, u32, bool); 8] = [
+    (2, 32, 0, 2, false),
+    (1, 32, 0, 4, true),
+    (1, 32, 0, 8, true),
+    (2, 32, 0, 8, true),
+    (1, 64, 0, 8, true),
+    (1, 128, 0, 8, true),
+    (4, 128, 1, 8, true),
+    (1, 32, 0, 16, true),
+];
+
+/// The probe table (see the module docs).
+pub fn probe_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
+    let reps = if quick { 3 } else { 60 };
+    let mut v = vec![stream_read(ctx, if quick { 64 << 20 } else { 1 << 30 }, if quick { 3 } else { 20 })?];
+    let n = if quick { 50 } else { 1000 };
+    v.push(dispatch_overhead(ctx, n, true)?);
+    v.push(dispatch_overhead(ctx, n, false)?);
+    for (wgs, t) in [(1, 64), (4096, 32)] {
+        for independent in [false, true] {
+            v.extend(empty_grid(ctx, wgs, t, reps, independent)?);
+        }
+    }
+    let (rows, cpr) = if quick { (256, 64) } else { (4096, 14336 / 32) };
+    for (t, u, pf) in [(32, 2, false)] {
+        for independent in [false, true] {
+            v.extend(row_stream(ctx, rows, cpr, t, u, pf, independent, reps, quick)?);
+        }
+    }
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let (n, k) = if quick { (256, 512) } else { (4096, 14336) };
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        let kind = WeightKind::Ggml(ty);
+        let p = random_weight(kind, n, k, 7)?;
+        let bytes = p.total_bytes();
+        if ty == GgmlType::Q4_0 {
+            let b = bytes as u64 / 16 * 16;
+            for per_thread in [1, 4] {
+                for independent in [false, true] {
+                    v.extend(stream_rotating(ctx, b, per_thread, independent, reps, quick)?);
+                }
+            }
+        }
+        let base = QuantGemvQ8 { unchecked: true, ..QuantGemvQ8::new(kind, &env, 1) };
+        let ws = upload_copies(ctx, &p, if quick { 2 } else { copies_for(bytes) })?;
+        v.extend(gemv_q8(ctx, &base, &ws, bytes, reps, true)?);
+        if ty == GgmlType::Q4_0 {
+            v.extend(gemv_q8(ctx, &base, &ws[..1], bytes, reps, false)?.into_iter().map(|m| Measurement { label: format!("{} one copy (L2)", m.label), ..m }));
+        }
+        for (r, t, sr, u, c) in SG_SWEEP {
+            let cfg = QuantGemvQ8 { rows_per_workgroup: r, threads: t, subgroup_rows: sr, unroll: u, contiguous: c, ..base };
+            v.extend(gemv_q8(ctx, &cfg, &ws, bytes, reps, true)?);
+        }
+    }
+    Ok(v)
+}
