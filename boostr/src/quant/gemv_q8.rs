@@ -14,7 +14,9 @@
 //!    `acc += d_x * (a.x * dot_lo + a.y * dot_hi) + b.x * s_lo + b.y * s_hi` (the decoder's
 //!    affine map `w = a * q + b` per 16 elements). The steps past the row end are clamped and
 //!    weighted by zero, so the inner loop has no branches. The partial sums are reduced like the
-//!    f32 GEMV's ([`super::gemv`]).
+//!    f32 GEMV's ([`super::gemv`]). Options: `subgroup_rows` (each subgroup owns whole rows and
+//!    reduces them alone with `subgroupAdd`, no workgroup barrier) and `prefetch` (each step
+//!    loads the next step's chunks before its own dot products).
 //!
 //! Accuracy: the products are exact integers; the only error beyond f32 rounding is the int8
 //! rounding of the activations (at most `d / 2` per element, the scheme of llama.cpp's Q8_1 path).
