@@ -148,13 +148,13 @@ fn row_stream(ctx: &GpuContext, rows: u32, cpr: u32, threads: u32, unroll: u32, 
 /// workgroup splits K), unroll, contiguous (K-quants: whole super-blocks at unroll 8)).
 pub const SG_SWEEP: [(u32, u32, u32, u32, bool); 8] = [
     (2, 32, 0, 2, false),
-    (1, 32, 0, 4, true),
-    (1, 32, 0, 8, true),
-    (2, 32, 0, 8, true),
-    (1, 64, 0, 8, true),
-    (1, 128, 0, 8, true),
-    (4, 128, 1, 8, true),
-    (1, 32, 0, 16, true),
+    (1, 32, 0, 4, false),
+    (1, 64, 0, 2, false),
+    (1, 64, 0, 1, false),
+    (4, 128, 1, 2, false),
+    (4, 128, 1, 4, false),
+    (2, 64, 1, 4, false),
+    (8, 256, 1, 2, false),
 ];
 
 /// The probe table (see the module docs).
@@ -176,28 +176,27 @@ pub fn probe_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
         }
     }
     let env = KernelEnv::from_caps(ctx.capabilities());
-    let (n, k) = if quick { (256, 512) } else { (4096, 14336) };
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
-        let kind = WeightKind::Ggml(ty);
-        let p = random_weight(kind, n, k, 7)?;
-        let bytes = p.total_bytes();
-        if ty == GgmlType::Q4_0 {
-            let b = bytes as u64 / 16 * 16;
-            for per_thread in [1, 4] {
+    let shapes: &[(usize, usize)] = if quick { &[(256, 512)] } else { &crate::quant::GEMV_SHAPES };
+    for &(n, k) in shapes {
+        for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+            let kind = WeightKind::Ggml(ty);
+            let p = random_weight(kind, n, k, 7)?;
+            let bytes = p.total_bytes();
+            if ty == GgmlType::Q4_0 {
                 for independent in [false, true] {
-                    v.extend(stream_rotating(ctx, b, per_thread, independent, reps, quick)?);
+                    v.extend(stream_rotating(ctx, bytes as u64 / 16 * 16, 4, independent, reps, quick)?);
                 }
             }
-        }
-        let base = QuantGemvQ8 { unchecked: true, ..QuantGemvQ8::new(kind, &env, 1) };
-        let ws = upload_copies(ctx, &p, if quick { 2 } else { copies_for(bytes) })?;
-        v.extend(gemv_q8(ctx, &base, &ws, bytes, reps, true)?);
-        if ty == GgmlType::Q4_0 {
-            v.extend(gemv_q8(ctx, &base, &ws[..1], bytes, reps, false)?.into_iter().map(|m| Measurement { label: format!("{} one copy (L2)", m.label), ..m }));
-        }
-        for (r, t, sr, u, c) in SG_SWEEP {
-            let cfg = QuantGemvQ8 { rows_per_workgroup: r, threads: t, subgroup_rows: sr, unroll: u, contiguous: c, ..base };
-            v.extend(gemv_q8(ctx, &cfg, &ws, bytes, reps, true)?);
+            let base = QuantGemvQ8 { unchecked: true, ..QuantGemvQ8::new(kind, &env, 1) };
+            let ws = upload_copies(ctx, &p, if quick { 2 } else { copies_for(bytes) })?;
+            v.extend(gemv_q8(ctx, &base, &ws, bytes, reps, true)?);
+            if ty == GgmlType::Q4_0 && n == 4096 && k == 14336 {
+                v.extend(gemv_q8(ctx, &base, &ws[..1], bytes, reps, false)?.into_iter().map(|m| Measurement { label: format!("{} one copy (L2)", m.label), ..m }));
+            }
+            for (r, t, sr, u, c) in SG_SWEEP {
+                let cfg = QuantGemvQ8 { rows_per_workgroup: r, threads: t, subgroup_rows: sr, unroll: u, contiguous: c, ..base };
+                v.extend(gemv_q8(ctx, &cfg, &ws, bytes, reps, true)?);
+            }
         }
     }
     Ok(v)

@@ -300,7 +300,7 @@ pub fn quant_table(ctx: &GpuContext, quick: bool, mode: &str) -> Result<Vec<Meas
                 v.extend(gemv(ctx, &QuantGemv { unchecked: true, ..QuantGemv::new(kind, &env, 1) }, &ws, bytes, reps)?);
             }
             if QuantGemvQ8::supports(kind) {
-                let q8 = QuantGemvQ8 { unchecked: true, ..QuantGemvQ8::new(kind, &env, 1) };
+                let q8 = QuantGemvQ8 { unchecked: true, ..QuantGemvQ8::for_matrix(kind, &env, 1, n, k) };
                 v.extend(gemv_q8(ctx, &q8, &ws, bytes, reps, is_main(kind))?);
                 if is_main(kind) && mode == "gemv" {
                     v.extend(gemv_q8(ctx, &QuantGemvQ8 { rows_per_workgroup: 2, ..q8 }, &ws, bytes, reps, true)?);

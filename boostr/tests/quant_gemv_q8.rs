@@ -131,3 +131,13 @@ fn q8_gemv_matches_reference_for_every_quantized_format() {
         }
     }
 }
+
+/// The per-matrix default pairs rows only for many short rows, and never changes the m > 2 shape.
+#[test]
+fn per_matrix_defaults() {
+    let env = KernelEnv::all_for_validation()[0];
+    let kind = WeightKind::Ggml(GgmlType::Q4_0);
+    assert_eq!(QuantGemvQ8::for_matrix(kind, &env, 1, 4096, 14336), QuantGemvQ8::new(kind, &env, 1));
+    assert_eq!(QuantGemvQ8::for_matrix(kind, &env, 1, 14336, 4096).rows_per_workgroup, 2);
+    assert_eq!(QuantGemvQ8::for_matrix(kind, &env, 8, 14336, 4096), QuantGemvQ8::new(kind, &env, 8));
+}
