@@ -199,3 +199,26 @@ pub fn random_ggml(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Pac
     };
     repack(ty, &bytes, rows, cols).unwrap()
 }
+
+/// Checks int8 activations (`q`, and `s` = `vec4(d, d * sum lo, d * sum hi, 0)` per block of 32)
+/// against the values `x` they quantize: `d = max|x| / 127` (to `rel` of max|x|), every
+/// `|x - d q| <= d / 2` (plus `rel` of max|x|), and the half sums. Returns the dequantized values.
+pub fn check_q8(x: &[f32], q: &[i8], s: &[f32], rel: f32) -> Vec<f32> {
+    let mut deq = vec![0f32; x.len()];
+    for b in 0..x.len() / 32 {
+        let blk = &x[b * 32..b * 32 + 32];
+        let am = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = s[4 * b];
+        assert!((d - am / 127.0).abs() <= rel.max(1e-6) * am, "block {b}: d {d} vs max {am}");
+        for e in 0..32 {
+            let qv = q[b * 32 + e] as f32;
+            assert!((blk[e] - d * qv).abs() <= d * 0.5001 + rel * am + 1e-7, "block {b} element {e}: {} vs {} * {qv}", blk[e], d);
+            deq[b * 32 + e] = d * qv;
+        }
+        for h in 0..2 {
+            let sum: i32 = q[b * 32 + 16 * h..b * 32 + 16 * h + 16].iter().map(|&v| v as i32).sum();
+            assert!((s[4 * b + 1 + h] - d * sum as f32).abs() <= 1e-5 * d * 16.0 * 127.0);
+        }
+    }
+    deq
+}

@@ -17,7 +17,7 @@ use boostr::formats::{AwqTensors, GgmlType, PackedWeights, matmul_ref};
 use boostr::quant::{Q8Activations, Q8GemvPlan, QuantGemvQ8, QuantMatrix, QuantizeQ8, WeightKind};
 use numr::gpu::{BufferKind, GpuBuffer, GpuContext, KernelEnv};
 use numr::testing::{check_close_rtol, test_gpu, validate_wgsl};
-use util::{Rng, random_ggml, small_f16};
+use util::{Rng, check_q8, random_ggml, small_f16};
 
 /// Every quantized format (int4 as AWQ with groups of 32 and 128) at `rows x cols`.
 fn quant_weights(rng: &mut Rng, rows: usize, cols: usize) -> Vec<(String, PackedWeights)> {
@@ -53,22 +53,7 @@ fn run(ctx: &GpuContext, cfg: &QuantGemvQ8, w: &QuantMatrix, x: &[f32], m: usize
     let q: Vec<i8> = read(ctx, &xa.xq, nb * 32).into_iter().map(|b| b as i8).collect();
     let s: Vec<f32> = bytemuck::pod_collect_to_vec(&read(ctx, &xa.xs, nb * 16));
     // The quantization is faithful: d = max|x| / 127, |x - d q| <= d / 2, and the half sums match.
-    let mut deq = vec![0f32; x.len()];
-    for b in 0..nb {
-        let blk = &x[b * 32..b * 32 + 32];
-        let am = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
-        let d = s[4 * b];
-        assert!((d - am / 127.0).abs() <= 1e-6 * am, "block {b}: d {d} vs max {am}");
-        for e in 0..32 {
-            let qv = q[b * 32 + e] as f32;
-            assert!((blk[e] - d * qv).abs() <= d * 0.5001 + 1e-7, "block {b} element {e}: {} vs {} * {qv}", blk[e], d);
-            deq[b * 32 + e] = d * qv;
-        }
-        for h in 0..2 {
-            let sum: i32 = q[b * 32 + 16 * h..b * 32 + 16 * h + 16].iter().map(|&v| v as i32).sum();
-            assert!((s[4 * b + 1 + h] - d * sum as f32).abs() <= 1e-5 * d * 16.0 * 127.0);
-        }
-    }
+    let deq = check_q8(x, &q, &s, 0.0);
     let got: Vec<f64> = bytemuck::pod_collect_to_vec::<u8, f32>(&read(ctx, &y, 4 * m * w.rows)).into_iter().map(|v| v as f64).collect();
     (got, deq)
 }

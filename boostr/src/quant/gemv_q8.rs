@@ -2,7 +2,7 @@
 //! 1..=8 activation rows, with the activations quantized to int8 per 32-element block first.
 //!
 //! Two dispatches, recorded together by [`Q8GemvPlan`]:
-//! 1. [`QuantizeQ8`] (one invocation per block of 32 activations): `d = max|x| / 127`,
+//! 1. [`super::QuantizeQ8`] or the fused [`super::RmsNormQuantizeQ8`] (file `q8_activations.rs`): `d = max|x| / 127`,
 //!    `q = round(x / d)` packed four per word (`xq`, two `vec4<u32>` per block), and per block
 //!    `vec4(d, d * sum(q[0..16]), d * sum(q[16..32]), 0)` (`xs`). In a model the same quantized
 //!    activations serve every projection that reads them (Q/K/V, gate/up).
@@ -25,51 +25,12 @@
 
 use std::sync::Arc;
 
-use numr::gpu::{grid_2d, Access, Binding, BoundGroup, BufferKind, GpuBuffer, GpuContext, Kernel, KernelBuilder, KernelEnv, KernelSource, Recorder};
+use numr::gpu::{grid_2d, Access, Binding, BoundGroup, GpuBuffer, GpuContext, Kernel, KernelBuilder, KernelEnv, KernelSource, Recorder};
 
 use super::decode::{decoder, is_quantized};
 use super::gemv::{part_params, reduce_fn, PARAMS};
+use super::q8_activations::Q8Activations;
 use super::{QuantError, QuantMatrix, Result, WeightKind};
-
-/// The activation quantizer (one kernel for every shape; 64 blocks per workgroup).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct QuantizeQ8;
-
-impl QuantizeQ8 {
-    pub const BLOCKS_PER_WORKGROUP: u32 = 64;
-
-    pub fn source(&self, env: &KernelEnv) -> KernelSource {
-        let body = "    let b = wg_linear * 64u + lidx;
-    if (b >= p.nb) { return; }
-    var v: array<vec4<f32>, 8>;
-    var amax = vec4<f32>(0.0);
-    for (var i = 0u; i < 8u; i++) { v[i] = x[b * 8u + i]; amax = max(amax, abs(v[i])); }
-    let am = max(max(amax.x, amax.y), max(amax.z, amax.w));
-    let inv = select(0.0, 127.0 / am, am > 0.0);
-    var w: array<u32, 8>;
-    var lo = 0i;
-    var hi = 0i;
-    for (var i = 0u; i < 8u; i++) {
-        let q = vec4<i32>(round(v[i] * inv));
-        w[i] = pack4xI8(q);
-        let s = q.x + q.y + q.z + q.w;
-        if (i < 4u) { lo += s; } else { hi += s; }
-    }
-    xq[b * 2u] = vec4<u32>(w[0], w[1], w[2], w[3]);
-    xq[b * 2u + 1u] = vec4<u32>(w[4], w[5], w[6], w[7]);
-    let d = am / 127.0;
-    xs[b] = vec4<f32>(d, d * f32(lo), d * f32(hi), 0.0);
-";
-        KernelBuilder::new("quantize_q8_x", *env)
-            .workgroup(Self::BLOCKS_PER_WORKGROUP, 1, 1)
-            .storage("x", Access::Read, "array<vec4<f32>>")
-            .storage("xq", Access::ReadWrite, "array<vec4<u32>>")
-            .storage("xs", Access::ReadWrite, "array<vec4<f32>>")
-            .params(&["nb"])
-            .body(body)
-            .build()
-    }
-}
 
 /// An integer-dot GEMV configuration (quantized formats only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -95,6 +56,9 @@ pub struct QuantGemvQ8 {
     /// the dot products of the current ones, so a step's memory latency overlaps the previous
     /// step's math.
     pub prefetch: bool,
+    /// Three outputs: rows `[0, nq)` go to `y`, `[nq, nq + nk)` to `yk`, the rest to `yv` (Q/K/V
+    /// packed into one matrix at upload), seven storage bindings in all.
+    pub split_qkv: bool,
     /// Activation rows (1..=8).
     pub activation_rows: u32,
     pub unchecked: bool,
@@ -122,6 +86,7 @@ impl QuantGemvQ8 {
             subgroups: env.subgroups,
             subgroup_rows: 0,
             prefetch: false,
+            split_qkv: false,
             activation_rows: m,
             unchecked: false,
         }
@@ -156,6 +121,8 @@ impl QuantGemvQ8 {
                 v.push(QuantGemvQ8 { subgroup_rows: 2, rows_per_workgroup: 8, threads: 128, contiguous: true, unchecked: true, ..base });
                 v.push(QuantGemvQ8 { prefetch: true, ..base });
                 v.push(QuantGemvQ8 { prefetch: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base });
+                v.push(QuantGemvQ8 { split_qkv: true, ..base });
+                v.push(QuantGemvQ8 { split_qkv: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, unchecked: true, ..base });
             }
         }
         v
@@ -163,7 +130,7 @@ impl QuantGemvQ8 {
 
     fn name(&self) -> String {
         format!(
-            "quant_gemv_q8_{}_r{}_t{}_u{}{}{}_m{}{}{}",
+            "quant_gemv_q8_{}_r{}_t{}_u{}{}{}_m{}{}{}{}",
             self.kind.name().to_lowercase(),
             self.rows_per_workgroup,
             self.threads,
@@ -176,6 +143,7 @@ impl QuantGemvQ8 {
                 (true, 0) => "_sg".to_string(),
                 (true, n) => format!("_sgrows{n}"),
             },
+            if self.split_qkv { "_qkv" } else { "" },
             if self.unchecked { "_unchecked" } else { "" },
         )
     }
@@ -253,6 +221,17 @@ impl QuantGemvQ8 {
         b
     }
 
+    /// The WGSL statement storing `val` for activation row `m` and global weight row `g`.
+    fn store(&self, m: &str, g: &str, val: &str) -> String {
+        if self.split_qkv {
+            format!(
+                "let g = {g}; if (g < p.nq) {{ y[{m} * p.nq + g] = {val}; }} else if (g < p.nq + p.nk) {{ yk[{m} * p.nk + g - p.nq] = {val}; }} else {{ yv[{m} * p.nv + g - p.nq - p.nk] = {val}; }}"
+            )
+        } else {
+            format!("y[{m} * p.n_out + {g}] = {val};")
+        }
+    }
+
     /// The WGSL source for `env`.
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let r = self.rows_per_workgroup as usize;
@@ -279,7 +258,8 @@ impl QuantGemvQ8 {
             b.push_str("    if (sg_id == 0u) {\n");
             for i in 0..n {
                 for m in 0..mm {
-                    b.push_str(&format!("        if (r0 + {i}u < p.rows) {{ y[{m}u * p.n_out + p.row0 + r0 + {i}u] = t{}; }}\n", i * mm + m));
+                    let st = self.store(&format!("{m}u"), &format!("p.row0 + r0 + {i}u"), &format!("t{}", i * mm + m));
+                    b.push_str(&format!("        if (r0 + {i}u < p.rows) {{ {st} }}\n"));
                 }
             }
             b.push_str("    }\n    }\n");
@@ -293,58 +273,27 @@ impl QuantGemvQ8 {
             let (first, stride) = if self.contiguous { (format!("lidx * {un}u"), "1u".to_string()) } else { ("lidx".to_string(), format!("{wg}u")) };
             b.push_str(&self.k_loop(r, &first, &format!("{}u", wg as usize * un), &stride));
             b.push_str(&format!(
-                "    let tot = wg_reduce_{v}(acc, {rargs});\n    if (lidx < {v}u) {{\n        let row = row0 + lidx / {mm}u;\n        let m = lidx % {mm}u;\n        if (row < p.rows) {{ y[m * p.n_out + p.row0 + row] = tot; }}\n    }}\n"
+                "    let tot = wg_reduce_{v}(acc, {rargs});\n    if (lidx < {v}u) {{\n        let row = row0 + lidx / {mm}u;\n        let m = lidx % {mm}u;\n        if (row < p.rows) {{ {} }}\n    }}\n",
+                self.store("m", "p.row0 + row", "tot")
             ));
         }
         let mut kb = KernelBuilder::new(self.name(), *env).workgroup(wg, 1, 1).unchecked(self.unchecked);
         if sg {
             kb = kb.subgroup_builtins();
         }
-        kb.storage("xq", Access::Read, "array<vec4<u32>>")
+        kb = kb
+            .storage("xq", Access::Read, "array<vec4<u32>>")
             .storage("xs", Access::Read, "array<vec4<f32>>")
             .storage("wv", Access::Read, "array<vec4<u32>>")
             .storage("ws", Access::Read, "array<u32>")
-            .storage("y", Access::ReadWrite, "array<f32>")
-            .params(PARAMS)
+            .storage("y", Access::ReadWrite, "array<f32>");
+        if self.split_qkv {
+            kb = kb.storage("yk", Access::ReadWrite, "array<f32>").storage("yv", Access::ReadWrite, "array<f32>");
+        }
+        kb.params(PARAMS)
             .prelude(&pre)
             .body(&b)
             .build()
-    }
-}
-
-/// The quantized activations of `m` rows of `k` inputs (scratch of a [`Q8GemvPlan`]; can be
-/// shared by several plans that read the same activations).
-pub struct Q8Activations {
-    pub xq: Arc<GpuBuffer>,
-    pub xs: Arc<GpuBuffer>,
-    kernel: Arc<Kernel>,
-    group: BoundGroup,
-    nb: u32,
-    grid: [u32; 3],
-}
-
-impl Q8Activations {
-    /// Scratch for `m x k` activations read from `x` (f32, `k % 32 == 0`).
-    pub fn new(ctx: &GpuContext, x: &Arc<GpuBuffer>, m: usize, k: usize) -> Result<Q8Activations> {
-        if k % 32 != 0 || k == 0 || m == 0 {
-            return Err(QuantError::Shape { what: "quantize_q8", reason: format!("{m} x {k} (k must be a positive multiple of 32)") });
-        }
-        let nb = m * k / 32;
-        let env = KernelEnv::from_caps(ctx.capabilities());
-        let kernel = ctx.kernel(&QuantizeQ8.source(&env))?;
-        let xq = ctx.alloc(nb as u64 * 32, BufferKind::Storage)?;
-        let xs = ctx.alloc(nb as u64 * 16, BufferKind::Storage)?;
-        let group = ctx.bind(&kernel, &[Binding { buffer: x.clone(), offset: 0, size: nb as u64 * 128 }, Binding::whole(&xq), Binding::whole(&xs)])?;
-        let wgs = (nb as u64).div_ceil(QuantizeQ8::BLOCKS_PER_WORKGROUP as u64);
-        let grid = grid_2d(wgs, ctx.capabilities().limits.max_compute_workgroups_per_dimension)
-            .ok_or(QuantError::Shape { what: "quantize_q8", reason: format!("{wgs} workgroups") })?;
-        Ok(Q8Activations { xq, xs, kernel, group, nb: nb as u32, grid })
-    }
-
-    /// Records the quantization dispatch.
-    pub fn record(&self, rec: &mut Recorder) -> Result<()> {
-        rec.dispatch(&self.kernel, &self.group, &[self.nb], self.grid)?;
-        Ok(())
     }
 }
 
@@ -355,7 +304,27 @@ pub struct Q8GemvPlan {
 }
 
 impl Q8GemvPlan {
+    /// `y` (`m x N` f32) from the activations `xa`.
     pub fn new(ctx: &GpuContext, cfg: &QuantGemvQ8, w: &QuantMatrix, xa: &Q8Activations, y: &Arc<GpuBuffer>) -> Result<Q8GemvPlan> {
+        if cfg.split_qkv {
+            return Err(QuantError::Shape { what: "gemv_q8", reason: "split_qkv needs three outputs (Q8GemvPlan::new_qkv)".into() });
+        }
+        Self::build(ctx, cfg, w, xa, &[y], [0; 3])
+    }
+
+    /// The fused Q/K/V projection: `w` holds Q, K and V rows (`rows[0] + rows[1] + rows[2]`),
+    /// written to `outputs[0..3]` (`m x rows[i]` f32 each); `cfg.split_qkv` must be set.
+    pub fn new_qkv(ctx: &GpuContext, cfg: &QuantGemvQ8, w: &QuantMatrix, xa: &Q8Activations, outputs: [&Arc<GpuBuffer>; 3], rows: [usize; 3]) -> Result<Q8GemvPlan> {
+        if !cfg.split_qkv || rows.iter().sum::<usize>() != w.rows {
+            return Err(QuantError::Shape {
+                what: "fused qkv",
+                reason: format!("{} + {} + {} rows vs {} (split_qkv {})", rows[0], rows[1], rows[2], w.rows, cfg.split_qkv),
+            });
+        }
+        Self::build(ctx, cfg, w, xa, &outputs, rows)
+    }
+
+    fn build(ctx: &GpuContext, cfg: &QuantGemvQ8, w: &QuantMatrix, xa: &Q8Activations, outputs: &[&Arc<GpuBuffer>], qkv: [usize; 3]) -> Result<Q8GemvPlan> {
         if cfg.kind != w.kind() || !QuantGemvQ8::supports(cfg.kind) {
             return Err(QuantError::Shape { what: "gemv_q8", reason: format!("kernel for {} given {}", cfg.kind.name(), w.kind().name()) });
         }
@@ -373,9 +342,11 @@ impl Q8GemvPlan {
         let kernel = ctx.kernel(&cfg.source(&env))?;
         let mut steps = Vec::new();
         for part in &w.parts {
-            let bind = [Binding::whole(&xa.xq), Binding::whole(&xa.xs), part.binding(), part.binding(), Binding::whole(y)];
+            let mut bind = vec![Binding::whole(&xa.xq), Binding::whole(&xa.xs), part.binding(), part.binding()];
+            bind.extend(outputs.iter().map(|o| Binding::whole(o)));
             let group = ctx.bind(&kernel, &bind)?;
-            let params = part_params(w, part).to_vec();
+            let mut params = part_params(w, part).to_vec();
+            params[13..16].copy_from_slice(&qkv.map(|r| r as u32));
             let wgs = part.rows.div_ceil(cfg.rows_per_workgroup as usize) as u64;
             let grid = grid_2d(wgs, ctx.capabilities().limits.max_compute_workgroups_per_dimension)
                 .ok_or(QuantError::Shape { what: "gemv_q8", reason: format!("{wgs} workgroups") })?;

@@ -11,7 +11,8 @@
 //! - [`gemv::QuantGemv`]: the mat-vec for 1..=8 activation rows, with the fused RMSNorm
 //!   prologue and the split Q/K/V epilogue as options of the same config.
 //! - [`gemv_q8::QuantGemvQ8`]: the integer-dot mat-vec (activations quantized to int8 per 32
-//!   by [`gemv_q8::QuantizeQ8`], `dot4I8Packed` against the decoders' quant bytes).
+//!   by [`q8_activations::QuantizeQ8`], or normalised and quantized in one dispatch by
+//!   [`q8_activations::RmsNormQuantizeQ8`]; `dot4I8Packed` against the decoders' quant bytes).
 //! - [`gemm::QuantGemm`]: the tiled mat-mat (workgroup-memory tiles) and the cooperative-matrix
 //!   mat-mat (f16 16x16x16 tiles, f32 accumulate).
 //!
@@ -21,13 +22,15 @@ pub mod decode;
 pub mod gemm;
 pub mod gemv;
 pub mod gemv_q8;
+pub mod q8_activations;
 pub mod upload;
 
 use crate::formats::{FormatError, GgmlType, PackedFormat};
 
 pub use gemm::{GemmPlan, QuantGemm};
 pub use gemv::{GemvPlan, Prologue, QuantGemv};
-pub use gemv_q8::{Q8Activations, Q8GemvPlan, QuantGemvQ8, QuantizeQ8};
+pub use gemv_q8::{Q8GemvPlan, QuantGemvQ8};
+pub use q8_activations::{Q8Activations, QuantizeQ8, RmsNormQuantizeQ8};
 pub use upload::{QuantMatrix, QuantPart};
 
 /// The decoder a kernel needs: a GGUF type, or the int4 layout shared by AWQ and GPTQ (whose

@@ -1,0 +1,132 @@
+//! The fused kernels of the integer-dot path: RMSNorm + int8 quantization in one dispatch
+//! (`RmsNormQuantizeQ8`), and the Q/K/V projection in one integer-dot GEMV with three outputs
+//! (`QuantGemvQ8 { split_qkv }`), each against the unfused composition and the CPU.
+//!
+//! Tolerances: the fused norm's quantization is checked block by block against the CPU's
+//! normalised values (the GPU's f32 normalisation may differ by a few ulps, so 1e-5 of the
+//! block's max is allowed on top of `d / 2`); the GEMV on top against `matmul_ref` of the CPU's
+//! normalised activations at 2e-2 (the int8 rounding, as in `quant_gemv_q8.rs`); the fused QKV
+//! against separate integer-dot GEMVs on the same int8 activations at 1e-5.
+
+#[path = "formats_util.rs"]
+mod util;
+
+use boostr::formats::{GgmlType, matmul_ref};
+use boostr::quant::upload::concat_rows;
+use boostr::quant::{Q8Activations, Q8GemvPlan, QuantGemvQ8, QuantMatrix, RmsNormQuantizeQ8, WeightKind};
+use numr::gpu::{BufferKind, KernelEnv};
+use numr::testing::{check_close_rtol, test_gpu, validate_wgsl};
+use util::{Rng, check_q8, random_ggml};
+
+fn rmsnorm_cpu(x: &[f32], w: &[f32], m: usize, eps: f32, gemma: bool) -> Vec<f32> {
+    let k = w.len();
+    let mut out = vec![0.0; m * k];
+    for i in 0..m {
+        let row = &x[i * k..(i + 1) * k];
+        let inv = 1.0 / (row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / k as f64 + eps as f64).sqrt();
+        for c in 0..k {
+            let g = if gemma { 1.0 + w[c] as f64 } else { w[c] as f64 };
+            out[i * k + c] = (row[c] as f64 * inv * g) as f32;
+        }
+    }
+    out
+}
+
+fn f64s(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
+#[test]
+fn fused_q8_variants_validate_with_naga() {
+    for env in KernelEnv::all_for_validation() {
+        for gemma in [false, true] {
+            let src = RmsNormQuantizeQ8 { gemma }.source(&env);
+            validate_wgsl(&src.wgsl).unwrap_or_else(|e| panic!("{}: {e}\n{}", src.name, src.wgsl));
+        }
+    }
+}
+
+/// RMSNorm + quantize in one dispatch, then the integer-dot GEMV: K = 544 (17 blocks, not a
+/// multiple of the 256 invocations' stride) and 2048, one and three activation rows, both norm
+/// forms.
+#[test]
+fn rmsnorm_quantize_matches_norm_then_quantize() {
+    let Some(ctx) = test_gpu() else { return };
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let mut rng = Rng(41);
+    for (k, m, gemma) in [(544usize, 1usize, false), (2048, 3, true), (2048, 1, false)] {
+        let x: Vec<f32> = (0..m * k).map(|_| rng.f32_in(-2.0, 2.0)).collect();
+        let nw: Vec<f32> = (0..k).map(|_| rng.f32_in(0.5, 1.5)).collect();
+        let (xb, nwb) = (ctx.upload(bytemuck::cast_slice(&x)).unwrap(), ctx.upload(bytemuck::cast_slice(&nw)).unwrap());
+        let p = random_ggml(&mut rng, if k % 256 == 0 { GgmlType::Q4_K } else { GgmlType::Q4_0 }, 24, k);
+        let w = QuantMatrix::upload(&ctx, "w", &p).unwrap();
+        let xa = Q8Activations::with_rms_norm(&ctx, &xb, &nwb, m, k, 1e-5, gemma).unwrap();
+        let y = ctx.alloc((4 * m * 24) as u64, BufferKind::Storage).unwrap();
+        let plan = Q8GemvPlan::new(&ctx, &QuantGemvQ8::new(w.kind(), &env, m as u32), &w, &xa, &y).unwrap();
+        let mut rec = ctx.recorder();
+        xa.record(&mut rec).unwrap();
+        plan.record(&mut rec).unwrap();
+        assert_eq!(rec.dispatch_count(), 2);
+        rec.submit().unwrap();
+        let nb = m * k / 32;
+        let q: Vec<i8> = ctx.read_bytes(&xa.xq, 0, (nb * 32) as u64).unwrap().into_iter().map(|b| b as i8).collect();
+        let s: Vec<f32> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(&xa.xs, 0, (nb * 16) as u64).unwrap());
+        let normed = rmsnorm_cpu(&x, &nw, m, 1e-5, gemma);
+        check_q8(&normed, &q, &s, 1e-5);
+        let got: Vec<f64> = bytemuck::pod_collect_to_vec::<u8, f32>(&ctx.read_bytes(&y, 0, (4 * m * 24) as u64).unwrap()).into_iter().map(|v| v as f64).collect();
+        let want = f64s(&matmul_ref(&p, &normed, m).unwrap());
+        check_close_rtol(&got, &want, 2e-2).unwrap_or_else(|e| panic!("k={k} m={m} gemma={gemma}: {e}"));
+    }
+}
+
+/// Q/K/V in one integer-dot dispatch against three separate integer-dot GEMVs on the same int8
+/// activations, for two legacy formats and a K-quant, in both reduction modes.
+#[test]
+fn fused_qkv_q8_matches_separate_gemvs() {
+    let Some(ctx) = test_gpu() else { return };
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let mut rng = Rng(43);
+    let cols = 512;
+    let (nq, nk, nv) = (40, 16, 16);
+    for ty in [GgmlType::Q4_0, GgmlType::Q6_K, GgmlType::Q8_0] {
+        let (q, k, v) = (random_ggml(&mut rng, ty, nq, cols), random_ggml(&mut rng, ty, nk, cols), random_ggml(&mut rng, ty, nv, cols));
+        let w = QuantMatrix::upload(&ctx, "qkv", &concat_rows(&[&q, &k, &v]).unwrap()).unwrap();
+        let kind = WeightKind::Ggml(ty);
+        for m in [1usize, 3] {
+            let x: Vec<f32> = (0..m * cols).map(|_| rng.f32_in(-1.0, 1.0)).collect();
+            let xb = ctx.upload(bytemuck::cast_slice(&x)).unwrap();
+            let xa = Q8Activations::new(&ctx, &xb, m, cols).unwrap();
+            let base = QuantGemvQ8::new(kind, &env, m as u32);
+            for cfg in [QuantGemvQ8 { split_qkv: true, ..base }, QuantGemvQ8 { split_qkv: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base }] {
+                assert!(cfg.source(&env).bindings.len() <= 8);
+                let ys: Vec<_> = [nq, nk, nv].iter().map(|&n| ctx.alloc((4 * m * n) as u64, BufferKind::Storage).unwrap()).collect();
+                let plan = Q8GemvPlan::new_qkv(&ctx, &cfg, &w, &xa, [&ys[0], &ys[1], &ys[2]], [nq, nk, nv]).unwrap();
+                let mut rec = ctx.recorder();
+                xa.record(&mut rec).unwrap();
+                plan.record(&mut rec).unwrap();
+                assert_eq!(rec.dispatch_count(), 2);
+                rec.submit().unwrap();
+                for (i, (pw, n)) in [(&q, nq), (&k, nk), (&v, nv)].into_iter().enumerate() {
+                    let sw = QuantMatrix::upload(&ctx, "sep", pw).unwrap();
+                    let sy = ctx.alloc((4 * m * n) as u64, BufferKind::Storage).unwrap();
+                    let sep = Q8GemvPlan::new(&ctx, &base, &sw, &xa, &sy).unwrap();
+                    let mut rec = ctx.recorder();
+                    sep.record(&mut rec).unwrap();
+                    rec.submit().unwrap();
+                    let read = |b| -> Vec<f64> { bytemuck::pod_collect_to_vec::<u8, f32>(&ctx.read_bytes(b, 0, (4 * m * n) as u64).unwrap()).into_iter().map(|v| v as f64).collect() };
+                    check_close_rtol(&read(&ys[i]), &read(&sy), 1e-5).unwrap_or_else(|e| panic!("{} m={m} {cfg:?} output {i}: {e}", ty.name()));
+                    let want = f64s(&matmul_ref(pw, &x, m).unwrap());
+                    check_close_rtol(&read(&ys[i]), &want, 2e-2).unwrap_or_else(|e| panic!("{} m={m} output {i} vs CPU: {e}", ty.name()));
+                }
+            }
+        }
+        // Mismatched row counts and a missing flag are typed errors.
+        let xb = ctx.upload(bytemuck::cast_slice(&vec![0f32; cols])).unwrap();
+        let xa = Q8Activations::new(&ctx, &xb, 1, cols).unwrap();
+        let y = ctx.alloc(4 * 72, BufferKind::Storage).unwrap();
+        let cfg = QuantGemvQ8::new(kind, &env, 1);
+        assert!(Q8GemvPlan::new_qkv(&ctx, &cfg, &w, &xa, [&y, &y, &y], [nq, nk, nv]).is_err());
+        assert!(Q8GemvPlan::new_qkv(&ctx, &QuantGemvQ8 { split_qkv: true, ..cfg }, &w, &xa, [&y, &y, &y], [nq, nk, 1]).is_err());
+        assert!(Q8GemvPlan::new(&ctx, &QuantGemvQ8 { split_qkv: true, ..cfg }, &w, &xa, &y).is_err());
+    }
+}
