@@ -7,7 +7,7 @@ use boostr::formats::{AwqTensors, GgmlType, PackedWeights, repack};
 use boostr::quant::gemv::GemvIo;
 use boostr::quant::gemm::CoopTiles;
 use boostr::quant::{GemmPlan, GemvPlan, Q8Activations, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, QuantMatrix, WeightKind};
-use numr::gpu::{BufferKind, GpuBuffer, GpuContext, KernelEnv};
+use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv};
 use numr::{NumrError, Result};
 
 use crate::{Measurement, stream_read, time_recorded};
@@ -201,6 +201,60 @@ pub fn gemv_q8(ctx: &GpuContext, cfg: &QuantGemvQ8, ws: &[QuantMatrix], packed_b
     Ok(v)
 }
 
+/// The attention block's input at Llama-3-8B shapes (K = 4096; Q 4096, K 1024, V 1024 rows) on
+/// the integer-dot path, rotating over weight copies: RMSNorm + quantize fused into one dispatch
+/// plus one fused Q/K/V GEMV, against the unfused chain (RMSNorm, quantize, three GEMVs), and the
+/// fused pair's dispatch alone. Bytes are the Q/K/V weight bytes.
+pub fn qkv_block(ctx: &GpuContext, kind: WeightKind, reps: usize, quick: bool) -> Result<Vec<Measurement>> {
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let (k, rows) = if quick { (512, [64, 32, 32]) } else { (4096, [4096, 1024, 1024]) };
+    let parts = rows.iter().enumerate().map(|(i, &n)| random_weight(kind, n, k, 11 + i as u64)).collect::<Result<Vec<_>>>()?;
+    let qkv = boostr::quant::upload::concat_rows(&[&parts[0], &parts[1], &parts[2]]).map_err(err)?;
+    let bytes = qkv.total_bytes();
+    let copies = if quick { 2 } else { copies_for(bytes) };
+    let fused_w = upload_copies(ctx, &qkv, copies)?;
+    let sep_w: Vec<Vec<QuantMatrix>> = parts.iter().map(|p| upload_copies(ctx, p, copies)).collect::<Result<_>>()?;
+    let x = upload_x(ctx, k)?;
+    let nw = upload_x(ctx, k)?;
+    let normed = ctx.alloc(4 * k as u64, BufferKind::Storage)?;
+    let ys: Vec<_> = rows.iter().map(|&n| ctx.alloc(4 * n as u64, BufferKind::Storage)).collect::<Result<_>>()?;
+    // Fused: one norm+quantize dispatch, one QKV dispatch.
+    let xa_norm = Q8Activations::with_rms_norm(ctx, &x, &nw, 1, k, 1e-5, false).map_err(err)?;
+    let cfg = QuantGemvQ8 { unchecked: true, ..QuantGemvQ8::new(kind, &env, 1) };
+    let qkv_cfg = QuantGemvQ8 { split_qkv: true, ..cfg };
+    let fused = fused_w.iter().map(|w| Q8GemvPlan::new_qkv(ctx, &qkv_cfg, w, &xa_norm, [&ys[0], &ys[1], &ys[2]], rows).map_err(err)).collect::<Result<Vec<_>>>()?;
+    let t_fused = time_recorded(ctx, reps, 7, |rec, i| {
+        xa_norm.record(rec).map_err(err)?;
+        fused[i % copies].record(rec).map_err(err)
+    })?;
+    let t_qkv = time_recorded(ctx, reps, 7, |rec, i| fused[i % copies].record(rec).map_err(err))?;
+    // Unfused: the f32 RMSNorm kernel of boostr::norm, a quantize, three GEMVs.
+    let norm_k = ctx.kernel(&boostr::norm::Norm::rms().source(&env))?;
+    let dummy = ctx.alloc(16, BufferKind::Storage)?;
+    let dummy2 = ctx.alloc(16, BufferKind::Storage)?;
+    let norm_g = ctx.bind(&norm_k, &[Binding::whole(&x), Binding::whole(&nw), Binding::whole(&dummy), Binding::whole(&dummy2), Binding::whole(&normed)])?;
+    let norm_p = [1, k as u32, 1e-5f32.to_bits(), 0, k as u32, k as u32, k as u32];
+    let xa = Q8Activations::new(ctx, &normed, 1, k).map_err(err)?;
+    let sep: Vec<Vec<Q8GemvPlan>> = (0..3)
+        .map(|j| sep_w[j].iter().map(|w| Q8GemvPlan::new(ctx, &QuantGemvQ8::for_matrix(kind, &env, 1, rows[j], k), w, &xa, &ys[j]).map_err(err)).collect())
+        .collect::<Result<_>>()?;
+    let t_sep = time_recorded(ctx, reps, 7, |rec, i| {
+        rec.dispatch(&norm_k, &norm_g, &norm_p, [1, 1, 1])?;
+        xa.record(rec).map_err(err)?;
+        for plans in &sep {
+            plans[i % copies].record(rec).map_err(err)?;
+        }
+        Ok(())
+    })?;
+    let label = format!("attention input {} K{k} Q/K/V {}+{}+{}", kind.name(), rows[0], rows[1], rows[2]);
+    let b = bytes as f64;
+    Ok(vec![
+        Measurement { label: format!("{label}: norm+quantize, fused QKV (2 dispatches) [wall]"), seconds: t_fused, bytes: b, flops: 0.0 },
+        Measurement { label: format!("{label}: fused QKV GEMV alone [wall]"), seconds: t_qkv, bytes: b, flops: 0.0 },
+        Measurement { label: format!("{label}: norm, quantize, 3 GEMVs (5 dispatches) [wall]"), seconds: t_sep, bytes: b, flops: 0.0 },
+    ])
+}
+
 /// Integer-dot GEMV configurations of the sweep: (rows per workgroup, threads, unroll, contiguous).
 pub const SWEEP: [(u32, u32, u32, bool); 14] = [
     (1, 32, 2, false),
@@ -321,6 +375,11 @@ pub fn quant_table(ctx: &GpuContext, quick: bool, mode: &str) -> Result<Vec<Meas
         }
         if mode == "sweep" && !is_main(kind) {
             break;
+        }
+    }
+    if mode.is_empty() || mode == "gemv" {
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_K] {
+            v.extend(qkv_block(ctx, WeightKind::Ggml(ty), reps, quick)?);
         }
     }
     // GPU timestamps around single dispatches run several microseconds long on the H200 (they
