@@ -303,7 +303,7 @@ pub fn gemm_tiles(ctx: &GpuContext, cfg: &QuantGemm, tiles: CoopTiles, w: &Quant
     let x = upload_x(ctx, m * w.cols)?;
     let y = ctx.alloc(4 * (m * w.rows) as u64, BufferKind::Storage)?;
     let plan = GemmPlan::with_tiles(ctx, cfg, tiles, w, &x, &y, m).map_err(err)?;
-    let s = time_recorded(ctx, reps, 3, |rec, _| {
+    let s = time_recorded(ctx, reps, 7, |rec, _| {
         plan.record(rec).map_err(err)?;
         Ok(())
     })?;
@@ -314,7 +314,11 @@ pub fn gemm_tiles(ctx: &GpuContext, cfg: &QuantGemm, tiles: CoopTiles, w: &Quant
             m,
             w.cols,
             w.rows,
-            if cfg.coopmat { format!("coopmat {}x{}x{} sg{}x{}", tiles.bm, tiles.bn, tiles.bk, tiles.sg_m, tiles.sg_n) } else { "tiled".into() }
+            if cfg.coopmat {
+                format!("coopmat {}x{}x{} sg{}x{}{}", tiles.bm, tiles.bn, tiles.bk, tiles.sg_m, tiles.sg_n, if tiles.prefetch { " prefetch" } else { "" })
+            } else {
+                "tiled".into()
+            }
         ),
         seconds: s,
         bytes: 0.0,
@@ -396,9 +400,9 @@ pub fn quant_table(ctx: &GpuContext, quick: bool, mode: &str) -> Result<Vec<Meas
     for kind in WeightKind::all() {
         let p = random_weight(kind, n, k, 9)?;
         let w = QuantMatrix::upload(ctx, "w", &p).map_err(err)?;
-        v.push(gemm(ctx, &QuantGemm { kind, coopmat: false, unchecked: true }, &w, m, if quick { 2 } else { 10 })?);
+        v.push(gemm(ctx, &QuantGemm { kind, coopmat: false, unchecked: true }, &w, m, if quick { 2 } else { 30 })?);
         if coop {
-            v.push(gemm(ctx, &QuantGemm { kind, coopmat: true, unchecked: true }, &w, m, if quick { 2 } else { 10 })?);
+            v.push(gemm(ctx, &QuantGemm { kind, coopmat: true, unchecked: true }, &w, m, if quick { 2 } else { 30 })?);
         }
     }
     Ok(v)
@@ -416,13 +420,22 @@ pub fn gemm_sweep(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
         warm_clocks(ctx, 1.0)?;
     }
     let max_shared = ctx.capabilities().limits.max_compute_workgroup_storage_size;
-    let shapes = |bm, bn, bk, sg_m, sg_n| CoopTiles { bm, bn, bk, sg_m, sg_n, pad: 8 };
-    let tiles = [CoopTiles::DEFAULT, shapes(128, 128, 64, 4, 2), shapes(64, 128, 32, 1, 4), shapes(128, 128, 32, 4, 4), shapes(128, 64, 64, 2, 2), shapes(64, 128, 64, 2, 4)];
+    let shapes = |bm, bn, bk, sg_m, sg_n| CoopTiles { bm, bn, bk, sg_m, sg_n, pad: 8, prefetch: false };
+    let pf = |t: CoopTiles| CoopTiles { prefetch: true, ..t };
+    let tiles = [
+        CoopTiles::DEFAULT,
+        shapes(128, 128, 64, 2, 4),
+        shapes(128, 128, 64, 4, 2),
+        pf(shapes(128, 128, 64, 4, 2)),
+        pf(shapes(128, 128, 32, 2, 4)),
+        pf(shapes(64, 128, 64, 2, 4)),
+        shapes(64, 128, 32, 1, 4),
+    ];
     for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16, GgmlType::Q5_K] {
         let kind = WeightKind::Ggml(ty);
         let w = QuantMatrix::upload(ctx, "w", &random_weight(kind, n, k, 9)?).map_err(err)?;
         for t in tiles.into_iter().filter(|t| t.valid(max_shared)) {
-            v.push(gemm_tiles(ctx, &QuantGemm { kind, coopmat: true, unchecked: true }, t, &w, m, if quick { 2 } else { 20 })?);
+            v.push(gemm_tiles(ctx, &QuantGemm { kind, coopmat: true, unchecked: true }, t, &w, m, if quick { 2 } else { 30 })?);
         }
     }
     Ok(v)

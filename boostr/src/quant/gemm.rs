@@ -5,7 +5,8 @@
 //!   workgroup memory as f32; a 64x64 output tile per 256 invocations, 4x4 outputs each.
 //! - Cooperative matrix (`coopmat`, f16 16x16x16 with f32 accumulate): [`coopmat`] (file
 //!   `gemm_coopmat.rs`), a typed block shape [`CoopTiles`] (default 128x128 per workgroup, K steps
-//!   of 64, 8 subgroups each holding 4x2 accumulators for the whole K loop, f16 staging).
+//!   of 64, 8 subgroups each holding 4x2 accumulators for the whole K loop, f16 staging, the
+//!   next K step prefetched into registers).
 
 use std::sync::Arc;
 
