@@ -222,3 +222,18 @@ pub fn check_q8(x: &[f32], q: &[i8], s: &[f32], rel: f32) -> Vec<f32> {
     }
     deq
 }
+
+/// RMSNorm of `m` rows by `w` (`1 + w` with `gemma`), in f64.
+pub fn rmsnorm_cpu(x: &[f32], w: &[f32], m: usize, eps: f32, gemma: bool) -> Vec<f32> {
+    let k = w.len();
+    let mut out = vec![0.0; m * k];
+    for i in 0..m {
+        let row = &x[i * k..(i + 1) * k];
+        let inv = 1.0 / (row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / k as f64 + eps as f64).sqrt();
+        for c in 0..k {
+            let g = if gemma { 1.0 + w[c] as f64 } else { w[c] as f64 };
+            out[i * k + c] = (row[c] as f64 * inv * g) as f32;
+        }
+    }
+    out
+}

@@ -19,7 +19,7 @@ use boostr::quant::upload::concat_rows;
 use boostr::quant::{GemmPlan, GemvPlan, Prologue, QuantError, QuantGemm, QuantGemv, QuantMatrix, WeightKind};
 use numr::gpu::{BufferKind, GpuBuffer, GpuContext, KernelEnv};
 use numr::testing::{check_close_rtol, test_gpu, validate_wgsl};
-use util::{Rng, random_ggml, small_f16};
+use util::{Rng, random_ggml, rmsnorm_cpu, small_f16};
 
 const RTOL_F32: f64 = 1e-4;
 const RTOL_F16: f64 = 1e-2;
@@ -139,21 +139,6 @@ fn gemv_every_activation_count_and_both_reductions() {
             check_close_rtol(&got, &want, RTOL_F32).unwrap_or_else(|e| panic!("m={m} subgroups={subgroups}: {e}"));
         }
     }
-}
-
-fn rmsnorm_cpu(x: &[f32], w: &[f32], m: usize, eps: f32, gemma: bool) -> Vec<f32> {
-    let k = w.len();
-    let mut out = vec![0.0; m * k];
-    for i in 0..m {
-        let row = &x[i * k..(i + 1) * k];
-        let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / k as f64;
-        let inv = 1.0 / (ms + eps as f64).sqrt();
-        for c in 0..k {
-            let g = if gemma { 1.0 + w[c] as f64 } else { w[c] as f64 };
-            out[i * k + c] = (row[c] as f64 * inv * g) as f32;
-        }
-    }
-    out
 }
 
 #[test]

@@ -16,21 +16,7 @@ use boostr::quant::upload::concat_rows;
 use boostr::quant::{Q8Activations, Q8GemvPlan, QuantGemvQ8, QuantMatrix, RmsNormQuantizeQ8, WeightKind};
 use numr::gpu::{BufferKind, KernelEnv};
 use numr::testing::{check_close_rtol, test_gpu, validate_wgsl};
-use util::{Rng, check_q8, random_ggml};
-
-fn rmsnorm_cpu(x: &[f32], w: &[f32], m: usize, eps: f32, gemma: bool) -> Vec<f32> {
-    let k = w.len();
-    let mut out = vec![0.0; m * k];
-    for i in 0..m {
-        let row = &x[i * k..(i + 1) * k];
-        let inv = 1.0 / (row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / k as f64 + eps as f64).sqrt();
-        for c in 0..k {
-            let g = if gemma { 1.0 + w[c] as f64 } else { w[c] as f64 };
-            out[i * k + c] = (row[c] as f64 * inv * g) as f32;
-        }
-    }
-    out
-}
+use util::{Rng, check_q8, random_ggml, rmsnorm_cpu};
 
 fn f64s(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| x as f64).collect()
