@@ -377,3 +377,28 @@ fn sampling_ops() {
     assert!(matches!(sampling::repetition_penalty(&ctx, &t, &[n as u32], 1.1), Err(OpsError::TokenOutOfRange { .. })));
     let _ = Binding::whole;
 }
+
+/// The q8_0 cache rounds exact ties away from zero, as llama.cpp's `quantize_row_q8_0` (`roundf`):
+/// with max |x| = 127 the scale is exactly 1, so `x / d` lands on the ties themselves.
+#[test]
+fn q8_0_cache_rounds_ties_away_from_zero() {
+    let Some(ctx) = test_gpu() else { return };
+    let hd = 32;
+    let mut cache = KvCache::new(&ctx, KvCacheConfig { n_layers: 1, n_kv_heads: 1, head_dim: hd, capacity: 2, dtype: KvDtype::Q8_0, max_segment_bytes: None }).unwrap();
+    let mut row = vec![0.0f32; hd];
+    let ties = [127.0, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5, 126.5, -126.5, 3.25, -0.25];
+    row[..ties.len()].copy_from_slice(&ties);
+    // One token: K = row, V = -row.
+    let l = QkvLayout { n_tok: 1, n_q: 0, n_kv: 1, head_dim: hd, tok_stride: 2 * hd, x_off: 0, q_off: 0, k_off: 0, v_off: hd };
+    let x: Vec<f32> = row.iter().copied().chain(row.iter().map(|v| -v)).collect();
+    let xt = up(&ctx, &x, &[x.len()]);
+    let cfg = QkvRope { style: RopeStyle::Neox, rope: false, qk_norm: false, norm_offset: false, kv_write: Some(KvDtype::Q8_0) };
+    cfg.run(&ctx, &xt.gpu_binding(4).unwrap().0, &l, &rope_params(hd, hd, RopeStyle::Neox, RopeScaling::None), &[0], None, None, 0.0, Some((&cache, 0))).unwrap();
+    cache.commit(1).unwrap();
+    let (k, v) = cache.read_layer(&ctx, 0, 1).unwrap();
+    let want = [127.0, 3.0, -3.0, 1.0, -1.0, 2.0, -2.0, 127.0, -127.0, 3.0, 0.0];
+    assert_eq!(&k[..ties.len()], &want, "K");
+    assert_eq!(v[..ties.len()].to_vec(), want.iter().map(|w| -w).collect::<Vec<f32>>(), "V");
+    // The CPU model of the cache agrees bit for bit.
+    assert_eq!(KvDtype::Q8_0.round_row(&row), k);
+}

@@ -5,9 +5,9 @@
 //! - [`KvDtype::F16`]: `head_dim / 2` u32 words, element `2w` in the low half of word `w`.
 //! - [`KvDtype::Q8_0`]: `head_dim / 32` blocks of 9 words: 8 words of int8 quants (element `4j+i`
 //!   in byte `i` of word `j`, as ggml's Q8_0 `qs`) and a word whose low half is the f16 scale `d`
-//!   (value = `q * d`; `d = amax / 127`, `q = round_half_even(x / d)`, as llama.cpp's `quantize_row_q8_0`
-//!   up to the rounding of ties). 36 bytes per 32 values instead of ggml's 34, so every load is a
-//!   whole word.
+//!   (value = `q * d`; `d = amax / 127`, `q = round(x / d)` with ties away from zero, exactly as
+//!   llama.cpp's `quantize_row_q8_0`). 36 bytes per 32 values instead of ggml's 34, so every load is
+//!   a whole word.
 //!
 //! # Segments
 //! A layer's positions are split into segments of `seg_len` positions, each with its own K and V
@@ -61,7 +61,7 @@ impl KvDtype {
                     let d = amax / 127.0;
                     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                     let dh = round_f16(d);
-                    b.iter().map(move |&x| (x * id).round_ties_even().clamp(-127.0, 127.0) * dh).collect::<Vec<_>>()
+                    b.iter().map(move |&x| (x * id).round().clamp(-127.0, 127.0) * dh).collect::<Vec<_>>()
                 })
                 .collect(),
         }
@@ -89,7 +89,11 @@ impl KvDtype {
                 "fn store_{name}(base: u32, lidx: u32) {{\n    for (var w = lidx; w < p.hd / 2u; w += {wg}u) {{ {name}[base + w] = pack2x16float(vec2<f32>(row[2u * w], row[2u * w + 1u])); }}\n}}\n"
             ),
             KvDtype::Q8_0 => format!(
-                "fn store_{name}(base: u32, lidx: u32) {{
+                "fn round_away_{name}(t: f32) -> f32 {{
+    let tr = trunc(t);
+    return select(round(t), tr + sign(t), abs(t - tr) == 0.5);
+}}
+fn store_{name}(base: u32, lidx: u32) {{
     for (var b = lidx; b < p.hd / 32u; b += {wg}u) {{
         var amax = 0.0;
         for (var j = 0u; j < 32u; j++) {{ amax = max(amax, abs(row[32u * b + j])); }}
@@ -98,7 +102,7 @@ impl KvDtype {
         for (var j = 0u; j < 8u; j++) {{
             var word = 0u;
             for (var i = 0u; i < 4u; i++) {{
-                let q = i32(clamp(round(row[32u * b + 4u * j + i] * id), -127.0, 127.0));
+                let q = i32(clamp(round_away_{name}(row[32u * b + 4u * j + i] * id), -127.0, 127.0));
                 word |= (bitcast<u32>(q) & 0xffu) << (8u * i);
             }}
             {name}[base + 9u * b + j] = word;

@@ -1,5 +1,5 @@
 //! The int8 activations of the integer-dot GEMV ([`super::gemv_q8`]): per block of 32,
-//! `d = max|x| / 127`, `q = round(x / d)` packed four per word (`xq`, two `vec4<u32>` per block)
+//! `d = max|x| / 127`, `q = round(x / d)` (ties away from zero, as llama.cpp) packed four per word (`xq`, two `vec4<u32>` per block)
 //! and `vec4(d, d * sum(q[0..16]), d * sum(q[16..32]), 0)` (`xs`).
 //!
 //! - [`QuantizeQ8`]: quantizes `x` as it is (one invocation per block, 64 per workgroup).
@@ -16,8 +16,13 @@ use numr::gpu::{grid_2d, Access, Binding, BoundGroup, BufferKind, GpuBuffer, Gpu
 
 use super::{QuantError, Result};
 
-/// WGSL: `fn quant_block(v, b)` writes block `b` of `xq`/`xs` from its 32 values.
-const QUANT_BLOCK: &str = "fn quant_block(v: array<vec4<f32>, 8>, b: u32) {
+/// WGSL: `fn quant_block(v, b)` writes block `b` of `xq`/`xs` from its 32 values (rounding ties
+/// away from zero, as llama.cpp's `roundf`).
+const QUANT_BLOCK: &str = "fn round_away4(t: vec4<f32>) -> vec4<f32> {
+    let tr = trunc(t);
+    return select(round(t), tr + sign(t), abs(t - tr) == vec4<f32>(0.5));
+}
+fn quant_block(v: array<vec4<f32>, 8>, b: u32) {
     var amax = vec4<f32>(0.0);
     for (var i = 0u; i < 8u; i++) { amax = max(amax, abs(v[i])); }
     let am = max(max(amax.x, amax.y), max(amax.z, amax.w));
@@ -26,7 +31,7 @@ const QUANT_BLOCK: &str = "fn quant_block(v: array<vec4<f32>, 8>, b: u32) {
     var lo = 0i;
     var hi = 0i;
     for (var i = 0u; i < 8u; i++) {
-        let q = vec4<i32>(round(v[i] * inv));
+        let q = vec4<i32>(round_away4(v[i] * inv));
         w[i] = pack4xI8(q);
         let s = q.x + q.y + q.z + q.w;
         if (i < 4u) { lo += s; } else { hi += s; }
