@@ -157,6 +157,23 @@ pub const SG_SWEEP: [(u32, u32, u32, u32, bool); 8] = [
     (8, 256, 1, 2, false),
 ];
 
+/// Eight-activation-row configurations of the probe sweep (rows per workgroup, threads, rows
+/// per subgroup, unroll).
+pub const M8_SWEEP: [(u32, u32, u32, u32); 12] = [
+    (2, 64, 0, 1),
+    (1, 32, 0, 1),
+    (2, 32, 0, 1),
+    (4, 32, 0, 1),
+    (4, 64, 0, 1),
+    (8, 64, 0, 1),
+    (2, 128, 0, 1),
+    (4, 128, 1, 1),
+    (8, 256, 1, 1),
+    (8, 128, 2, 1),
+    (16, 256, 2, 1),
+    (8, 64, 4, 1),
+];
+
 /// The probe table (see the module docs).
 pub fn probe_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
     let reps = if quick { 3 } else { 60 };
@@ -196,6 +213,13 @@ pub fn probe_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
             for (r, t, sr, u, c) in SG_SWEEP {
                 let cfg = QuantGemvQ8 { rows_per_workgroup: r, threads: t, subgroup_rows: sr, unroll: u, contiguous: c, ..base };
                 v.extend(gemv_q8(ctx, &cfg, &ws, bytes, reps, true)?);
+            }
+            if n == 4096 && k == 14336 || quick {
+                let m8 = QuantGemvQ8 { unchecked: true, ..QuantGemvQ8::new(kind, &env, 8) };
+                for (r, t, sr, u) in M8_SWEEP {
+                    let cfg = QuantGemvQ8 { rows_per_workgroup: r, threads: t, subgroup_rows: sr, unroll: u, ..m8 };
+                    v.extend(gemv_q8(ctx, &cfg, &ws, bytes, reps, false)?);
+                }
             }
         }
     }
