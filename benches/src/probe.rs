@@ -13,24 +13,15 @@ use numr::gpu::{grid_2d, Access, Binding, BoundGroup, BufferKind, GpuBuffer, Gpu
 use numr::kernels::stream::StreamRead;
 use numr::Result;
 
-use crate::quant::{copies_for, gemv_q8, random_weight, upload_copies};
-use crate::{dispatch_overhead, stream_read, time_recorded, Measurement};
+use crate::quant::{copies_for, gemv_q8, random_weight, time_rotating, upload_copies};
+use crate::{dispatch_overhead, stream_read, Measurement};
 use boostr::formats::GgmlType;
 use boostr::quant::{QuantGemvQ8, WeightKind};
 
-/// Wall seconds per dispatch over `reps` dispatches in one submit, and the median GPU time.
+/// Wall seconds per dispatch of `k` over `reps` dispatches in one submit (bind group `i % len`
+/// for dispatch `i`), and the median GPU timestamp time.
 fn time_dispatches(ctx: &GpuContext, reps: usize, k: &Kernel, groups: &[BoundGroup], params: &[u32], grid: [u32; 3]) -> Result<(f64, f64)> {
-    let wall = time_recorded(ctx, reps, 7, |rec, i| {
-        rec.dispatch(k, &groups[i % groups.len()], params, grid)?;
-        Ok(())
-    })?;
-    let mut rec = ctx.recorder();
-    for i in 0..reps {
-        rec.dispatch(k, &groups[i % groups.len()], params, grid)?;
-    }
-    let mut t: Vec<f64> = rec.submit_profiled()?.entries.iter().map(|e| e.1).collect();
-    t.sort_by(|a, b| a.total_cmp(b));
-    Ok((wall, t[t.len() / 2] * 1e-9))
+    time_rotating(ctx, reps, k.name(), |rec, i| rec.dispatch(k, &groups[i % groups.len()], params, grid))
 }
 
 /// A streaming read of `bytes` per dispatch rotating over copies (one vec4 per invocation when

@@ -99,7 +99,7 @@ pub fn upload_copies(ctx: &GpuContext, p: &PackedWeights, copies: usize) -> Resu
 /// Times `record(rep)` (which records repetition `rep`, reading copy `rep % copies`): the wall
 /// clock per repetition from submit to completion of `reps` encoded ahead ([`time_recorded`]), and the median GPU
 /// timestamp time of the dispatches whose label starts with `gpu_label` (one profiled submit).
-fn time_rotating(
+pub(crate) fn time_rotating(
     ctx: &GpuContext,
     reps: usize,
     gpu_label: &str,

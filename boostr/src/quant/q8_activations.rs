@@ -14,6 +14,8 @@ use std::sync::Arc;
 
 use numr::gpu::{grid_2d, Access, Binding, BoundGroup, BufferKind, GpuBuffer, GpuContext, Kernel, KernelBuilder, KernelEnv, KernelSource, Recorder};
 
+use numr::kernels::reduce::{reduce_args, workgroup_reduce_fns};
+
 use super::{QuantError, Result};
 
 /// WGSL: `fn quant_block(v, b)` writes block `b` of `xq`/`xs` from its 32 values (rounding ties
@@ -83,18 +85,13 @@ impl RmsNormQuantizeQ8 {
 
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let scale = if self.gemma { "(vec4<f32>(1.0) + nw[kb * 8u + i])" } else { "nw[kb * 8u + i]" };
+        let args = reduce_args(env);
         let body = format!(
             "    let row = wg_linear;
     let base = row * p.k4;
     var ss = 0.0;
     for (var i = lidx; i < p.k4; i += 256u) {{ let v = x[base + i]; ss += dot(v, v); }}
-    red[lidx] = ss;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {{
-        if (lidx < s) {{ red[lidx] += red[lidx + s]; }}
-        workgroupBarrier();
-    }}
-    let inv = inverseSqrt(red[0] / f32(p.k4 * 4u) + bitcast<f32>(p.eps));
+    let inv = inverseSqrt(wg_sum(ss, {args}) / f32(p.k4 * 4u) + bitcast<f32>(p.eps));
     let nb = p.k4 / 8u;
     for (var kb = lidx; kb < nb; kb += 256u) {{
         var v: array<vec4<f32>, 8>;
@@ -105,12 +102,13 @@ impl RmsNormQuantizeQ8 {
         );
         KernelBuilder::new(format!("rmsnorm_quantize_q8{}", if self.gemma { "_gemma" } else { "" }), *env)
             .workgroup(Self::THREADS, 1, 1)
+            .subgroup_builtins()
             .storage("x", Access::Read, "array<vec4<f32>>")
             .storage("nw", Access::Read, "array<vec4<f32>>")
             .storage("xq", Access::ReadWrite, "array<vec4<u32>>")
             .storage("xs", Access::ReadWrite, "array<vec4<f32>>")
             .params(&["k4", "eps"])
-            .prelude(&format!("var<workgroup> red: array<f32, 256>;\n{QUANT_BLOCK}"))
+            .prelude(&format!("{}{QUANT_BLOCK}", workgroup_reduce_fns(env)))
             .body(&body)
             .build()
     }
