@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use benches::attention::{decode, prefill};
 use boostr::kv_cache::KvDtype;
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use numr::GpuContext;
 
 fn bench(c: &mut Criterion) {
@@ -22,7 +22,9 @@ fn bench(c: &mut Criterion) {
     }
     let n = if cpu { 128 } else { 2048 };
     g.throughput(Throughput::Elements((4 * 128 * 32 * n * (n + 1) / 2) as u64));
-    g.bench_function(format!("prefill_{n}"), |b| b.iter_custom(|iters| Duration::from_secs_f64(prefill(&ctx, 32, 8, 128, n, iters as usize).unwrap().seconds * iters as f64)));
+    g.bench_function(format!("prefill_{n}"), |b| {
+        b.iter_custom(|iters| Duration::from_secs_f64(prefill(&ctx, 32, 8, 128, n, iters as usize).unwrap().seconds * iters as f64))
+    });
     g.finish();
 }
 

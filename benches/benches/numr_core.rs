@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use benches::{cap_bytes, copy, matmul, stream_read};
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use numr::{DType, GpuContext};
 
 fn bench(c: &mut Criterion) {
@@ -14,7 +14,9 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("numr");
     g.sample_size(10).measurement_time(Duration::from_secs(5));
     g.throughput(Throughput::Bytes(bytes));
-    g.bench_function("stream_read", |b| b.iter_custom(|iters| Duration::from_secs_f64(stream_read(&ctx, bytes, iters as usize).unwrap().seconds * iters as f64)));
+    g.bench_function("stream_read", |b| {
+        b.iter_custom(|iters| Duration::from_secs_f64(stream_read(&ctx, bytes, iters as usize).unwrap().seconds * iters as f64))
+    });
     g.throughput(Throughput::Bytes(2 * bytes));
     g.bench_function("copy", |b| b.iter_custom(|iters| Duration::from_secs_f64(copy(&ctx, bytes, iters as usize).unwrap().seconds * iters as f64)));
     let n = if ctx.capabilities().device_type == "Cpu" { 256 } else { 4096 };

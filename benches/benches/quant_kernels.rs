@@ -9,9 +9,9 @@ use std::time::Duration;
 use benches::quant::{copies_for, gemm, gemv, gemv_q8, random_weight, upload_copies};
 use benches::{cap_bytes, stream_read};
 use boostr::quant::{QuantGemm, QuantGemv, QuantGemvQ8, QuantMatrix, WeightKind};
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use numr::gpu::KernelEnv;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use numr::GpuContext;
+use numr::gpu::KernelEnv;
 
 fn bench(c: &mut Criterion) {
     let ctx = GpuContext::new().expect("a GPU adapter");

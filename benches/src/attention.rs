@@ -6,7 +6,7 @@ use boostr::attention::{AttnOptions, AttnPlan, DecodeKernel, QueryLayout};
 use boostr::kv_cache::{KvCache, KvCacheConfig, KvDtype};
 use numr::{DType, Device, GpuContext, Result, Tensor};
 
-use crate::{time_recorded, Measurement};
+use crate::{Measurement, time_recorded};
 
 fn cache(ctx: &GpuContext, n_kv: usize, hd: usize, capacity: usize, dtype: KvDtype) -> Result<KvCache> {
     KvCache::new(ctx, KvCacheConfig { n_layers: 1, n_kv_heads: n_kv, head_dim: hd, capacity, dtype, max_segment_bytes: None })
@@ -26,18 +26,38 @@ pub fn decode(ctx: &GpuContext, n_q: usize, n_kv: usize, hd: usize, ctx_len: usi
     let kind = DecodeKernel::best(&boostr::ops_common::env_of(ctx));
     let qb = q.gpu_binding(4)?.0;
     let opts = AttnOptions::new(hd);
-    let plan = if two_pass { AttnPlan::decode_two_pass(ctx, kind, &qb, 0, n_q, &c, 0, ctx_len, &opts) } else { AttnPlan::decode(ctx, &qb, 0, n_q, &c, 0, ctx_len, &opts) }.map_err(ops_err)?;
+    let plan = if two_pass {
+        AttnPlan::decode_two_pass(ctx, kind, &qb, 0, n_q, &c, 0, ctx_len, &opts)
+    } else {
+        AttnPlan::decode(ctx, &qb, 0, n_q, &c, 0, ctx_len, &opts)
+    }
+    .map_err(ops_err)?;
     let s = time_recorded(ctx, reps, 5, |rec, _| {
         plan.record(rec)?;
         Ok(())
     })?;
     let bytes = 2.0 * (ctx_len * n_kv * dtype.row_words(hd) * 4) as f64;
-    Ok(Measurement { label: format!("decode attn {n_q}q/{n_kv}kv hd{hd} {dtype:?} ctx {ctx_len}{}", if two_pass { " two-pass" } else { "" }), seconds: s, bytes, flops: 0.0 })
+    Ok(Measurement {
+        label: format!("decode attn {n_q}q/{n_kv}kv hd{hd} {dtype:?} ctx {ctx_len}{}", if two_pass { " two-pass" } else { "" }),
+        seconds: s,
+        bytes,
+        flops: 0.0,
+    })
 }
 
 /// Fused decode with a chosen tuning (heads per workgroup, keys per step, target workgroups).
 #[allow(clippy::too_many_arguments)]
-pub fn decode_tuned(ctx: &GpuContext, n_q: usize, n_kv: usize, hd: usize, ctx_len: usize, heads: u32, keys: u32, target: usize, reps: usize) -> Result<Measurement> {
+pub fn decode_tuned(
+    ctx: &GpuContext,
+    n_q: usize,
+    n_kv: usize,
+    hd: usize,
+    ctx_len: usize,
+    heads: u32,
+    keys: u32,
+    target: usize,
+    reps: usize,
+) -> Result<Measurement> {
     let c = cache(ctx, n_kv, hd, ctx_len, KvDtype::F16)?;
     let q = Tensor::zeros(&[n_q * hd], DType::F32, &Device::Gpu(ctx.clone()))?;
     let plan = AttnPlan::decode_tuned(ctx, heads, keys, target, &q.gpu_binding(4)?.0, 0, n_q, &c, 0, ctx_len, &AttnOptions::new(hd)).map_err(ops_err)?;

@@ -11,7 +11,7 @@ pub mod quant;
 
 use std::time::Instant;
 
-use numr::gpu::{grid_2d, Binding, BufferKind, GpuContext, KernelEnv};
+use numr::gpu::{Binding, BufferKind, GpuContext, KernelEnv, grid_2d};
 use numr::kernels::stream::StreamRead;
 use numr::{DType, Device, Result, Tensor};
 
@@ -58,12 +58,7 @@ pub fn time_reps(ctx: &GpuContext, reps: usize, trials: usize, mut run: impl FnM
 /// Untimed trials run first for at least [`WARM_SECS`] (the GPU's clocks rise only under
 /// sustained load; from idle, short kernels measure up to several times slower), then `trials`
 /// timed ones.
-pub fn time_recorded(
-    ctx: &GpuContext,
-    reps: usize,
-    trials: usize,
-    mut record: impl FnMut(&mut numr::gpu::Recorder, usize) -> Result<()>,
-) -> Result<f64> {
+pub fn time_recorded(ctx: &GpuContext, reps: usize, trials: usize, mut record: impl FnMut(&mut numr::gpu::Recorder, usize) -> Result<()>) -> Result<f64> {
     let trial = |record: &mut dyn FnMut(&mut numr::gpu::Recorder, usize) -> Result<()>| -> Result<f64> {
         let mut rec = ctx.recorder();
         for i in 0..reps {
@@ -146,12 +141,7 @@ pub fn matmul(ctx: &GpuContext, dtype: DType, m: usize, n: usize, k: usize, reps
         Ok(())
     })?;
     let e = dtype.size() as f64;
-    Ok(Measurement {
-        label: format!("matmul {dtype} {m}x{k}x{n}"),
-        seconds: s,
-        bytes: e * (m * k + k * n + m * n) as f64,
-        flops: 2.0 * (m * n * k) as f64,
-    })
+    Ok(Measurement { label: format!("matmul {dtype} {m}x{k}x{n}"), seconds: s, bytes: e * (m * k + k * n + m * n) as f64, flops: 2.0 * (m * n * k) as f64 })
 }
 
 /// One variant of numr's matmul kernel, dispatched directly over bind groups built once:

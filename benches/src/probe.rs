@@ -9,12 +9,12 @@
 
 use std::sync::Arc;
 
-use numr::gpu::{grid_2d, Access, Binding, BoundGroup, BufferKind, GpuBuffer, GpuContext, Kernel, KernelBuilder, KernelEnv};
-use numr::kernels::stream::StreamRead;
 use numr::Result;
+use numr::gpu::{Access, Binding, BoundGroup, BufferKind, GpuBuffer, GpuContext, Kernel, KernelBuilder, KernelEnv, grid_2d};
+use numr::kernels::stream::StreamRead;
 
 use crate::quant::{copies_for, gemv_q8, random_weight, time_rotating, upload_copies};
-use crate::{dispatch_overhead, stream_read, Measurement};
+use crate::{Measurement, dispatch_overhead, stream_read};
 use boostr::formats::GgmlType;
 use boostr::quant::{QuantGemvQ8, WeightKind};
 
@@ -38,11 +38,8 @@ pub fn stream_rotating(ctx: &GpuContext, bytes: u64, per_thread: u64, independen
         (0..reps).map(|i| ctx.bind(&k, &[Binding::whole(&srcs[i % copies]), Binding::whole(&dsts[i % dsts.len()])])).collect::<Result<_>>()?;
     let grid = grid_2d(wgs as u64, 65535).expect("grid");
     let (wall, gpu) = time_dispatches(ctx, reps, &k, &groups, &[n_vec4, wgs * 256], grid)?;
-    let label = format!(
-        "stream read {:.1} MB x{copies} rotating, {per_thread} vec4/invocation{}",
-        bytes as f64 / 1e6,
-        if independent { ", no barriers" } else { "" }
-    );
+    let label =
+        format!("stream read {:.1} MB x{copies} rotating, {per_thread} vec4/invocation{}", bytes as f64 / 1e6, if independent { ", no barriers" } else { "" });
     Ok(vec![
         Measurement { label: format!("{label} [wall]"), seconds: wall, bytes: bytes as f64, flops: 0.0 },
         Measurement { label: format!("{label} [gpu]"), seconds: gpu, bytes: bytes as f64, flops: 0.0 },
@@ -76,7 +73,17 @@ fn empty_grid(ctx: &GpuContext, wgs: u32, threads: u32, reps: usize, independent
 /// in steps of `unroll` vec4 per invocation, `threads` apart; `prefetch` loads the next step's
 /// words before folding the current ones. Isolates the access pattern's streaming rate.
 #[allow(clippy::too_many_arguments)]
-fn row_stream(ctx: &GpuContext, rows: u32, cpr: u32, threads: u32, unroll: u32, prefetch: bool, independent: bool, reps: usize, quick: bool) -> Result<Vec<Measurement>> {
+fn row_stream(
+    ctx: &GpuContext,
+    rows: u32,
+    cpr: u32,
+    threads: u32,
+    unroll: u32,
+    prefetch: bool,
+    independent: bool,
+    reps: usize,
+    quick: bool,
+) -> Result<Vec<Measurement>> {
     let env = KernelEnv::from_caps(ctx.capabilities());
     let mut body = String::from("    let base = wg_linear * p.cpr;\n    var acc = vec4<u32>(0u);\n");
     let load = |dst: &str, kb: &str| -> String {
@@ -199,7 +206,9 @@ pub fn probe_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
             let ws = upload_copies(ctx, &p, if quick { 2 } else { copies_for(bytes) })?;
             v.extend(gemv_q8(ctx, &base, &ws, bytes, reps, true)?);
             if ty == GgmlType::Q4_0 && n == 4096 && k == 14336 {
-                v.extend(gemv_q8(ctx, &base, &ws[..1], bytes, reps, false)?.into_iter().map(|m| Measurement { label: format!("{} one copy (L2)", m.label), ..m }));
+                v.extend(
+                    gemv_q8(ctx, &base, &ws[..1], bytes, reps, false)?.into_iter().map(|m| Measurement { label: format!("{} one copy (L2)", m.label), ..m }),
+                );
             }
             for (r, t, sr, u, c) in SG_SWEEP {
                 let cfg = QuantGemvQ8 { rows_per_workgroup: r, threads: t, subgroup_rows: sr, unroll: u, contiguous: c, ..base };

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use boostr::formats::{AwqTensors, GgmlType, PackedWeights, repack};
-use boostr::quant::gemv::GemvIo;
 use boostr::quant::gemm::CoopTiles;
+use boostr::quant::gemv::GemvIo;
 use boostr::quant::{GemmPlan, GemvPlan, Q8Activations, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, QuantMatrix, WeightKind};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv};
 use numr::{NumrError, Result};
@@ -222,7 +222,8 @@ pub fn qkv_block(ctx: &GpuContext, kind: WeightKind, reps: usize, quick: bool) -
     let xa_norm = Q8Activations::with_rms_norm(ctx, &x, &nw, 1, k, 1e-5, false).map_err(err)?;
     let cfg = QuantGemvQ8 { unchecked: true, ..QuantGemvQ8::new(kind, &env, 1) };
     let qkv_cfg = QuantGemvQ8 { split_qkv: true, ..cfg };
-    let fused = fused_w.iter().map(|w| Q8GemvPlan::new_qkv(ctx, &qkv_cfg, w, &xa_norm, [&ys[0], &ys[1], &ys[2]], rows).map_err(err)).collect::<Result<Vec<_>>>()?;
+    let fused =
+        fused_w.iter().map(|w| Q8GemvPlan::new_qkv(ctx, &qkv_cfg, w, &xa_norm, [&ys[0], &ys[1], &ys[2]], rows).map_err(err)).collect::<Result<Vec<_>>>()?;
     let t_fused = time_recorded(ctx, reps, 7, |rec, i| {
         xa_norm.record(rec).map_err(err)?;
         fused[i % copies].record(rec).map_err(err)

@@ -1,12 +1,11 @@
-
-pub mod formats;
-pub mod quant;
 pub mod act;
 pub mod attention;
 pub mod conv;
 pub mod embedding;
+pub mod formats;
 pub mod kv_cache;
 pub mod norm;
 pub mod ops_common;
+pub mod quant;
 pub mod rope;
 pub mod sampling;

@@ -3,9 +3,7 @@
 #[path = "formats_util.rs"]
 mod util;
 
-use boostr::formats::{
-    AwqTensors, FormatError, GgmlType, dequantize, matmul_ref, matvec_ref, repack,
-};
+use boostr::formats::{AwqTensors, FormatError, GgmlType, dequantize, matmul_ref, matvec_ref, repack};
 use util::{Rng, random_tensor};
 
 #[test]
@@ -33,15 +31,9 @@ fn matmul_equals_dot_products_of_reference_rows() {
             assert_eq!(y.len(), m * rows);
             for i in 0..m {
                 for r in 0..rows {
-                    let want: f64 = (0..cols)
-                        .map(|c| x[i * cols + c] as f64 * w[r * cols + c] as f64)
-                        .sum();
+                    let want: f64 = (0..cols).map(|c| x[i * cols + c] as f64 * w[r * cols + c] as f64).sum();
                     let got = y[i * rows + r];
-                    assert_eq!(
-                        got.to_bits(),
-                        (want as f32).to_bits(),
-                        "{ty} m={m} i={i} r={r}"
-                    );
+                    assert_eq!(got.to_bits(), (want as f32).to_bits(), "{ty} m={m} i={i} r={r}");
                 }
             }
         }
@@ -52,14 +44,7 @@ fn matmul_equals_dot_products_of_reference_rows() {
 fn matmul_checks_activation_length() {
     let p = repack(GgmlType::F32, &[0u8; 4 * 6], 2, 3).unwrap();
     let err = matmul_ref(&p, &[0.0; 5], 2).unwrap_err();
-    assert_eq!(
-        err,
-        FormatError::Length {
-            what: "x",
-            expected: 6,
-            actual: 5
-        }
-    );
+    assert_eq!(err, FormatError::Length { what: "x", expected: 6, actual: 5 });
 }
 
 #[test]
@@ -69,17 +54,8 @@ fn int4_matmul_contracts_over_inputs() {
     let (k, n, g) = (64, 16, 32);
     let qweight = rng.bytes(k * n / 2);
     let qzeros = rng.bytes(k / g * n / 2);
-    let scales: Vec<u8> = (0..k / g * n)
-        .flat_map(|_| half::f16::from_f32(rng.f32_in(-0.1, 0.1)).to_le_bytes())
-        .collect();
-    let t = AwqTensors {
-        qweight: &qweight,
-        qzeros: &qzeros,
-        scales: &scales,
-        in_features: k,
-        out_features: n,
-        group_size: g,
-    };
+    let scales: Vec<u8> = (0..k / g * n).flat_map(|_| half::f16::from_f32(rng.f32_in(-0.1, 0.1)).to_le_bytes()).collect();
+    let t = AwqTensors { qweight: &qweight, qzeros: &qzeros, scales: &scales, in_features: k, out_features: n, group_size: g };
     let w = t.dequantize().unwrap();
     let p = t.repack().unwrap();
     let m = 2;
@@ -87,9 +63,7 @@ fn int4_matmul_contracts_over_inputs() {
     let y = matmul_ref(&p, &x, m).unwrap();
     for i in 0..m {
         for col in 0..n {
-            let want: f64 = (0..k)
-                .map(|kk| x[i * k + kk] as f64 * w[kk * n + col] as f64)
-                .sum();
+            let want: f64 = (0..k).map(|kk| x[i * k + kk] as f64 * w[kk * n + col] as f64).sum();
             assert_eq!(y[i * n + col], want as f32, "i={i} n={col}");
         }
     }

@@ -4,10 +4,7 @@
 #[path = "formats_util.rs"]
 mod util;
 
-use boostr::formats::{
-    AwqTensors, FormatError, GgmlType, GptqTensors, GptqZeroOffset, PackedFormat, dequantize,
-    dequantize_row, repack,
-};
+use boostr::formats::{AwqTensors, FormatError, GgmlType, GptqTensors, GptqZeroOffset, PackedFormat, dequantize, dequantize_row, repack};
 use util::{Rng, random_tensor};
 
 fn assert_bits_eq(what: &str, got: &[f32], want: &[f32]) {
@@ -26,11 +23,7 @@ fn packed_rows_equal_reference_for_every_ggml_format() {
     for ty in GgmlType::SUPPORTED {
         for (rows, bpr) in SHAPES {
             // Float types get odd and even row lengths, quantized types whole blocks.
-            let cols = if ty.block_size() == 1 {
-                2 * bpr + rows % 2
-            } else {
-                bpr * ty.block_size()
-            };
+            let cols = if ty.block_size() == 1 { 2 * bpr + rows % 2 } else { bpr * ty.block_size() };
             let data = random_tensor(&mut rng, ty, rows * cols);
             let p = repack(ty, &data, rows, cols).unwrap();
             assert_eq!((p.rows(), p.cols()), (rows, cols));
@@ -62,13 +55,7 @@ fn packed_geometry_is_word_aligned_and_lossless_in_size() {
         for (used, len) in [(p.has_d(), p.d().len()), (p.has_m(), p.m().len())] {
             assert_eq!(len, if used { nb + nb % 2 } else { 0 }, "{ty}");
         }
-        for bytes in [
-            p.qs_bytes(),
-            p.qh_bytes(),
-            p.scales_bytes(),
-            p.d_bytes(),
-            p.m_bytes(),
-        ] {
+        for bytes in [p.qs_bytes(), p.qh_bytes(), p.scales_bytes(), p.d_bytes(), p.m_bytes()] {
             assert_eq!(bytes.len() % 4, 0, "{ty}");
         }
         // Splitting blocks into aligned arrays costs no bytes: a row reads what the file holds.
@@ -84,10 +71,7 @@ fn known_words_of_q4_0_and_q8_0() {
     block.extend((0..16u8).map(|j| j | (15 - j) << 4));
     let p = repack(GgmlType::Q4_0, &block, 1, 32).unwrap();
     // The qs bytes unchanged, as little-endian words.
-    assert_eq!(
-        p.qs(),
-        &[0xC3D2_E1F0, 0x8796_A5B4, 0x4B5A_6978, 0x0F1E_2D3C]
-    );
+    assert_eq!(p.qs(), &[0xC3D2_E1F0, 0x8796_A5B4, 0x4B5A_6978, 0x0F1E_2D3C]);
     // Masking a word yields four consecutive elements, one per byte (dot4I8Packed-ready):
     // elements 0..4 and 16..20.
     assert_eq!(p.qs()[0] & 0x0F0F_0F0F, 0x0302_0100);
@@ -104,30 +88,18 @@ fn known_words_of_q4_0_and_q8_0() {
 #[test]
 fn ragged_rows_and_bad_lengths_are_typed_errors() {
     let mut rng = Rng(3);
-    for ty in GgmlType::SUPPORTED
-        .into_iter()
-        .filter(|t| t.block_size() > 1)
-    {
+    for ty in GgmlType::SUPPORTED.into_iter().filter(|t| t.block_size() > 1) {
         let data = random_tensor(&mut rng, ty, 2 * ty.block_size());
         let err = repack(ty, &data, 2, ty.block_size() + 1).unwrap_err();
-        assert!(
-            matches!(err, FormatError::NotBlockMultiple { .. }),
-            "{ty}: {err}"
-        );
+        assert!(matches!(err, FormatError::NotBlockMultiple { .. }), "{ty}: {err}");
         let err = repack(ty, &data, 3, ty.block_size()).unwrap_err();
         assert!(matches!(err, FormatError::ByteLength { .. }), "{ty}: {err}");
         let err = dequantize(ty, &data, 3 * ty.block_size() / 2).unwrap_err();
-        assert!(
-            matches!(err, FormatError::NotBlockMultiple { .. }),
-            "{ty}: {err}"
-        );
+        assert!(matches!(err, FormatError::NotBlockMultiple { .. }), "{ty}: {err}");
         let err = dequantize_row(ty, &data, ty.block_size(), 2).unwrap_err();
         assert_eq!(err, FormatError::RowOutOfRange { row: 2, rows: 2 });
         let p = repack(ty, &data, 2, ty.block_size()).unwrap();
-        assert_eq!(
-            p.dequantize_row(2).unwrap_err(),
-            FormatError::RowOutOfRange { row: 2, rows: 2 }
-        );
+        assert_eq!(p.dequantize_row(2).unwrap_err(), FormatError::RowOutOfRange { row: 2, rows: 2 });
     }
 }
 
@@ -136,9 +108,7 @@ fn random_int4(rng: &mut Rng, k: usize, n: usize, g: usize, awq: bool) -> [Vec<u
     let qweight_words = if awq { k * n / 8 } else { k / 8 * n };
     let qweight = rng.bytes(4 * qweight_words);
     let qzeros = rng.bytes(4 * (k / g) * (n / 8));
-    let scales = (0..(k / g) * n)
-        .flat_map(|_| rng.finite_f16().to_le_bytes())
-        .collect();
+    let scales = (0..(k / g) * n).flat_map(|_| rng.finite_f16().to_le_bytes()).collect();
     [qweight, qzeros, scales]
 }
 
@@ -156,19 +126,10 @@ fn int4_packed_rows_equal_reference_transposed() {
         for awq in [true, false] {
             let [qweight, qzeros, scales] = random_int4(&mut rng, k, n, g, awq);
             let (deq, p) = if awq {
-                let t = AwqTensors {
-                    qweight: &qweight,
-                    qzeros: &qzeros,
-                    scales: &scales,
-                    in_features: k,
-                    out_features: n,
-                    group_size: g,
-                };
+                let t = AwqTensors { qweight: &qweight, qzeros: &qzeros, scales: &scales, in_features: k, out_features: n, group_size: g };
                 (t.dequantize().unwrap(), t.repack().unwrap())
             } else {
-                let g_idx: Vec<u8> = (0..k)
-                    .flat_map(|i| ((i / g) as i32).to_le_bytes())
-                    .collect();
+                let g_idx: Vec<u8> = (0..k).flat_map(|i| ((i / g) as i32).to_le_bytes()).collect();
                 let t = GptqTensors {
                     qweight: &qweight,
                     qzeros: &qzeros,
@@ -209,45 +170,17 @@ fn int4_shape_errors_and_act_order() {
     };
     assert!(t.dequantize().is_ok());
     // An act-order g_idx (groups not in input order) is rejected, naming the first mismatch.
-    let g_idx: Vec<u8> = (0..k)
-        .flat_map(|i| ((i % (k / g)) as i32).to_le_bytes())
-        .collect();
+    let g_idx: Vec<u8> = (0..k).flat_map(|i| ((i % (k / g)) as i32).to_le_bytes()).collect();
     t.g_idx = Some(&g_idx);
-    assert_eq!(
-        t.repack().unwrap_err(),
-        FormatError::ActOrder {
-            k: 1,
-            found: 1,
-            expected: 0
-        }
-    );
+    assert_eq!(t.repack().unwrap_err(), FormatError::ActOrder { k: 1, found: 1, expected: 0 });
     t.g_idx = None;
     t.group_size = 48; // does not divide K
-    assert!(matches!(
-        t.dequantize().unwrap_err(),
-        FormatError::InvalidShape { format: "GPTQ", .. }
-    ));
+    assert!(matches!(t.dequantize().unwrap_err(), FormatError::InvalidShape { format: "GPTQ", .. }));
     t.group_size = 16; // not a multiple of 32
-    assert!(matches!(
-        t.repack().unwrap_err(),
-        FormatError::InvalidShape { .. }
-    ));
+    assert!(matches!(t.repack().unwrap_err(), FormatError::InvalidShape { .. }));
     t.group_size = g;
     t.scales = &scales[2..];
-    assert!(matches!(
-        t.dequantize().unwrap_err(),
-        FormatError::ByteLength { what: "scales", .. }
-    ));
-    let a = AwqTensors {
-        qweight: &qweight,
-        qzeros: &qzeros,
-        scales: &scales,
-        in_features: k,
-        out_features: 12,
-        group_size: g,
-    };
-    assert!(matches!(
-        a.repack().unwrap_err(),
-        FormatError::InvalidShape { format: "AWQ", .. }
-    ));
+    assert!(matches!(t.dequantize().unwrap_err(), FormatError::ByteLength { what: "scales", .. }));
+    let a = AwqTensors { qweight: &qweight, qzeros: &qzeros, scales: &scales, in_features: k, out_features: 12, group_size: g };
+    assert!(matches!(a.repack().unwrap_err(), FormatError::InvalidShape { format: "AWQ", .. }));
 }

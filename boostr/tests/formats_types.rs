@@ -1,8 +1,6 @@
 //! ggml type metadata, unsupported types, and hand-computed reference values.
 
-use boostr::formats::{
-    AwqTensors, FormatError, GgmlType, GptqTensors, GptqZeroOffset, dequantize, repack,
-};
+use boostr::formats::{AwqTensors, FormatError, GgmlType, GptqTensors, GptqZeroOffset, dequantize, repack};
 
 #[test]
 fn ggml_ids_and_block_geometry() {
@@ -23,10 +21,7 @@ fn ggml_ids_and_block_geometry() {
     ];
     for (id, name, bs, ts) in expect {
         let t = GgmlType::from_ggml_id(id).unwrap();
-        assert_eq!(
-            (t.id(), t.name(), t.block_size(), t.type_size()),
-            (id, name, bs, ts)
-        );
+        assert_eq!((t.id(), t.name(), t.block_size(), t.type_size()), (id, name, bs, ts));
         assert!(t.is_supported());
     }
     assert_eq!(GgmlType::SUPPORTED.len(), expect.len());
@@ -34,15 +29,7 @@ fn ggml_ids_and_block_geometry() {
 
 #[test]
 fn unsupported_types_name_themselves() {
-    for (id, name) in [
-        (16, "IQ2_XXS"),
-        (20, "IQ4_NL"),
-        (23, "IQ4_XS"),
-        (29, "IQ1_M"),
-        (9, "Q8_1"),
-        (35, "TQ2_0"),
-        (39, "MXFP4"),
-    ] {
+    for (id, name) in [(16, "IQ2_XXS"), (20, "IQ4_NL"), (23, "IQ4_XS"), (29, "IQ1_M"), (9, "Q8_1"), (35, "TQ2_0"), (39, "MXFP4")] {
         let t = GgmlType::from_ggml_id(id).unwrap();
         assert_eq!(t.name(), name);
         let want = FormatError::Unsupported { format: name };
@@ -51,14 +38,8 @@ fn unsupported_types_name_themselves() {
         assert_eq!(repack(t, &bytes, 1, t.block_size()).unwrap_err(), want);
         assert!(want.to_string().contains(name));
     }
-    assert_eq!(
-        GgmlType::from_ggml_id(31),
-        Err(FormatError::Unsupported { format: "Q4_0_4_4" })
-    );
-    assert_eq!(
-        GgmlType::from_ggml_id(99),
-        Err(FormatError::UnknownGgmlType { id: 99 })
-    );
+    assert_eq!(GgmlType::from_ggml_id(31), Err(FormatError::Unsupported { format: "Q4_0_4_4" }));
+    assert_eq!(GgmlType::from_ggml_id(99), Err(FormatError::UnknownGgmlType { id: 99 }));
 }
 
 const ONE: [u8; 2] = [0x00, 0x3C]; // f16 1.0
@@ -115,21 +96,12 @@ fn kquant_hand_values() {
 fn awq_and_gptq_hand_values() {
     // K = 32, N = 8, G = 32. AWQ column c of row k holds the value c at shift AWQ_SHIFTS[c];
     // zero points 1 everywhere; scale 0.5: w[k][c] = (c - 1) * 0.5.
-    let word: u32 = (0..8u32)
-        .map(|c| c << boostr::formats::AWQ_SHIFTS[c as usize])
-        .sum();
+    let word: u32 = (0..8u32).map(|c| c << boostr::formats::AWQ_SHIFTS[c as usize]).sum();
     assert_eq!(word, 0x7531_6420);
     let qweight: Vec<u8> = (0..32).flat_map(|_| word.to_le_bytes()).collect();
     let qzeros = 0x1111_1111u32.to_le_bytes();
     let scales: Vec<u8> = (0..8).flat_map(|_| HALF).collect();
-    let awq = AwqTensors {
-        qweight: &qweight,
-        qzeros: &qzeros,
-        scales: &scales,
-        in_features: 32,
-        out_features: 8,
-        group_size: 32,
-    };
+    let awq = AwqTensors { qweight: &qweight, qzeros: &qzeros, scales: &scales, in_features: 32, out_features: 8, group_size: 32 };
     let w = awq.dequantize().unwrap();
     assert_eq!(&w[..8], &[-0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]);
     // GPTQ: word (r, n) holds inputs 8r .. 8r + 8 at shifts 4i; 0x76543210 gives q = k % 8.

@@ -14,9 +14,7 @@ fn u32_at(b: &[u8], at: usize) -> usize {
 }
 
 fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
 /// A GGUF golden: raw blocks and gguf-py's dequantization of them.
@@ -36,12 +34,7 @@ pub fn read_gguf_golden(ty: GgmlType) -> GgufGolden {
     assert_eq!(type_size, ty.type_size());
     let data_end = 20 + n_blocks * type_size;
     assert_eq!(b.len(), data_end + 4 * n);
-    GgufGolden {
-        ty,
-        n_blocks,
-        data: b[20..data_end].to_vec(),
-        expected: f32s(&b[data_end..]),
-    }
+    GgufGolden { ty, n_blocks, data: b[20..data_end].to_vec(), expected: f32s(&b[data_end..]) }
 }
 
 /// An AWQ/GPTQ golden.
@@ -64,12 +57,7 @@ pub fn read_int4_golden(name: &str) -> Int4Golden {
     let b = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert_eq!(&b[0..4], b"BI4G");
     let scheme = u32_at(&b, 4) as u32;
-    let (k, n, group, has_g) = (
-        u32_at(&b, 8),
-        u32_at(&b, 12),
-        u32_at(&b, 16),
-        u32_at(&b, 20),
-    );
+    let (k, n, group, has_g) = (u32_at(&b, 8), u32_at(&b, 12), u32_at(&b, 16), u32_at(&b, 20));
     let mut at = 24;
     let mut take = |len: usize| {
         let s = b[at..at + len].to_vec();
@@ -82,17 +70,7 @@ pub fn read_int4_golden(name: &str) -> Int4Golden {
     let g_idx = (has_g == 1).then(|| take(k * 4));
     let expected = f32s(&take(k * n * 4));
     assert_eq!(at, b.len());
-    Int4Golden {
-        scheme,
-        k,
-        n,
-        group,
-        qweight,
-        qzeros,
-        scales,
-        g_idx,
-        expected,
-    }
+    Int4Golden { scheme, k, n, group, qweight, qzeros, scales, g_idx, expected }
 }
 
 /// splitmix64: a tiny deterministic generator for random blocks.
@@ -148,9 +126,7 @@ pub fn random_tensor(rng: &mut Rng, ty: GgmlType, n_elements: usize) -> Vec<u8> 
                 b.to_le_bytes()
             })
             .collect(),
-        GgmlType::F16 => (0..n_elements)
-            .flat_map(|_| rng.finite_f16().to_le_bytes())
-            .collect(),
+        GgmlType::F16 => (0..n_elements).flat_map(|_| rng.finite_f16().to_le_bytes()).collect(),
         GgmlType::BF16 => (0..n_elements)
             .flat_map(|_| {
                 let mut b = rng.next_u64() as u16;

@@ -6,11 +6,11 @@
 use boostr::act::{Act, ActKind, GluInput};
 use boostr::attention::{self, AttnOptions, AttnPlan, DecodeKernel, QueryLayout};
 use boostr::conv::ShortConv;
-use boostr::embedding::{embedding_ref, GpuEmbedding, EMBEDDING_FORMATS};
-use boostr::formats::{repack, GgmlType};
+use boostr::embedding::{EMBEDDING_FORMATS, GpuEmbedding, embedding_ref};
+use boostr::formats::{GgmlType, repack};
 use boostr::kv_cache::{KvCache, KvCacheConfig, KvDtype};
 use boostr::norm::{Norm, NormKind};
-use boostr::ops_common::{pseudo_random as rnd, OpsError};
+use boostr::ops_common::{OpsError, pseudo_random as rnd};
 use boostr::rope::{QkvLayout, QkvRope, RopeParams, RopeScaling, RopeStyle};
 use boostr::sampling;
 use numr::gpu::{Binding, GpuContext};
@@ -103,7 +103,10 @@ fn qk_norm_rope_and_kv_write() {
         let xb = xt.gpu_binding(4).unwrap().0;
         let (qwt, kwt) = (up(&ctx, &qw, &[hd]), up(&ctx, &kw, &[hd]));
         let (qb, kb) = (qwt.gpu_binding(4).unwrap().0, kwt.gpu_binding(4).unwrap().0);
-        let mut cache = kv.map(|dtype| KvCache::new(&ctx, KvCacheConfig { n_layers: 2, n_kv_heads: n_kv, head_dim: hd, capacity: 8, dtype, max_segment_bytes: Some(3 * hd as u64) }).unwrap());
+        let mut cache = kv.map(|dtype| {
+            KvCache::new(&ctx, KvCacheConfig { n_layers: 2, n_kv_heads: n_kv, head_dim: hd, capacity: 8, dtype, max_segment_bytes: Some(3 * hd as u64) })
+                .unwrap()
+        });
         // Two positions already in the cache.
         if let Some(c) = cache.as_mut() {
             c.commit(2).unwrap();
@@ -214,7 +217,12 @@ fn decode_case(ctx: &GpuContext, hd: usize, n_q: usize, n_kv: usize, len: usize,
     let runs = if best == DecodeKernel::Tiled { vec![(best, false)] } else { vec![(best, false), (best, true), (DecodeKernel::Tiled, false)] };
     for (kind, two_pass) in runs {
         let qb = qt.gpu_binding(4).unwrap().0;
-        let plan = if two_pass { AttnPlan::decode_two_pass(ctx, kind, &qb, 0, n_q, &cache, 0, len, &opts) } else { AttnPlan::decode_with(ctx, kind, &qb, 0, n_q, &cache, 0, len, &opts) }.unwrap();
+        let plan = if two_pass {
+            AttnPlan::decode_two_pass(ctx, kind, &qb, 0, n_q, &cache, 0, len, &opts)
+        } else {
+            AttnPlan::decode_with(ctx, kind, &qb, 0, n_q, &cache, 0, len, &opts)
+        }
+        .unwrap();
         let fused = kind == DecodeKernel::Subgroup && !two_pass && seg.is_none();
         assert_eq!(plan.dispatches(), if fused { 1 } else { cache.segments(0).iter().filter(|s| s.start < len).count() + 1 }, "{kind:?} two_pass {two_pass}");
         // Three recordings in one stream: the fused arrival counters must reset between uses.
@@ -234,7 +242,9 @@ fn decode_case(ctx: &GpuContext, hd: usize, n_q: usize, n_kv: usize, len: usize,
 #[test]
 fn decode_attention_short() {
     let Some(ctx) = test_gpu() else { return };
-    for (hd, n_q, n_kv, len, dtype) in [(64, 8, 2, 1, KvDtype::F16), (128, 4, 4, 7, KvDtype::F16), (256, 16, 1, 7, KvDtype::Q8_0), (64, 3, 1, 100, KvDtype::Q8_0)] {
+    for (hd, n_q, n_kv, len, dtype) in
+        [(64, 8, 2, 1, KvDtype::F16), (128, 4, 4, 7, KvDtype::F16), (256, 16, 1, 7, KvDtype::Q8_0), (64, 3, 1, 100, KvDtype::Q8_0)]
+    {
         decode_case(&ctx, hd, n_q, n_kv, len, dtype, AttnOptions::new(hd), None);
     }
     let capped = AttnOptions { scale: 0.1, softcap: Some(20.0), window: Some(33) };
@@ -258,7 +268,17 @@ fn context_overflow_is_typed() {
     let l = QkvLayout::packed(3, 1, 1, 64);
     let x = up(&ctx, &rnd(3 * 3 * 64, 2, 1.0), &[3 * 3 * 64]);
     let cfgr = QkvRope { style: RopeStyle::Neox, rope: true, qk_norm: false, norm_offset: false, kv_write: Some(KvDtype::F16) };
-    let err = cfgr.run(&ctx, &x.gpu_binding(4).unwrap().0, &l, &rope_params(64, 64, RopeStyle::Neox, RopeScaling::None), &[8, 9, 10], None, None, 0.0, Some((&cache, 0)));
+    let err = cfgr.run(
+        &ctx,
+        &x.gpu_binding(4).unwrap().0,
+        &l,
+        &rope_params(64, 64, RopeStyle::Neox, RopeScaling::None),
+        &[8, 9, 10],
+        None,
+        None,
+        0.0,
+        Some((&cache, 0)),
+    );
     assert!(matches!(err, Err(OpsError::ContextOverflow { needed: 11, capacity: 10 })), "{err:?}");
     assert!(matches!(cache.commit(3), Err(OpsError::ContextOverflow { .. })));
     assert_eq!(cache.len(), 8);
@@ -384,7 +404,8 @@ fn sampling_ops() {
 fn q8_0_cache_rounds_ties_away_from_zero() {
     let Some(ctx) = test_gpu() else { return };
     let hd = 32;
-    let mut cache = KvCache::new(&ctx, KvCacheConfig { n_layers: 1, n_kv_heads: 1, head_dim: hd, capacity: 2, dtype: KvDtype::Q8_0, max_segment_bytes: None }).unwrap();
+    let mut cache =
+        KvCache::new(&ctx, KvCacheConfig { n_layers: 1, n_kv_heads: 1, head_dim: hd, capacity: 2, dtype: KvDtype::Q8_0, max_segment_bytes: None }).unwrap();
     let mut row = vec![0.0f32; hd];
     let ties = [127.0, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5, 126.5, -126.5, 3.25, -0.25];
     row[..ties.len()].copy_from_slice(&ties);
@@ -393,7 +414,8 @@ fn q8_0_cache_rounds_ties_away_from_zero() {
     let x: Vec<f32> = row.iter().copied().chain(row.iter().map(|v| -v)).collect();
     let xt = up(&ctx, &x, &[x.len()]);
     let cfg = QkvRope { style: RopeStyle::Neox, rope: false, qk_norm: false, norm_offset: false, kv_write: Some(KvDtype::Q8_0) };
-    cfg.run(&ctx, &xt.gpu_binding(4).unwrap().0, &l, &rope_params(hd, hd, RopeStyle::Neox, RopeScaling::None), &[0], None, None, 0.0, Some((&cache, 0))).unwrap();
+    cfg.run(&ctx, &xt.gpu_binding(4).unwrap().0, &l, &rope_params(hd, hd, RopeStyle::Neox, RopeScaling::None), &[0], None, None, 0.0, Some((&cache, 0)))
+        .unwrap();
     cache.commit(1).unwrap();
     let (k, v) = cache.read_layer(&ctx, 0, 1).unwrap();
     let want = [127.0, 3.0, -3.0, 1.0, -1.0, 2.0, -2.0, 127.0, -127.0, 3.0, 0.0];

@@ -29,9 +29,7 @@ fn random_weight(rng: &mut Rng, kind: WeightKind, rows: usize, cols: usize) -> P
             let qweight = rng.bytes(n / 2);
             let qzeros = rng.bytes(cols / g * rows / 2);
             let scales: Vec<u8> = (0..cols / g * rows).flat_map(|_| small_f16(rng, 0.002, 0.02)).collect();
-            return AwqTensors { qweight: &qweight, qzeros: &qzeros, scales: &scales, in_features: cols, out_features: rows, group_size: g }
-                .repack()
-                .unwrap();
+            return AwqTensors { qweight: &qweight, qzeros: &qzeros, scales: &scales, in_features: cols, out_features: rows, group_size: g }.repack().unwrap();
         }
         WeightKind::Ggml(t) => t,
     };
@@ -163,7 +161,12 @@ fn gemm_speed() {
             let med = ns[ns.len() / 2];
             let tflops = 2.0 * (m * n * k) as f64 / med / 1e3;
             let label = if cfg.coopmat { format!("coop {}x{}x{} sg {}x{}", t.bm, t.bn, t.bk, t.sg_m, t.sg_n) } else { "tiled".into() };
-            println!("GEMM {:5} {m}x{k}x{n} {label:28} {:8.1} us {tflops:6.1} TFLOP/s  {}", ty.name(), med / 1e3, if ok.is_ok() { "ok".to_string() } else { format!("WRONG {ok:?}") });
+            println!(
+                "GEMM {:5} {m}x{k}x{n} {label:28} {:8.1} us {tflops:6.1} TFLOP/s  {}",
+                ty.name(),
+                med / 1e3,
+                if ok.is_ok() { "ok".to_string() } else { format!("WRONG {ok:?}") }
+            );
         }
     }
 }

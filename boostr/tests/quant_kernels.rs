@@ -30,9 +30,18 @@ fn random_int4(rng: &mut Rng, gptq: bool, n: usize, k: usize, group: usize) -> P
     let qzeros = rng.bytes(k / group * n / 2);
     let scales: Vec<u8> = (0..k / group * n).flat_map(|_| small_f16(rng, 0.002, 0.02)).collect();
     if gptq {
-        GptqTensors { qweight: &qweight, qzeros: &qzeros, scales: &scales, g_idx: None, in_features: k, out_features: n, group_size: group, zero_offset: GptqZeroOffset::V1PlusOne }
-            .repack()
-            .unwrap()
+        GptqTensors {
+            qweight: &qweight,
+            qzeros: &qzeros,
+            scales: &scales,
+            g_idx: None,
+            in_features: k,
+            out_features: n,
+            group_size: group,
+            zero_offset: GptqZeroOffset::V1PlusOne,
+        }
+        .repack()
+        .unwrap()
     } else {
         AwqTensors { qweight: &qweight, qzeros: &qzeros, scales: &scales, in_features: k, out_features: n, group_size: group }.repack().unwrap()
     }
@@ -134,7 +143,12 @@ fn gemv_every_activation_count_and_both_reductions() {
         let x = random_x(&mut rng, m * cols);
         let want = f64s(&matmul_ref(&p, &x, m).unwrap());
         for subgroups in [false, env.subgroups] {
-            let cfg = QuantGemv { subgroups, rows_per_workgroup: 1 + (m as u32 % 4), threads: 64, ..QuantGemv::new(WeightKind::Ggml(GgmlType::Q4_K), &env, m as u32) };
+            let cfg = QuantGemv {
+                subgroups,
+                rows_per_workgroup: 1 + (m as u32 % 4),
+                threads: 64,
+                ..QuantGemv::new(WeightKind::Ggml(GgmlType::Q4_K), &env, m as u32)
+            };
             let got = gemv_gpu(&ctx, &cfg, &w, &x, m);
             check_close_rtol(&got, &want, RTOL_F32).unwrap_or_else(|e| panic!("m={m} subgroups={subgroups}: {e}"));
         }

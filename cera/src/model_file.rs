@@ -155,35 +155,23 @@ impl ModelFile {
     pub fn open(path: impl AsRef<Path>) -> Result<ModelFile, ModelError> {
         let path = path.as_ref();
         if path.is_dir() {
-            return Ok(ModelFile::Safetensors(Box::new(SafetensorsModel::open(
-                path,
-            )?)));
+            return Ok(ModelFile::Safetensors(Box::new(SafetensorsModel::open(path)?)));
         }
         let mut magic = [0u8; 4];
-        let mut f = std::fs::File::open(path).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let n = f.read(&mut magic).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let mut f = std::fs::File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
+        let n = f.read(&mut magic).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
         if n == 4 && &magic == b"GGUF" {
             return Ok(ModelFile::Gguf(Box::new(GgufFile::open(path)?)));
         }
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         if name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json") {
-            return Ok(ModelFile::Safetensors(Box::new(SafetensorsModel::open(
-                path,
-            )?)));
+            return Ok(ModelFile::Safetensors(Box::new(SafetensorsModel::open(path)?)));
         }
         if name.ends_with(".gguf") {
             // Let the GGUF reader say what is wrong with it.
             return Ok(ModelFile::Gguf(Box::new(GgufFile::open(path)?)));
         }
-        Err(ModelError::UnknownFormat {
-            path: path.to_path_buf(),
-        })
+        Err(ModelError::UnknownFormat { path: path.to_path_buf() })
     }
 
     /// `"GGUF"` or `"safetensors"`.
@@ -205,9 +193,9 @@ impl ModelFile {
     pub fn hparams(&self) -> Result<HyperParams, ModelError> {
         match self {
             ModelFile::Gguf(g) => Ok(g.hparams()?),
-            ModelFile::Safetensors(s) => s.config().map(|c| c.hparams.clone()).ok_or_else(|| {
-                ModelError::Missing(format!("no config.json in {}", s.dir().display()))
-            }),
+            ModelFile::Safetensors(s) => {
+                s.config().map(|c| c.hparams.clone()).ok_or_else(|| ModelError::Missing(format!("no config.json in {}", s.dir().display())))
+            }
         }
     }
 
@@ -218,10 +206,7 @@ impl ModelFile {
             ModelFile::Safetensors(s) => {
                 let p = s.dir().join("tokenizer.json");
                 if !p.is_file() {
-                    return Err(ModelError::Missing(format!(
-                        "no tokenizer.json in {}",
-                        s.dir().display()
-                    )));
+                    return Err(ModelError::Missing(format!("no tokenizer.json in {}", s.dir().display())));
                 }
                 Ok(Tokenizer::from_hf_file(p)?)
             }
@@ -240,21 +225,13 @@ impl ModelFile {
     pub fn chat_template(&self, tok: &Tokenizer) -> Result<ChatTemplate, ModelError> {
         match self {
             ModelFile::Gguf(g) => Ok(ChatTemplate::from_gguf(g, tok)?),
-            ModelFile::Safetensors(s) => {
-                match tok.hf().and_then(|h| h.chat_template().map(|src| (h, src))) {
-                    Some((h, src)) => Ok(ChatTemplate::new(
-                        src,
-                        h.bos_text().unwrap_or(""),
-                        h.eos_text().unwrap_or(""),
-                    )?),
-                    None => {
-                        let arch = s.config().map(|c| c.architecture.as_str()).unwrap_or("");
-                        Ok(ChatTemplate::builtin(BuiltinTemplate::for_architecture(
-                            arch,
-                        )))
-                    }
+            ModelFile::Safetensors(s) => match tok.hf().and_then(|h| h.chat_template().map(|src| (h, src))) {
+                Some((h, src)) => Ok(ChatTemplate::new(src, h.bos_text().unwrap_or(""), h.eos_text().unwrap_or(""))?),
+                None => {
+                    let arch = s.config().map(|c| c.architecture.as_str()).unwrap_or("");
+                    Ok(ChatTemplate::builtin(BuiltinTemplate::for_architecture(arch)))
                 }
-            }
+            },
         }
     }
 }

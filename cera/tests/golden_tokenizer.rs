@@ -51,9 +51,7 @@ fn load(id: ModelId, golden: &str) -> Model {
     let path = ensure_model(id).unwrap_or_else(|e| panic!("fetching {}: {e}", id.name()));
     let file = GgufFile::open(&path).unwrap();
     let tok = Tokenizer::from_gguf(&file).unwrap();
-    let gpath = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/golden/tokenizer")
-        .join(golden);
+    let gpath = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/tokenizer").join(golden);
     let golden = serde_json::from_str(&std::fs::read_to_string(&gpath).unwrap()).unwrap();
     Model { file, tok, golden }
 }
@@ -79,10 +77,7 @@ fn check_tokenize(m: &Model) {
     for case in &m.golden.cases {
         for run in &case.tokenize {
             n += 1;
-            let opts = EncodeOptions {
-                add_special: run.add_special,
-                parse_special: run.parse_special,
-            };
+            let opts = EncodeOptions { add_special: run.add_special, parse_special: run.parse_special };
             let ids = m.tok.encode(&case.prompt, opts).unwrap();
             if ids != run.ids {
                 failures.push(format!(
@@ -98,9 +93,7 @@ fn check_tokenize(m: &Model) {
                 let got = m.tok.piece(id, true).unwrap();
                 let want: Vec<u8> = match want {
                     serde_json::Value::String(s) => s.as_bytes().to_vec(),
-                    serde_json::Value::Array(a) => {
-                        a.iter().map(|b| b.as_u64().unwrap() as u8).collect()
-                    }
+                    serde_json::Value::Array(a) => a.iter().map(|b| b.as_u64().unwrap() as u8).collect(),
                     other => panic!("bad piece {other}"),
                 };
                 if got != want {
@@ -109,30 +102,17 @@ fn check_tokenize(m: &Model) {
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {n} tokenizations differ from llama.cpp:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} of {n} tokenizations differ from llama.cpp:\n{}", failures.len(), failures.join("\n"));
 }
 
 fn check_detokenize(m: &Model) {
-    let raw = DecodeOptions {
-        render_special: true,
-        strip_space_prefix: false,
-    };
+    let raw = DecodeOptions { render_special: true, strip_space_prefix: false };
     let mut failures = Vec::new();
     for case in &m.golden.cases {
         let ids = &case.tokenize[0].ids;
         let text = m.tok.decode(ids, raw).unwrap();
         if text != case.detokenized {
-            failures.push(format!(
-                "{}: got {}, want {}",
-                short(&case.prompt),
-                short(&text),
-                short(&case.detokenized)
-            ));
+            failures.push(format!("{}: got {}, want {}", short(&case.prompt), short(&text), short(&case.detokenized)));
         }
         // Streaming gives the same text, one token at a time.
         let mut stream = cera::tokenizer::StreamDecoder::with_options(&m.tok, raw);
@@ -144,18 +124,10 @@ fn check_detokenize(m: &Model) {
         }
         streamed.push_str(&stream.finish());
         if streamed != case.detokenized {
-            failures.push(format!(
-                "stream {}: got {}",
-                short(&case.prompt),
-                short(&streamed)
-            ));
+            failures.push(format!("stream {}: got {}", short(&case.prompt), short(&streamed)));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "detokenization differs from llama.cpp:\n{}",
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "detokenization differs from llama.cpp:\n{}", failures.join("\n"));
 }
 
 fn check_chat(m: &Model) {
@@ -164,14 +136,9 @@ fn check_chat(m: &Model) {
         let got = if chat.continue_final_message {
             tpl.render_continuing(&chat.messages).unwrap()
         } else {
-            tpl.render(&chat.messages, chat.add_generation_prompt)
-                .unwrap()
+            tpl.render(&chat.messages, chat.add_generation_prompt).unwrap()
         };
-        assert_eq!(
-            got, chat.rendered,
-            "chat template rendering differs for {:?}",
-            chat.messages
-        );
+        assert_eq!(got, chat.rendered, "chat template rendering differs for {:?}", chat.messages);
     }
 }
 
@@ -213,21 +180,12 @@ fn pre_tokenizers_match_llama_cpp() {
     let base = smollm();
     for pre in ["llama-bpe", "qwen2", "gpt-2", "default"] {
         let mut md = base.file.metadata().clone();
-        md.set(
-            "tokenizer.ggml.pre",
-            cera::gguf::MetadataValue::String(pre.into()),
-        );
+        md.set("tokenizer.ggml.pre", cera::gguf::MetadataValue::String(pre.into()));
         let tok = Tokenizer::from_gguf_metadata(&md).unwrap();
         assert_eq!(tok.pre_tokenizer(), Some(pre));
-        let gpath = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join(format!("../tests/golden/tokenizer/smollm2-pre-{pre}.json"));
-        let golden: Golden =
-            serde_json::from_str(&std::fs::read_to_string(&gpath).unwrap()).unwrap();
-        let m = Model {
-            file: GgufFile::open(base.file.path().unwrap()).unwrap(),
-            tok,
-            golden,
-        };
+        let gpath = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../tests/golden/tokenizer/smollm2-pre-{pre}.json"));
+        let golden: Golden = serde_json::from_str(&std::fs::read_to_string(&gpath).unwrap()).unwrap();
+        let m = Model { file: GgufFile::open(base.file.path().unwrap()).unwrap(), tok, golden };
         check_tokenize(&m);
     }
 }
@@ -238,47 +196,19 @@ fn pre_tokenizers_match_llama_cpp() {
 fn spm_space_prefix_matches_llama_cpp() {
     let base = gemma();
     let mut md = base.file.metadata().clone();
-    md.set(
-        "tokenizer.ggml.add_space_prefix",
-        cera::gguf::MetadataValue::Bool(true),
-    );
+    md.set("tokenizer.ggml.add_space_prefix", cera::gguf::MetadataValue::Bool(true));
     let tok = Tokenizer::from_gguf_metadata(&md).unwrap();
     assert!(tok.adds_space_prefix());
-    let gpath = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/golden/tokenizer/gemma3-space-prefix.json");
+    let gpath = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/tokenizer/gemma3-space-prefix.json");
     let golden: Golden = serde_json::from_str(&std::fs::read_to_string(&gpath).unwrap()).unwrap();
-    let m = Model {
-        file: GgufFile::open(base.file.path().unwrap()).unwrap(),
-        tok,
-        golden,
-    };
+    let m = Model { file: GgufFile::open(base.file.path().unwrap()).unwrap(), tok, golden };
     check_tokenize(&m);
     check_detokenize(&m);
     // Decoding with the default options strips the prefix again. (Text with user-defined
     // tokens such as Gemma's "\n" does not round-trip: llama.cpp prefixes every fragment.)
     let text = "Hello world, naïve café!";
-    let ids = m
-        .tok
-        .encode(
-            text,
-            EncodeOptions {
-                add_special: true,
-                parse_special: false,
-            },
-        )
-        .unwrap();
-    assert_eq!(
-        m.tok
-            .decode(
-                &ids,
-                DecodeOptions {
-                    render_special: false,
-                    strip_space_prefix: true
-                }
-            )
-            .unwrap(),
-        text
-    );
+    let ids = m.tok.encode(text, EncodeOptions { add_special: true, parse_special: false }).unwrap();
+    assert_eq!(m.tok.decode(&ids, DecodeOptions { render_special: false, strip_space_prefix: true }).unwrap(), text);
 }
 
 /// A character split over byte-fallback tokens (Gemma has no token for U+10FFFD) comes out whole, once, from the last of them;
@@ -286,41 +216,17 @@ fn spm_space_prefix_matches_llama_cpp() {
 #[test]
 fn stream_decoder_holds_partial_characters() {
     for (m, text) in [(gemma(), "a\u{10FFFD}b"), (smollm(), "a\u{1F9EC}b")] {
-        let ids = m
-            .tok
-            .encode(
-                text,
-                EncodeOptions {
-                    add_special: false,
-                    parse_special: false,
-                },
-            )
-            .unwrap();
-        assert!(
-            ids.len() >= 4,
-            "{text:?} should need several tokens: {ids:?}"
-        );
+        let ids = m.tok.encode(text, EncodeOptions { add_special: false, parse_special: false }).unwrap();
+        assert!(ids.len() >= 4, "{text:?} should need several tokens: {ids:?}");
         let mut s = m.tok.stream_decoder();
         let parts: Vec<String> = ids.iter().map(|&id| s.push(id).unwrap()).collect();
         assert!(parts.iter().all(|p| !p.contains('\u{FFFD}')), "{parts:?}");
-        assert!(
-            parts.iter().any(String::is_empty),
-            "some token completed no character: {parts:?}"
-        );
+        assert!(parts.iter().any(String::is_empty), "some token completed no character: {parts:?}");
         assert_eq!(parts.concat() + &s.finish(), text);
     }
     // A dangling partial character is flushed as U+FFFD by finish().
     let m = gemma();
-    let ids = m
-        .tok
-        .encode(
-            "\u{10FFFD}",
-            EncodeOptions {
-                add_special: false,
-                parse_special: false,
-            },
-        )
-        .unwrap();
+    let ids = m.tok.encode("\u{10FFFD}", EncodeOptions { add_special: false, parse_special: false }).unwrap();
     let mut s = m.tok.stream_decoder();
     assert_eq!(s.push(ids[0]).unwrap(), "");
     assert!(!s.pending_bytes().is_empty());

@@ -55,11 +55,7 @@ impl Raw {
 fn gguf_err(bytes: Vec<u8>) -> GgufError {
     let t = Instant::now();
     let r = GgufFile::from_bytes(bytes);
-    assert!(
-        t.elapsed() < Duration::from_secs(1),
-        "took {:?}",
-        t.elapsed()
-    );
+    assert!(t.elapsed() < Duration::from_secs(1), "took {:?}", t.elapsed());
     match r {
         Ok(_) => panic!("malformed file was accepted"),
         Err(e) => e,
@@ -79,46 +75,14 @@ macro_rules! case {
 fn gguf_malformed_table() {
     let f32_id = GgmlType::F32.id();
     case!("empty", vec![], GgufError::Truncated { .. });
-    case!(
-        "bad magic",
-        b"GGML\x03\0\0\0".to_vec(),
-        GgufError::BadMagic { .. }
-    );
-    case!(
-        "version 1",
-        Raw::header(1, 0, 0).0,
-        GgufError::UnsupportedVersion { version: 1, .. }
-    );
-    case!(
-        "version 4",
-        Raw::header(4, 0, 0).0,
-        GgufError::UnsupportedVersion { version: 4, .. }
-    );
-    case!(
-        "big endian",
-        Raw::header(3u32.swap_bytes(), 0, 0).0,
-        GgufError::UnsupportedVersion { .. }
-    );
-    case!(
-        "truncated counts",
-        Raw::header(3, 0, 0).0[..12].to_vec(),
-        GgufError::Truncated { .. }
-    );
-    case!(
-        "2^60 tensors",
-        Raw::header(3, 1 << 60, 0).0,
-        GgufError::ImpossibleCount { .. }
-    );
-    case!(
-        "2^60 keys",
-        Raw::header(3, 0, 1 << 60).0,
-        GgufError::ImpossibleCount { .. }
-    );
-    case!(
-        "u64::MAX keys",
-        Raw::header(3, 0, u64::MAX).0,
-        GgufError::ImpossibleCount { .. }
-    );
+    case!("bad magic", b"GGML\x03\0\0\0".to_vec(), GgufError::BadMagic { .. });
+    case!("version 1", Raw::header(1, 0, 0).0, GgufError::UnsupportedVersion { version: 1, .. });
+    case!("version 4", Raw::header(4, 0, 0).0, GgufError::UnsupportedVersion { version: 4, .. });
+    case!("big endian", Raw::header(3u32.swap_bytes(), 0, 0).0, GgufError::UnsupportedVersion { .. });
+    case!("truncated counts", Raw::header(3, 0, 0).0[..12].to_vec(), GgufError::Truncated { .. });
+    case!("2^60 tensors", Raw::header(3, 1 << 60, 0).0, GgufError::ImpossibleCount { .. });
+    case!("2^60 keys", Raw::header(3, 0, 1 << 60).0, GgufError::ImpossibleCount { .. });
+    case!("u64::MAX keys", Raw::header(3, 0, u64::MAX).0, GgufError::ImpossibleCount { .. });
     {
         let mut r = Raw::header(3, 0, 1);
         r.u64(1 << 60);
@@ -127,11 +91,7 @@ fn gguf_malformed_table() {
     {
         let mut r = Raw::header(3, 0, 1);
         r.str("k").u32(8).u64(1 << 60);
-        case!(
-            "2^60-byte string value",
-            r.0,
-            GgufError::ImpossibleCount { .. }
-        );
+        case!("2^60-byte string value", r.0, GgufError::ImpossibleCount { .. });
     }
     {
         let mut r = Raw::header(3, 0, 1);
@@ -155,11 +115,7 @@ fn gguf_malformed_table() {
     {
         let mut r = Raw::header(3, 0, 1);
         r.str("k").u32(13).u32(0);
-        case!(
-            "unknown value type",
-            r.0,
-            GgufError::UnknownValueType { type_id: 13, .. }
-        );
+        case!("unknown value type", r.0, GgufError::UnknownValueType { type_id: 13, .. });
     }
     {
         let mut r = Raw::header(3, 0, 1);
@@ -187,98 +143,34 @@ fn gguf_malformed_table() {
         r.tensor("t", dims, ty, offset);
         r.data(data)
     };
-    case!(
-        "truncated tensor data",
-        one(&[8], f32_id, 0, 31),
-        GgufError::TensorOutOfBounds { .. }
-    );
-    case!(
-        "offset past end",
-        one(&[8], f32_id, 4096, 32),
-        GgufError::TensorOutOfBounds { .. }
-    );
-    case!(
-        "offset overflows",
-        one(&[8], f32_id, u64::MAX - 15, 32),
-        GgufError::Misaligned { .. }
-    );
-    case!(
-        "offset overflows aligned",
-        one(&[8], f32_id, u64::MAX - 31, 32),
-        GgufError::TensorOutOfBounds { .. }
-    );
-    case!(
-        "misaligned",
-        one(&[8], f32_id, 4, 64),
-        GgufError::Misaligned { offset: 4, .. }
-    );
-    case!(
-        "unknown ggml type",
-        one(&[8], 1000, 0, 32),
-        GgufError::UnknownType { type_id: 1000, .. }
-    );
-    case!(
-        "removed type Q4_2",
-        one(&[32], 4, 0, 32),
-        GgufError::UnsupportedType {
-            ty: GgmlType::Q4_2,
-            ..
-        }
-    );
-    case!(
-        "product overflow",
-        one(&[1 << 40, 1 << 40], f32_id, 0, 32),
-        GgufError::InvalidShape { .. }
-    );
-    case!(
-        "bytes overflow",
-        one(&[1 << 62, 1], f32_id, 0, 32),
-        GgufError::InvalidShape { .. }
-    );
-    case!(
-        "zero dim",
-        one(&[8, 0], f32_id, 0, 32),
-        GgufError::InvalidShape { .. }
-    );
-    case!(
-        "negative dim",
-        one(&[u64::MAX], f32_id, 0, 32),
-        GgufError::InvalidShape { .. }
-    );
-    case!(
-        "no dims",
-        one(&[], f32_id, 0, 32),
-        GgufError::InvalidShape { .. }
-    );
-    case!(
-        "five dims",
-        one(&[1, 1, 1, 1, 1], f32_id, 0, 32),
-        GgufError::TooManyDims { n_dims: 5, .. }
-    );
+    case!("truncated tensor data", one(&[8], f32_id, 0, 31), GgufError::TensorOutOfBounds { .. });
+    case!("offset past end", one(&[8], f32_id, 4096, 32), GgufError::TensorOutOfBounds { .. });
+    case!("offset overflows", one(&[8], f32_id, u64::MAX - 15, 32), GgufError::Misaligned { .. });
+    case!("offset overflows aligned", one(&[8], f32_id, u64::MAX - 31, 32), GgufError::TensorOutOfBounds { .. });
+    case!("misaligned", one(&[8], f32_id, 4, 64), GgufError::Misaligned { offset: 4, .. });
+    case!("unknown ggml type", one(&[8], 1000, 0, 32), GgufError::UnknownType { type_id: 1000, .. });
+    case!("removed type Q4_2", one(&[32], 4, 0, 32), GgufError::UnsupportedType { ty: GgmlType::Q4_2, .. });
+    case!("product overflow", one(&[1 << 40, 1 << 40], f32_id, 0, 32), GgufError::InvalidShape { .. });
+    case!("bytes overflow", one(&[1 << 62, 1], f32_id, 0, 32), GgufError::InvalidShape { .. });
+    case!("zero dim", one(&[8, 0], f32_id, 0, 32), GgufError::InvalidShape { .. });
+    case!("negative dim", one(&[u64::MAX], f32_id, 0, 32), GgufError::InvalidShape { .. });
+    case!("no dims", one(&[], f32_id, 0, 32), GgufError::InvalidShape { .. });
+    case!("five dims", one(&[1, 1, 1, 1, 1], f32_id, 0, 32), GgufError::TooManyDims { n_dims: 5, .. });
     {
         let mut r = Raw::header(3, 1, 0);
         r.str("t").u32(u32::MAX);
         case!("2^32 dims", r.data(64), GgufError::TooManyDims { .. });
     }
-    case!(
-        "block size mismatch",
-        one(&[31], GgmlType::Q4_0.id(), 0, 32),
-        GgufError::InvalidShape { .. }
-    );
+    case!("block size mismatch", one(&[31], GgmlType::Q4_0.id(), 0, 32), GgufError::InvalidShape { .. });
     {
         let mut r = Raw::header(3, 2, 0);
-        r.tensor("a", &[16], f32_id, 0)
-            .tensor("b", &[16], f32_id, 32);
+        r.tensor("a", &[16], f32_id, 0).tensor("b", &[16], f32_id, 32);
         case!("overlap", r.data(96), GgufError::OverlappingTensors { .. });
     }
     {
         let mut r = Raw::header(3, 2, 0);
         r.tensor("a", &[8], f32_id, 0).tensor("a", &[8], f32_id, 32);
-        case!(
-            "duplicate tensor",
-            r.data(64),
-            GgufError::DuplicateTensor { .. }
-        );
+        case!("duplicate tensor", r.data(64), GgufError::DuplicateTensor { .. });
     }
     {
         let mut r = Raw::header(3, 1, 0);
@@ -288,15 +180,7 @@ fn gguf_malformed_table() {
         // Every truncation inside the header is a typed error.
         for cut in 0..header_len {
             let e = gguf_err(full[..cut].to_vec());
-            assert!(
-                matches!(
-                    e,
-                    GgufError::Truncated { .. }
-                        | GgufError::BadMagic { .. }
-                        | GgufError::ImpossibleCount { .. }
-                ),
-                "cut at {cut}: {e:?}"
-            );
+            assert!(matches!(e, GgufError::Truncated { .. } | GgufError::BadMagic { .. } | GgufError::ImpossibleCount { .. }), "cut at {cut}: {e:?}");
         }
         GgufFile::from_bytes(full).unwrap();
     }
@@ -308,15 +192,9 @@ fn gguf_unsupported_type_is_named_when_data_is_asked_for() {
     b.tensor("blk.0.iq", &[256], GgmlType::IQ2_XXS, vec![0; 66]);
     b.tensor("blk.0.mx", &[32], GgmlType::MXFP4, vec![0; 17]);
     let f = GgufFile::from_bytes(b.build()).unwrap();
-    for (name, ty) in [
-        ("blk.0.iq", GgmlType::IQ2_XXS),
-        ("blk.0.mx", GgmlType::MXFP4),
-    ] {
+    for (name, ty) in [("blk.0.iq", GgmlType::IQ2_XXS), ("blk.0.mx", GgmlType::MXFP4)] {
         let e = f.tensor_data(name).unwrap_err();
-        assert!(
-            matches!(&e, GgufError::UnsupportedType { name: n, ty: t } if n == name && *t == ty),
-            "{e:?}"
-        );
+        assert!(matches!(&e, GgufError::UnsupportedType { name: n, ty: t } if n == name && *t == ty), "{e:?}");
         assert!(e.to_string().contains(name) && e.to_string().contains(ty.name()));
     }
 }
@@ -328,11 +206,7 @@ fn gguf_bad_tokenizer_metadata() {
         f(&mut b);
         GgufFile::from_bytes(b.build()).unwrap()
     };
-    let toks = |v: &[&str]| {
-        MetadataValue::Array(MetadataArray::String(
-            v.iter().map(|s| s.to_string()).collect(),
-        ))
-    };
+    let toks = |v: &[&str]| MetadataValue::Array(MetadataArray::String(v.iter().map(|s| s.to_string()).collect()));
     let cases: Vec<(&str, GgufFile)> = vec![
         (
             "no model",
@@ -350,38 +224,23 @@ fn gguf_bad_tokenizer_metadata() {
         (
             "empty vocab",
             build(&|b| {
-                b.kv(
-                    "tokenizer.ggml.model",
-                    MetadataValue::String("llama".into()),
-                );
+                b.kv("tokenizer.ggml.model", MetadataValue::String("llama".into()));
                 b.kv("tokenizer.ggml.tokens", toks(&[]));
             }),
         ),
         (
             "score count",
             build(&|b| {
-                b.kv(
-                    "tokenizer.ggml.model",
-                    MetadataValue::String("llama".into()),
-                );
+                b.kv("tokenizer.ggml.model", MetadataValue::String("llama".into()));
                 b.kv("tokenizer.ggml.tokens", toks(&["a", "b"]));
-                b.kv(
-                    "tokenizer.ggml.scores",
-                    MetadataValue::Array(MetadataArray::F32(vec![0.0])),
-                );
+                b.kv("tokenizer.ggml.scores", MetadataValue::Array(MetadataArray::F32(vec![0.0])));
             }),
         ),
         (
             "tokens not strings",
             build(&|b| {
-                b.kv(
-                    "tokenizer.ggml.model",
-                    MetadataValue::String("llama".into()),
-                );
-                b.kv(
-                    "tokenizer.ggml.tokens",
-                    MetadataValue::Array(MetadataArray::U8(vec![1])),
-                );
+                b.kv("tokenizer.ggml.model", MetadataValue::String("llama".into()));
+                b.kv("tokenizer.ggml.tokens", MetadataValue::Array(MetadataArray::U8(vec![1])));
             }),
         ),
         (
@@ -396,10 +255,7 @@ fn gguf_bad_tokenizer_metadata() {
             "unknown pre-tokenizer",
             build(&|b| {
                 b.kv("tokenizer.ggml.model", MetadataValue::String("gpt2".into()));
-                b.kv(
-                    "tokenizer.ggml.pre",
-                    MetadataValue::String("klingon".into()),
-                );
+                b.kv("tokenizer.ggml.pre", MetadataValue::String("klingon".into()));
                 b.kv("tokenizer.ggml.tokens", toks(&["a"]));
                 b.kv("tokenizer.ggml.merges", toks(&[]));
             }),
@@ -420,21 +276,11 @@ fn gguf_bad_tokenizer_metadata() {
     }
     // A token id outside the vocabulary is a typed error, not a panic.
     let f = build(&|b| {
-        b.kv(
-            "tokenizer.ggml.model",
-            MetadataValue::String("llama".into()),
-        );
+        b.kv("tokenizer.ggml.model", MetadataValue::String("llama".into()));
         b.kv("tokenizer.ggml.tokens", toks(&["a", "b"]));
         b.kv("tokenizer.ggml.bos_token_id", MetadataValue::U32(99));
     });
     let t = Tokenizer::from_gguf(&f).unwrap();
-    assert_eq!(
-        t.special().bos,
-        Some(1),
-        "an out-of-range bos falls back to the default, as in llama.cpp"
-    );
-    assert!(matches!(
-        t.decode(&[5], Default::default()),
-        Err(TokenizerError::InvalidTokenId { id: 5, .. })
-    ));
+    assert_eq!(t.special().bos, Some(1), "an out-of-range bos falls back to the default, as in llama.cpp");
+    assert!(matches!(t.decode(&[5], Default::default()), Err(TokenizerError::InvalidTokenId { id: 5, .. })));
 }

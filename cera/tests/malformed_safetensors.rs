@@ -52,106 +52,36 @@ fn safetensors_malformed_table() {
     st!(
         "header lies (too short)",
         {
-            let mut v = st_with_header(
-                r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
-                4,
-            );
+            let mut v = st_with_header(r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#, 4);
             v[..8].copy_from_slice(&10u64.to_le_bytes());
             v
         },
         SafetensorsError::InvalidHeader(_)
     );
-    st!(
-        "not json",
-        st_with_header("{nope", 0),
-        SafetensorsError::InvalidHeader(_)
-    );
-    st!(
-        "json array",
-        st_with_header("[1]", 0),
-        SafetensorsError::InvalidHeader(_)
-    );
-    st!(
-        "deep json",
-        st_with_header(
-            &format!("{{\"a\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000)),
-            0
-        ),
-        SafetensorsError::InvalidHeader(_)
-    );
-    st!(
-        "unknown dtype",
-        st_with_header(
-            r#"{"a":{"dtype":"F7","shape":[1],"data_offsets":[0,1]}}"#,
-            1
-        ),
-        SafetensorsError::UnknownDType { .. }
-    );
-    st!(
-        "offsets past end",
-        st_with_header(
-            r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#,
-            8
-        ),
-        SafetensorsError::OutOfBounds { .. }
-    );
-    st!(
-        "reversed offsets",
-        st_with_header(
-            r#"{"a":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}}"#,
-            8
-        ),
-        SafetensorsError::OutOfBounds { .. }
-    );
-    st!(
-        "dtype/shape mismatch",
-        st_with_header(
-            r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#,
-            8
-        ),
-        SafetensorsError::ShapeMismatch { .. }
-    );
+    st!("not json", st_with_header("{nope", 0), SafetensorsError::InvalidHeader(_));
+    st!("json array", st_with_header("[1]", 0), SafetensorsError::InvalidHeader(_));
+    st!("deep json", st_with_header(&format!("{{\"a\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000)), 0), SafetensorsError::InvalidHeader(_));
+    st!("unknown dtype", st_with_header(r#"{"a":{"dtype":"F7","shape":[1],"data_offsets":[0,1]}}"#, 1), SafetensorsError::UnknownDType { .. });
+    st!("offsets past end", st_with_header(r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#, 8), SafetensorsError::OutOfBounds { .. });
+    st!("reversed offsets", st_with_header(r#"{"a":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}}"#, 8), SafetensorsError::OutOfBounds { .. });
+    st!("dtype/shape mismatch", st_with_header(r#"{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#, 8), SafetensorsError::ShapeMismatch { .. });
     st!(
         "shape overflow",
-        st_with_header(
-            r#"{"a":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}}"#,
-            8
-        ),
+        st_with_header(r#"{"a":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}}"#, 8),
         SafetensorsError::ShapeMismatch { .. }
     );
     st!(
         "overlap",
-        st_with_header(
-            r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#,
-            12
-        ),
+        st_with_header(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#, 12),
         SafetensorsError::Overlap { .. }
     );
-    st!(
-        "negative dim",
-        st_with_header(
-            r#"{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}"#,
-            4
-        ),
-        SafetensorsError::InvalidHeader(_)
-    );
-    st!(
-        "bad metadata",
-        st_with_header(r#"{"__metadata__":{"a":1}}"#, 0),
-        SafetensorsError::InvalidHeader(_)
-    );
+    st!("negative dim", st_with_header(r#"{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}"#, 4), SafetensorsError::InvalidHeader(_));
+    st!("bad metadata", st_with_header(r#"{"__metadata__":{"a":1}}"#, 0), SafetensorsError::InvalidHeader(_));
 
     // A valid file with an unsupported dtype: data access names the tensor and dtype.
-    let m = SafetensorsModel::from_bytes(
-        write_safetensors(&[("x", SafeDType::F64, &[1], &[0; 8])]),
-        None,
-    )
-    .unwrap();
+    let m = SafetensorsModel::from_bytes(write_safetensors(&[("x", SafeDType::F64, &[1], &[0; 8])]), None).unwrap();
     let e = m.tensor_data("x").unwrap_err();
-    assert!(
-        matches!(e, SafetensorsError::UnsupportedDType { .. }) && e.to_string().contains("F64"),
-        "{e}"
-    );
+    assert!(matches!(e, SafetensorsError::UnsupportedDType { .. }) && e.to_string().contains("F64"), "{e}");
 }
 
 #[test]
@@ -159,68 +89,26 @@ fn safetensors_bad_index_and_config() {
     let dir = std::env::temp_dir().join(format!("cera-malformed-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let write = |name: &str, body: &[u8]| std::fs::write(dir.join(name), body).unwrap();
-    write(
-        "model.safetensors.index.json",
-        br#"{"weight_map":{"a":"../evil.safetensors"}}"#,
-    );
+    write("model.safetensors.index.json", br#"{"weight_map":{"a":"../evil.safetensors"}}"#);
     let e = SafetensorsModel::open(&dir).unwrap_err();
     assert!(matches!(e, SafetensorsError::InvalidIndex { .. }), "{e:?}");
-    write(
-        "model.safetensors.index.json",
-        br#"{"weight_map":{"a":"missing.safetensors"}}"#,
-    );
-    assert!(matches!(
-        SafetensorsModel::open(&dir).unwrap_err(),
-        SafetensorsError::Io { .. }
-    ));
+    write("model.safetensors.index.json", br#"{"weight_map":{"a":"missing.safetensors"}}"#);
+    assert!(matches!(SafetensorsModel::open(&dir).unwrap_err(), SafetensorsError::Io { .. }));
     write("model.safetensors.index.json", br#"{"weight_map":[]}"#);
-    assert!(matches!(
-        SafetensorsModel::open(&dir).unwrap_err(),
-        SafetensorsError::InvalidIndex { .. }
-    ));
+    assert!(matches!(SafetensorsModel::open(&dir).unwrap_err(), SafetensorsError::InvalidIndex { .. }));
     // Two shards that both hold the same tensor.
     let shard = write_safetensors(&[("model.norm.weight", SafeDType::F32, &[1], &[0; 4])]);
     write("a.safetensors", &shard);
-    write(
-        "b.safetensors",
-        &write_safetensors(&[
-            ("model.norm.weight", SafeDType::F32, &[1], &[0; 4]),
-            ("y", SafeDType::F32, &[1], &[0; 4]),
-        ]),
-    );
-    write(
-        "model.safetensors.index.json",
-        br#"{"weight_map":{"model.norm.weight":"a.safetensors","x":"b.safetensors"}}"#,
-    );
+    write("b.safetensors", &write_safetensors(&[("model.norm.weight", SafeDType::F32, &[1], &[0; 4]), ("y", SafeDType::F32, &[1], &[0; 4])]));
+    write("model.safetensors.index.json", br#"{"weight_map":{"model.norm.weight":"a.safetensors","x":"b.safetensors"}}"#);
     let e = SafetensorsModel::open(&dir).unwrap_err();
-    assert!(
-        matches!(e, SafetensorsError::InvalidIndex { ref reason, .. } if reason.contains("`x`")),
-        "{e:?}"
-    );
-    write(
-        "model.safetensors.index.json",
-        br#"{"weight_map":{"model.norm.weight":"a.safetensors","y":"b.safetensors"}}"#,
-    );
-    assert!(matches!(
-        SafetensorsModel::open(&dir).unwrap_err(),
-        SafetensorsError::DuplicateTensor { .. }
-    ));
-    write(
-        "model.safetensors.index.json",
-        br#"{"weight_map":{"model.norm.weight":"a.safetensors"}}"#,
-    );
-    write(
-        "config.json",
-        br#"{"model_type":"llama","hidden_size":"big"}"#,
-    );
-    assert!(matches!(
-        SafetensorsModel::open(&dir).unwrap_err(),
-        SafetensorsError::InvalidConfig(_)
-    ));
-    write(
-        "config.json",
-        br#"{"model_type":"llama","hidden_size":8,"num_hidden_layers":1,"num_attention_heads":2}"#,
-    );
+    assert!(matches!(e, SafetensorsError::InvalidIndex { ref reason, .. } if reason.contains("`x`")), "{e:?}");
+    write("model.safetensors.index.json", br#"{"weight_map":{"model.norm.weight":"a.safetensors","y":"b.safetensors"}}"#);
+    assert!(matches!(SafetensorsModel::open(&dir).unwrap_err(), SafetensorsError::DuplicateTensor { .. }));
+    write("model.safetensors.index.json", br#"{"weight_map":{"model.norm.weight":"a.safetensors"}}"#);
+    write("config.json", br#"{"model_type":"llama","hidden_size":"big"}"#);
+    assert!(matches!(SafetensorsModel::open(&dir).unwrap_err(), SafetensorsError::InvalidConfig(_)));
+    write("config.json", br#"{"model_type":"llama","hidden_size":8,"num_hidden_layers":1,"num_attention_heads":2}"#);
     let m = SafetensorsModel::open(&dir).unwrap();
     assert_eq!(m.tensor_data("output_norm.weight").unwrap().len(), 4);
     let _ = std::fs::remove_dir_all(&dir);

@@ -13,36 +13,20 @@ fn gguf_model_file() {
     let m = ModelFile::open(&path).unwrap();
     assert_eq!(m.format_name(), "GGUF");
     let hp = m.hparams().unwrap();
-    assert_eq!(
-        (
-            hp.architecture.as_str(),
-            hp.embedding_length,
-            hp.block_count
-        ),
-        ("llama", 576, 30)
-    );
-    assert_eq!(
-        (hp.head_count, hp.head_count_kv.clone(), hp.key_length),
-        (9, PerLayer::Uniform(3), 64)
-    );
+    assert_eq!((hp.architecture.as_str(), hp.embedding_length, hp.block_count), ("llama", 576, 30));
+    assert_eq!((hp.head_count, hp.head_count_kv.clone(), hp.key_length), (9, PerLayer::Uniform(3), 64));
     assert_eq!(hp.rope_freq_base, Some(100000.0));
     let meta = m.tensor_meta("blk.0.attn_k.weight").unwrap();
     assert_eq!(meta.dims, vec![576, 192]);
     assert_eq!(meta.dtype, TensorDType::Ggml(GgmlType::Q4_1));
-    assert_eq!(
-        m.tensor_data("blk.0.attn_k.weight").unwrap().len() as u64,
-        576 * 192 / 32 * 20
-    );
+    assert_eq!(m.tensor_data("blk.0.attn_k.weight").unwrap().len() as u64, 576 * 192 / 32 * 20);
     assert_eq!(m.tensor_names().len(), 272);
     let tok = m.tokenizer().unwrap();
     assert!(m.has_chat_template(&tok));
 
     let g = ModelFile::open(ensure_model(ModelId::Gemma3_270M).unwrap()).unwrap();
     let hp = g.hparams().unwrap();
-    assert_eq!(
-        (hp.architecture.as_str(), hp.key_length, hp.sliding_window),
-        ("gemma3", 256, Some(512))
-    );
+    assert_eq!((hp.architecture.as_str(), hp.key_length, hp.sliding_window), ("gemma3", 256, Some(512)));
     let tok = g.tokenizer().unwrap();
     assert!(!g.has_chat_template(&tok));
     let q6 = g.tensors_of_type(GgmlType::Q6_K);
@@ -57,10 +41,7 @@ impl OfType for ModelFile {
     fn tensors_of_type(&self, t: GgmlType) -> Vec<String> {
         self.tensor_names()
             .into_iter()
-            .filter(|n| {
-                self.tensor_meta(n)
-                    .is_some_and(|m| m.dtype == TensorDType::Ggml(t))
-            })
+            .filter(|n| self.tensor_meta(n).is_some_and(|m| m.dtype == TensorDType::Ggml(t)))
             .inspect(|n| assert!(self.tensor_data(n).is_ok()))
             .map(str::to_string)
             .collect()
@@ -73,21 +54,10 @@ fn safetensors_folder_model_file() {
     std::fs::create_dir_all(&dir).unwrap();
     let emb = vec![0u8; 2 * 6 * 4];
     let q = vec![1u8; 2 * 4 * 4];
-    let shard1 =
-        write_safetensors(&[("model.embed_tokens.weight", SafeDType::BF16, &[6, 4], &emb)]);
+    let shard1 = write_safetensors(&[("model.embed_tokens.weight", SafeDType::BF16, &[6, 4], &emb)]);
     let shard2 = write_safetensors(&[
-        (
-            "model.layers.0.self_attn.q_proj.weight",
-            SafeDType::F16,
-            &[4, 4],
-            &q,
-        ),
-        (
-            "model.layers.0.post_attention_layernorm.weight",
-            SafeDType::F32,
-            &[4],
-            &[0u8; 16],
-        ),
+        ("model.layers.0.self_attn.q_proj.weight", SafeDType::F16, &[4, 4], &q),
+        ("model.layers.0.post_attention_layernorm.weight", SafeDType::F32, &[4], &[0u8; 16]),
     ]);
     std::fs::write(dir.join("model-00001-of-00002.safetensors"), shard1).unwrap();
     std::fs::write(dir.join("model-00002-of-00002.safetensors"), shard2).unwrap();
@@ -120,25 +90,14 @@ fn safetensors_folder_model_file() {
     assert_eq!(meta.dims, vec![4, 4]);
     let emb = m.tensor_meta("token_embd.weight").unwrap();
     assert_eq!(emb.dims, vec![4, 6], "ggml order: innermost first");
-    assert!(
-        m.tensor_meta("blk.0.post_attention_norm.weight").is_some(),
-        "Gemma post-attention norm"
-    );
+    assert!(m.tensor_meta("blk.0.post_attention_norm.weight").is_some(), "Gemma post-attention norm");
     assert_eq!(m.tensor_data("blk.0.attn_q.weight").unwrap(), &q[..]);
     let tok = m.tokenizer().unwrap();
-    assert_eq!(
-        tok.encode("hello world", EncodeOptions::default()).unwrap(),
-        vec![1, 2]
-    );
+    assert_eq!(tok.encode("hello world", EncodeOptions::default()).unwrap(), vec![1, 2]);
     // No template in tokenizer_config.json: the built-in Gemma format.
     let tpl = m.chat_template(&tok).unwrap();
-    let text = tpl
-        .render(&[cera::chat_template::ChatMessage::new("user", "hi")], true)
-        .unwrap();
-    assert_eq!(
-        text,
-        "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
-    );
+    let text = tpl.render(&[cera::chat_template::ChatMessage::new("user", "hi")], true).unwrap();
+    assert_eq!(text, "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n");
     // A single shard opened directly works too.
     let one = ModelFile::open(dir.join("model-00002-of-00002.safetensors")).unwrap();
     assert_eq!(one.tensor_names().len(), 2);

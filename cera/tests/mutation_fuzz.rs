@@ -19,18 +19,7 @@ impl Rng {
     }
 }
 
-const INTERESTING: [u64; 10] = [
-    0,
-    1,
-    2,
-    7,
-    0xff,
-    0xffff,
-    0xffff_ffff,
-    1 << 60,
-    i64::MAX as u64,
-    u64::MAX,
-];
+const INTERESTING: [u64; 10] = [0, 1, 2, 7, 0xff, 0xffff, 0xffff_ffff, 1 << 60, i64::MAX as u64, u64::MAX];
 
 fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
     let mut d = seed.to_vec();
@@ -82,10 +71,7 @@ fn mutate(rng: &mut Rng, seed: &[u8]) -> Vec<u8> {
 }
 
 fn iterations() -> usize {
-    std::env::var("CERA_FUZZ_ITERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000)
+    std::env::var("CERA_FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000)
 }
 
 #[test]
@@ -121,17 +107,11 @@ fn safetensors_survives_mutations() {
 fn fuzz_regressions() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz_regressions");
     type Target = fn(&[u8]);
-    let targets: [(&str, Target); 2] = [
-        ("gguf", fuzz_targets::gguf),
-        ("safetensors", fuzz_targets::safetensors),
-    ];
+    let targets: [(&str, Target); 2] = [("gguf", fuzz_targets::gguf), ("safetensors", fuzz_targets::safetensors)];
     for (name, run) in targets {
         for entry in std::fs::read_dir(dir.join(name)).unwrap() {
             let path = entry.unwrap().path();
-            if path
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("crash-"))
-            {
+            if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("crash-")) {
                 run(&std::fs::read(&path).unwrap());
             }
         }

@@ -33,10 +33,7 @@ impl Layout {
 
     pub fn new(shape: Vec<usize>, strides: Vec<usize>, offset: usize) -> Result<Self> {
         if shape.len() != strides.len() {
-            return Err(NumrError::InvalidView {
-                op: "layout",
-                reason: format!("shape {shape:?} and strides {strides:?} differ in rank"),
-            });
+            return Err(NumrError::InvalidView { op: "layout", reason: format!("shape {shape:?} and strides {strides:?} differ in rank") });
         }
         Ok(Layout { shape, strides, offset })
     }
@@ -105,11 +102,7 @@ impl Layout {
         if perm.len() != self.rank() || perm.iter().any(|&p| p >= self.rank() || std::mem::replace(&mut seen[p], true)) {
             return Err(NumrError::InvalidView { op: "permute", reason: format!("{perm:?} is not a permutation of rank {}", self.rank()) });
         }
-        Ok(Layout {
-            shape: perm.iter().map(|&p| self.shape[p]).collect(),
-            strides: perm.iter().map(|&p| self.strides[p]).collect(),
-            offset: self.offset,
-        })
+        Ok(Layout { shape: perm.iter().map(|&p| self.shape[p]).collect(), strides: perm.iter().map(|&p| self.strides[p]).collect(), offset: self.offset })
     }
 
     pub fn transpose(&self, a: usize, b: usize) -> Result<Self> {

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use crate::device::Device;
-use crate::dtype::{read_f64, DType, Element};
+use crate::dtype::{DType, Element, read_f64};
 use crate::error::{NumrError, Result};
 use crate::gpu::{BufferKind, GpuBuffer, GpuContext};
-use crate::shape::{numel, Layout};
+use crate::shape::{Layout, numel};
 
 #[derive(Clone, Debug)]
 pub(crate) enum Storage {

@@ -1,7 +1,7 @@
 //! Helpers for tests, here and in crates built on numr: tolerant comparison with the tolerances
 //! defined in [`crate::dtype::rtol`], and (with the `testing` feature) naga validation of WGSL.
 
-use crate::dtype::{rtol, DType};
+use crate::dtype::{DType, rtol};
 
 /// Compares `got` with the reference `want` at the tolerance of `dtype`: every element must satisfy
 /// `|got - want| <= rtol(dtype) * max(|want|, rms(want))`. The RMS term keeps elements near zero

@@ -13,9 +13,7 @@ fn rng(seed: u64) -> rand::rngs::StdRng {
 fn random(shape: &[usize], dtype: DType, seed: u64) -> Tensor {
     let n: usize = shape.iter().product();
     let mut r = rng(seed);
-    let v: Vec<f32> = (0..n)
-        .map(|_| if dtype.is_float() { r.random_range(-2.0f32..2.0) } else { r.random_range(0..200) as f32 })
-        .collect();
+    let v: Vec<f32> = (0..n).map(|_| if dtype.is_float() { r.random_range(-2.0f32..2.0) } else { r.random_range(0..200) as f32 }).collect();
     Tensor::from_slice(&v, shape, &Device::Cpu).unwrap().cast(dtype).unwrap()
 }
 

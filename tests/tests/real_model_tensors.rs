@@ -5,8 +5,8 @@
 //! adapter the GPU gather runs over a table split across bindings.
 
 use boostr::embedding::GpuEmbedding;
-use boostr::formats::{dequantize, repack, GgmlType};
-use cera::fetch::{ensure_model, ModelId};
+use boostr::formats::{GgmlType, dequantize, repack};
+use cera::fetch::{ModelId, ensure_model};
 use cera::gguf::GgufFile;
 use serde_json::Value;
 

@@ -5,7 +5,7 @@
 use numr::gpu::{Access, GpuContext, KernelBuilder, KernelEnv, KernelSource};
 use numr::{DType, Tensor};
 
-use crate::ops_common::{bad, bind, dispatch, dummy, env_of, grid_for, Result, SAFE_TANH};
+use crate::ops_common::{Result, SAFE_TANH, bad, bind, dispatch, dummy, env_of, grid_for};
 
 /// The nonlinearity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -97,7 +97,10 @@ impl Act {
         }
         let out = Tensor::zeros(&[rows, n], DType::F32, a.device())?;
         let (ab, ao) = bind(a)?;
-        let (bb, bo) = match b { Some(b) => bind(b)?, None => (dummy(ctx)?, 0) };
+        let (bb, bo) = match b {
+            Some(b) => bind(b)?,
+            None => (dummy(ctx)?, 0),
+        };
         let total = (rows * n) as u32;
         let params = [total, n as u32, ao, w as u32, bo, n as u32];
         dispatch(ctx, &self.source(&env_of(ctx)), &[ab, bb, bind(&out)?.0], &params, grid_for(ctx, (total as u64).div_ceil(256))?)?;

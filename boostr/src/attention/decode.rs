@@ -102,7 +102,8 @@ impl DecodeAttnSg {
         let nv = hd / 64;
         let nslot = DECODE_SG_WG / SLOT;
         let hd4 = hd / 4;
-        let name = format!("attn_decode_sg_hd{hd}_g{g}_h{h}_k{u}_{:?}_c{}_n{}_f{}", self.dtype, self.softcap as u8, self.normalised as u8, self.fused as u8).to_lowercase();
+        let name = format!("attn_decode_sg_hd{hd}_g{g}_h{h}_k{u}_{:?}_c{}_n{}_f{}", self.dtype, self.softcap as u8, self.normalised as u8, self.fused as u8)
+            .to_lowercase();
         let mut pre = format!("var<workgroup> sml: array<f32, {}>;\nvar<workgroup> sacc: array<vec4<f32>, {}>;\n", nslot * h * 2, nslot * hd4);
         pre.push_str(V8_DEFS);
         pre.push_str(SAFE_TANH);
@@ -137,7 +138,14 @@ impl DecodeAttnSg {
         for gi in 0..h {
             w(&mut b, format!("    var m{gi} = {NEG}; var l{gi} = 0.0;\n"));
             for j in 0..nv {
-                w(&mut b, format!("    let q{gi}_{j} = ldq(qb + {o}u + 8u * (c + {j8}u), scale); var a{gi}_{j} = vec4<f32>(0.0); var b{gi}_{j} = vec4<f32>(0.0);\n", o = gi * hd, j8 = 8 * j));
+                w(
+                    &mut b,
+                    format!(
+                        "    let q{gi}_{j} = ldq(qb + {o}u + 8u * (c + {j8}u), scale); var a{gi}_{j} = vec4<f32>(0.0); var b{gi}_{j} = vec4<f32>(0.0);\n",
+                        o = gi * hd,
+                        j8 = 8 * j
+                    ),
+                );
             }
         }
         w(&mut b, format!("    for (var t = lo; t < hi; t += {}u) {{\n", nslot * u));
@@ -207,7 +215,13 @@ impl DecodeAttnSg {
                 ),
             );
             for j in 0..nv {
-                w(&mut b, format!("        sacc[slot * {hd4}u + 2u * (c + {j8}u)] = a{gi}_{j} * wt; sacc[slot * {hd4}u + 2u * (c + {j8}u) + 1u] = b{gi}_{j} * wt;\n", j8 = 8 * j));
+                w(
+                    &mut b,
+                    format!(
+                        "        sacc[slot * {hd4}u + 2u * (c + {j8}u)] = a{gi}_{j} * wt; sacc[slot * {hd4}u + 2u * (c + {j8}u) + 1u] = b{gi}_{j} * wt;\n",
+                        j8 = 8 * j
+                    ),
+                );
             }
             w(
                 &mut b,
@@ -242,7 +256,10 @@ impl DecodeAttnSg {
         }
         if self.fused {
             let nl = DECODE_SG_WG / hd4;
-            pre.push_str(&format!("var<workgroup> s_last: u32;\nvar<workgroup> s_w: array<f32, {DECODE_SG_WG}>;\nvar<workgroup> s_r: array<f32, {}>;\n", DECODE_SG_WG / SLOT));
+            pre.push_str(&format!(
+                "var<workgroup> s_last: u32;\nvar<workgroup> s_w: array<f32, {DECODE_SG_WG}>;\nvar<workgroup> s_r: array<f32, {}>;\n",
+                DECODE_SG_WG / SLOT
+            ));
             w(
                 &mut b,
                 format!(
@@ -301,9 +318,13 @@ impl DecodeAttnSg {
                     ),
                 );
             }
-            w(&mut b, "        if (lidx == 0u) { atomicStore(&cnt[wid.y], 0u); }
+            w(
+                &mut b,
+                "        if (lidx == 0u) { atomicStore(&cnt[wid.y], 0u); }
     }
-".into());
+"
+                .into(),
+            );
         }
         let mut kb = KernelBuilder::new(name, *env)
             .workgroup(DECODE_SG_WG, 1, 1)
@@ -313,16 +334,13 @@ impl DecodeAttnSg {
             .storage("vc", Access::Read, cache_ty(self.dtype))
             .storage("o_part", Access::ReadWrite, "array<vec4<f32>>")
             .storage("ml", Access::ReadWrite, "array<f32>");
-        let mut params = vec!["kv_len", "q_pos", "seg_start", "seg_len", "chunk", "split_base", "q_off", "rows", "scale", "softcap", "window", "tok_stride", "n_tok", "n_q"];
+        let mut params =
+            vec!["kv_len", "q_pos", "seg_start", "seg_len", "chunk", "split_base", "q_off", "rows", "scale", "softcap", "window", "tok_stride", "n_tok", "n_q"];
         if self.fused {
             kb = kb.storage("cnt", Access::ReadWrite, "array<atomic<u32>>").storage("out", Access::ReadWrite, "array<f32>");
             params.extend(["splits", "out_off"]);
         }
-        kb.params(&params)
-            .prelude(&pre)
-            .body(&b)
-            .unchecked(true)
-            .build()
+        kb.params(&params).prelude(&pre).body(&b).unchecked(true).build()
     }
 }
 

@@ -39,15 +39,15 @@ use numr::gpu::{Binding, BoundGroup, BufferKind, GpuContext, Kernel, KernelEnv, 
 use numr::{DType, Tensor};
 
 use crate::kv_cache::{KvCache, KvDtype};
-use crate::ops_common::{env_of, fbits, grid_for, OpsError, Result, SAFE_TANH};
+use crate::ops_common::{OpsError, Result, SAFE_TANH, env_of, fbits, grid_for};
 
 pub mod decode;
 mod decode_tiled;
 mod prefill;
 
-pub use decode::{AttnCombine, DecodeAttnSg, COMBINE_WG, DECODE_SG_WG};
-pub use decode_tiled::{DecodeAttn, DECODE_WG};
-pub use prefill::{PrefillAttn, PREFILL_BK, PREFILL_BQ};
+pub use decode::{AttnCombine, COMBINE_WG, DECODE_SG_WG, DecodeAttnSg};
+pub use decode_tiled::{DECODE_WG, DecodeAttn};
+pub use prefill::{PREFILL_BK, PREFILL_BQ, PrefillAttn};
 
 /// Decode workgroups the split count aims at (several per compute unit on large GPUs; the best
 /// of a sweep on the H200).
@@ -173,14 +173,33 @@ impl AttnPlan {
 
     /// Flash-decoding of one token: see [`decode`].
     #[allow(clippy::too_many_arguments)]
-    pub fn decode(ctx: &GpuContext, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, kv_len: usize, opts: &AttnOptions) -> Result<AttnPlan> {
+    pub fn decode(
+        ctx: &GpuContext,
+        q: &Binding,
+        q_off: usize,
+        n_q: usize,
+        cache: &KvCache,
+        layer: usize,
+        kv_len: usize,
+        opts: &AttnOptions,
+    ) -> Result<AttnPlan> {
         Self::decode_with(ctx, DecodeKernel::best(&env_of(ctx)), q, q_off, n_q, cache, layer, kv_len, opts)
     }
 
     /// [`Self::decode`] with a chosen kernel (tests run both; `Subgroup` needs the adapter's
     /// support, see [`DecodeKernel::best`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn decode_with(ctx: &GpuContext, kind: DecodeKernel, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, kv_len: usize, opts: &AttnOptions) -> Result<AttnPlan> {
+    pub fn decode_with(
+        ctx: &GpuContext,
+        kind: DecodeKernel,
+        q: &Binding,
+        q_off: usize,
+        n_q: usize,
+        cache: &KvCache,
+        layer: usize,
+        kv_len: usize,
+        opts: &AttnOptions,
+    ) -> Result<AttnPlan> {
         Self::decode_impl(ctx, kind, true, None, q, q_off, n_q, cache, layer, kv_len, opts)
     }
 
@@ -188,10 +207,25 @@ impl AttnPlan {
     /// (divides the group), keys per slot step (1..=4) and the workgroup count the split count
     /// aims at (for sweeps; the defaults are the best measured on the H200).
     #[allow(clippy::too_many_arguments)]
-    pub fn decode_tuned(ctx: &GpuContext, heads: u32, keys: u32, target_wgs: usize, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, kv_len: usize, opts: &AttnOptions) -> Result<AttnPlan> {
+    pub fn decode_tuned(
+        ctx: &GpuContext,
+        heads: u32,
+        keys: u32,
+        target_wgs: usize,
+        q: &Binding,
+        q_off: usize,
+        n_q: usize,
+        cache: &KvCache,
+        layer: usize,
+        kv_len: usize,
+        opts: &AttnOptions,
+    ) -> Result<AttnPlan> {
         let group = n_q / cache.config().n_kv_heads.max(1);
         if heads == 0 || !group.is_multiple_of(heads as usize) || !(1..=4).contains(&keys) || target_wgs == 0 {
-            return Err(OpsError::BadArgs { op: "attention decode", reason: format!("tuning heads {heads}, keys {keys}, target {target_wgs} for group {group}") });
+            return Err(OpsError::BadArgs {
+                op: "attention decode",
+                reason: format!("tuning heads {heads}, keys {keys}, target {target_wgs} for group {group}"),
+            });
         }
         Self::decode_impl(ctx, DecodeKernel::Subgroup, true, Some((heads, keys, target_wgs)), q, q_off, n_q, cache, layer, kv_len, opts)
     }
@@ -200,12 +234,34 @@ impl AttnPlan {
     /// [`AttnCombine`] merges them in a second dispatch (the path segmented caches always take;
     /// kept for comparison in the benches and tests).
     #[allow(clippy::too_many_arguments)]
-    pub fn decode_two_pass(ctx: &GpuContext, kind: DecodeKernel, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, kv_len: usize, opts: &AttnOptions) -> Result<AttnPlan> {
+    pub fn decode_two_pass(
+        ctx: &GpuContext,
+        kind: DecodeKernel,
+        q: &Binding,
+        q_off: usize,
+        n_q: usize,
+        cache: &KvCache,
+        layer: usize,
+        kv_len: usize,
+        opts: &AttnOptions,
+    ) -> Result<AttnPlan> {
         Self::decode_impl(ctx, kind, false, None, q, q_off, n_q, cache, layer, kv_len, opts)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn decode_impl(ctx: &GpuContext, kind: DecodeKernel, fuse: bool, tune: Option<(u32, u32, usize)>, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, kv_len: usize, opts: &AttnOptions) -> Result<AttnPlan> {
+    fn decode_impl(
+        ctx: &GpuContext,
+        kind: DecodeKernel,
+        fuse: bool,
+        tune: Option<(u32, u32, usize)>,
+        q: &Binding,
+        q_off: usize,
+        n_q: usize,
+        cache: &KvCache,
+        layer: usize,
+        kv_len: usize,
+        opts: &AttnOptions,
+    ) -> Result<AttnPlan> {
         let (hd, group) = check_heads(cache, layer, n_q)?;
         if kv_len == 0 || kv_len > cache.capacity() {
             return Err(OpsError::ContextOverflow { needed: kv_len, capacity: cache.capacity() });
@@ -303,7 +359,16 @@ impl AttnPlan {
     /// token per grid layer and one split per segment (chunks of at most 65535 tokens);
     /// `Tiled` runs [`PrefillAttn`].
     #[allow(clippy::too_many_arguments)]
-    pub fn prefill_with(ctx: &GpuContext, kind: DecodeKernel, q: &Binding, ql: &QueryLayout, cache: &KvCache, layer: usize, p0: usize, opts: &AttnOptions) -> Result<AttnPlan> {
+    pub fn prefill_with(
+        ctx: &GpuContext,
+        kind: DecodeKernel,
+        q: &Binding,
+        ql: &QueryLayout,
+        cache: &KvCache,
+        layer: usize,
+        p0: usize,
+        opts: &AttnOptions,
+    ) -> Result<AttnPlan> {
         let (hd, group) = check_heads(cache, layer, ql.n_q)?;
         let kv_len = p0 + ql.n_tok;
         if ql.n_tok == 0 || kv_len > cache.capacity() {
@@ -360,7 +425,17 @@ impl AttnPlan {
 
 impl AttnPlan {
     #[allow(clippy::too_many_arguments)]
-    fn prefill_sg(ctx: &GpuContext, q: &Binding, ql: &QueryLayout, cache: &KvCache, layer: usize, p0: usize, opts: &AttnOptions, hd: usize, group: usize) -> Result<AttnPlan> {
+    fn prefill_sg(
+        ctx: &GpuContext,
+        q: &Binding,
+        ql: &QueryLayout,
+        cache: &KvCache,
+        layer: usize,
+        p0: usize,
+        opts: &AttnOptions,
+        hd: usize,
+        group: usize,
+    ) -> Result<AttnPlan> {
         let env = env_of(ctx);
         if DecodeKernel::best(&env) != DecodeKernel::Subgroup || ql.n_tok > 65535 {
             return Err(OpsError::Unsupported { what: "subgroup prefill", reason: "needs subgroups of at least 8 and at most 65535 tokens".into() });
@@ -461,7 +536,18 @@ pub fn prefill(ctx: &GpuContext, q: &Binding, ql: &QueryLayout, cache: &KvCache,
 /// Naive O(n²) CPU reference. `q` is `[n_tok][n_q][hd]`, `k`/`v` are `[n_kv][kv_len][hd]`
 /// (as the cache reads back), query `t` sits at position `p0 + t`. Returns `[n_tok][n_q][hd]`.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_ref(q: &[f32], k: &[f32], v: &[f32], n_tok: usize, n_q: usize, n_kv: usize, hd: usize, kv_len: usize, p0: usize, opts: &AttnOptions) -> Vec<f32> {
+pub fn attention_ref(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n_tok: usize,
+    n_q: usize,
+    n_kv: usize,
+    hd: usize,
+    kv_len: usize,
+    p0: usize,
+    opts: &AttnOptions,
+) -> Vec<f32> {
     let g = n_q / n_kv;
     let mut out = vec![0.0f32; n_tok * n_q * hd];
     for t in 0..n_tok {

@@ -153,7 +153,23 @@ impl PrefillAttn {
             .storage("vc", Access::Read, cache_ty(self.dtype))
             .storage("out", Access::ReadWrite, "array<f32>")
             .storage("ml", Access::ReadWrite, "array<f32>")
-            .params(&["n_tok", "n_q", "group", "p0", "kv_len", "seg_start", "seg_len", "q_off", "tok_stride", "rows", "split_base", "out_off", "scale", "softcap", "window"])
+            .params(&[
+                "n_tok",
+                "n_q",
+                "group",
+                "p0",
+                "kv_len",
+                "seg_start",
+                "seg_len",
+                "q_off",
+                "tok_stride",
+                "rows",
+                "split_base",
+                "out_off",
+                "scale",
+                "softcap",
+                "window",
+            ])
             .prelude(&pre)
             .body(&body)
             .build()

@@ -12,7 +12,7 @@
 use numr::gpu::{Access, Binding, GpuContext, KernelBuilder, KernelEnv, KernelSource};
 use numr::{DType, Tensor};
 
-use crate::ops_common::{bad, dispatch, env_of, grid_for, Result};
+use crate::ops_common::{Result, bad, dispatch, env_of, grid_for};
 
 /// The short-conv kernel's variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -13,7 +13,7 @@ use numr::gpu::{Access, Binding, GpuBuffer, GpuContext, KernelBuilder, KernelEnv
 use numr::{DType, Tensor};
 
 use crate::formats::{GgmlType, PackedFormat, PackedWeights};
-use crate::ops_common::{dispatch, env_of, fbits, grid_for, upload_u32, OpsError, Result};
+use crate::ops_common::{OpsError, Result, dispatch, env_of, fbits, grid_for, upload_u32};
 
 /// The gather kernel's variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

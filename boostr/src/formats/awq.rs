@@ -79,15 +79,7 @@ impl AwqTensors<'_> {
         check_len(scheme, "qweight", self.qweight, k * n / 8 * 4)?;
         check_len(scheme, "qzeros", self.qzeros, groups * n / 8 * 4)?;
         check_len(scheme, "scales", self.scales, groups * n * 2)?;
-        Ok(Int4Matrix {
-            scheme,
-            k,
-            n,
-            group_size: gs,
-            qweight: words(self.qweight).collect(),
-            z: unpack_awq(self.qzeros),
-            s: halves(self.scales),
-        })
+        Ok(Int4Matrix { scheme, k, n, group_size: gs, qweight: words(self.qweight).collect(), z: unpack_awq(self.qzeros), s: halves(self.scales) })
     }
 
     /// Reference dequantization to f32, `[K, N]` row-major (`w[k * N + n]`).

@@ -55,9 +55,7 @@ pub enum FormatError {
     },
     /// A GPTQ `g_idx` that is not sequential (`g_idx[k] == k / group_size`): an act-order
     /// (`desc_act=True`) checkpoint, which is not supported.
-    #[error(
-        "GPTQ act-order (non-sequential g_idx) is not supported: g_idx[{k}] = {found}, expected {expected}"
-    )]
+    #[error("GPTQ act-order (non-sequential g_idx) is not supported: g_idx[{k}] = {found}, expected {expected}")]
     ActOrder {
         /// The first input index whose group differs from `k / group_size`.
         k: usize,

@@ -57,31 +57,20 @@ pub enum GgmlType {
 const ALL: [GgmlType; 34] = {
     use GgmlType::*;
     [
-        F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ2_XXS,
-        IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, I8, I16, I32, I64, F64, IQ1_M, BF16,
-        TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0,
+        F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS, I8,
+        I16, I32, I64, F64, IQ1_M, BF16, TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0,
     ]
 };
 
 /// Ids that ggml once defined and has since removed, with their old names.
-const REMOVED: &[(u32, &str)] = &[
-    (4, "Q4_2"),
-    (5, "Q4_3"),
-    (31, "Q4_0_4_4"),
-    (32, "Q4_0_4_8"),
-    (33, "Q4_0_8_8"),
-    (36, "IQ4_NL_4_4"),
-    (37, "IQ4_NL_4_8"),
-    (38, "IQ4_NL_8_8"),
-];
+const REMOVED: &[(u32, &str)] =
+    &[(4, "Q4_2"), (5, "Q4_3"), (31, "Q4_0_4_4"), (32, "Q4_0_4_8"), (33, "Q4_0_8_8"), (36, "IQ4_NL_4_4"), (37, "IQ4_NL_4_8"), (38, "IQ4_NL_8_8")];
 
 impl GgmlType {
     /// The types this crate dequantizes and repacks.
     pub const SUPPORTED: [GgmlType; 13] = {
         use GgmlType::*;
-        [
-            F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
-        ]
+        [F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K]
     };
 
     /// (id, name, elements per block, bytes per block), as ggml defines them.
@@ -172,24 +161,14 @@ impl GgmlType {
 
     /// `Ok(self)` for a supported type, [`FormatError::Unsupported`] naming it otherwise.
     pub fn ensure_supported(self) -> Result<GgmlType> {
-        if self.is_supported() {
-            Ok(self)
-        } else {
-            Err(FormatError::Unsupported {
-                format: self.name(),
-            })
-        }
+        if self.is_supported() { Ok(self) } else { Err(FormatError::Unsupported { format: self.name() }) }
     }
 
     /// Bytes taken by `n_elements` elements; an error unless they form whole blocks.
     pub fn bytes_for(self, n_elements: usize) -> Result<usize> {
         let bs = self.block_size();
         if !n_elements.is_multiple_of(bs) {
-            return Err(FormatError::NotBlockMultiple {
-                format: self.name(),
-                n_elements,
-                block_size: bs,
-            });
+            return Err(FormatError::NotBlockMultiple { format: self.name(), n_elements, block_size: bs });
         }
         Ok(n_elements / bs * self.type_size())
     }

@@ -118,11 +118,7 @@ impl GptqTensors<'_> {
             for (kk, g) in words(g_idx).enumerate() {
                 let found = g as i32 as i64;
                 if found != (kk / gs) as i64 {
-                    return Err(FormatError::ActOrder {
-                        k: kk,
-                        found,
-                        expected: kk / gs,
-                    });
+                    return Err(FormatError::ActOrder { k: kk, found, expected: kk / gs });
                 }
             }
         }
@@ -131,15 +127,7 @@ impl GptqTensors<'_> {
         for w in words(self.qzeros) {
             z.extend((0..8).map(|i| ((w >> (4 * i)) & 0xF) as u8 + offset));
         }
-        Ok(Int4Matrix {
-            scheme,
-            k,
-            n,
-            group_size: gs,
-            qweight: words(self.qweight).collect(),
-            z,
-            s: halves(self.scales),
-        })
+        Ok(Int4Matrix { scheme, k, n, group_size: gs, qweight: words(self.qweight).collect(), z, s: halves(self.scales) })
     }
 
     /// Reference dequantization to f32, `[K, N]` row-major (`w[k * N + n]`).

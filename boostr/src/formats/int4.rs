@@ -53,59 +53,35 @@ pub(crate) struct Int4Matrix {
 /// packed layout works in runs of 32 inputs, and real checkpoints use 32, 64, 128 or `K`) and
 /// `K % G == 0`.
 pub(crate) fn check_dims(scheme: Int4Scheme, k: usize, n: usize, group_size: usize) -> Result<()> {
-    let bad = |reason: String| {
-        Err(FormatError::InvalidShape {
-            format: scheme.name(),
-            reason,
-        })
-    };
+    let bad = |reason: String| Err(FormatError::InvalidShape { format: scheme.name(), reason });
     if !n.is_multiple_of(8) {
         return bad(format!("out_features {n} is not a multiple of 8"));
     }
     if group_size == 0 || !group_size.is_multiple_of(32) {
-        return bad(format!(
-            "group size {group_size} is not a positive multiple of 32"
-        ));
+        return bad(format!("group size {group_size} is not a positive multiple of 32"));
     }
     if !k.is_multiple_of(group_size) {
-        return bad(format!(
-            "in_features {k} is not a multiple of the group size {group_size}"
-        ));
+        return bad(format!("in_features {k} is not a multiple of the group size {group_size}"));
     }
     Ok(())
 }
 
 /// Checks one buffer's byte length.
-pub(crate) fn check_len(
-    scheme: Int4Scheme,
-    what: &'static str,
-    bytes: &[u8],
-    expected: usize,
-) -> Result<()> {
+pub(crate) fn check_len(scheme: Int4Scheme, what: &'static str, bytes: &[u8], expected: usize) -> Result<()> {
     if bytes.len() != expected {
-        return Err(FormatError::ByteLength {
-            format: scheme.name(),
-            what,
-            expected,
-            actual: bytes.len(),
-        });
+        return Err(FormatError::ByteLength { format: scheme.name(), what, expected, actual: bytes.len() });
     }
     Ok(())
 }
 
 /// Reads little-endian 32-bit words.
 pub(crate) fn words(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
-    bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+    bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
 }
 
 /// Reads little-endian f16 values.
 pub(crate) fn halves(bytes: &[u8]) -> Vec<f16> {
-    bytes
-        .chunks_exact(2)
-        .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
-        .collect()
+    bytes.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect()
 }
 
 /// Packs 32 quants of one output row (input `k0 + l` at `q[l]`) into the four words of a run:
@@ -151,10 +127,7 @@ impl Int4Matrix {
     /// is 16 bytes (four words) laid out like a Q4_0 block's `qs`: byte `l` holds input `k0 + l`
     /// in its low nibble and `k0 + 16 + l` in its high nibble.
     pub(crate) fn repack(&self) -> Result<PackedWeights> {
-        let format = PackedFormat::Int4 {
-            scheme: self.scheme,
-            group_size: self.group_size,
-        };
+        let format = PackedFormat::Int4 { scheme: self.scheme, group_size: self.group_size };
         let mut p = PackedWeights::zeroed(format, self.n, self.k)?;
         let groups = self.k / self.group_size;
         match self.scheme {

@@ -36,14 +36,7 @@ use super::ggml_type::{GgmlType, QK_K};
 
 /// ggml's `get_scale_min_k4`: the six-bit scale and min of sub-block `i` (0..8).
 fn scale_min_k4(i: usize, b: &[u8]) -> (u8, u8) {
-    if i < 4 {
-        (b[i] & 63, b[i + 4] & 63)
-    } else {
-        (
-            (b[i + 4] & 0x0F) | ((b[i - 4] >> 6) << 4),
-            (b[i + 4] >> 4) | ((b[i] >> 6) << 4),
-        )
-    }
+    if i < 4 { (b[i] & 63, b[i + 4] & 63) } else { ((b[i + 4] & 0x0F) | ((b[i - 4] >> 6) << 4), (b[i + 4] >> 4) | ((b[i] >> 6) << 4)) }
 }
 
 /// Q3_K's sixteen six-bit scales, unpacked from their 12 bytes (before subtracting 32).
@@ -88,11 +81,7 @@ pub(crate) fn dequant_block(ty: GgmlType, b: &[u8], out: &mut [f32]) {
         GgmlType::Q4_K | GgmlType::Q5_K => {
             let (d, dmin) = (read_f16(b, 0), read_f16(b, 2));
             let scales = &b[4..16];
-            let (qh, qs): (&[u8], &[u8]) = if ty == GgmlType::Q5_K {
-                (&b[16..48], &b[48..176])
-            } else {
-                (&[], &b[16..144])
-            };
+            let (qh, qs): (&[u8], &[u8]) = if ty == GgmlType::Q5_K { (&b[16..48], &b[48..176]) } else { (&[], &b[16..144]) };
             for e in 0..QK_K {
                 let (j, h, l) = (e / 64, (e / 32) % 2, e % 32);
                 let mut q = (qs[32 * j + l] >> (4 * h)) & 0x0F;

@@ -59,12 +59,7 @@ pub fn dequantize_into(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()
     ty.ensure_supported()?;
     let expected = ty.bytes_for(out.len())?;
     if bytes.len() != expected {
-        return Err(FormatError::ByteLength {
-            format: ty.name(),
-            what: "data",
-            expected,
-            actual: bytes.len(),
-        });
+        return Err(FormatError::ByteLength { format: ty.name(), what: "data", expected, actual: bytes.len() });
     }
     match ty {
         GgmlType::F32 => float::decode_f32(bytes, out),
@@ -93,12 +88,7 @@ pub fn dequantize_row(ty: GgmlType, bytes: &[u8], cols: usize, row: usize) -> Re
     let row_bytes = ty.bytes_for(cols)?;
     let rows = bytes.len().checked_div(row_bytes).unwrap_or(0);
     if rows * row_bytes != bytes.len() {
-        return Err(FormatError::ByteLength {
-            format: ty.name(),
-            what: "data (whole rows)",
-            expected: (rows + 1) * row_bytes,
-            actual: bytes.len(),
-        });
+        return Err(FormatError::ByteLength { format: ty.name(), what: "data (whole rows)", expected: (rows + 1) * row_bytes, actual: bytes.len() });
     }
     if row >= rows {
         return Err(FormatError::RowOutOfRange { row, rows });

@@ -75,18 +75,9 @@ impl Geometry {
     /// The packed geometry of a format; [`FormatError::Unsupported`] for unsupported ggml types.
     pub(crate) fn of(format: PackedFormat) -> Result<Geometry> {
         use GgmlType::*;
-        let g = |block_size, qs_words, qh_words, scale_words, has_d, has_m| Geometry {
-            block_size,
-            qs_words,
-            qh_words,
-            scale_words,
-            has_d,
-            has_m,
-        };
+        let g = |block_size, qs_words, qh_words, scale_words, has_d, has_m| Geometry { block_size, qs_words, qh_words, scale_words, has_d, has_m };
         Ok(match format {
-            PackedFormat::Int4 { group_size, .. } => {
-                g(group_size, group_size / 8, 0, 0, true, true)
-            }
+            PackedFormat::Int4 { group_size, .. } => g(group_size, group_size / 8, 0, 0, true, true),
             PackedFormat::Ggml(t) => match t {
                 F32 => g(1, 1, 0, 0, false, false),
                 F16 | BF16 => g(2, 1, 0, 0, false, false),
@@ -101,9 +92,7 @@ impl Geometry {
                 Q5_K => g(QK_K, 32, 8, 3, true, true),
                 Q6_K => g(QK_K, 32, 16, 4, true, false),
                 other => {
-                    return Err(FormatError::Unsupported {
-                        format: other.name(),
-                    });
+                    return Err(FormatError::Unsupported { format: other.name() });
                 }
             },
         })
@@ -134,11 +123,7 @@ impl PackedWeights {
         let geometry = Geometry::of(format)?;
         let padded = matches!(format, PackedFormat::Ggml(GgmlType::F16 | GgmlType::BF16));
         if !padded && !cols.is_multiple_of(geometry.block_size) {
-            return Err(FormatError::NotBlockMultiple {
-                format: format.name(),
-                n_elements: cols,
-                block_size: geometry.block_size,
-            });
+            return Err(FormatError::NotBlockMultiple { format: format.name(), n_elements: cols, block_size: geometry.block_size });
         }
         let blocks = rows * cols.div_ceil(geometry.block_size);
         let even = |n: usize| n + n % 2;
@@ -245,11 +230,7 @@ impl PackedWeights {
     }
     /// Total bytes of all arrays, padding included.
     pub fn total_bytes(&self) -> usize {
-        self.qs_bytes().len()
-            + self.qh_bytes().len()
-            + self.scales_bytes().len()
-            + self.d_bytes().len()
-            + self.m_bytes().len()
+        self.qs_bytes().len() + self.qh_bytes().len() + self.scales_bytes().len() + self.d_bytes().len() + self.m_bytes().len()
     }
     /// Weight bytes a kernel reads to consume one full row (all arrays), for bandwidth accounting.
     pub fn bytes_per_row_read(&self) -> usize {
@@ -262,10 +243,7 @@ impl PackedWeights {
     /// Checks a row index.
     pub(crate) fn check_row(&self, row: usize) -> Result<()> {
         if row >= self.rows {
-            return Err(FormatError::RowOutOfRange {
-                row,
-                rows: self.rows,
-            });
+            return Err(FormatError::RowOutOfRange { row, rows: self.rows });
         }
         Ok(())
     }
@@ -281,11 +259,7 @@ impl PackedWeights {
     pub fn dequantize_row_into(&self, row: usize, out: &mut [f32]) -> Result<()> {
         self.check_row(row)?;
         if out.len() < self.cols {
-            return Err(FormatError::Length {
-                what: "out",
-                expected: self.cols,
-                actual: out.len(),
-            });
+            return Err(FormatError::Length { what: "out", expected: self.cols, actual: out.len() });
         }
         super::packed_decode::decode_row(self, row, &mut out[..self.cols]);
         Ok(())

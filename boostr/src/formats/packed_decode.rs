@@ -69,12 +69,7 @@ fn q3k_unpack_scales(sc: &[u32]) -> [u32; 4] {
     const K1: u32 = 0x0303_0303;
     const K2: u32 = 0x0F0F_0F0F;
     let (a0, a1, a2) = (sc[0], sc[1], sc[2]);
-    [
-        (a0 & K2) | ((a2 & K1) << 4),
-        (a1 & K2) | (((a2 >> 2) & K1) << 4),
-        ((a0 >> 4) & K2) | (((a2 >> 4) & K1) << 4),
-        ((a1 >> 4) & K2) | (((a2 >> 6) & K1) << 4),
-    ]
+    [(a0 & K2) | ((a2 & K1) << 4), (a1 & K2) | (((a2 >> 2) & K1) << 4), ((a0 >> 4) & K2) | (((a2 >> 4) & K1) << 4), ((a1 >> 4) & K2) | (((a2 >> 6) & K1) << 4)]
 }
 
 /// Q4_K/Q5_K: scale and min of sub-block `i` (0..8) from the three stored scale words.
@@ -83,10 +78,7 @@ fn k4_scale_min(sc: &[u32], i: usize) -> (u32, u32) {
     if i < 4 {
         ((sc[0] >> sh) & 63, (sc[1] >> sh) & 63)
     } else {
-        (
-            ((sc[2] >> sh) & 15) | (((sc[0] >> (sh + 6)) & 3) << 4),
-            ((sc[2] >> (sh + 4)) & 15) | (((sc[1] >> (sh + 6)) & 3) << 4),
-        )
+        (((sc[2] >> sh) & 15) | (((sc[0] >> (sh + 6)) & 3) << 4), ((sc[2] >> (sh + 4)) & 15) | (((sc[1] >> (sh + 6)) & 3) << 4))
     }
 }
 
@@ -105,11 +97,7 @@ pub(crate) fn decode_row(p: &PackedWeights, row: usize, out: &mut [f32]) {
             let words = &p.qs[row * bpr..(row + 1) * bpr];
             for (c, o) in out.iter_mut().enumerate() {
                 let half = ((words[c / 2] >> (16 * (c % 2))) & 0xFFFF) as u16;
-                *o = if t == GgmlType::F16 {
-                    f16_bits_to_f32(half)
-                } else {
-                    bf16_bits_to_f32(half)
-                };
+                *o = if t == GgmlType::F16 { f16_bits_to_f32(half) } else { bf16_bits_to_f32(half) };
             }
         }
         format => {

@@ -12,11 +12,7 @@ use super::packed::PackedWeights;
 pub fn matmul_ref(packed: &PackedWeights, x: &[f32], m: usize) -> Result<Vec<f32>> {
     let (rows, cols) = (packed.rows(), packed.cols());
     if x.len() != m * cols {
-        return Err(FormatError::Length {
-            what: "x",
-            expected: m * cols,
-            actual: x.len(),
-        });
+        return Err(FormatError::Length { what: "x", expected: m * cols, actual: x.len() });
     }
     let mut y = vec![0.0f32; m * rows];
     let mut w = vec![0.0f32; cols];

@@ -23,13 +23,7 @@ struct Fields {
 /// Where each field sits in a block (the layouts of [`super::legacy`] and [`super::kquants`]).
 fn fields(ty: GgmlType) -> Fields {
     use GgmlType::*;
-    let f = |qs, qh, scales, d, m| Fields {
-        qs,
-        qh,
-        scales,
-        d,
-        m,
-    };
+    let f = |qs, qh, scales, d, m| Fields { qs, qh, scales, d, m };
     let none = (0, 0);
     match ty {
         Q4_0 => f((2, 16), none, none, Some(0), None),
@@ -68,12 +62,7 @@ pub fn repack(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Result<Pa
     let row_bytes = ty.bytes_for(cols)?;
     let expected = rows * row_bytes;
     if bytes.len() != expected {
-        return Err(FormatError::ByteLength {
-            format: ty.name(),
-            what: "data",
-            expected,
-            actual: bytes.len(),
-        });
+        return Err(FormatError::ByteLength { format: ty.name(), what: "data", expected, actual: bytes.len() });
     }
     let mut p = PackedWeights::zeroed(PackedFormat::Ggml(ty), rows, cols)?;
     if rows == 0 || cols == 0 {
@@ -83,17 +72,10 @@ pub fn repack(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Result<Pa
         GgmlType::F32 => bytes_to_words(bytes, &mut p.qs),
         GgmlType::F16 | GgmlType::BF16 => {
             let wpr = p.blocks_per_row();
-            for (src, dst) in bytes
-                .chunks_exact(row_bytes)
-                .zip(p.qs.chunks_exact_mut(wpr))
-            {
+            for (src, dst) in bytes.chunks_exact(row_bytes).zip(p.qs.chunks_exact_mut(wpr)) {
                 for (w, c) in dst.iter_mut().zip(src.chunks(4)) {
                     let lo = u16::from_le_bytes([c[0], c[1]]) as u32;
-                    let hi = if c.len() == 4 {
-                        u16::from_le_bytes([c[2], c[3]]) as u32
-                    } else {
-                        0
-                    };
+                    let hi = if c.len() == 4 { u16::from_le_bytes([c[2], c[3]]) as u32 } else { 0 };
                     *w = lo | hi << 16;
                 }
             }
@@ -104,10 +86,7 @@ pub fn repack(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Result<Pa
             debug_assert_eq!(4 * geo.qs_words, f.qs.1);
             for (g, block) in bytes.chunks_exact(ty.type_size()).enumerate() {
                 let copy = |(at, len): (usize, usize), dst: &mut [u32]| {
-                    bytes_to_words(
-                        &block[at..at + len],
-                        &mut dst[g * len / 4..(g + 1) * len / 4],
-                    );
+                    bytes_to_words(&block[at..at + len], &mut dst[g * len / 4..(g + 1) * len / 4]);
                 };
                 copy(f.qs, &mut p.qs);
                 copy(f.qh, &mut p.qh);

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use numr::gpu::{BufferKind, GpuBuffer, GpuContext};
 
-use crate::ops_common::{bad, round_f16, OpsError, Result};
+use crate::ops_common::{OpsError, Result, bad, round_f16};
 
 /// Storage type of the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -44,10 +44,11 @@ impl KvDtype {
 
     /// Whether `head_dim` is storable (even for f16, a multiple of 32 for q8_0; at most 256).
     pub fn supports(self, head_dim: usize) -> bool {
-        head_dim <= 256 && match self {
-            KvDtype::F16 => head_dim % 2 == 0,
-            KvDtype::Q8_0 => head_dim % 32 == 0,
-        }
+        head_dim <= 256
+            && match self {
+                KvDtype::F16 => head_dim % 2 == 0,
+                KvDtype::Q8_0 => head_dim % 32 == 0,
+            }
     }
 
     /// CPU reference: the values a row reads back as after storage.

@@ -5,11 +5,11 @@
 //! has them, else workgroup memory (numr's `workgroup_reduce_fns`). The mean and variance are
 //! two passes over the row (no `E[x²] - E[x]²` cancellation).
 
+use numr::Tensor;
 use numr::gpu::{Access, GpuContext, KernelBuilder, KernelEnv, KernelSource};
 use numr::kernels::reduce::{reduce_args, workgroup_reduce_fns};
-use numr::Tensor;
 
-use crate::ops_common::{bad, bind, dispatch, dummy, env_of, fbits, grid_for, Result};
+use crate::ops_common::{Result, bad, bind, dispatch, dummy, env_of, fbits, grid_for};
 
 /// Which normalisation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -58,11 +58,7 @@ impl Norm {
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let name = format!("norm_{:?}_o{}_b{}_r{}", self.kind, self.weight_offset as u8, self.bias as u8, self.residual as u8).to_lowercase();
         let args = reduce_args(env);
-        let load = if self.residual {
-            "var v = x[xb + i] + res[rb + i]; res[rb + i] = v;"
-        } else {
-            "let v = x[xb + i];"
-        };
+        let load = if self.residual { "var v = x[xb + i] + res[rb + i]; res[rb + i] = v;" } else { "let v = x[xb + i];" };
         let reload = if self.residual { "res[rb + i]" } else { "x[xb + i]" };
         let w = if self.weight_offset { "(1.0 + w[i])" } else { "w[i]" };
         let b = if self.bias { " + b[i]" } else { "" };
@@ -102,8 +98,14 @@ impl Norm {
         }
         let out = Tensor::zeros(&[rows, n], numr::DType::F32, x.device())?;
         let (xb, xo) = bind(x)?;
-        let bb = match b { Some(b) => bind(b)?.0, None => dummy(ctx)? };
-        let rb = match residual { Some(r) => bind(r)?.0, None => dummy(ctx)? };
+        let bb = match b {
+            Some(b) => bind(b)?.0,
+            None => dummy(ctx)?,
+        };
+        let rb = match residual {
+            Some(r) => bind(r)?.0,
+            None => dummy(ctx)?,
+        };
         let params = [rows as u32, n as u32, fbits(eps), xo, n as u32, n as u32, n as u32];
         dispatch(ctx, &self.source(&env_of(ctx)), &[xb, bind(w)?.0, bb, rb, bind(&out)?.0], &params, grid_for(ctx, rows as u64)?)?;
         Ok(out)

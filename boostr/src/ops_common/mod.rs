@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use numr::gpu::{grid_2d, Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, KernelSource};
+use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, KernelSource, grid_2d};
 use numr::{NumrError, Tensor};
 
 /// Every failure of the decoder-block ops.

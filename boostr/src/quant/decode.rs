@@ -95,9 +95,7 @@ pub fn has_offset(kind: WeightKind) -> bool {
 
 fn float_decoder(t: GgmlType) -> String {
     let body = match t {
-        GgmlType::F32 => {
-            "    for (var i = 0u; i < 8u; i++) { v[i] = bitcast<vec4<f32>>(wv[p.qs4 + 8u * c + i]); }\n"
-        }
+        GgmlType::F32 => "    for (var i = 0u; i < 8u; i++) { v[i] = bitcast<vec4<f32>>(wv[p.qs4 + 8u * c + i]); }\n",
         GgmlType::F16 => {
             "    for (var i = 0u; i < 4u; i++) {
         let u = wv[p.qs4 + 4u * c + i];
@@ -193,10 +191,7 @@ fn ggml(t: GgmlType) -> Option<String> {
 ",
                 );
             } else {
-                s.push_str(&format!(
-                    "    let h0 = wv[p.qh4 + g * 2u];\n    let h1 = wv[p.qh4 + g * 2u + 1u];\n{}",
-                    plane("j", "0x01010101u", 2)
-                ));
+                s.push_str(&format!("    let h0 = wv[p.qh4 + g * 2u];\n    let h1 = wv[p.qh4 + g * 2u + 1u];\n{}", plane("j", "0x01010101u", 2)));
                 s.push_str(
                     "    let a0 = ws[p.sc + g * 3u];
     let a1 = ws[p.sc + g * 3u + 1u];
@@ -217,10 +212,7 @@ fn ggml(t: GgmlType) -> Option<String> {
                 eight("(4u * (j & 1u))", "0x0F0F0F0Fu")
             );
             if t == Q5_K {
-                s.push_str(&format!(
-                    "    let h0 = wv[p.qh4 + g * 2u];\n    let h1 = wv[p.qh4 + g * 2u + 1u];\n{}",
-                    plane("j", "0x01010101u", 4)
-                ));
+                s.push_str(&format!("    let h0 = wv[p.qh4 + g * 2u];\n    let h1 = wv[p.qh4 + g * 2u + 1u];\n{}", plane("j", "0x01010101u", 4)));
             }
             s.push_str(
                 "    let w0 = ws[p.sc + g * 3u];

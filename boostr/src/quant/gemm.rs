@@ -15,9 +15,9 @@ use numr::gpu::{Access, Binding, BoundGroup, GpuBuffer, GpuContext, Kernel, Kern
 use super::decode::decoder;
 #[path = "gemm_coopmat.rs"]
 pub mod coopmat;
-pub use coopmat::{coop_source, CoopTiles};
-use super::gemv::{part_params, PARAMS};
+use super::gemv::{PARAMS, part_params};
 use super::{QuantError, QuantMatrix, Result, WeightKind};
+pub use coopmat::{CoopTiles, coop_source};
 
 /// Output tile rows (activations) and columns (weight rows) of both variants.
 pub const TILE: u32 = 64;
@@ -153,7 +153,10 @@ impl GemmPlan {
             return Err(QuantError::Shape { what: "gemm", reason: format!("kernel for {} given {}", cfg.kind.name(), w.kind().name()) });
         }
         if cfg.coopmat && !QuantGemm::coopmat_available(ctx) {
-            return Err(QuantError::Unsupported { name: w.name.clone(), reason: "the adapter has no f16 16x16x16 cooperative matrix with subgroups of 32".into() });
+            return Err(QuantError::Unsupported {
+                name: w.name.clone(),
+                reason: "the adapter has no f16 16x16x16 cooperative matrix with subgroups of 32".into(),
+            });
         }
         let env = KernelEnv::from_caps(ctx.capabilities());
         let (kernel, bm, bn) = if cfg.coopmat {

@@ -26,9 +26,9 @@ use std::fmt::Write;
 
 use numr::gpu::{Access, KernelBuilder, KernelEnv, KernelSource};
 
+use crate::quant::WeightKind;
 use crate::quant::decode::decoder;
 use crate::quant::gemv::PARAMS;
-use crate::quant::WeightKind;
 
 /// Block shape of the cooperative-matrix GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -25,7 +25,7 @@
 
 use std::sync::Arc;
 
-use numr::gpu::{grid_2d, Access, Binding, BoundGroup, GpuBuffer, GpuContext, Kernel, KernelBuilder, KernelEnv, KernelSource, Recorder};
+use numr::gpu::{Access, Binding, BoundGroup, GpuBuffer, GpuContext, Kernel, KernelBuilder, KernelEnv, KernelSource, Recorder, grid_2d};
 
 use super::decode::{decoder, has_offset, is_quantized};
 use super::{QuantError, QuantMatrix, Result, WeightKind};
@@ -36,7 +36,10 @@ pub enum Prologue {
     None,
     /// `x / sqrt(mean(x^2) + eps) * w` (or `* (1 + w)` with `gemma`); activations staged in
     /// workgroup memory when `stage_k > 0` and `K <= stage_k`, else normalised while loading.
-    RmsNorm { gemma: bool, stage_k: u32 },
+    RmsNorm {
+        gemma: bool,
+        stage_k: u32,
+    },
 }
 
 /// A GEMV kernel configuration.
@@ -162,9 +165,7 @@ impl QuantGemv {
                 "    }}\n    let sst = wg_reduce_{mm}(ss, {rargs});\n    if (lidx < {mm}u) {{ inv_rms[lidx] = inverseSqrt(sst / f32(p.k4 * 4u) + bitcast<f32>(p.eps)); }}\n    workgroupBarrier();\n"
             ));
             if stage > 0 {
-                b.push_str(&format!(
-                    "    if (p.k4 <= {stage}u) {{\n        for (var i = lidx; i < p.k4; i += {wg}u) {{\n"
-                ));
+                b.push_str(&format!("    if (p.k4 <= {stage}u) {{\n        for (var i = lidx; i < p.k4; i += {wg}u) {{\n"));
                 for m in 0..mm {
                     b.push_str(&format!("            xs[{m}u * {stage}u + i] = norm_x({m}u, i);\n"));
                 }
@@ -244,10 +245,7 @@ impl QuantGemv {
         if norm.is_some() {
             kb = kb.storage("nw", Access::Read, "array<vec4<f32>>");
         }
-        kb = kb
-            .storage("wv", Access::Read, "array<vec4<u32>>")
-            .storage("ws", Access::Read, "array<u32>")
-            .storage("y", Access::ReadWrite, "array<f32>");
+        kb = kb.storage("wv", Access::Read, "array<vec4<u32>>").storage("ws", Access::Read, "array<u32>").storage("y", Access::ReadWrite, "array<f32>");
         if self.split_qkv {
             kb = kb.storage("yk", Access::ReadWrite, "array<f32>").storage("yv", Access::ReadWrite, "array<f32>");
         }
@@ -256,8 +254,7 @@ impl QuantGemv {
 }
 
 /// Parameter words shared by the GEMV and GEMM kernels (GEMM adds `m`).
-pub(crate) const PARAMS: &[&str] =
-    &["rows", "row0", "n_out", "cpr", "k4", "qs4", "qh", "qh4", "sc", "dof", "mof", "cpg", "eps", "nq", "nk", "nv", "m"];
+pub(crate) const PARAMS: &[&str] = &["rows", "row0", "n_out", "cpr", "k4", "qs4", "qh", "qh4", "sc", "dof", "mof", "cpg", "eps", "nq", "nk", "nv", "m"];
 
 /// `fn wg_reduce_<v>(a: array<f32, v>, ...) -> f32`: the workgroup sum of element `lidx` of
 /// every invocation's array, valid in invocations `lidx < v`. Call from uniform control flow.
@@ -280,10 +277,7 @@ pub(crate) fn reduce_fn(v: usize, wg: u32, sg: bool, env: &KernelEnv) -> String 
         ));
         s
     } else {
-        let mut s = format!(
-            "var<workgroup> red{v}: array<f32, {}>;\nfn wg_reduce_{v}(a: array<f32, {v}>, lidx: u32) -> f32 {{\n",
-            wg as usize * v
-        );
+        let mut s = format!("var<workgroup> red{v}: array<f32, {}>;\nfn wg_reduce_{v}(a: array<f32, {v}>, lidx: u32) -> f32 {{\n", wg as usize * v);
         for i in 0..v {
             s.push_str(&format!("    red{v}[lidx * {v}u + {i}u] = a[{i}];\n"));
         }

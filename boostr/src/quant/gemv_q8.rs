@@ -25,10 +25,10 @@
 
 use std::sync::Arc;
 
-use numr::gpu::{grid_2d, Access, Binding, BoundGroup, GpuBuffer, GpuContext, Kernel, KernelBuilder, KernelEnv, KernelSource, Recorder};
+use numr::gpu::{Access, Binding, BoundGroup, GpuBuffer, GpuContext, Kernel, KernelBuilder, KernelEnv, KernelSource, Recorder, grid_2d};
 
 use super::decode::{decoder, is_quantized};
-use super::gemv::{part_params, reduce_fn, PARAMS};
+use super::gemv::{PARAMS, part_params, reduce_fn};
 use super::q8_activations::Q8Activations;
 use super::{QuantError, QuantMatrix, Result, WeightKind};
 
@@ -100,11 +100,7 @@ impl QuantGemvQ8 {
     /// 76% -> 90% of the roofline without barriers, 53% -> 57% and 67% -> 71% in a chain.
     pub fn for_matrix(kind: WeightKind, env: &KernelEnv, m: u32, rows: usize, cols: usize) -> QuantGemvQ8 {
         let base = QuantGemvQ8::new(kind, env, m);
-        if m <= 2 && rows > 8192 && cols <= 4096 {
-            QuantGemvQ8 { rows_per_workgroup: 2, ..base }
-        } else {
-            base
-        }
+        if m <= 2 && rows > 8192 && cols <= 4096 { QuantGemvQ8 { rows_per_workgroup: 2, ..base } } else { base }
     }
 
     /// Every variant the tests validate with naga for `env`.
@@ -168,9 +164,7 @@ impl QuantGemvQ8 {
         }
         b.push_str(&format!("    for (var kb = {first}; kb < p.cpr; kb += {step}) {{\n"));
         for u in 0..un {
-            b.push_str(&format!(
-                "        let k{u} = kb + {u}u * {stride};\n        let c{u} = min(k{u}, p.cpr - 1u);\n        let ok{u} = k{u} < p.cpr;\n"
-            ));
+            b.push_str(&format!("        let k{u} = kb + {u}u * {stride};\n        let c{u} = min(k{u}, p.cpr - 1u);\n        let ok{u} = k{u} < p.cpr;\n"));
             if self.prefetch {
                 b.push_str(&format!("        let nc{u} = min(k{u} + {step}, p.cpr - 1u);\n"));
                 for i in 0..r {
@@ -290,10 +284,7 @@ impl QuantGemvQ8 {
         if self.split_qkv {
             kb = kb.storage("yk", Access::ReadWrite, "array<f32>").storage("yv", Access::ReadWrite, "array<f32>");
         }
-        kb.params(PARAMS)
-            .prelude(&pre)
-            .body(&b)
-            .build()
+        kb.params(PARAMS).prelude(&pre).body(&b).build()
     }
 }
 
@@ -314,7 +305,14 @@ impl Q8GemvPlan {
 
     /// The fused Q/K/V projection: `w` holds Q, K and V rows (`rows[0] + rows[1] + rows[2]`),
     /// written to `outputs[0..3]` (`m x rows[i]` f32 each); `cfg.split_qkv` must be set.
-    pub fn new_qkv(ctx: &GpuContext, cfg: &QuantGemvQ8, w: &QuantMatrix, xa: &Q8Activations, outputs: [&Arc<GpuBuffer>; 3], rows: [usize; 3]) -> Result<Q8GemvPlan> {
+    pub fn new_qkv(
+        ctx: &GpuContext,
+        cfg: &QuantGemvQ8,
+        w: &QuantMatrix,
+        xa: &Q8Activations,
+        outputs: [&Arc<GpuBuffer>; 3],
+        rows: [usize; 3],
+    ) -> Result<Q8GemvPlan> {
         if !cfg.split_qkv || rows.iter().sum::<usize>() != w.rows {
             return Err(QuantError::Shape {
                 what: "fused qkv",
@@ -330,12 +328,18 @@ impl Q8GemvPlan {
         }
         let m = cfg.activation_rows as usize;
         if !(1..=8).contains(&m) || xa.nb as usize != m * w.chunks_per_row() {
-            return Err(QuantError::Shape { what: "gemv_q8", reason: format!("{m} activation rows (1..=8) of {} blocks vs {} quantized", w.chunks_per_row(), xa.nb) });
+            return Err(QuantError::Shape {
+                what: "gemv_q8",
+                reason: format!("{m} activation rows (1..=8) of {} blocks vs {} quantized", w.chunks_per_row(), xa.nb),
+            });
         }
         if cfg.rows_per_workgroup == 0 || cfg.threads == 0 || cfg.unroll == 0 || (cfg.subgroup_rows > 0 && cfg.rows_per_workgroup % cfg.subgroup_rows != 0) {
             return Err(QuantError::Shape {
                 what: "gemv_q8",
-                reason: format!("{} rows per workgroup in groups of {}, {} threads, unroll {}", cfg.rows_per_workgroup, cfg.subgroup_rows, cfg.threads, cfg.unroll),
+                reason: format!(
+                    "{} rows per workgroup in groups of {}, {} threads, unroll {}",
+                    cfg.rows_per_workgroup, cfg.subgroup_rows, cfg.threads, cfg.unroll
+                ),
             });
         }
         let env = KernelEnv::from_caps(ctx.capabilities());

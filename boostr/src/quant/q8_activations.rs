@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use numr::gpu::{grid_2d, Access, Binding, BoundGroup, BufferKind, GpuBuffer, GpuContext, Kernel, KernelBuilder, KernelEnv, KernelSource, Recorder};
+use numr::gpu::{Access, Binding, BoundGroup, BufferKind, GpuBuffer, GpuContext, Kernel, KernelBuilder, KernelEnv, KernelSource, Recorder, grid_2d};
 
 use numr::kernels::reduce::{reduce_args, workgroup_reduce_fns};
 

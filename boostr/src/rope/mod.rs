@@ -16,7 +16,7 @@
 use numr::gpu::{Access, Binding, GpuContext, KernelBuilder, KernelEnv, KernelSource};
 
 use crate::kv_cache::{KvCache, KvDtype};
-use crate::ops_common::{bad, dispatch, dummy, env_of, fbits, grid_for, tree_reduce_fns, upload_u32, Result};
+use crate::ops_common::{Result, bad, dispatch, dummy, env_of, fbits, grid_for, tree_reduce_fns, upload_u32};
 
 /// Which dimensions form a rotated pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -32,9 +32,16 @@ pub enum RopeStyle {
 pub enum RopeScaling {
     None,
     /// Positions divided by `factor` (inverse frequencies divided by `factor`).
-    Linear { factor: f32 },
+    Linear {
+        factor: f32,
+    },
     /// Llama 3.1's piecewise scaling.
-    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position: u32 },
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position: u32,
+    },
 }
 
 /// Host-side RoPE parameters.
@@ -129,7 +136,17 @@ pub struct QkvLayout {
 impl QkvLayout {
     /// Q, K and V interleaved per token: `[q heads | k heads | v heads]`.
     pub fn packed(n_tok: usize, n_q: usize, n_kv: usize, head_dim: usize) -> QkvLayout {
-        QkvLayout { n_tok, n_q, n_kv, head_dim, tok_stride: (n_q + 2 * n_kv) * head_dim, x_off: 0, q_off: 0, k_off: n_q * head_dim, v_off: (n_q + n_kv) * head_dim }
+        QkvLayout {
+            n_tok,
+            n_q,
+            n_kv,
+            head_dim,
+            tok_stride: (n_q + 2 * n_kv) * head_dim,
+            x_off: 0,
+            q_off: 0,
+            k_off: n_q * head_dim,
+            v_off: (n_q + n_kv) * head_dim,
+        }
     }
 }
 
@@ -248,7 +265,24 @@ impl QkvRope {
             .storage("kw", Access::Read, "array<f32>")
             .storage("kc", Access::ReadWrite, "array<u32>")
             .storage("vc", Access::ReadWrite, "array<u32>")
-            .params(&["n_tok", "n_q", "n_kv", "hd", "rot", "tok_stride", "x_off", "q_off", "k_off", "v_off", "eps", "slot0", "seg_start", "seg_len", "row_words", "tok0"])
+            .params(&[
+                "n_tok",
+                "n_q",
+                "n_kv",
+                "hd",
+                "rot",
+                "tok_stride",
+                "x_off",
+                "q_off",
+                "k_off",
+                "v_off",
+                "eps",
+                "slot0",
+                "seg_start",
+                "seg_len",
+                "row_words",
+                "tok0",
+            ])
             .prelude(&pre)
             .body(&body)
             .build()
@@ -260,7 +294,18 @@ impl QkvRope {
     /// With `kv_write`, `cache` receives K/V for `layer` at slots `cache.reserve(n_tok)..`; the
     /// caller commits after all layers.
     #[allow(clippy::too_many_arguments)]
-    pub fn run(&self, ctx: &GpuContext, x: &Binding, layout: &QkvLayout, rope: &RopeParams, positions: &[u32], qw: Option<&Binding>, kw: Option<&Binding>, eps: f32, cache: Option<(&KvCache, usize)>) -> Result<()> {
+    pub fn run(
+        &self,
+        ctx: &GpuContext,
+        x: &Binding,
+        layout: &QkvLayout,
+        rope: &RopeParams,
+        positions: &[u32],
+        qw: Option<&Binding>,
+        kw: Option<&Binding>,
+        eps: f32,
+        cache: Option<(&KvCache, usize)>,
+    ) -> Result<()> {
         if positions.len() != layout.n_tok {
             return Err(bad("qkv_rope", "one position per token"));
         }
@@ -271,7 +316,19 @@ impl QkvRope {
 
     /// [`Self::run`] with the positions and inverse frequencies already on the GPU.
     #[allow(clippy::too_many_arguments)]
-    pub fn record(&self, ctx: &GpuContext, x: &Binding, l: &QkvLayout, rope: &RopeParams, pos: &Binding, freqs: &Binding, qw: Option<&Binding>, kw: Option<&Binding>, eps: f32, cache: Option<(&KvCache, usize)>) -> Result<()> {
+    pub fn record(
+        &self,
+        ctx: &GpuContext,
+        x: &Binding,
+        l: &QkvLayout,
+        rope: &RopeParams,
+        pos: &Binding,
+        freqs: &Binding,
+        qw: Option<&Binding>,
+        kw: Option<&Binding>,
+        eps: f32,
+        cache: Option<(&KvCache, usize)>,
+    ) -> Result<()> {
         if l.head_dim > 256 || rope.rot_dim > l.head_dim || rope.rot_dim % 2 != 0 || rope.head_dim != l.head_dim {
             return Err(bad("qkv_rope", "head_dim at most 256, rot_dim even and at most head_dim"));
         }
@@ -280,10 +337,8 @@ impl QkvRope {
         }
         let src = self.source(&env_of(ctx));
         let nh = l.n_q + l.n_kv + if self.kv_write.is_some() { l.n_kv } else { 0 };
-        let mut params = [
-            l.n_tok, l.n_q, l.n_kv, l.head_dim, rope.rot_dim, l.tok_stride, l.x_off, l.q_off, l.k_off, l.v_off, 0, 0, 0, 0, 0, 0,
-        ]
-        .map(|v| v as u32);
+        let mut params =
+            [l.n_tok, l.n_q, l.n_kv, l.head_dim, rope.rot_dim, l.tok_stride, l.x_off, l.q_off, l.k_off, l.v_off, 0, 0, 0, 0, 0, 0].map(|v| v as u32);
         params[10] = fbits(eps);
         let d = dummy(ctx)?;
         let qw = qw.cloned().unwrap_or(d.clone());
@@ -326,7 +381,16 @@ impl QkvRope {
     /// the cache would hold, `[n_tok][n_kv][head_dim]` each, rounded through the cache dtype
     /// (unrounded when `kv_write` is `None`).
     #[allow(clippy::too_many_arguments)]
-    pub fn reference(&self, x: &mut [f32], l: &QkvLayout, rope: &RopeParams, positions: &[u32], qw: Option<&[f32]>, kw: Option<&[f32]>, eps: f32) -> (Vec<f32>, Vec<f32>) {
+    pub fn reference(
+        &self,
+        x: &mut [f32],
+        l: &QkvLayout,
+        rope: &RopeParams,
+        positions: &[u32],
+        qw: Option<&[f32]>,
+        kw: Option<&[f32]>,
+        eps: f32,
+    ) -> (Vec<f32>, Vec<f32>) {
         let hd = l.head_dim;
         let freqs = rope.inv_freqs();
         let (mut ks, mut vs) = (Vec::new(), Vec::new());

@@ -9,10 +9,10 @@
 
 use std::sync::Arc;
 
-use numr::gpu::{Access, Binding, BufferKind, GpuBuffer, GpuContext, KernelBuilder, KernelEnv, KernelSource};
 use numr::Tensor;
+use numr::gpu::{Access, Binding, BufferKind, GpuBuffer, GpuContext, KernelBuilder, KernelEnv, KernelSource};
 
-use crate::ops_common::{bad, dispatch, dummy, env_of, fbits, grid_for, upload_u32, OpsError, Result};
+use crate::ops_common::{OpsError, Result, bad, dispatch, dummy, env_of, fbits, grid_for, upload_u32};
 
 /// Largest k of [`top_k`].
 pub const MAX_TOP_K: usize = 128;

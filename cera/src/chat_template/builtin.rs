@@ -35,11 +35,7 @@ impl BuiltinTemplate {
 
     /// The usual template for a `general.architecture` value.
     pub fn for_architecture(arch: &str) -> BuiltinTemplate {
-        if arch.starts_with("gemma") {
-            BuiltinTemplate::Gemma
-        } else {
-            BuiltinTemplate::ChatMl
-        }
+        if arch.starts_with("gemma") { BuiltinTemplate::Gemma } else { BuiltinTemplate::ChatMl }
     }
 
     /// Renders a conversation.
@@ -65,11 +61,7 @@ impl BuiltinTemplate {
                         system.push_str(c_trim(&m.content));
                         continue;
                     }
-                    let role = if m.role == "assistant" {
-                        "model"
-                    } else {
-                        m.role.as_str()
-                    };
+                    let role = if m.role == "assistant" { "model" } else { m.role.as_str() };
                     out.push_str("<start_of_turn>");
                     out.push_str(role);
                     out.push('\n');

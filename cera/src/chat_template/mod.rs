@@ -64,10 +64,7 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// A message.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
+        ChatMessage { role: role.into(), content: content.into() }
     }
 }
 
@@ -91,21 +88,13 @@ pub struct ChatTemplate {
 }
 
 fn raise_exception(msg: String) -> Result<Value, Error> {
-    Err(Error::new(
-        ErrorKind::InvalidOperation,
-        format!("raise_exception: {msg}"),
-    ))
+    Err(Error::new(ErrorKind::InvalidOperation, format!("raise_exception: {msg}")))
 }
 
 fn strftime_now(fmt: String) -> Result<String, Error> {
     use std::fmt::Write;
     let mut s = String::new();
-    write!(s, "{}", chrono::Local::now().format(&fmt)).map_err(|_| {
-        Error::new(
-            ErrorKind::InvalidOperation,
-            format!("bad strftime format {fmt:?}"),
-        )
-    })?;
+    write!(s, "{}", chrono::Local::now().format(&fmt)).map_err(|_| Error::new(ErrorKind::InvalidOperation, format!("bad strftime format {fmt:?}")))?;
     Ok(s)
 }
 
@@ -116,30 +105,20 @@ fn tojson(v: Value, kwargs: minijinja::value::Kwargs) -> Result<Value, Error> {
     let _: Option<Value> = kwargs.get("separators")?;
     let _: Option<bool> = kwargs.get("ensure_ascii")?;
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&v)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
-    Ok(Value::from_safe_string(pyjson::dumps(
-        &json,
-        indent,
-        sort_keys.unwrap_or(false),
-    )))
+    let json = serde_json::to_value(&v).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    Ok(Value::from_safe_string(pyjson::dumps(&json, indent, sort_keys.unwrap_or(false))))
 }
 
 fn environment(source: &str) -> Result<Environment<'static>, TemplateError> {
     let mut env = Environment::new();
-    let syntax = minijinja::syntax::SyntaxConfig::builder()
-        .trim_blocks(true)
-        .lstrip_blocks(true)
-        .build()
-        .map_err(|e| TemplateError::Syntax(e.to_string()))?;
+    let syntax = minijinja::syntax::SyntaxConfig::builder().trim_blocks(true).lstrip_blocks(true).build().map_err(|e| TemplateError::Syntax(e.to_string()))?;
     env.set_syntax(syntax);
     env.set_fuel(Some(FUEL));
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     env.add_filter("tojson", tojson);
-    env.add_template_owned("chat", strip_generation_tags(source))
-        .map_err(|e| TemplateError::Syntax(format!("{e:#}")))?;
+    env.add_template_owned("chat", strip_generation_tags(source)).map_err(|e| TemplateError::Syntax(format!("{e:#}")))?;
     Ok(env)
 }
 
@@ -154,8 +133,7 @@ fn strip_generation_tags(source: &str) -> String {
             break;
         };
         let end = i + 2 + j + 2;
-        let inner = rest[i + 2..i + 2 + j]
-            .trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        let inner = rest[i + 2..i + 2 + j].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
         out.push_str(&rest[..i]);
         if inner != "generation" && inner != "endgeneration" {
             out.push_str(&rest[i..end]);
@@ -168,11 +146,7 @@ fn strip_generation_tags(source: &str) -> String {
 
 impl ChatTemplate {
     /// Compiles Jinja source; `bos_token`/`eos_token` are the texts the template may use.
-    pub fn new(
-        source: &str,
-        bos_token: &str,
-        eos_token: &str,
-    ) -> Result<ChatTemplate, TemplateError> {
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate, TemplateError> {
         Ok(ChatTemplate {
             env: Some(environment(source)?),
             source: TemplateSource::Jinja(source.to_string()),
@@ -183,12 +157,7 @@ impl ChatTemplate {
 
     /// A built-in format.
     pub fn builtin(which: BuiltinTemplate) -> ChatTemplate {
-        ChatTemplate {
-            source: TemplateSource::Builtin(which),
-            env: None,
-            bos_token: String::new(),
-            eos_token: String::new(),
-        }
+        ChatTemplate { source: TemplateSource::Builtin(which), env: None, bos_token: String::new(), eos_token: String::new() }
     }
 
     /// The file's `tokenizer.chat_template`, or the built-in format for its architecture.
@@ -213,11 +182,7 @@ impl ChatTemplate {
 
     /// Renders a conversation. With `add_generation_prompt` the text ends with the opening of
     /// the assistant's turn.
-    pub fn render(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, TemplateError> {
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TemplateError> {
         self.render_with(messages, add_generation_prompt, &BTreeMap::new())
     }
 
@@ -255,18 +220,10 @@ impl ChatTemplate {
                 return Err(TemplateError::Render("template was not compiled".into()));
             }
         };
-        let tpl = env
-            .get_template("chat")
-            .map_err(|e| TemplateError::Render(e.to_string()))?;
-        let mut ctx: BTreeMap<String, Value> = extra
-            .iter()
-            .map(|(k, v)| (k.clone(), Value::from(Serde(v))))
-            .collect();
+        let tpl = env.get_template("chat").map_err(|e| TemplateError::Render(e.to_string()))?;
+        let mut ctx: BTreeMap<String, Value> = extra.iter().map(|(k, v)| (k.clone(), Value::from(Serde(v)))).collect();
         ctx.insert("messages".into(), Value::from(Serde(messages)));
-        ctx.insert(
-            "add_generation_prompt".into(),
-            Value::from(add_generation_prompt),
-        );
+        ctx.insert("add_generation_prompt".into(), Value::from(add_generation_prompt));
         ctx.insert("bos_token".into(), Value::from(self.bos_token.clone()));
         ctx.insert("eos_token".into(), Value::from(self.eos_token.clone()));
         tpl.render(ctx).map_err(|e| {
@@ -311,18 +268,10 @@ mod tests {
                    [{{ m.role | upper }}:{{ m.content.strip() }}:{{ m.content.startswith(' ') }}]{% endfor %}\
                    {{ bos_token }}{{ {'b': 1, 'a': [true, none]} | tojson }}{% if add_generation_prompt %}>{% endif %}";
         let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
-        assert_eq!(
-            t.render(&msgs(), true).unwrap(),
-            "[USER:Hi:True][ASSISTANT:Hello!:False][USER:Bye:False]<s>{\"b\": 1, \"a\": [true, null]}>"
-        );
+        assert_eq!(t.render(&msgs(), true).unwrap(), "[USER:Hi:True][ASSISTANT:Hello!:False][USER:Bye:False]<s>{\"b\": 1, \"a\": [true, null]}>");
         let t = ChatTemplate::new("{{ raise_exception('no system') }}", "", "").unwrap();
-        assert!(
-            matches!(t.render(&msgs(), false), Err(TemplateError::Raised(m)) if m.contains("no system"))
-        );
-        assert!(matches!(
-            ChatTemplate::new("{% for %}", "", ""),
-            Err(TemplateError::Syntax(_))
-        ));
+        assert!(matches!(t.render(&msgs(), false), Err(TemplateError::Raised(m)) if m.contains("no system")));
+        assert!(matches!(ChatTemplate::new("{% for %}", "", ""), Err(TemplateError::Syntax(_))));
         let t = ChatTemplate::new("{{ strftime_now('%Y') }}", "", "").unwrap();
         assert_eq!(t.render(&[], false).unwrap().len(), 4);
     }
@@ -332,32 +281,18 @@ mod tests {
         let src = "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{%- endgeneration %}\
                    {% else %}{{ m.content }}{% endif %}|{% endfor %}";
         let t = ChatTemplate::new(src, "", "").unwrap();
-        assert_eq!(
-            t.render(&msgs(), false).unwrap(),
-            "Be brief.| Hi |Hello!|Bye|"
-        );
+        assert_eq!(t.render(&msgs(), false).unwrap(), "Be brief.| Hi |Hello!|Bye|");
         // Found by cargo fuzz: `{%}` used to slice out of order.
         for src in ["{%}", "a{%}b%}", "{%", "%}{%", "{%generation%}{%}"] {
             assert!(strip_generation_tags(src).len() <= src.len());
             let _ = ChatTemplate::new(src, "", "");
         }
-        assert_eq!(
-            strip_generation_tags("x{% generation %}y{%- endgeneration -%}z"),
-            "xyz"
-        );
+        assert_eq!(strip_generation_tags("x{% generation %}y{%- endgeneration -%}z"), "xyz");
     }
 
     #[test]
     fn runaway_template_stops() {
-        let t = ChatTemplate::new(
-            "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
-            "",
-            "",
-        )
-        .unwrap();
-        assert!(matches!(
-            t.render(&[], false),
-            Err(TemplateError::Render(_))
-        ));
+        let t = ChatTemplate::new("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}", "", "").unwrap();
+        assert!(matches!(t.render(&[], false), Err(TemplateError::Render(_))));
     }
 }

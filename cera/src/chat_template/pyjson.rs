@@ -83,15 +83,8 @@ mod tests {
 
     #[test]
     fn python_style() {
-        let v: Value =
-            serde_json::from_str(r#"{"b": 1, "a": [1.0, "x<y", {}], "c": null}"#).unwrap();
-        assert_eq!(
-            dumps(&v, None, false),
-            r#"{"b": 1, "a": [1.0, "x<y", {}], "c": null}"#
-        );
-        assert_eq!(
-            dumps(&v, Some(2), true),
-            "{\n  \"a\": [\n    1.0,\n    \"x<y\",\n    {}\n  ],\n  \"b\": 1,\n  \"c\": null\n}"
-        );
+        let v: Value = serde_json::from_str(r#"{"b": 1, "a": [1.0, "x<y", {}], "c": null}"#).unwrap();
+        assert_eq!(dumps(&v, None, false), r#"{"b": 1, "a": [1.0, "x<y", {}], "c": null}"#);
+        assert_eq!(dumps(&v, Some(2), true), "{\n  \"a\": [\n    1.0,\n    \"x<y\",\n    {}\n  ],\n  \"b\": 1,\n  \"c\": null\n}");
     }
 }

@@ -12,11 +12,7 @@ pub struct Args {
 
 /// Runs `cera fetch`.
 pub fn run(args: Args) -> Result<(), CliError> {
-    let ids: Vec<ModelId> = if args.model == "all" {
-        ModelId::ALL.to_vec()
-    } else {
-        vec![ModelId::from_name(&args.model).map_err(CliError::from_err)?]
-    };
+    let ids: Vec<ModelId> = if args.model == "all" { ModelId::ALL.to_vec() } else { vec![ModelId::from_name(&args.model).map_err(CliError::from_err)?] };
     for id in ids {
         let path = ensure_model(id).map_err(CliError::from_err)?;
         println!("{}", path.display());

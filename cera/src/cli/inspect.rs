@@ -27,11 +27,7 @@ fn human(bytes: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
+    if u == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[u]) }
 }
 
 fn print_hparams(hp: &HyperParams) {
@@ -47,24 +43,15 @@ fn print_hparams(hp: &HyperParams) {
             println!("{:<20} {v}", format!("{name}:"));
         }
     };
-    opt(
-        "feed_forward_length",
-        hp.feed_forward_length.as_ref().map(|f| f.to_string()),
-    );
+    opt("feed_forward_length", hp.feed_forward_length.as_ref().map(|f| f.to_string()));
     opt("rope.freq_base", hp.rope_freq_base.map(|v| v.to_string()));
-    opt(
-        "rope.dimension_count",
-        hp.rope_dimension_count.map(|v| v.to_string()),
-    );
+    opt("rope.dimension_count", hp.rope_dimension_count.map(|v| v.to_string()));
     opt("rms_norm_eps", hp.rms_norm_eps.map(|v| v.to_string()));
     opt("layer_norm_eps", hp.layer_norm_eps.map(|v| v.to_string()));
     opt("sliding_window", hp.sliding_window.map(|v| v.to_string()));
     opt("vocab_size", hp.vocab_size.map(|v| v.to_string()));
     opt("expert_count", hp.expert_count.map(|v| v.to_string()));
-    opt(
-        "shortconv.l_cache",
-        hp.shortconv_l_cache.map(|v| v.to_string()),
-    );
+    opt("shortconv.l_cache", hp.shortconv_l_cache.map(|v| v.to_string()));
 }
 
 /// Runs `cera inspect`.
@@ -74,26 +61,15 @@ pub fn run(args: Args) -> Result<(), CliError> {
     println!("file:                {}", path.display());
     match &model {
         ModelFile::Gguf(g) => {
-            println!(
-                "format:              GGUF v{} ({} metadata keys, alignment {})",
-                g.version(),
-                g.metadata().len(),
-                g.alignment()
-            );
+            println!("format:              GGUF v{} ({} metadata keys, alignment {})", g.version(), g.metadata().len(), g.alignment());
             if let Ok(name) = g.metadata().get_str("general.name") {
                 println!("name:                {name}");
             }
         }
         ModelFile::Safetensors(s) => {
-            println!(
-                "format:              safetensors ({} shard(s))",
-                s.shard_paths().count()
-            );
+            println!("format:              safetensors ({} shard(s))", s.shard_paths().count());
             if let Some(q) = s.config().and_then(|c| c.quantization.as_ref()) {
-                println!(
-                    "quantization:        {:?} {} bits, group {:?}",
-                    q.method, q.bits, q.group_size
-                );
+                println!("quantization:        {:?} {} bits, group {:?}", q.method, q.bits, q.group_size);
             }
         }
     }
@@ -103,26 +79,14 @@ pub fn run(args: Args) -> Result<(), CliError> {
     }
     match model.tokenizer() {
         Ok(tok) => {
-            let pre = tok
-                .pre_tokenizer()
-                .map(|p| format!(", pre-tokenizer `{p}`"))
-                .unwrap_or_default();
-            println!(
-                "tokenizer:           {}{pre}, {} tokens",
-                tok.kind(),
-                tok.vocab_size()
-            );
+            let pre = tok.pre_tokenizer().map(|p| format!(", pre-tokenizer `{p}`")).unwrap_or_default();
+            println!("tokenizer:           {}{pre}, {} tokens", tok.kind(), tok.vocab_size());
             let s = tok.special();
             let show = |id: Option<u32>| match id {
                 Some(i) => format!("{i} {:?}", tok.token_text(i).unwrap_or_default()),
                 None => "-".into(),
             };
-            println!(
-                "special tokens:      bos {}, eos {}, eot {}",
-                show(s.bos),
-                show(s.eos),
-                show(s.eot)
-            );
+            println!("special tokens:      bos {}, eos {}, eot {}", show(s.bos), show(s.eos), show(s.eot));
             println!("add bos/eos:         {}/{}", s.add_bos, s.add_eos);
             let tpl = if model.has_chat_template(&tok) {
                 "present in file".to_string()
@@ -156,31 +120,14 @@ pub fn run(args: Args) -> Result<(), CliError> {
         }
     }
     let names = model.tensor_names();
-    let total: u64 = names
-        .iter()
-        .filter_map(|n| model.tensor_meta(n))
-        .map(|m| m.n_bytes)
-        .sum();
+    let total: u64 = names.iter().filter_map(|n| model.tensor_meta(n)).map(|m| m.n_bytes).sum();
     println!("\ntensors: {} ({})", names.len(), human(total));
-    println!(
-        "  {:<5} {:<40} {:<8} {:<22} {:>10}",
-        "#", "name", "type", "shape (ggml order)", "bytes"
-    );
-    let limit = if args.max_tensors == 0 {
-        names.len()
-    } else {
-        args.max_tensors
-    };
+    println!("  {:<5} {:<40} {:<8} {:<22} {:>10}", "#", "name", "type", "shape (ggml order)", "bytes");
+    let limit = if args.max_tensors == 0 { names.len() } else { args.max_tensors };
     for (i, n) in names.iter().take(limit).enumerate() {
         if let Some(m) = model.tensor_meta(n) {
             let shape = format!("{:?}", m.dims);
-            println!(
-                "  {i:<5} {:<40} {:<8} {:<22} {:>10}",
-                m.name,
-                m.dtype.to_string(),
-                shape,
-                human(m.n_bytes)
-            );
+            println!("  {i:<5} {:<40} {:<8} {:<22} {:>10}", m.name, m.dtype.to_string(), shape, human(m.n_bytes));
         }
     }
     if limit < names.len() {

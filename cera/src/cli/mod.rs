@@ -78,8 +78,6 @@ pub fn resolve_model(arg: &str) -> Result<PathBuf, CliError> {
     }
     match crate::fetch::ModelId::from_name(arg) {
         Ok(id) => crate::fetch::ensure_model(id).map_err(CliError::from_err),
-        Err(_) => Err(CliError(format!(
-            "{arg}: no such file (and not a known model name)"
-        ))),
+        Err(_) => Err(CliError(format!("{arg}: no such file (and not a known model name)"))),
     }
 }

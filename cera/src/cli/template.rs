@@ -39,9 +39,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
             msgs.push(ChatMessage::new("assistant", a));
         }
     }
-    let text = tpl
-        .render(&msgs, !args.no_generation_prompt)
-        .map_err(CliError::from_err)?;
+    let text = tpl.render(&msgs, !args.no_generation_prompt).map_err(CliError::from_err)?;
     print!("{text}");
     Ok(())
 }

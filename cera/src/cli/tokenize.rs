@@ -30,21 +30,15 @@ pub struct Args {
 pub fn run(args: Args) -> Result<(), CliError> {
     let model = ModelFile::open(resolve_model(&args.model)?).map_err(CliError::from_err)?;
     let tok = model.tokenizer().map_err(CliError::from_err)?;
-    let opts = EncodeOptions {
-        add_special: !args.no_special,
-        parse_special: !args.no_parse_special,
-    };
+    let opts = EncodeOptions { add_special: !args.no_special, parse_special: !args.no_parse_special };
     let text = match (&args.text, &args.file) {
         (Some(t), _) => t.clone(),
         (None, Some(p)) if p.as_os_str() == "-" => {
             let mut s = String::new();
-            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
-                .map_err(CliError::from_err)?;
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map_err(CliError::from_err)?;
             s
         }
-        (None, Some(p)) => {
-            std::fs::read_to_string(p).map_err(|e| CliError(format!("{}: {e}", p.display())))?
-        }
+        (None, Some(p)) => std::fs::read_to_string(p).map_err(|e| CliError(format!("{}: {e}", p.display())))?,
         (None, None) => return Err(CliError("give the text or --file".into())),
     };
     let ids = tok.encode(&text, opts).map_err(CliError::from_err)?;

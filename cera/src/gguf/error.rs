@@ -54,9 +54,7 @@ pub enum GgufError {
         hint: &'static str,
     },
     /// The file ends inside the header.
-    #[error(
-        "GGUF header truncated while reading {what} at byte {offset} (file is {file_len} bytes)"
-    )]
+    #[error("GGUF header truncated while reading {what} at byte {offset} (file is {file_len} bytes)")]
     Truncated {
         /// What was being read.
         what: &'static str,
@@ -163,9 +161,7 @@ pub enum GgufError {
         alignment: u64,
     },
     /// Tensor data that runs past the end of the file (a truncated file, or a bad offset).
-    #[error(
-        "tensor `{name}` data [{start}, {end}) lies outside the data section of {data_len} bytes"
-    )]
+    #[error("tensor `{name}` data [{start}, {end}) lies outside the data section of {data_len} bytes")]
     TensorOutOfBounds {
         /// The tensor name.
         name: String,

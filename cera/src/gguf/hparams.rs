@@ -106,16 +106,10 @@ fn per_layer(md: &Metadata, key: &str) -> Result<Option<PerLayer<u32>>, Metadata
     match md.get(key) {
         None => Ok(None),
         Some(MetadataValue::Array(a)) => {
-            let wrong = || MetadataError::WrongType {
-                key: key.to_string(),
-                expected: "u32 or array of u32",
-                found: format!("array of {}", a.element_type().name()),
-            };
+            let wrong =
+                || MetadataError::WrongType { key: key.to_string(), expected: "u32 or array of u32", found: format!("array of {}", a.element_type().name()) };
             let v = a.to_i64_vec().ok_or_else(wrong)?;
-            let v = v
-                .into_iter()
-                .map(|x| u32::try_from(x).map_err(|_| wrong()))
-                .collect::<Result<_, _>>()?;
+            let v = v.into_iter().map(|x| u32::try_from(x).map_err(|_| wrong())).collect::<Result<_, _>>()?;
             Ok(Some(PerLayer::Layers(v)))
         }
         Some(_) => md.get_u32(key).map(|v| Some(PerLayer::Uniform(v))),
@@ -130,22 +124,14 @@ impl HyperParams {
         let embedding_length = md.get_u32(&k("embedding_length"))?;
         let block_count = md.get_u32(&k("block_count"))?;
         let head_key = k("attention.head_count");
-        let head_count = per_layer(md, &head_key)?
-            .ok_or(MetadataError::Missing {
-                key: head_key.clone(),
-            })?
-            .max();
-        let head_count_kv =
-            per_layer(md, &k("attention.head_count_kv"))?.unwrap_or(PerLayer::Uniform(head_count));
+        let head_count = per_layer(md, &head_key)?.ok_or(MetadataError::Missing { key: head_key.clone() })?.max();
+        let head_count_kv = per_layer(md, &k("attention.head_count_kv"))?.unwrap_or(PerLayer::Uniform(head_count));
         let default_head_dim = embedding_length.checked_div(head_count).unwrap_or(0);
         let opt_u32 = |s: &str| md.optional(&k(s), Metadata::get_u32);
         let opt_f32 = |s: &str| md.optional(&k(s), Metadata::get_f32);
         let vocab_size = match opt_u32("vocab_size")? {
             Some(v) => Some(v),
-            None => md
-                .get_string_array("tokenizer.ggml.tokens")
-                .ok()
-                .map(|t| t.len() as u32),
+            None => md.get_string_array("tokenizer.ggml.tokens").ok().map(|t| t.len() as u32),
         };
         Ok(HyperParams {
             embedding_length,
@@ -158,9 +144,7 @@ impl HyperParams {
             value_length: opt_u32("attention.value_length")?.unwrap_or(default_head_dim),
             rope_freq_base: opt_f32("rope.freq_base")?,
             rope_dimension_count: opt_u32("rope.dimension_count")?,
-            rope_scaling_type: md
-                .optional(&k("rope.scaling.type"), Metadata::get_str)?
-                .map(str::to_string),
+            rope_scaling_type: md.optional(&k("rope.scaling.type"), Metadata::get_str)?.map(str::to_string),
             rope_scaling_factor: opt_f32("rope.scaling.factor")?,
             rms_norm_eps: opt_f32("attention.layer_norm_rms_epsilon")?,
             layer_norm_eps: opt_f32("attention.layer_norm_epsilon")?,
@@ -176,12 +160,7 @@ impl HyperParams {
     }
 
     /// Builds hyperparameters by hand (used by the safetensors `config.json` reader).
-    pub fn new(
-        architecture: String,
-        embedding_length: u32,
-        block_count: u32,
-        head_count: u32,
-    ) -> HyperParams {
+    pub fn new(architecture: String, embedding_length: u32, block_count: u32, head_count: u32) -> HyperParams {
         let head_dim = embedding_length.checked_div(head_count).unwrap_or(0);
         HyperParams {
             architecture,
@@ -218,17 +197,11 @@ mod tests {
     #[test]
     fn defaults_and_per_layer() {
         let mut md = Metadata::default();
-        md.insert(
-            "general.architecture".into(),
-            MetadataValue::String("lfm2".into()),
-        );
+        md.insert("general.architecture".into(), MetadataValue::String("lfm2".into()));
         md.insert("lfm2.embedding_length".into(), MetadataValue::U32(1024));
         md.insert("lfm2.block_count".into(), MetadataValue::U32(3));
         md.insert("lfm2.attention.head_count".into(), MetadataValue::U32(16));
-        md.insert(
-            "lfm2.attention.head_count_kv".into(),
-            MetadataValue::Array(MetadataArray::U32(vec![0, 8, 0])),
-        );
+        md.insert("lfm2.attention.head_count_kv".into(), MetadataValue::Array(MetadataArray::U32(vec![0, 8, 0])));
         let hp = HyperParams::from_metadata(&md).unwrap();
         assert_eq!(hp.key_length, 64);
         assert_eq!(hp.head_count_kv.get(1), 8);
@@ -237,10 +210,7 @@ mod tests {
         assert_eq!(hp.rope_freq_base, None);
         md.insert("general.x".into(), MetadataValue::U8(0));
         let mut md2 = Metadata::default();
-        md2.insert(
-            "general.architecture".into(),
-            MetadataValue::String("llama".into()),
-        );
+        md2.insert("general.architecture".into(), MetadataValue::String("llama".into()));
         let e = HyperParams::from_metadata(&md2).unwrap_err();
         assert!(e.to_string().contains("llama.embedding_length"), "{e}");
     }

@@ -210,10 +210,7 @@ impl MetadataArray {
             MetadataArray::I16(v) => v.iter().map(|&x| x as i64).collect(),
             MetadataArray::U32(v) => v.iter().map(|&x| x as i64).collect(),
             MetadataArray::I32(v) => v.iter().map(|&x| x as i64).collect(),
-            MetadataArray::U64(v) => v
-                .iter()
-                .map(|&x| i64::try_from(x).ok())
-                .collect::<Option<_>>()?,
+            MetadataArray::U64(v) => v.iter().map(|&x| i64::try_from(x).ok()).collect::<Option<_>>()?,
             MetadataArray::I64(v) => v.clone(),
             MetadataArray::Bool(v) => v.iter().map(|&x| x as i64).collect(),
             _ => return None,
@@ -289,11 +286,7 @@ impl fmt::Display for MetadataValue {
             MetadataValue::Bool(v) => write!(f, "{v}"),
             MetadataValue::String(s) => {
                 let short: String = s.chars().take(60).collect();
-                if short.len() < s.len() {
-                    write!(f, "{:?}... ({} bytes)", short, s.len())
-                } else {
-                    write!(f, "{s:?}")
-                }
+                if short.len() < s.len() { write!(f, "{:?}... ({} bytes)", short, s.len()) } else { write!(f, "{s:?}") }
             }
             MetadataValue::U64(v) => write!(f, "{v}"),
             MetadataValue::I64(v) => write!(f, "{v}"),
@@ -358,41 +351,29 @@ impl Metadata {
     }
 
     fn require(&self, key: &str) -> Result<&MetadataValue, MetadataError> {
-        self.get(key).ok_or_else(|| MetadataError::Missing {
-            key: key.to_string(),
-        })
+        self.get(key).ok_or_else(|| MetadataError::Missing { key: key.to_string() })
     }
 
     fn wrong(key: &str, expected: &'static str, found: &MetadataValue) -> MetadataError {
-        MetadataError::WrongType {
-            key: key.to_string(),
-            expected,
-            found: found.type_description(),
-        }
+        MetadataError::WrongType { key: key.to_string(), expected, found: found.type_description() }
     }
 
     /// An integer value that fits in `u32` (any integer type is accepted).
     pub fn get_u32(&self, key: &str) -> Result<u32, MetadataError> {
         let v = self.require(key)?;
-        v.as_i128()
-            .and_then(|i| u32::try_from(i).ok())
-            .ok_or_else(|| Self::wrong(key, "u32", v))
+        v.as_i128().and_then(|i| u32::try_from(i).ok()).ok_or_else(|| Self::wrong(key, "u32", v))
     }
 
     /// An integer value that fits in `u64`.
     pub fn get_u64(&self, key: &str) -> Result<u64, MetadataError> {
         let v = self.require(key)?;
-        v.as_i128()
-            .and_then(|i| u64::try_from(i).ok())
-            .ok_or_else(|| Self::wrong(key, "u64", v))
+        v.as_i128().and_then(|i| u64::try_from(i).ok()).ok_or_else(|| Self::wrong(key, "u64", v))
     }
 
     /// An integer value that fits in `i64`.
     pub fn get_i64(&self, key: &str) -> Result<i64, MetadataError> {
         let v = self.require(key)?;
-        v.as_i128()
-            .and_then(|i| i64::try_from(i).ok())
-            .ok_or_else(|| Self::wrong(key, "i64", v))
+        v.as_i128().and_then(|i| i64::try_from(i).ok()).ok_or_else(|| Self::wrong(key, "i64", v))
     }
 
     /// A float value (`f32` or `f64`; `f64` is narrowed).
@@ -454,24 +435,14 @@ impl Metadata {
     pub fn get_int_array(&self, key: &str) -> Result<Vec<i64>, MetadataError> {
         let v = self.require(key)?;
         match v {
-            MetadataValue::Array(a) => a
-                .to_i64_vec()
-                .ok_or_else(|| Self::wrong(key, "array of integers", v)),
+            MetadataValue::Array(a) => a.to_i64_vec().ok_or_else(|| Self::wrong(key, "array of integers", v)),
             _ => Err(Self::wrong(key, "array of integers", v)),
         }
     }
 
     /// `Ok(None)` when the key is missing, otherwise like the accessor `f`.
-    pub fn optional<'a, T>(
-        &'a self,
-        key: &str,
-        f: impl FnOnce(&'a Self, &str) -> Result<T, MetadataError>,
-    ) -> Result<Option<T>, MetadataError> {
-        if self.contains(key) {
-            f(self, key).map(Some)
-        } else {
-            Ok(None)
-        }
+    pub fn optional<'a, T>(&'a self, key: &str, f: impl FnOnce(&'a Self, &str) -> Result<T, MetadataError>) -> Result<Option<T>, MetadataError> {
+        if self.contains(key) { f(self, key).map(Some) } else { Ok(None) }
     }
 }
 

@@ -50,10 +50,7 @@ impl GgufFile {
     /// Opens and memory-maps a GGUF file, then parses and validates its header.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
-        let storage = Storage::map(path).map_err(|source| GgufError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let storage = Storage::map(path).map_err(|source| GgufError::Io { path: path.to_path_buf(), source })?;
         let mut file = Self::from_storage(storage)?;
         file.path = Some(path.to_path_buf());
         Ok(file)
@@ -67,12 +64,7 @@ impl GgufFile {
     /// Parses a GGUF file from already mapped or loaded bytes.
     pub fn from_storage(storage: Storage) -> Result<GgufFile, GgufError> {
         let header = reader::parse_header(&storage)?;
-        let by_name = header
-            .tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), i))
-            .collect();
+        let by_name = header.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
         Ok(GgufFile {
             storage,
             path: None,
@@ -141,23 +133,16 @@ impl GgufFile {
     /// give [`GgufError::UnsupportedType`]; use [`GgufFile::tensor_data_raw`] to get their bytes
     /// anyway.
     pub fn tensor_data(&self, name: &str) -> Result<&[u8], GgufError> {
-        let info = self.tensor(name).ok_or_else(|| GgufError::TensorNotFound {
-            name: name.to_string(),
-        })?;
+        let info = self.tensor(name).ok_or_else(|| GgufError::TensorNotFound { name: name.to_string() })?;
         if !info.ty.is_supported() {
-            return Err(GgufError::UnsupportedType {
-                name: info.name.clone(),
-                ty: info.ty,
-            });
+            return Err(GgufError::UnsupportedType { name: info.name.clone(), ty: info.ty });
         }
         Ok(self.bytes_of(info))
     }
 
     /// The bytes of any tensor, whatever its type.
     pub fn tensor_data_raw(&self, name: &str) -> Result<&[u8], GgufError> {
-        let info = self.tensor(name).ok_or_else(|| GgufError::TensorNotFound {
-            name: name.to_string(),
-        })?;
+        let info = self.tensor(name).ok_or_else(|| GgufError::TensorNotFound { name: name.to_string() })?;
         Ok(self.bytes_of(info))
     }
 
@@ -175,18 +160,9 @@ mod tests {
     #[test]
     fn builder_round_trip() {
         let mut b = GgufBuilder::new(3);
-        b.kv(
-            "general.architecture",
-            MetadataValue::String("llama".into()),
-        );
+        b.kv("general.architecture", MetadataValue::String("llama".into()));
         b.kv("general.alignment", MetadataValue::U32(64));
-        b.kv(
-            "nested",
-            MetadataValue::Array(MetadataArray::Array(vec![
-                MetadataArray::String(vec!["a".into(), "b".into()]),
-                MetadataArray::I32(vec![-1, 2]),
-            ])),
-        );
+        b.kv("nested", MetadataValue::Array(MetadataArray::Array(vec![MetadataArray::String(vec!["a".into(), "b".into()]), MetadataArray::I32(vec![-1, 2])])));
         b.tensor("a", &[32, 2], GgmlType::Q8_0, vec![1u8; 68]);
         b.tensor("b", &[3], GgmlType::F32, vec![2u8; 12]);
         b.tensor("c", &[32], GgmlType::IQ4_NL, vec![0u8; 18]);
@@ -202,17 +178,8 @@ mod tests {
             MetadataValue::Array(MetadataArray::Array(v)) => assert_eq!(v.len(), 2),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(
-            f.tensor_data("c"),
-            Err(GgufError::UnsupportedType {
-                ty: GgmlType::IQ4_NL,
-                ..
-            })
-        ));
+        assert!(matches!(f.tensor_data("c"), Err(GgufError::UnsupportedType { ty: GgmlType::IQ4_NL, .. })));
         assert_eq!(f.tensor_data_raw("c").unwrap().len(), 18);
-        assert!(matches!(
-            f.tensor_data("zz"),
-            Err(GgufError::TensorNotFound { .. })
-        ));
+        assert!(matches!(f.tensor_data("zz"), Err(GgufError::TensorNotFound { .. })));
     }
 }

@@ -76,11 +76,7 @@ impl<'a> Cursor<'a> {
                 self.pos = end;
                 Ok(s)
             }
-            None => Err(GgufError::Truncated {
-                what,
-                offset: self.pos as u64,
-                file_len: self.file_len(),
-            }),
+            None => Err(GgufError::Truncated { what, offset: self.pos as u64, file_len: self.file_len() }),
         }
     }
 
@@ -105,27 +101,12 @@ impl<'a> Cursor<'a> {
     }
 
     /// Checks that `count` items of at least `min_size` bytes each can still fit in the file.
-    fn check_count(
-        &self,
-        count: u64,
-        min_size: u64,
-        what: &'static str,
-    ) -> Result<usize, GgufError> {
-        let fits = count
-            .checked_mul(min_size)
-            .is_some_and(|b| b <= self.remaining());
+    fn check_count(&self, count: u64, min_size: u64, what: &'static str) -> Result<usize, GgufError> {
+        let fits = count.checked_mul(min_size).is_some_and(|b| b <= self.remaining());
         if !fits {
-            return Err(GgufError::ImpossibleCount {
-                what,
-                count,
-                file_len: self.file_len(),
-            });
+            return Err(GgufError::ImpossibleCount { what, count, file_len: self.file_len() });
         }
-        usize::try_from(count).map_err(|_| GgufError::ImpossibleCount {
-            what,
-            count,
-            file_len: self.file_len(),
-        })
+        usize::try_from(count).map_err(|_| GgufError::ImpossibleCount { what, count, file_len: self.file_len() })
     }
 
     fn string(&mut self, what: &'static str) -> Result<String, GgufError> {
@@ -141,20 +122,14 @@ impl<'a> Cursor<'a> {
 
 fn value_type(c: &mut Cursor<'_>, key: &str) -> Result<ValueType, GgufError> {
     let id = c.u32("metadata value type")?;
-    ValueType::from_id(id).ok_or_else(|| GgufError::UnknownValueType {
-        key: key.to_string(),
-        type_id: id,
-    })
+    ValueType::from_id(id).ok_or_else(|| GgufError::UnknownValueType { key: key.to_string(), type_id: id })
 }
 
 fn bool_byte(c: &mut Cursor<'_>, key: &str) -> Result<bool, GgufError> {
     match c.u8("bool")? {
         0 => Ok(false),
         1 => Ok(true),
-        value => Err(GgufError::InvalidBool {
-            key: key.to_string(),
-            value,
-        }),
+        value => Err(GgufError::InvalidBool { key: key.to_string(), value }),
     }
 }
 
@@ -178,10 +153,7 @@ fn read_value(c: &mut Cursor<'_>, ty: ValueType, key: &str) -> Result<MetadataVa
 
 fn read_array(c: &mut Cursor<'_>, key: &str, depth: usize) -> Result<MetadataArray, GgufError> {
     if depth > MAX_NESTING {
-        return Err(GgufError::NestingTooDeep {
-            key: key.to_string(),
-            max: MAX_NESTING,
-        });
+        return Err(GgufError::NestingTooDeep { key: key.to_string(), max: MAX_NESTING });
     }
     let elem = value_type(c, key)?;
     let count = c.u64("array length")?;
@@ -198,9 +170,7 @@ fn read_array(c: &mut Cursor<'_>, key: &str, depth: usize) -> Result<MetadataArr
     }
     Ok(match elem {
         ValueType::U8 => MetadataArray::U8(c.take(n, "u8 array")?.to_vec()),
-        ValueType::I8 => {
-            MetadataArray::I8(c.take(n, "i8 array")?.iter().map(|&b| b as i8).collect())
-        }
+        ValueType::I8 => MetadataArray::I8(c.take(n, "i8 array")?.iter().map(|&b| b as i8).collect()),
         ValueType::U16 => collect!(U16, c.u16("u16")?),
         ValueType::I16 => collect!(I16, c.u16("i16")? as i16),
         ValueType::U32 => collect!(U32, c.u32("u32")?),
@@ -231,8 +201,7 @@ fn read_tensor_info(c: &mut Cursor<'_>) -> Result<(TensorInfo, u32), GgufError> 
         Some(t) => t,
         None => return Err(GgufError::UnknownType { name, type_id }),
     };
-    let shape_err =
-        |name: String, dims: Vec<u64>, reason| GgufError::InvalidShape { name, dims, reason };
+    let shape_err = |name: String, dims: Vec<u64>, reason| GgufError::InvalidShape { name, dims, reason };
     if dims.is_empty() {
         return Err(shape_err(name, dims, "no dimensions"));
     }
@@ -242,9 +211,7 @@ fn read_tensor_info(c: &mut Cursor<'_>) -> Result<(TensorInfo, u32), GgufError> 
     if dims.iter().any(|&d| d > i64::MAX as u64) {
         return Err(shape_err(name, dims, "dimension is negative as int64"));
     }
-    let n_elements = dims.iter().try_fold(1u64, |acc, &d| {
-        acc.checked_mul(d).filter(|&p| p <= i64::MAX as u64)
-    });
+    let n_elements = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d).filter(|&p| p <= i64::MAX as u64));
     let Some(n_elements) = n_elements else {
         return Err(shape_err(name, dims, "element count overflows int64"));
     };
@@ -252,26 +219,12 @@ fn read_tensor_info(c: &mut Cursor<'_>) -> Result<(TensorInfo, u32), GgufError> 
         return Err(GgufError::UnsupportedType { name, ty });
     };
     if dims[0] % layout.block_size != 0 {
-        return Err(shape_err(
-            name,
-            dims,
-            "first dimension is not a multiple of the type's block size",
-        ));
+        return Err(shape_err(name, dims, "first dimension is not a multiple of the type's block size"));
     }
     let Some(n_bytes) = ty.bytes_for(n_elements) else {
         return Err(shape_err(name, dims, "byte size overflows"));
     };
-    Ok((
-        TensorInfo {
-            name,
-            dims,
-            ty,
-            offset,
-            n_elements,
-            n_bytes,
-        },
-        type_id,
-    ))
+    Ok((TensorInfo { name, dims, ty, offset, n_elements, n_bytes }, type_id))
 }
 
 fn alignment_of(md: &Metadata) -> Result<u64, GgufError> {
@@ -281,20 +234,14 @@ fn alignment_of(md: &Metadata) -> Result<u64, GgufError> {
     let a = match v.as_i128() {
         Some(a) if (1..=u32::MAX as i128).contains(&a) => a as u64,
         Some(a) => {
-            return Err(GgufError::InvalidAlignment {
-                reason: format!("{a} is out of range"),
-            });
+            return Err(GgufError::InvalidAlignment { reason: format!("{a} is out of range") });
         }
         None => {
-            return Err(GgufError::InvalidAlignment {
-                reason: format!("has type {}, expected u32", v.type_description()),
-            });
+            return Err(GgufError::InvalidAlignment { reason: format!("has type {}, expected u32", v.type_description()) });
         }
     };
     if !a.is_power_of_two() {
-        return Err(GgufError::InvalidAlignment {
-            reason: format!("{a} is not a power of two"),
-        });
+        return Err(GgufError::InvalidAlignment { reason: format!("{a} is not a power of two") });
     }
     Ok(a)
 }
@@ -310,16 +257,10 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
     match version {
         2 | 3 => {}
         1 => {
-            return Err(GgufError::UnsupportedVersion {
-                version,
-                hint: " (GGUF v1 is obsolete; re-convert the model)",
-            });
+            return Err(GgufError::UnsupportedVersion { version, hint: " (GGUF v1 is obsolete; re-convert the model)" });
         }
         v if v.swap_bytes() == 2 || v.swap_bytes() == 3 => {
-            return Err(GgufError::UnsupportedVersion {
-                version,
-                hint: " (the file looks big-endian)",
-            });
+            return Err(GgufError::UnsupportedVersion { version, hint: " (the file looks big-endian)" });
         }
         _ => return Err(GgufError::UnsupportedVersion { version, hint: "" }),
     }
@@ -356,20 +297,11 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
     let data_len = c.file_len().saturating_sub(data_offset);
     for t in &tensors {
         if t.offset % alignment != 0 {
-            return Err(GgufError::Misaligned {
-                name: t.name.clone(),
-                offset: t.offset,
-                alignment,
-            });
+            return Err(GgufError::Misaligned { name: t.name.clone(), offset: t.offset, alignment });
         }
         let end = t.offset.checked_add(t.n_bytes);
         if end.is_none_or(|e| e > data_len) {
-            return Err(GgufError::TensorOutOfBounds {
-                name: t.name.clone(),
-                start: t.offset,
-                end: end.unwrap_or(u64::MAX),
-                data_len,
-            });
+            return Err(GgufError::TensorOutOfBounds { name: t.name.clone(), start: t.offset, end: end.unwrap_or(u64::MAX), data_len });
         }
     }
     let mut order: Vec<usize> = (0..tensors.len()).collect();
@@ -377,17 +309,8 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
     for w in order.windows(2) {
         let (a, b) = (&tensors[w[0]], &tensors[w[1]]);
         if a.offset + a.n_bytes > b.offset {
-            return Err(GgufError::OverlappingTensors {
-                first: a.name.clone(),
-                second: b.name.clone(),
-            });
+            return Err(GgufError::OverlappingTensors { first: a.name.clone(), second: b.name.clone() });
         }
     }
-    Ok(Header {
-        version,
-        metadata,
-        tensors,
-        alignment,
-        data_offset,
-    })
+    Ok(Header { version, metadata, tensors, alignment, data_offset })
 }

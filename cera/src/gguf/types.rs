@@ -66,10 +66,7 @@ macro_rules! ggml_types {
 }
 
 const fn l(block_size: u64, type_size: u64) -> Option<BlockLayout> {
-    Some(BlockLayout {
-        block_size,
-        type_size,
-    })
+    Some(BlockLayout { block_size, type_size })
 }
 
 // Layouts: the K-quants use super-blocks of QK_K = 256 elements.
@@ -172,14 +169,7 @@ mod tests {
         ];
         for (t, b, s) in expect {
             assert!(t.is_supported(), "{t}");
-            assert_eq!(
-                t.layout(),
-                Some(BlockLayout {
-                    block_size: b,
-                    type_size: s
-                }),
-                "{t}"
-            );
+            assert_eq!(t.layout(), Some(BlockLayout { block_size: b, type_size: s }), "{t}");
         }
         assert_eq!(GgmlType::Q4_K.bytes_for(512), Some(288));
         assert_eq!(GgmlType::Q4_K.bytes_for(100), None);

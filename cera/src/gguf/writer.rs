@@ -18,11 +18,7 @@ pub struct GgufBuilder {
 impl GgufBuilder {
     /// A new, empty file of the given version (2 or 3).
     pub fn new(version: u32) -> GgufBuilder {
-        GgufBuilder {
-            version,
-            kvs: Vec::new(),
-            tensors: Vec::new(),
-        }
+        GgufBuilder { version, kvs: Vec::new(), tensors: Vec::new() }
     }
 
     /// Adds a metadata key.
@@ -34,8 +30,7 @@ impl GgufBuilder {
     /// Adds a tensor; `dims` are in ggml order (innermost first) and `data` must have the size
     /// the type and shape imply.
     pub fn tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> &mut Self {
-        self.tensors
-            .push((name.to_string(), dims.to_vec(), ty, data));
+        self.tensors.push((name.to_string(), dims.to_vec(), ty, data));
         self
     }
 
@@ -43,9 +38,7 @@ impl GgufBuilder {
         self.kvs
             .iter()
             .find_map(|(k, v)| match (k.as_str(), v) {
-                ("general.alignment", MetadataValue::U32(a)) if a.is_power_of_two() => {
-                    Some(*a as u64)
-                }
+                ("general.alignment", MetadataValue::U32(a)) if a.is_power_of_two() => Some(*a as u64),
                 _ => None,
             })
             .unwrap_or(DEFAULT_ALIGNMENT)
@@ -157,24 +150,16 @@ fn write_array(out: &mut Vec<u8>, a: &MetadataArray) {
     match a {
         MetadataArray::U8(v) => out.extend_from_slice(v),
         MetadataArray::I8(v) => out.extend(v.iter().map(|&x| x as u8)),
-        MetadataArray::U16(v) => each!(v, |o: &mut Vec<u8>, x: &u16| o
-            .extend_from_slice(&x.to_le_bytes())),
-        MetadataArray::I16(v) => each!(v, |o: &mut Vec<u8>, x: &i16| o
-            .extend_from_slice(&x.to_le_bytes())),
-        MetadataArray::U32(v) => each!(v, |o: &mut Vec<u8>, x: &u32| o
-            .extend_from_slice(&x.to_le_bytes())),
-        MetadataArray::I32(v) => each!(v, |o: &mut Vec<u8>, x: &i32| o
-            .extend_from_slice(&x.to_le_bytes())),
-        MetadataArray::F32(v) => each!(v, |o: &mut Vec<u8>, x: &f32| o
-            .extend_from_slice(&x.to_le_bytes())),
+        MetadataArray::U16(v) => each!(v, |o: &mut Vec<u8>, x: &u16| o.extend_from_slice(&x.to_le_bytes())),
+        MetadataArray::I16(v) => each!(v, |o: &mut Vec<u8>, x: &i16| o.extend_from_slice(&x.to_le_bytes())),
+        MetadataArray::U32(v) => each!(v, |o: &mut Vec<u8>, x: &u32| o.extend_from_slice(&x.to_le_bytes())),
+        MetadataArray::I32(v) => each!(v, |o: &mut Vec<u8>, x: &i32| o.extend_from_slice(&x.to_le_bytes())),
+        MetadataArray::F32(v) => each!(v, |o: &mut Vec<u8>, x: &f32| o.extend_from_slice(&x.to_le_bytes())),
         MetadataArray::Bool(v) => out.extend(v.iter().map(|&x| x as u8)),
         MetadataArray::String(v) => each!(v, |o: &mut Vec<u8>, x: &String| write_str(o, x)),
-        MetadataArray::U64(v) => each!(v, |o: &mut Vec<u8>, x: &u64| o
-            .extend_from_slice(&x.to_le_bytes())),
-        MetadataArray::I64(v) => each!(v, |o: &mut Vec<u8>, x: &i64| o
-            .extend_from_slice(&x.to_le_bytes())),
-        MetadataArray::F64(v) => each!(v, |o: &mut Vec<u8>, x: &f64| o
-            .extend_from_slice(&x.to_le_bytes())),
+        MetadataArray::U64(v) => each!(v, |o: &mut Vec<u8>, x: &u64| o.extend_from_slice(&x.to_le_bytes())),
+        MetadataArray::I64(v) => each!(v, |o: &mut Vec<u8>, x: &i64| o.extend_from_slice(&x.to_le_bytes())),
+        MetadataArray::F64(v) => each!(v, |o: &mut Vec<u8>, x: &f64| o.extend_from_slice(&x.to_le_bytes())),
         MetadataArray::Array(v) => each!(v, |o: &mut Vec<u8>, x: &MetadataArray| write_array(o, x)),
     }
 }

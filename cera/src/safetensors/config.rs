@@ -64,21 +64,14 @@ fn err(msg: impl Into<String>) -> SafetensorsError {
 fn u32_field(v: &Value, key: &str) -> Result<Option<u32>, SafetensorsError> {
     match v.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(x) => x
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| err(format!("`{key}` is not a u32"))),
+        Some(x) => x.as_u64().and_then(|n| u32::try_from(n).ok()).map(Some).ok_or_else(|| err(format!("`{key}` is not a u32"))),
     }
 }
 
 fn f32_field(v: &Value, key: &str) -> Result<Option<f32>, SafetensorsError> {
     match v.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(x) => x
-            .as_f64()
-            .map(|f| Some(f as f32))
-            .ok_or_else(|| err(format!("`{key}` is not a number"))),
+        Some(x) => x.as_f64().map(|f| Some(f as f32)).ok_or_else(|| err(format!("`{key}` is not a number"))),
     }
 }
 
@@ -103,36 +96,25 @@ impl HfConfig {
         if !root.is_object() {
             return Err(err("not a JSON object"));
         }
-        let quantization = root
-            .get("quantization_config")
-            .map(parse_quant)
-            .transpose()?
-            .flatten();
+        let quantization = root.get("quantization_config").map(parse_quant).transpose()?.flatten();
         let v = match root.get("text_config") {
             Some(t) if t.is_object() => t.clone(),
             _ => root.clone(),
         };
-        let model_type = v
-            .get("model_type")
-            .or_else(|| root.get("model_type"))
-            .and_then(Value::as_str)
-            .ok_or_else(|| err("`model_type` is missing"))?
-            .to_string();
+        let model_type =
+            v.get("model_type").or_else(|| root.get("model_type")).and_then(Value::as_str).ok_or_else(|| err("`model_type` is missing"))?.to_string();
         let architecture = architecture_of(&model_type).to_string();
         let hidden = required(&v, "hidden_size")?;
         let layers = required(&v, "num_hidden_layers")?;
         let heads = required(&v, "num_attention_heads")?;
         let mut hp = HyperParams::new(architecture.clone(), hidden, layers, heads);
-        hp.head_count_kv =
-            PerLayer::Uniform(u32_field(&v, "num_key_value_heads")?.unwrap_or(heads));
+        hp.head_count_kv = PerLayer::Uniform(u32_field(&v, "num_key_value_heads")?.unwrap_or(heads));
         if let Some(d) = u32_field(&v, "head_dim")? {
             hp.key_length = d;
             hp.value_length = d;
         }
         hp.context_length = u32_field(&v, "max_position_embeddings")?.unwrap_or(0);
-        hp.feed_forward_length = u32_field(&v, "intermediate_size")?
-            .or(u32_field(&v, "block_ff_dim")?)
-            .map(PerLayer::Uniform);
+        hp.feed_forward_length = u32_field(&v, "intermediate_size")?.or(u32_field(&v, "block_ff_dim")?).map(PerLayer::Uniform);
         hp.rope_freq_base = f32_field(&v, "rope_theta")?;
         hp.rms_norm_eps = f32_field(&v, "rms_norm_eps")?.or(f32_field(&v, "norm_eps")?);
         hp.vocab_size = u32_field(&v, "vocab_size")?;
@@ -144,32 +126,12 @@ impl HfConfig {
         if let Some(types) = v.get("layer_types").and_then(Value::as_array) {
             if architecture == "lfm2" {
                 let kv = hp.head_count_kv.max();
-                let per = types
-                    .iter()
-                    .map(|t| {
-                        if t.as_str() == Some("full_attention") {
-                            kv
-                        } else {
-                            0
-                        }
-                    })
-                    .collect();
+                let per = types.iter().map(|t| if t.as_str() == Some("full_attention") { kv } else { 0 }).collect();
                 hp.head_count_kv = PerLayer::Layers(per);
             }
         }
-        let tie = v
-            .get("tie_word_embeddings")
-            .or_else(|| root.get("tie_word_embeddings"))
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
-        Ok(HfConfig {
-            model_type,
-            architecture,
-            hparams: hp,
-            tie_word_embeddings: tie,
-            quantization,
-            raw: v,
-        })
+        let tie = v.get("tie_word_embeddings").or_else(|| root.get("tie_word_embeddings")).and_then(Value::as_bool).unwrap_or(false);
+        Ok(HfConfig { model_type, architecture, hparams: hp, tie_word_embeddings: tie, quantization, raw: v })
     }
 }
 
@@ -179,28 +141,18 @@ fn parse_quant(q: &Value) -> Result<Option<QuantConfig>, SafetensorsError> {
         Some("gptq") => QuantMethod::Gptq,
         _ => return Ok(None),
     };
-    let bits = u32_field(q, "bits")?
-        .or(u32_field(q, "w_bit")?)
-        .unwrap_or(4);
+    let bits = u32_field(q, "bits")?.or(u32_field(q, "w_bit")?).unwrap_or(4);
     if !matches!(bits, 2 | 3 | 4 | 8) {
         return Err(err(format!("quantization bits {bits} is not supported")));
     }
-    let group = q
-        .get("group_size")
-        .or_else(|| q.get("q_group_size"))
-        .and_then(Value::as_i64);
+    let group = q.get("group_size").or_else(|| q.get("q_group_size")).and_then(Value::as_i64);
     let group_size = match group {
         None | Some(-1) => None,
         Some(g) if g > 0 && g <= u32::MAX as i64 => Some(g as u32),
         Some(g) => return Err(err(format!("group_size {g} is invalid"))),
     };
     let desc_act = q.get("desc_act").and_then(Value::as_bool).unwrap_or(false);
-    Ok(Some(QuantConfig {
-        method,
-        bits,
-        group_size,
-        desc_act,
-    }))
+    Ok(Some(QuantConfig { method, bits, group_size, desc_act }))
 }
 
 #[cfg(test)]
@@ -220,10 +172,7 @@ mod tests {
         assert_eq!(c.hparams.head_count_kv, PerLayer::Uniform(3));
         assert!(c.tie_word_embeddings);
         let q = c.quantization.unwrap();
-        assert_eq!(
-            (q.method, q.bits, q.group_size, q.pack_factor()),
-            (QuantMethod::Awq, 4, Some(128), 8)
-        );
+        assert_eq!((q.method, q.bits, q.group_size, q.pack_factor()), (QuantMethod::Awq, 4, Some(128), 8));
         let l = HfConfig::parse(
             br#"{"model_type":"lfm2","hidden_size":1024,"num_hidden_layers":3,"num_attention_heads":16,
                 "num_key_value_heads":8,"layer_types":["conv","full_attention","conv"],"conv_L_cache":3}"#,
@@ -231,11 +180,6 @@ mod tests {
         .unwrap();
         assert_eq!(l.hparams.head_count_kv, PerLayer::Layers(vec![0, 8, 0]));
         assert!(HfConfig::parse(b"[1]").is_err());
-        assert!(
-            HfConfig::parse(br#"{"model_type":"llama"}"#)
-                .unwrap_err()
-                .to_string()
-                .contains("hidden_size")
-        );
+        assert!(HfConfig::parse(br#"{"model_type":"llama"}"#).unwrap_err().to_string().contains("hidden_size"));
     }
 }

@@ -22,9 +22,7 @@ pub enum SafetensorsError {
         file_len: u64,
     },
     /// The header length field claims more bytes than the file has (or than is sane).
-    #[error(
-        "header length {header_len} does not fit in a file of {file_len} bytes (limit {limit})"
-    )]
+    #[error("header length {header_len} does not fit in a file of {file_len} bytes (limit {limit})")]
     HeaderTooLarge {
         /// The length the file claims.
         header_len: u64,
@@ -53,9 +51,7 @@ pub enum SafetensorsError {
         dtype: String,
     },
     /// Shape and byte range disagree, or the element count overflows.
-    #[error(
-        "tensor `{name}` with dtype {dtype} and shape {shape:?} needs {expected} bytes but spans {actual}"
-    )]
+    #[error("tensor `{name}` with dtype {dtype} and shape {shape:?} needs {expected} bytes but spans {actual}")]
     ShapeMismatch {
         /// The tensor.
         name: String,
@@ -69,9 +65,7 @@ pub enum SafetensorsError {
         actual: u64,
     },
     /// Data offsets outside the data section, or reversed.
-    #[error(
-        "tensor `{name}` data [{start}, {end}) lies outside the data section of {data_len} bytes"
-    )]
+    #[error("tensor `{name}` data [{start}, {end}) lies outside the data section of {data_len} bytes")]
     OutOfBounds {
         /// The tensor.
         name: String,

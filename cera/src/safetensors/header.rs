@@ -121,10 +121,7 @@ impl SafeDType {
     /// Whether tensor data of this type is handed out: floats F32/F16/BF16, and I32 for the
     /// packed AWQ/GPTQ tensors (`qweight`, `qzeros`, `g_idx`).
     pub fn is_supported(self) -> bool {
-        matches!(
-            self,
-            SafeDType::F32 | SafeDType::F16 | SafeDType::BF16 | SafeDType::I32
-        )
+        matches!(self, SafeDType::F32 | SafeDType::F16 | SafeDType::BF16 | SafeDType::I32)
     }
 }
 
@@ -164,51 +161,28 @@ fn bad(msg: impl Into<String>) -> SafetensorsError {
 }
 
 fn parse_entry(name: &str, v: &Value) -> Result<SafeTensorInfo, SafetensorsError> {
-    let obj = v
-        .as_object()
-        .ok_or_else(|| bad(format!("entry `{name}` is not an object")))?;
-    let dtype_s = obj
-        .get("dtype")
-        .and_then(Value::as_str)
-        .ok_or_else(|| bad(format!("`{name}` has no dtype")))?;
-    let dtype = SafeDType::parse(dtype_s).ok_or_else(|| SafetensorsError::UnknownDType {
-        name: name.to_string(),
-        dtype: dtype_s.to_string(),
-    })?;
+    let obj = v.as_object().ok_or_else(|| bad(format!("entry `{name}` is not an object")))?;
+    let dtype_s = obj.get("dtype").and_then(Value::as_str).ok_or_else(|| bad(format!("`{name}` has no dtype")))?;
+    let dtype = SafeDType::parse(dtype_s).ok_or_else(|| SafetensorsError::UnknownDType { name: name.to_string(), dtype: dtype_s.to_string() })?;
     let shape = obj
         .get("shape")
         .and_then(Value::as_array)
         .ok_or_else(|| bad(format!("`{name}` has no shape")))?
         .iter()
-        .map(|d| {
-            d.as_u64()
-                .ok_or_else(|| bad(format!("`{name}` has a non-integer dimension")))
-        })
+        .map(|d| d.as_u64().ok_or_else(|| bad(format!("`{name}` has a non-integer dimension"))))
         .collect::<Result<Vec<u64>, _>>()?;
-    let offs = obj
-        .get("data_offsets")
-        .and_then(Value::as_array)
-        .filter(|a| a.len() == 2)
-        .ok_or_else(|| bad(format!("`{name}` has no [begin, end] data_offsets")))?;
+    let offs =
+        obj.get("data_offsets").and_then(Value::as_array).filter(|a| a.len() == 2).ok_or_else(|| bad(format!("`{name}` has no [begin, end] data_offsets")))?;
     let (Some(start), Some(end)) = (offs[0].as_u64(), offs[1].as_u64()) else {
         return Err(bad(format!("`{name}` has non-integer data_offsets")));
     };
-    Ok(SafeTensorInfo {
-        name: name.to_string(),
-        dtype,
-        shape,
-        start,
-        end,
-    })
+    Ok(SafeTensorInfo { name: name.to_string(), dtype, shape, start, end })
 }
 
 impl SafetensorsFile {
     /// Memory-maps and validates a `.safetensors` file.
     pub fn open(path: &Path) -> Result<SafetensorsFile, SafetensorsError> {
-        let storage = Storage::map(path).map_err(|source| SafetensorsError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let storage = Storage::map(path).map_err(|source| SafetensorsError::Io { path: path.to_path_buf(), source })?;
         Self::from_storage(storage)
     }
 
@@ -227,51 +201,32 @@ impl SafetensorsFile {
         len_bytes.copy_from_slice(&storage[..8]);
         let header_len = u64::from_le_bytes(len_bytes);
         if header_len > MAX_HEADER || header_len > file_len - 8 {
-            return Err(SafetensorsError::HeaderTooLarge {
-                header_len,
-                file_len,
-                limit: MAX_HEADER,
-            });
+            return Err(SafetensorsError::HeaderTooLarge { header_len, file_len, limit: MAX_HEADER });
         }
         let header = &storage[8..8 + header_len as usize];
         if header.first() != Some(&b'{') {
             return Err(bad("header does not start with '{'"));
         }
         let json: Value = serde_json::from_slice(header).map_err(|e| bad(e.to_string()))?;
-        let obj = json
-            .as_object()
-            .ok_or_else(|| bad("header is not a JSON object"))?;
+        let obj = json.as_object().ok_or_else(|| bad("header is not a JSON object"))?;
         let data_offset = 8 + header_len;
         let data_len = file_len - data_offset;
         let mut metadata = HashMap::new();
         let mut tensors = Vec::with_capacity(obj.len());
         for (name, v) in obj {
             if name == "__metadata__" {
-                let m = v
-                    .as_object()
-                    .ok_or_else(|| bad("__metadata__ is not an object"))?;
+                let m = v.as_object().ok_or_else(|| bad("__metadata__ is not an object"))?;
                 for (k, v) in m {
-                    let s = v
-                        .as_str()
-                        .ok_or_else(|| bad(format!("__metadata__.{k} is not a string")))?;
+                    let s = v.as_str().ok_or_else(|| bad(format!("__metadata__.{k} is not a string")))?;
                     metadata.insert(k.clone(), s.to_string());
                 }
                 continue;
             }
             let t = parse_entry(name, v)?;
             if t.start > t.end || t.end > data_len {
-                return Err(SafetensorsError::OutOfBounds {
-                    name: t.name,
-                    start: t.start,
-                    end: t.end,
-                    data_len,
-                });
+                return Err(SafetensorsError::OutOfBounds { name: t.name, start: t.start, end: t.end, data_len });
             }
-            let expected = t
-                .shape
-                .iter()
-                .try_fold(1u64, |a, &d| a.checked_mul(d))
-                .and_then(|n| n.checked_mul(t.dtype.size()));
+            let expected = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).and_then(|n| n.checked_mul(t.dtype.size()));
             if expected != Some(t.end - t.start) {
                 return Err(SafetensorsError::ShapeMismatch {
                     dtype: t.dtype.name().to_string(),
@@ -289,24 +244,11 @@ impl SafetensorsFile {
             let (a, b) = (&tensors[w[0]], &tensors[w[1]]);
             // Empty tensors take no bytes and may share an offset.
             if a.end > b.start && a.start != a.end && b.start != b.end {
-                return Err(SafetensorsError::Overlap {
-                    first: a.name.clone(),
-                    second: b.name.clone(),
-                });
+                return Err(SafetensorsError::Overlap { first: a.name.clone(), second: b.name.clone() });
             }
         }
-        let by_name = tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), i))
-            .collect();
-        Ok(SafetensorsFile {
-            storage,
-            data_offset,
-            tensors,
-            by_name,
-            metadata,
-        })
+        let by_name = tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        Ok(SafetensorsFile { storage, data_offset, tensors, by_name, metadata })
     }
 
     /// Tensor entries, in header order.
@@ -326,27 +268,16 @@ impl SafetensorsFile {
 
     /// A tensor's bytes, for supported dtypes.
     pub fn tensor_data(&self, name: &str) -> Result<&[u8], SafetensorsError> {
-        let t = self
-            .tensor(name)
-            .ok_or_else(|| SafetensorsError::TensorNotFound {
-                name: name.to_string(),
-            })?;
+        let t = self.tensor(name).ok_or_else(|| SafetensorsError::TensorNotFound { name: name.to_string() })?;
         if !t.dtype.is_supported() {
-            return Err(SafetensorsError::UnsupportedDType {
-                name: t.name.clone(),
-                dtype: t.dtype.name().to_string(),
-            });
+            return Err(SafetensorsError::UnsupportedDType { name: t.name.clone(), dtype: t.dtype.name().to_string() });
         }
         Ok(self.bytes_of(t))
     }
 
     /// A tensor's bytes, whatever its dtype.
     pub fn tensor_data_raw(&self, name: &str) -> Result<&[u8], SafetensorsError> {
-        let t = self
-            .tensor(name)
-            .ok_or_else(|| SafetensorsError::TensorNotFound {
-                name: name.to_string(),
-            })?;
+        let t = self.tensor(name).ok_or_else(|| SafetensorsError::TensorNotFound { name: name.to_string() })?;
         Ok(self.bytes_of(t))
     }
 
@@ -363,10 +294,7 @@ pub fn write_safetensors(tensors: &[(&str, SafeDType, &[u64], &[u8])]) -> Vec<u8
     let mut offset = 0u64;
     for (name, dtype, shape, data) in tensors {
         let end = offset + data.len() as u64;
-        header.insert(
-            name.to_string(),
-            serde_json::json!({"dtype": dtype.name(), "shape": shape, "data_offsets": [offset, end]}),
-        );
+        header.insert(name.to_string(), serde_json::json!({"dtype": dtype.name(), "shape": shape, "data_offsets": [offset, end]}));
         offset = end;
     }
     let mut h = serde_json::to_vec(&Value::Object(header)).unwrap_or_default();

@@ -62,10 +62,7 @@ pub struct QuantLinear<'a> {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SafetensorsError + '_ {
-    move |source| SafetensorsError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| SafetensorsError::Io { path: path.to_path_buf(), source }
 }
 
 impl SafetensorsModel {
@@ -86,28 +83,14 @@ impl SafetensorsModel {
             }
         } else {
             let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default()
-                .to_string();
-            if name.ends_with(".json") {
-                (dir, Some(path.to_path_buf()))
-            } else {
-                (dir, None)
-            }
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+            if name.ends_with(".json") { (dir, Some(path.to_path_buf())) } else { (dir, None) }
         };
         let (files, weight_map) = match &index {
             Some(index) => read_index(index)?,
             None => {
-                let name = if path.is_dir() {
-                    "model.safetensors".to_string()
-                } else {
-                    path.file_name()
-                        .and_then(|n| n.to_str())
-                        .unwrap_or_default()
-                        .to_string()
-                };
+                let name =
+                    if path.is_dir() { "model.safetensors".to_string() } else { path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string() };
                 (vec![name], Vec::new())
             }
         };
@@ -125,64 +108,33 @@ impl SafetensorsModel {
         // Every tensor the index lists must be in the shard it names.
         for (tensor, k) in weight_map {
             if shards[k].1.tensor(&tensor).is_none() {
-                return Err(SafetensorsError::InvalidIndex {
-                    path: index.clone().unwrap_or_default(),
-                    reason: format!("`{tensor}` is not in {}", files[k]),
-                });
+                return Err(SafetensorsError::InvalidIndex { path: index.clone().unwrap_or_default(), reason: format!("`{tensor}` is not in {}", files[k]) });
             }
         }
         Self::assemble(dir, shards, config)
     }
 
     /// A model from one in-memory safetensors file and an optional `config.json`.
-    pub fn from_bytes(
-        bytes: Vec<u8>,
-        config_json: Option<&[u8]>,
-    ) -> Result<SafetensorsModel, SafetensorsError> {
+    pub fn from_bytes(bytes: Vec<u8>, config_json: Option<&[u8]>) -> Result<SafetensorsModel, SafetensorsError> {
         let config = config_json.map(HfConfig::parse).transpose()?;
         let file = SafetensorsFile::from_bytes(bytes)?;
-        Self::assemble(
-            PathBuf::new(),
-            vec![(PathBuf::from("<memory>"), file)],
-            config,
-        )
+        Self::assemble(PathBuf::new(), vec![(PathBuf::from("<memory>"), file)], config)
     }
 
-    fn assemble(
-        dir: PathBuf,
-        shards: Vec<(PathBuf, SafetensorsFile)>,
-        config: Option<HfConfig>,
-    ) -> Result<SafetensorsModel, SafetensorsError> {
-        let arch = config
-            .as_ref()
-            .map(|c| c.architecture.clone())
-            .unwrap_or_default();
+    fn assemble(dir: PathBuf, shards: Vec<(PathBuf, SafetensorsFile)>, config: Option<HfConfig>) -> Result<SafetensorsModel, SafetensorsError> {
+        let arch = config.as_ref().map(|c| c.architecture.clone()).unwrap_or_default();
         let mut tensors = Vec::new();
         let mut by_name = HashMap::new();
         for (i, (_, f)) in shards.iter().enumerate() {
             for t in f.tensors() {
                 let internal = hf_to_internal(&t.name, &arch).unwrap_or_else(|| t.name.clone());
                 if by_name.insert(internal.clone(), tensors.len()).is_some() {
-                    return Err(SafetensorsError::DuplicateTensor {
-                        name: t.name.clone(),
-                    });
+                    return Err(SafetensorsError::DuplicateTensor { name: t.name.clone() });
                 }
-                tensors.push((
-                    internal,
-                    Entry {
-                        shard: i,
-                        file_name: t.name.clone(),
-                    },
-                ));
+                tensors.push((internal, Entry { shard: i, file_name: t.name.clone() }));
             }
         }
-        Ok(SafetensorsModel {
-            dir,
-            shards,
-            tensors,
-            by_name,
-            config,
-        })
+        Ok(SafetensorsModel { dir, shards, tensors, by_name, config })
     }
 
     /// The model folder.
@@ -212,12 +164,7 @@ impl SafetensorsModel {
     }
 
     fn locate(&self, name: &str) -> Result<(&SafetensorsFile, &str), SafetensorsError> {
-        let i = self
-            .by_name
-            .get(name)
-            .ok_or_else(|| SafetensorsError::TensorNotFound {
-                name: name.to_string(),
-            })?;
+        let i = self.by_name.get(name).ok_or_else(|| SafetensorsError::TensorNotFound { name: name.to_string() })?;
         let e = &self.tensors[*i].1;
         Ok((&self.shards[e.shard].1, &e.file_name))
     }
@@ -237,25 +184,15 @@ impl SafetensorsModel {
     /// The AWQ/GPTQ tensors of a linear layer (`base` like `blk.0.attn_q`), with dtypes and
     /// shapes checked against each other and the quantization config.
     pub fn quant_linear(&self, base: &str) -> Result<QuantLinear<'_>, SafetensorsError> {
-        let invalid = |reason: String| SafetensorsError::InvalidQuantization {
-            name: base.to_string(),
-            reason,
-        };
-        let config = self
-            .config
-            .as_ref()
-            .and_then(|c| c.quantization.as_ref())
-            .ok_or_else(|| invalid("config.json has no AWQ/GPTQ quantization_config".into()))?;
+        let invalid = |reason: String| SafetensorsError::InvalidQuantization { name: base.to_string(), reason };
+        let config =
+            self.config.as_ref().and_then(|c| c.quantization.as_ref()).ok_or_else(|| invalid("config.json has no AWQ/GPTQ quantization_config".into()))?;
         let get = |suffix: &str| -> Result<&SafeTensorInfo, SafetensorsError> {
-            self.tensor(&format!("{base}.{suffix}"))
-                .ok_or_else(|| invalid(format!("missing `{suffix}`")))
+            self.tensor(&format!("{base}.{suffix}")).ok_or_else(|| invalid(format!("missing `{suffix}`")))
         };
         let (qw, qz, sc) = (get("qweight")?, get("qzeros")?, get("scales")?);
         let gi = self.tensor(&format!("{base}.g_idx"));
-        for (t, what) in [(qw, "qweight"), (qz, "qzeros")]
-            .into_iter()
-            .chain(gi.map(|g| (g, "g_idx")))
-        {
+        for (t, what) in [(qw, "qweight"), (qz, "qzeros")].into_iter().chain(gi.map(|g| (g, "g_idx"))) {
             if t.dtype != SafeDType::I32 {
                 return Err(invalid(format!("{what} is {}, expected I32", t.dtype)));
             }
@@ -266,10 +203,7 @@ impl SafetensorsModel {
         let dims2 = |t: &SafeTensorInfo, what: &str| -> Result<(u64, u64), SafetensorsError> {
             match t.shape[..] {
                 [a, b] => Ok((a, b)),
-                _ => Err(invalid(format!(
-                    "{what} has shape {:?}, expected 2 dimensions",
-                    t.shape
-                ))),
+                _ => Err(invalid(format!("{what} has shape {:?}, expected 2 dimensions", t.shape))),
             }
         };
         let pack = config.pack_factor() as u64;
@@ -281,31 +215,20 @@ impl SafetensorsModel {
         let out_f = out_f.ok_or_else(|| invalid("qweight shape overflows".into()))?;
         let group = config.group_size.map_or(in_f, u64::from);
         if group == 0 || in_f % group != 0 {
-            return Err(invalid(format!(
-                "{in_f} inputs are not a multiple of group size {group}"
-            )));
+            return Err(invalid(format!("{in_f} inputs are not a multiple of group size {group}")));
         }
         let groups = in_f / group;
         let want_sc = (groups, out_f);
         let want_qz = (groups, out_f / pack);
         if dims2(sc, "scales")? != want_sc {
-            return Err(invalid(format!(
-                "scales has shape {:?}, expected {want_sc:?}",
-                sc.shape
-            )));
+            return Err(invalid(format!("scales has shape {:?}, expected {want_sc:?}", sc.shape)));
         }
         if dims2(qz, "qzeros")? != want_qz {
-            return Err(invalid(format!(
-                "qzeros has shape {:?}, expected {want_qz:?}",
-                qz.shape
-            )));
+            return Err(invalid(format!("qzeros has shape {:?}, expected {want_qz:?}", qz.shape)));
         }
         if let Some(g) = gi {
             if g.shape != [in_f] {
-                return Err(invalid(format!(
-                    "g_idx has shape {:?}, expected [{in_f}]",
-                    g.shape
-                )));
+                return Err(invalid(format!("g_idx has shape {:?}, expected [{in_f}]", g.shape)));
             }
         }
         Ok(QuantLinear {
@@ -329,28 +252,17 @@ impl SafetensorsModel {
 type Index = (Vec<String>, Vec<(String, usize)>);
 
 fn read_index(path: &Path) -> Result<Index, SafetensorsError> {
-    let invalid = |reason: String| SafetensorsError::InvalidIndex {
-        path: path.to_path_buf(),
-        reason,
-    };
+    let invalid = |reason: String| SafetensorsError::InvalidIndex { path: path.to_path_buf(), reason };
     let bytes = std::fs::read(path).map_err(io_err(path))?;
-    let v: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
-    let map = v
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .ok_or_else(|| invalid("no weight_map object".into()))?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+    let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| invalid("no weight_map object".into()))?;
     let mut files: Vec<String> = Vec::new();
     let mut listed = Vec::with_capacity(map.len());
     for (tensor, f) in map {
-        let f = f
-            .as_str()
-            .ok_or_else(|| invalid(format!("`{tensor}` maps to a non-string")))?;
+        let f = f.as_str().ok_or_else(|| invalid(format!("`{tensor}` maps to a non-string")))?;
         let plain = !f.is_empty() && !f.contains(['/', '\\']) && f != "." && f != "..";
         if !plain {
-            return Err(invalid(format!(
-                "`{tensor}` maps to `{f}`, which is not a file name in the same folder"
-            )));
+            return Err(invalid(format!("`{tensor}` maps to `{f}`, which is not a file name in the same folder")));
         }
         let k = match files.iter().position(|x| x == f) {
             Some(k) => k,
@@ -379,24 +291,9 @@ mod tests {
         let scales = vec![0u8; 2 * 16];
         let bytes = write_safetensors(&[
             ("model.embed_tokens.weight", SafeDType::F16, &[8, 16], &f16),
-            (
-                "model.layers.0.self_attn.q_proj.qweight",
-                SafeDType::I32,
-                &[16, 2],
-                &qweight,
-            ),
-            (
-                "model.layers.0.self_attn.q_proj.qzeros",
-                SafeDType::I32,
-                &[1, 2],
-                &qzeros,
-            ),
-            (
-                "model.layers.0.self_attn.q_proj.scales",
-                SafeDType::F16,
-                &[1, 16],
-                &scales,
-            ),
+            ("model.layers.0.self_attn.q_proj.qweight", SafeDType::I32, &[16, 2], &qweight),
+            ("model.layers.0.self_attn.q_proj.qzeros", SafeDType::I32, &[1, 2], &qzeros),
+            ("model.layers.0.self_attn.q_proj.scales", SafeDType::F16, &[1, 16], &scales),
         ]);
         let cfg = br#"{"model_type":"llama","hidden_size":16,"num_hidden_layers":1,"num_attention_heads":2,
                        "quantization_config":{"quant_method":"awq","bits":4,"group_size":16}}"#;
@@ -404,9 +301,6 @@ mod tests {
         assert_eq!(m.tensor_data("token_embd.weight").unwrap().len(), 256);
         let q = m.quant_linear("blk.0.attn_q").unwrap();
         assert_eq!((q.in_features, q.out_features), (16, 16));
-        assert!(matches!(
-            m.quant_linear("blk.0.attn_k"),
-            Err(SafetensorsError::InvalidQuantization { .. })
-        ));
+        assert!(matches!(m.quant_linear("blk.0.attn_k"), Err(SafetensorsError::InvalidQuantization { .. })));
     }
 }

@@ -56,9 +56,7 @@ pub fn hf_to_internal(name: &str, arch: &str) -> Option<String> {
     if module == "lm_head" || module == "language_model.lm_head" {
         return Some(format!("output.{suffix}"));
     }
-    let module = ["model.language_model.", "language_model.model.", "model."]
-        .iter()
-        .find_map(|p| module.strip_prefix(p))?;
+    let module = ["model.language_model.", "language_model.model.", "model."].iter().find_map(|p| module.strip_prefix(p))?;
     let top = match module {
         "embed_tokens" => Some("token_embd"),
         "norm" => Some("output_norm"),
@@ -82,115 +80,33 @@ mod tests {
     #[test]
     fn maps_like_llama_cpp() {
         let cases = [
-            (
-                "model.layers.7.self_attn.q_proj.weight",
-                "llama",
-                "blk.7.attn_q.weight",
-            ),
-            (
-                "model.layers.0.self_attn.k_proj.bias",
-                "qwen2",
-                "blk.0.attn_k.bias",
-            ),
-            (
-                "model.layers.1.self_attn.o_proj.qweight",
-                "llama",
-                "blk.1.attn_output.qweight",
-            ),
-            (
-                "model.layers.1.mlp.down_proj.g_idx",
-                "llama",
-                "blk.1.ffn_down.g_idx",
-            ),
+            ("model.layers.7.self_attn.q_proj.weight", "llama", "blk.7.attn_q.weight"),
+            ("model.layers.0.self_attn.k_proj.bias", "qwen2", "blk.0.attn_k.bias"),
+            ("model.layers.1.self_attn.o_proj.qweight", "llama", "blk.1.attn_output.qweight"),
+            ("model.layers.1.mlp.down_proj.g_idx", "llama", "blk.1.ffn_down.g_idx"),
             ("model.embed_tokens.weight", "llama", "token_embd.weight"),
             ("lm_head.weight", "llama", "output.weight"),
             ("model.norm.weight", "llama", "output_norm.weight"),
-            (
-                "model.layers.2.input_layernorm.weight",
-                "llama",
-                "blk.2.attn_norm.weight",
-            ),
-            (
-                "model.layers.2.post_attention_layernorm.weight",
-                "llama",
-                "blk.2.ffn_norm.weight",
-            ),
-            (
-                "model.layers.2.post_attention_layernorm.weight",
-                "gemma3",
-                "blk.2.post_attention_norm.weight",
-            ),
-            (
-                "model.layers.2.pre_feedforward_layernorm.weight",
-                "gemma3",
-                "blk.2.ffn_norm.weight",
-            ),
-            (
-                "model.layers.2.post_feedforward_layernorm.weight",
-                "gemma3",
-                "blk.2.post_ffw_norm.weight",
-            ),
-            (
-                "model.layers.3.self_attn.q_norm.weight",
-                "qwen3",
-                "blk.3.attn_q_norm.weight",
-            ),
-            (
-                "model.layers.3.self_attn.k_layernorm.weight",
-                "lfm2",
-                "blk.3.attn_k_norm.weight",
-            ),
-            (
-                "model.layers.4.conv.conv.weight",
-                "lfm2",
-                "blk.4.shortconv.conv.weight",
-            ),
-            (
-                "model.layers.4.conv.in_proj.weight",
-                "lfm2",
-                "blk.4.shortconv.in_proj.weight",
-            ),
-            (
-                "model.layers.4.feed_forward.w1.weight",
-                "lfm2",
-                "blk.4.ffn_gate.weight",
-            ),
-            (
-                "model.layers.4.feed_forward.w3.weight",
-                "lfm2",
-                "blk.4.ffn_up.weight",
-            ),
-            (
-                "model.layers.4.operator_norm.weight",
-                "lfm2",
-                "blk.4.attn_norm.weight",
-            ),
-            (
-                "model.layers.4.self_attn.out_proj.weight",
-                "lfm2",
-                "blk.4.attn_output.weight",
-            ),
-            (
-                "model.embedding_norm.weight",
-                "lfm2",
-                "token_embd_norm.weight",
-            ),
-            (
-                "model.language_model.layers.0.mlp.up_proj.weight",
-                "gemma3",
-                "blk.0.ffn_up.weight",
-            ),
+            ("model.layers.2.input_layernorm.weight", "llama", "blk.2.attn_norm.weight"),
+            ("model.layers.2.post_attention_layernorm.weight", "llama", "blk.2.ffn_norm.weight"),
+            ("model.layers.2.post_attention_layernorm.weight", "gemma3", "blk.2.post_attention_norm.weight"),
+            ("model.layers.2.pre_feedforward_layernorm.weight", "gemma3", "blk.2.ffn_norm.weight"),
+            ("model.layers.2.post_feedforward_layernorm.weight", "gemma3", "blk.2.post_ffw_norm.weight"),
+            ("model.layers.3.self_attn.q_norm.weight", "qwen3", "blk.3.attn_q_norm.weight"),
+            ("model.layers.3.self_attn.k_layernorm.weight", "lfm2", "blk.3.attn_k_norm.weight"),
+            ("model.layers.4.conv.conv.weight", "lfm2", "blk.4.shortconv.conv.weight"),
+            ("model.layers.4.conv.in_proj.weight", "lfm2", "blk.4.shortconv.in_proj.weight"),
+            ("model.layers.4.feed_forward.w1.weight", "lfm2", "blk.4.ffn_gate.weight"),
+            ("model.layers.4.feed_forward.w3.weight", "lfm2", "blk.4.ffn_up.weight"),
+            ("model.layers.4.operator_norm.weight", "lfm2", "blk.4.attn_norm.weight"),
+            ("model.layers.4.self_attn.out_proj.weight", "lfm2", "blk.4.attn_output.weight"),
+            ("model.embedding_norm.weight", "lfm2", "token_embd_norm.weight"),
+            ("model.language_model.layers.0.mlp.up_proj.weight", "gemma3", "blk.0.ffn_up.weight"),
         ];
         for (hf, arch, want) in cases {
             assert_eq!(hf_to_internal(hf, arch).as_deref(), Some(want), "{hf}");
         }
-        assert_eq!(
-            hf_to_internal("model.layers.x.mlp.up_proj.weight", "llama"),
-            None
-        );
-        assert_eq!(
-            hf_to_internal("vision_tower.blocks.0.weight", "llama"),
-            None
-        );
+        assert_eq!(hf_to_internal("model.layers.x.mlp.up_proj.weight", "llama"), None);
+        assert_eq!(hf_to_internal("vision_tower.blocks.0.weight", "llama"), None);
     }
 }

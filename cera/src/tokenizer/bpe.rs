@@ -31,27 +31,17 @@ struct Sym {
 
 impl Bpe {
     /// Builds from `tokenizer.ggml.merges` entries (`"left right"`).
-    pub fn new(
-        merges: &[String],
-        pre: PreTokenizer,
-        ignore_merges: bool,
-    ) -> Result<Bpe, TokenizerError> {
+    pub fn new(merges: &[String], pre: PreTokenizer, ignore_merges: bool) -> Result<Bpe, TokenizerError> {
         let mut ranks = HashMap::with_capacity(merges.len());
         for (i, m) in merges.iter().enumerate() {
             // llama.cpp splits at the first space after the first byte.
             let ok = m.as_bytes().iter().skip(1).any(|&b| b == b' ');
             if !ok {
-                return Err(TokenizerError::InvalidVocab(format!(
-                    "merge {i} ({m:?}) has no separating space"
-                )));
+                return Err(TokenizerError::InvalidVocab(format!("merge {i} ({m:?}) has no separating space")));
             }
             ranks.entry(m.clone()).or_insert(i as u32);
         }
-        Ok(Bpe {
-            ranks,
-            pre,
-            ignore_merges,
-        })
+        Ok(Bpe { ranks, pre, ignore_merges })
     }
 
     /// The pre-tokenizer in use.
@@ -68,12 +58,7 @@ impl Bpe {
     }
 
     /// Encodes ordinary text (no special tokens) and appends the ids to `out`.
-    pub fn encode(
-        &self,
-        vocab: &Vocab,
-        text: &str,
-        out: &mut Vec<u32>,
-    ) -> Result<(), TokenizerError> {
+    pub fn encode(&self, vocab: &Vocab, text: &str, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
         let mut word = String::new();
         let mut key = String::new();
         for piece in self.pre.split(text)? {
@@ -94,12 +79,7 @@ impl Bpe {
         let mut syms: Vec<Sym> = Vec::with_capacity(word.len());
         for (i, c) in word.char_indices() {
             let idx = syms.len();
-            syms.push(Sym {
-                start: i,
-                len: c.len_utf8(),
-                prev: idx.checked_sub(1),
-                next: None,
-            });
+            syms.push(Sym { start: i, len: c.len_utf8(), prev: idx.checked_sub(1), next: None });
             if idx > 0 {
                 syms[idx - 1].next = Some(idx);
             }
@@ -160,22 +140,13 @@ mod tests {
 
     #[test]
     fn merges_lowest_rank_first() {
-        let toks = ["a", "b", "c", "ab", "bc", "abc", "Ġ", "Ġa"]
-            .map(String::from)
-            .to_vec();
+        let toks = ["a", "b", "c", "ab", "bc", "abc", "Ġ", "Ġa"].map(String::from).to_vec();
         let vocab = Vocab::new(toks, vec![], vec![]);
         let merges = ["b c", "a b", "a bc", "Ġ a"].map(String::from);
         let bpe = Bpe::new(&merges, PreTokenizer::from_name("gpt-2").unwrap(), false).unwrap();
         let mut out = Vec::new();
         bpe.encode(&vocab, "abc a", &mut out).unwrap();
         assert_eq!(out, vec![5, 7]);
-        assert!(
-            Bpe::new(
-                &["ab".to_string()],
-                PreTokenizer::from_name("gpt-2").unwrap(),
-                false
-            )
-            .is_err()
-        );
+        assert!(Bpe::new(&["ab".to_string()], PreTokenizer::from_name("gpt-2").unwrap(), false).is_err());
     }
 }

@@ -10,54 +10,17 @@ use crate::gguf::{Metadata, MetadataError};
 
 /// Texts llama.cpp takes as the end-of-turn token when no `eot_token_id` is given (tried in
 /// this order here; llama.cpp's order depends on its hash map).
-const EOT_TEXTS: &[&str] = &[
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|end_of_text|>",
-    "<EOT>",
-    "_<EOT>",
-    "[EOT]",
-    "<end_of_utterance>",
-];
+const EOT_TEXTS: &[&str] =
+    &["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<end_of_utterance>"];
 
 /// Fill-in-the-middle token texts (prefix, suffix, middle, pad, repo, separator): llama.cpp makes
 /// them control tokens, and pad/repo/separator end generation.
 const FIM_TEXTS: [&[&str]; 6] = [
-    &[
-        "<|fim_prefix|>",
-        "<fim-prefix>",
-        "<fim_prefix>",
-        "<PRE>",
-        "<|code_prefix|>",
-        "<|prefix|>",
-    ],
-    &[
-        "<|fim_suffix|>",
-        "<fim-suffix>",
-        "<fim_suffix>",
-        "<SUF>",
-        "<|code_suffix|>",
-        "<|suffix|>",
-    ],
-    &[
-        "<|fim_middle|>",
-        "<fim-middle>",
-        "<fim_middle>",
-        "<MID>",
-        "<|code_middle|>",
-        "<|middle|>",
-    ],
+    &["<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "<|code_prefix|>", "<|prefix|>"],
+    &["<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "<|code_suffix|>", "<|suffix|>"],
+    &["<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "<|code_middle|>", "<|middle|>"],
     &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"],
-    &[
-        "<|fim_repo|>",
-        "<|repo_name|>",
-        "<fim-repo>",
-        "<REPO>",
-        "<reponame>",
-    ],
+    &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"],
     &["<|file_sep|>"],
 ];
 
@@ -106,9 +69,7 @@ fn opt_bool(md: &Metadata, key: &str) -> Result<Option<bool>, MetadataError> {
 }
 
 impl GgufTokenizer {
-    pub(crate) fn from_metadata(
-        md: &Metadata,
-    ) -> Result<(GgufTokenizer, SpecialTokens), TokenizerError> {
+    pub(crate) fn from_metadata(md: &Metadata) -> Result<(GgufTokenizer, SpecialTokens), TokenizerError> {
         let model_name = md.get_str("tokenizer.ggml.model")?;
         let tokens = md.get_string_array("tokenizer.ggml.tokens")?.to_vec();
         let n = tokens.len();
@@ -117,20 +78,14 @@ impl GgufTokenizer {
         }
         let scores = match md.optional("tokenizer.ggml.scores", Metadata::get_f32_array)? {
             Some(s) if s.len() != n => {
-                return Err(TokenizerError::InvalidVocab(format!(
-                    "{} scores for {n} tokens",
-                    s.len()
-                )));
+                return Err(TokenizerError::InvalidVocab(format!("{} scores for {n} tokens", s.len())));
             }
             Some(s) => s.to_vec(),
             None => Vec::new(),
         };
         let types = match md.optional("tokenizer.ggml.token_type", Metadata::get_int_array)? {
             Some(t) if t.len() != n => {
-                return Err(TokenizerError::InvalidVocab(format!(
-                    "{} token types for {n} tokens",
-                    t.len()
-                )));
+                return Err(TokenizerError::InvalidVocab(format!("{} token types for {n} tokens", t.len())));
             }
             Some(t) => t.into_iter().map(TokenType::from_raw).collect(),
             None => Vec::new(),
@@ -139,33 +94,15 @@ impl GgufTokenizer {
 
         let (model, mut special, mut add_space_prefix, pre_name) = match model_name {
             "gpt2" => {
-                let pre = md
-                    .optional("tokenizer.ggml.pre", Metadata::get_str)?
-                    .unwrap_or("default");
+                let pre = md.optional("tokenizer.ggml.pre", Metadata::get_str)?.unwrap_or("default");
                 let merges = md.get_string_array("tokenizer.ggml.merges")?;
-                let bpe = Bpe::new(
-                    merges,
-                    PreTokenizer::from_name(pre)?,
-                    pretokenize::ignores_merges(pre),
-                )?;
-                let add_bos =
-                    pretokenize::ignores_merges(pre) || matches!(pre, "tekken" | "chameleon");
-                let special = SpecialTokens {
-                    bos: Some(11),
-                    eos: Some(11),
-                    add_bos,
-                    ..Default::default()
-                };
+                let bpe = Bpe::new(merges, PreTokenizer::from_name(pre)?, pretokenize::ignores_merges(pre))?;
+                let add_bos = pretokenize::ignores_merges(pre) || matches!(pre, "tekken" | "chameleon");
+                let special = SpecialTokens { bos: Some(11), eos: Some(11), add_bos, ..Default::default() };
                 (Model::Bpe(bpe), special, false, Some(pre.to_string()))
             }
             "llama" => {
-                let special = SpecialTokens {
-                    bos: Some(1),
-                    eos: Some(2),
-                    unk: Some(0),
-                    add_bos: true,
-                    ..Default::default()
-                };
+                let special = SpecialTokens { bos: Some(1), eos: Some(2), unk: Some(0), add_bos: true, ..Default::default() };
                 (Model::Spm, special, true, None)
             }
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
@@ -200,12 +137,7 @@ impl GgufTokenizer {
             special.add_eos = v;
         }
         apply_text_rules(&mut vocab, &mut special, |key| read_id(key, None))?;
-        let tok = GgufTokenizer {
-            vocab,
-            model,
-            add_space_prefix,
-            pre_name,
-        };
+        let tok = GgufTokenizer { vocab, model, add_space_prefix, pre_name };
         Ok((tok, special))
     }
 
@@ -228,12 +160,7 @@ impl GgufTokenizer {
         &self.vocab
     }
 
-    pub(crate) fn encode(
-        &self,
-        text: &str,
-        opts: EncodeOptions,
-        sp: &SpecialTokens,
-    ) -> Result<Vec<u32>, TokenizerError> {
+    pub(crate) fn encode(&self, text: &str, opts: EncodeOptions, sp: &SpecialTokens) -> Result<Vec<u32>, TokenizerError> {
         let mut out = Vec::new();
         if opts.add_special && sp.add_bos {
             out.extend(sp.bos);
@@ -259,11 +186,7 @@ impl GgufTokenizer {
                                 buf.push_str(SPACE_MARK);
                             }
                             for c in text[s..e].chars() {
-                                if c == ' ' {
-                                    buf.push_str(SPACE_MARK)
-                                } else {
-                                    buf.push(c)
-                                }
+                                if c == ' ' { buf.push_str(SPACE_MARK) } else { buf.push(c) }
                             }
                             spm::encode(&self.vocab, &buf, sp.unk, &mut out);
                             prev_special = false;
@@ -296,9 +219,7 @@ impl GgufTokenizer {
         }
         match self.model {
             Model::Spm if attr.any(TokenAttr::NORMAL) => text.replace(SPACE_MARK, " ").into_bytes(),
-            Model::Spm if attr.any(TokenAttr::BYTE) => {
-                parse_byte_token(text).map(|b| vec![b]).unwrap_or_default()
-            }
+            Model::Spm if attr.any(TokenAttr::BYTE) => parse_byte_token(text).map(|b| vec![b]).unwrap_or_default(),
             Model::Bpe(_) if attr.any(TokenAttr::NORMAL) => {
                 let mut out = Vec::with_capacity(text.len());
                 bytes::decode_into(text, &mut out);
@@ -313,10 +234,7 @@ impl GgufTokenizer {
         for &id in ids {
             let p = self.piece(id, opts.render_special);
             // The prefix space sits on the first piece that produces text (after an unrendered BOS).
-            let strip = out.is_empty()
-                && opts.strip_space_prefix
-                && self.adds_space_prefix()
-                && p.first() == Some(&b' ');
+            let strip = out.is_empty() && opts.strip_space_prefix && self.adds_space_prefix() && p.first() == Some(&b' ');
             out.extend_from_slice(if strip { &p[1..] } else { &p });
         }
         String::from_utf8_lossy(&out).into_owned()
@@ -331,11 +249,7 @@ fn parse_byte_token(text: &str) -> Option<u8> {
 
 /// llama.cpp's name-based rules: find EOT/EOM/FIM tokens by text when the metadata does not
 /// name them, make end markers control tokens, and collect the end-of-generation set.
-fn apply_text_rules(
-    vocab: &mut Vocab,
-    sp: &mut SpecialTokens,
-    read_id: impl Fn(&str) -> Result<Option<u32>, TokenizerError>,
-) -> Result<(), TokenizerError> {
+fn apply_text_rules(vocab: &mut Vocab, sp: &mut SpecialTokens, read_id: impl Fn(&str) -> Result<Option<u32>, TokenizerError>) -> Result<(), TokenizerError> {
     fn add_control(vocab: &mut Vocab, id: u32) {
         if let Some(a) = vocab.attr(id) {
             vocab.set_attr(id, a.with(TokenAttr::CONTROL));
@@ -353,9 +267,7 @@ fn apply_text_rules(
             add_control(vocab, id);
         }
     }
-    const FIM_KEYS: [&str; 6] = [
-        "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep",
-    ];
+    const FIM_KEYS: [&str; 6] = ["fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep"];
     let mut fim = [None; 6];
     for (k, texts) in FIM_TEXTS.iter().enumerate() {
         fim[k] = read_id(&format!("tokenizer.ggml.{}_token_id", FIM_KEYS[k]))?;
@@ -379,27 +291,18 @@ fn apply_text_rules(
         }
     }
     eog.extend([sp.eos, sp.eot, sp.eom].into_iter().flatten());
-    let has = |text: &str, eog: &[u32], vocab: &Vocab| {
-        eog.iter().find(|&&i| vocab.text(i) == Some(text)).copied()
-    };
+    let has = |text: &str, eog: &[u32], vocab: &Vocab| eog.iter().find(|&&i| vocab.text(i) == Some(text)).copied();
     // Harmony (gpt-oss) and solar-open: `<|end|>` is not an end marker there.
     if let Some(end) = has("<|end|>", &eog, vocab) {
-        let call = has("<|call|>", &eog, vocab)
-            .or(has("<|calls|>", &eog, vocab))
-            .is_some();
-        let ret = has("<|return|>", &eog, vocab)
-            .or(has("<|flush|>", &eog, vocab))
-            .is_some();
+        let call = has("<|call|>", &eog, vocab).or(has("<|calls|>", &eog, vocab)).is_some();
+        let ret = has("<|return|>", &eog, vocab).or(has("<|flush|>", &eog, vocab)).is_some();
         if call && ret {
             eog.retain(|&i| i != end);
             vocab.set_attr(end, TokenAttr::USER_DEFINED);
         }
     }
     // Gemma 4: `</s>` is text.
-    if let (Some(s), Some(_)) = (
-        has("</s>", &eog, vocab),
-        has("<|tool_response>", &eog, vocab),
-    ) {
+    if let (Some(s), Some(_)) = (has("</s>", &eog, vocab), has("<|tool_response>", &eog, vocab)) {
         eog.retain(|&i| i != s);
         vocab.set_attr(s, TokenAttr::NORMAL);
     }

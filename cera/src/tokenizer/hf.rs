@@ -38,8 +38,7 @@ fn hf_err(e: impl std::fmt::Display) -> TokenizerError {
 }
 
 fn guarded<T>(f: impl FnOnce() -> Result<T, TokenizerError>) -> Result<T, TokenizerError> {
-    catch_unwind(AssertUnwindSafe(f))
-        .unwrap_or_else(|_| Err(TokenizerError::Hf("the tokenizers crate panicked".into())))
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| Err(TokenizerError::Hf("the tokenizers crate panicked".into())))
 }
 
 /// `"<s>"` or `{"content": "<s>", ...}`.
@@ -56,13 +55,8 @@ fn chat_template_of(cfg: &Value) -> Option<String> {
     match cfg.get("chat_template")? {
         Value::String(s) => Some(s.clone()),
         Value::Array(list) => {
-            let pick = list
-                .iter()
-                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
-                .or_else(|| list.first())?;
-            pick.get("template")
-                .and_then(Value::as_str)
-                .map(str::to_string)
+            let pick = list.iter().find(|t| t.get("name").and_then(Value::as_str) == Some("default")).or_else(|| list.first())?;
+            pick.get("template").and_then(Value::as_str).map(str::to_string)
         }
         _ => None,
     }
@@ -70,70 +64,38 @@ fn chat_template_of(cfg: &Value) -> Option<String> {
 
 impl HfTokenizer {
     pub(crate) fn from_file(path: PathBuf) -> Result<(HfTokenizer, SpecialTokens), TokenizerError> {
-        let json = std::fs::read(&path).map_err(|source| TokenizerError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let json = std::fs::read(&path).map_err(|source| TokenizerError::Io { path: path.clone(), source })?;
         let cfg_path = path.with_file_name("tokenizer_config.json");
         let cfg = match std::fs::read(&cfg_path) {
             Ok(b) => Some(b),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(source) => {
-                return Err(TokenizerError::Io {
-                    path: cfg_path,
-                    source,
-                });
+                return Err(TokenizerError::Io { path: cfg_path, source });
             }
         };
         Self::from_bytes(&json, cfg.as_deref())
     }
 
-    pub(crate) fn from_bytes(
-        json: &[u8],
-        config: Option<&[u8]>,
-    ) -> Result<(HfTokenizer, SpecialTokens), TokenizerError> {
+    pub(crate) fn from_bytes(json: &[u8], config: Option<&[u8]>) -> Result<(HfTokenizer, SpecialTokens), TokenizerError> {
         let tok = guarded(|| tokenizers::Tokenizer::from_bytes(json).map_err(hf_err))?;
         let cfg: Value = match config {
-            Some(b) => serde_json::from_slice(b)
-                .map_err(|e| hf_err(format!("tokenizer_config.json: {e}")))?,
+            Some(b) => serde_json::from_slice(b).map_err(|e| hf_err(format!("tokenizer_config.json: {e}")))?,
             None => Value::Null,
         };
-        let decoder = tok
-            .get_decoder()
-            .and_then(|d| serde_json::to_string(d).ok())
-            .unwrap_or_default();
+        let decoder = tok.get_decoder().and_then(|d| serde_json::to_string(d).ok()).unwrap_or_default();
         let style = if decoder.contains("\"ByteLevel\"") {
             PieceStyle::ByteLevel
-        } else if decoder.contains("\"ByteFallback\"")
-            || decoder.contains("\"Metaspace\"")
-            || decoder.contains('\u{2581}')
-        {
+        } else if decoder.contains("\"ByteFallback\"") || decoder.contains("\"Metaspace\"") || decoder.contains('\u{2581}') {
             PieceStyle::Metaspace
         } else {
             PieceStyle::Other
         };
-        let pre = tok
-            .get_pre_tokenizer()
-            .and_then(|p| serde_json::to_string(p).ok())
-            .unwrap_or_default();
-        let norm = tok
-            .get_normalizer()
-            .and_then(|p| serde_json::to_string(p).ok())
-            .unwrap_or_default();
-        let prepends_space = style == PieceStyle::Metaspace
-            && (pre.contains("\"Metaspace\"") && !pre.contains("\"never\"")
-                || norm.contains("\"Prepend\""));
+        let pre = tok.get_pre_tokenizer().and_then(|p| serde_json::to_string(p).ok()).unwrap_or_default();
+        let norm = tok.get_normalizer().and_then(|p| serde_json::to_string(p).ok()).unwrap_or_default();
+        let prepends_space = style == PieceStyle::Metaspace && (pre.contains("\"Metaspace\"") && !pre.contains("\"never\"") || norm.contains("\"Prepend\""));
         let bos_text = token_name(cfg.get("bos_token"));
         let eos_text = token_name(cfg.get("eos_token"));
-        let h = HfTokenizer {
-            literal: OnceLock::new(),
-            style,
-            prepends_space,
-            chat_template: chat_template_of(&cfg),
-            bos_text,
-            eos_text,
-            tok,
-        };
+        let h = HfTokenizer { literal: OnceLock::new(), style, prepends_space, chat_template: chat_template_of(&cfg), bos_text, eos_text, tok };
         let mut sp = SpecialTokens {
             bos: h.bos_text.as_deref().and_then(|t| h.token_id(t)),
             eos: h.eos_text.as_deref().and_then(|t| h.token_id(t)),
@@ -142,26 +104,14 @@ impl HfTokenizer {
             ..Default::default()
         };
         // What the post-processor adds tells whether BOS/EOS are added.
-        if let Ok(ids) = h.encode(
-            "a",
-            EncodeOptions {
-                add_special: true,
-                parse_special: false,
-            },
-        ) {
+        if let Ok(ids) = h.encode("a", EncodeOptions { add_special: true, parse_special: false }) {
             sp.add_bos = sp.bos.is_some() && ids.first() == sp.bos.as_ref();
             sp.add_eos = sp.eos.is_some() && ids.len() > 1 && ids.last() == sp.eos.as_ref();
         }
-        sp.eot = ["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>"]
-            .iter()
-            .find_map(|t| h.token_id(t));
+        sp.eot = ["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>"].iter().find_map(|t| h.token_id(t));
         sp.eom = h.token_id("<|eom_id|>");
         let mut eog: Vec<u32> = [sp.eos, sp.eot, sp.eom].into_iter().flatten().collect();
-        eog.extend(
-            ["<|endoftext|>", "<|end_of_text|>", "<|return|>"]
-                .iter()
-                .filter_map(|t| h.token_id(t)),
-        );
+        eog.extend(["<|endoftext|>", "<|end_of_text|>", "<|return|>"].iter().filter_map(|t| h.token_id(t)));
         eog.sort_unstable();
         eog.dedup();
         sp.eog = eog;
@@ -199,11 +149,7 @@ impl HfTokenizer {
         self.tok.token_to_id(text)
     }
 
-    pub(crate) fn encode(
-        &self,
-        text: &str,
-        opts: EncodeOptions,
-    ) -> Result<Vec<u32>, TokenizerError> {
+    pub(crate) fn encode(&self, text: &str, opts: EncodeOptions) -> Result<Vec<u32>, TokenizerError> {
         let tok = if opts.parse_special {
             &self.tok
         } else {
@@ -214,13 +160,7 @@ impl HfTokenizer {
             });
             lit.as_ref().unwrap_or(&self.tok)
         };
-        guarded(|| {
-            Ok(tok
-                .encode(text, opts.add_special)
-                .map_err(hf_err)?
-                .get_ids()
-                .to_vec())
-        })
+        guarded(|| Ok(tok.encode(text, opts.add_special).map_err(hf_err)?.get_ids().to_vec()))
     }
 
     pub(crate) fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
@@ -228,20 +168,13 @@ impl HfTokenizer {
     }
 
     fn is_special(&self, id: u32) -> bool {
-        self.tok
-            .get_added_tokens_decoder()
-            .get(&id)
-            .is_some_and(|t| t.special)
+        self.tok.get_added_tokens_decoder().get(&id).is_some_and(|t| t.special)
     }
 
     /// The bytes of one token.
     pub(crate) fn piece(&self, id: u32, render_special: bool) -> Result<Vec<u8>, TokenizerError> {
         if self.is_special(id) {
-            return Ok(if render_special {
-                self.token_text(id).unwrap_or_default().into_bytes()
-            } else {
-                Vec::new()
-            });
+            return Ok(if render_special { self.token_text(id).unwrap_or_default().into_bytes() } else { Vec::new() });
         }
         let Some(text) = self.token_text(id) else {
             return Ok(Vec::new());
@@ -253,10 +186,7 @@ impl HfTokenizer {
                 out
             }
             PieceStyle::Metaspace => {
-                let byte = text
-                    .strip_prefix("<0x")
-                    .and_then(|h| h.strip_suffix('>'))
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                let byte = text.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')).and_then(|h| u8::from_str_radix(h, 16).ok());
                 match byte {
                     Some(b) if text.len() == 6 => vec![b],
                     _ => text.replace('\u{2581}', " ").into_bytes(),
@@ -297,30 +227,13 @@ mod tests {
 
     #[test]
     fn hf_byte_level_round_trip_and_stream() {
-        let cfg =
-            br#"{"bos_token": "<s>", "chat_template": "{{ bos_token }}{{ messages[0].content }}"}"#;
+        let cfg = br#"{"bos_token": "<s>", "chat_template": "{{ bos_token }}{{ messages[0].content }}"}"#;
         let tok = Tokenizer::from_hf_bytes(&byte_level_json(), Some(cfg)).unwrap();
         let text = "<s>Hi €!";
-        let ids = tok
-            .encode(
-                text,
-                EncodeOptions {
-                    add_special: false,
-                    parse_special: true,
-                },
-            )
-            .unwrap();
+        let ids = tok.encode(text, EncodeOptions { add_special: false, parse_special: true }).unwrap();
         assert_eq!(ids[0], 0);
         assert!(ids.contains(&257));
-        let literal = tok
-            .encode(
-                text,
-                EncodeOptions {
-                    add_special: false,
-                    parse_special: false,
-                },
-            )
-            .unwrap();
+        let literal = tok.encode(text, EncodeOptions { add_special: false, parse_special: false }).unwrap();
         assert_ne!(literal[0], 0, "with parse_special off, <s> is plain text");
         assert_eq!(tok.decode(&ids, DecodeOptions::default()).unwrap(), text);
         let mut s = tok.stream_decoder();
@@ -333,10 +246,7 @@ mod tests {
         out.push_str(&s.finish());
         assert_eq!(out, text);
         assert_eq!(tok.special().bos, Some(0));
-        assert_eq!(
-            tok.hf().unwrap().chat_template(),
-            Some("{{ bos_token }}{{ messages[0].content }}")
-        );
+        assert_eq!(tok.hf().unwrap().chat_template(), Some("{{ bos_token }}{{ messages[0].content }}"));
         assert!(Tokenizer::from_hf_bytes(b"{not json", None).is_err());
     }
 }

@@ -143,10 +143,7 @@ pub struct EncodeOptions {
 impl Default for EncodeOptions {
     /// `add_special: true, parse_special: false`, as llama.cpp's `common_tokenize`.
     fn default() -> Self {
-        EncodeOptions {
-            add_special: true,
-            parse_special: false,
-        }
+        EncodeOptions { add_special: true, parse_special: false }
     }
 }
 
@@ -162,10 +159,7 @@ pub struct DecodeOptions {
 
 impl Default for DecodeOptions {
     fn default() -> Self {
-        DecodeOptions {
-            render_special: true,
-            strip_space_prefix: true,
-        }
+        DecodeOptions { render_special: true, strip_space_prefix: true }
     }
 }
 
@@ -182,11 +176,7 @@ pub struct Tokenizer {
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokenizer")
-            .field("kind", &self.kind())
-            .field("vocab_size", &self.vocab_size())
-            .field("special", &self.special)
-            .finish()
+        f.debug_struct("Tokenizer").field("kind", &self.kind()).field("vocab_size", &self.vocab_size()).field("special", &self.special).finish()
     }
 }
 
@@ -199,30 +189,21 @@ impl Tokenizer {
     /// The tokenizer described by GGUF metadata.
     pub fn from_gguf_metadata(md: &Metadata) -> Result<Tokenizer, TokenizerError> {
         let (inner, special) = gguf_vocab::GgufTokenizer::from_metadata(md)?;
-        Ok(Tokenizer {
-            inner: Inner::Gguf(Box::new(inner)),
-            special,
-        })
+        Ok(Tokenizer { inner: Inner::Gguf(Box::new(inner)), special })
     }
 
     /// A Hugging Face `tokenizer.json`; `tokenizer_config.json` beside it, if present, supplies
     /// the BOS/EOS tokens.
     pub fn from_hf_file(path: impl Into<PathBuf>) -> Result<Tokenizer, TokenizerError> {
         let (inner, special) = hf::HfTokenizer::from_file(path.into())?;
-        Ok(Tokenizer {
-            inner: Inner::Hf(Box::new(inner)),
-            special,
-        })
+        Ok(Tokenizer { inner: Inner::Hf(Box::new(inner)), special })
     }
 
     /// A Hugging Face tokenizer from the bytes of `tokenizer.json` (and optionally
     /// `tokenizer_config.json`).
     pub fn from_hf_bytes(json: &[u8], config: Option<&[u8]>) -> Result<Tokenizer, TokenizerError> {
         let (inner, special) = hf::HfTokenizer::from_bytes(json, config)?;
-        Ok(Tokenizer {
-            inner: Inner::Hf(Box::new(inner)),
-            special,
-        })
+        Ok(Tokenizer { inner: Inner::Hf(Box::new(inner)), special })
     }
 
     /// The algorithm.
@@ -292,14 +273,7 @@ impl Tokenizer {
     }
 
     fn check_id(&self, id: u32) -> Result<(), TokenizerError> {
-        if (id as usize) < self.vocab_size() {
-            Ok(())
-        } else {
-            Err(TokenizerError::InvalidTokenId {
-                id,
-                vocab_size: self.vocab_size(),
-            })
-        }
+        if (id as usize) < self.vocab_size() { Ok(()) } else { Err(TokenizerError::InvalidTokenId { id, vocab_size: self.vocab_size() }) }
     }
 
     /// The bytes one token stands for (a byte-level BPE token may be part of a UTF-8
@@ -312,11 +286,7 @@ impl Tokenizer {
         })
     }
 
-    pub(crate) fn piece_for_stream(
-        &self,
-        id: u32,
-        render_special: bool,
-    ) -> Result<Vec<u8>, TokenizerError> {
+    pub(crate) fn piece_for_stream(&self, id: u32, render_special: bool) -> Result<Vec<u8>, TokenizerError> {
         self.piece(id, render_special)
     }
 

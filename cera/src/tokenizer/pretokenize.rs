@@ -10,30 +10,24 @@ use super::TokenizerError;
 use super::unicode::{is_letter, is_number, is_whitespace};
 
 /// The GPT-2 word pattern.
-pub const GPT2_PATTERN: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+pub const GPT2_PATTERN: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 /// The Llama 3 word pattern (case-insensitive contractions, numbers in groups of up to three).
-pub const LLAMA3_PATTERN: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+pub const LLAMA3_PATTERN: &str =
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// The Qwen 2 word pattern (Llama 3's with single digits).
-pub const QWEN2_PATTERN: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+pub const QWEN2_PATTERN: &str =
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The regex list for a `tokenizer.ggml.pre` value, or `None` if it is not supported.
 pub fn patterns_for(pre: &str) -> Option<Vec<&'static str>> {
     Some(match pre {
-        "default" | "" => vec![
-            r"[\p{P}\$\+<=>\^~\|]+",
-            GPT2_PATTERN,
-            r"\p{N}+",
-            "[0-9][0-9][0-9]",
-        ],
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-        | "lfm2" => {
+        "default" | "" => vec![r"[\p{P}\$\+<=>\^~\|]+", GPT2_PATTERN, r"\p{N}+", "[0-9][0-9][0-9]"],
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" => {
             vec![LLAMA3_PATTERN]
         }
         "qwen2" | "deepseek-r1-qwen" | "megrez" => vec![QWEN2_PATTERN],
-        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
-        | "jina-v2-code" | "roberta-bpe" | "mpt" | "olmo" | "jais" | "trillion"
-        | "granite-docling" => vec![GPT2_PATTERN],
+        "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "jina-v2-code" | "roberta-bpe" | "mpt" | "olmo" | "jais"
+        | "trillion" | "granite-docling" => vec![GPT2_PATTERN],
         "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => {
             vec![r"\p{N}", GPT2_PATTERN]
         }
@@ -44,17 +38,7 @@ pub fn patterns_for(pre: &str) -> Option<Vec<&'static str>> {
 /// Whether a pre-tokenizer ignores merges for words that are whole tokens (llama.cpp's
 /// `ignore_merges`, set for the Llama 3 family).
 pub fn ignores_merges(pre: &str) -> bool {
-    matches!(
-        pre,
-        "llama3"
-            | "llama-v3"
-            | "llama-bpe"
-            | "falcon3"
-            | "falcon-h1"
-            | "pixtral"
-            | "midm-2.0"
-            | "lfm2"
-    )
+    matches!(pre, "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2")
 }
 
 enum Splitter {
@@ -71,17 +55,14 @@ pub struct PreTokenizer {
 
 impl std::fmt::Debug for PreTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PreTokenizer")
-            .field("name", &self.name)
-            .finish()
+        f.debug_struct("PreTokenizer").field("name", &self.name).finish()
     }
 }
 
 impl PreTokenizer {
     /// The pre-tokenizer `tokenizer.ggml.pre` names.
     pub fn from_name(pre: &str) -> Result<PreTokenizer, TokenizerError> {
-        let patterns = patterns_for(pre)
-            .ok_or_else(|| TokenizerError::UnsupportedPreTokenizer(pre.to_string()))?;
+        let patterns = patterns_for(pre).ok_or_else(|| TokenizerError::UnsupportedPreTokenizer(pre.to_string()))?;
         Self::from_patterns(pre, &patterns)
     }
 
@@ -94,18 +75,12 @@ impl PreTokenizer {
                     GPT2_PATTERN => Splitter::Gpt2,
                     LLAMA3_PATTERN => Splitter::Llama3,
                     _ => Splitter::Regex(Box::new(
-                        fancy_regex::RegexBuilder::new(p)
-                            .backtrack_limit(100_000_000)
-                            .build()
-                            .map_err(|e| TokenizerError::Regex(e.to_string()))?,
+                        fancy_regex::RegexBuilder::new(p).backtrack_limit(100_000_000).build().map_err(|e| TokenizerError::Regex(e.to_string()))?,
                     )),
                 })
             })
             .collect::<Result<_, TokenizerError>>()?;
-        Ok(PreTokenizer {
-            name: name.to_string(),
-            splitters,
-        })
+        Ok(PreTokenizer { name: name.to_string(), splitters })
     }
 
     /// The name it was built from.
@@ -144,11 +119,7 @@ impl PreTokenizer {
 }
 
 /// Pushes the end offsets of matches and of the gaps between them.
-fn split_regex(
-    re: &fancy_regex::Regex,
-    chunk: &str,
-    bounds: &mut Vec<usize>,
-) -> Result<(), TokenizerError> {
+fn split_regex(re: &fancy_regex::Regex, chunk: &str, bounds: &mut Vec<usize>) -> Result<(), TokenizerError> {
     for m in re.find_iter(chunk) {
         let m = m.map_err(|e| TokenizerError::Regex(e.to_string()))?;
         if m.start() == m.end() {
@@ -191,8 +162,7 @@ impl Cps {
     }
     /// Neither white space, letter nor number (and inside the chunk).
     fn other(&self, i: usize) -> bool {
-        self.get(i)
-            .is_some_and(|c| !is_whitespace(c) && !is_letter(c) && !is_number(c))
+        self.get(i).is_some_and(|c| !is_whitespace(c) && !is_letter(c) && !is_number(c))
     }
 }
 
@@ -201,23 +171,12 @@ fn contraction(c: &Cps, pos: usize, fold_case: bool) -> Option<usize> {
     if c.get(pos) != Some('\'') {
         return None;
     }
-    let low = |i: usize| {
-        c.get(i).map(|ch| {
-            if fold_case {
-                ch.to_ascii_lowercase()
-            } else {
-                ch
-            }
-        })
-    };
+    let low = |i: usize| c.get(i).map(|ch| if fold_case { ch.to_ascii_lowercase() } else { ch });
     match low(pos + 1) {
         Some('s' | 't' | 'm' | 'd') => return Some(2),
         Some(a) => {
             let b = low(pos + 2);
-            if matches!(
-                (a, b),
-                ('r', Some('e')) | ('v', Some('e')) | ('l', Some('l'))
-            ) {
+            if matches!((a, b), ('r', Some('e')) | ('v', Some('e')) | ('l', Some('l'))) {
                 return Some(3);
             }
         }
@@ -291,8 +250,7 @@ fn split_llama3(chunk: &str, bounds: &mut Vec<usize>) {
         }
         let cpt = c.chars[pos];
         // [^\r\n\p{L}\p{N}]?\p{L}+
-        if !(cpt == '\r' || cpt == '\n' || is_number(cpt)) && (is_letter(cpt) || c.letter(pos + 1))
-        {
+        if !(cpt == '\r' || cpt == '\n' || is_number(cpt)) && (is_letter(cpt) || c.letter(pos + 1)) {
             pos += 1;
             while c.letter(pos) {
                 pos += 1;
@@ -350,13 +308,7 @@ mod tests {
     use super::*;
 
     fn split(pre: &str, text: &str) -> Vec<String> {
-        PreTokenizer::from_name(pre)
-            .unwrap()
-            .split(text)
-            .unwrap()
-            .into_iter()
-            .map(String::from)
-            .collect()
+        PreTokenizer::from_name(pre).unwrap().split(text).unwrap().into_iter().map(String::from).collect()
     }
 
     /// The hand-written scanners agree with the regexes they stand for.
@@ -373,12 +325,7 @@ mod tests {
             "\t\t\n",
         ];
         for (pat, scanner) in [(GPT2_PATTERN, "gpt-2"), (LLAMA3_PATTERN, "llama3")] {
-            let re = PreTokenizer {
-                name: "re".into(),
-                splitters: vec![Splitter::Regex(Box::new(
-                    fancy_regex::Regex::new(pat).unwrap(),
-                ))],
-            };
+            let re = PreTokenizer { name: "re".into(), splitters: vec![Splitter::Regex(Box::new(fancy_regex::Regex::new(pat).unwrap()))] };
             for t in texts {
                 let a: Vec<&str> = re.split(t).unwrap();
                 assert_eq!(split(scanner, t), a, "{scanner} on {t:?}");
@@ -389,12 +336,7 @@ mod tests {
     /// Long runs do not hit the backtracking limit or take quadratic time.
     #[test]
     fn long_runs() {
-        let inputs = [
-            " ".repeat(200_000) + "x",
-            "a".repeat(200_000),
-            "\n ".repeat(50_000),
-            "1".repeat(100_000),
-        ];
+        let inputs = [" ".repeat(200_000) + "x", "a".repeat(200_000), "\n ".repeat(50_000), "1".repeat(100_000)];
         for pre in ["default", "llama3", "qwen2", "gpt-2", "smollm"] {
             let p = PreTokenizer::from_name(pre).unwrap();
             for t in &inputs {

@@ -42,20 +42,14 @@ impl PartialOrd for Bigram {
 impl Ord for Bigram {
     /// Highest score first, then the leftmost.
     fn cmp(&self, o: &Self) -> Ordering {
-        self.score
-            .total_cmp(&o.score)
-            .then_with(|| o.left.cmp(&self.left))
-            .then_with(|| o.size.cmp(&self.size))
+        self.score.total_cmp(&o.score).then_with(|| o.left.cmp(&self.left)).then_with(|| o.size.cmp(&self.size))
     }
 }
 
 /// The id of the byte token for `b` (`<0xXX>`, else the one-byte text), or the unknown token.
 pub fn byte_token(vocab: &Vocab, b: u8, unk: Option<u32>) -> Option<u32> {
     let hex = format!("<0x{b:02X}>");
-    vocab
-        .id(&hex)
-        .or_else(|| std::str::from_utf8(&[b]).ok().and_then(|s| vocab.id(s)))
-        .or(unk)
+    vocab.id(&hex).or_else(|| std::str::from_utf8(&[b]).ok().and_then(|s| vocab.id(s))).or(unk)
 }
 
 /// Encodes already escaped text (spaces replaced by `▁`) and appends the ids to `out`.
@@ -63,12 +57,7 @@ pub fn encode(vocab: &Vocab, text: &str, unk: Option<u32>, out: &mut Vec<u32>) {
     let mut syms: Vec<Sym> = Vec::with_capacity(text.len());
     for (i, c) in text.char_indices() {
         let idx = syms.len();
-        syms.push(Sym {
-            start: i,
-            len: c.len_utf8(),
-            prev: idx.checked_sub(1),
-            next: None,
-        });
+        syms.push(Sym { start: i, len: c.len_utf8(), prev: idx.checked_sub(1), next: None });
         if idx > 0 {
             syms[idx - 1].next = Some(idx);
         }
@@ -78,12 +67,7 @@ pub fn encode(vocab: &Vocab, text: &str, unk: Option<u32>, out: &mut Vec<u32>) {
         let (a, b) = (syms[l], syms[r]);
         let piece = &text[a.start..a.start + a.len + b.len];
         if let Some(id) = vocab.id(piece) {
-            heap.push(Bigram {
-                score: vocab.score(id),
-                left: l,
-                right: r,
-                size: piece.len(),
-            });
+            heap.push(Bigram { score: vocab.score(id), left: l, right: r, size: piece.len() });
         }
     };
     for i in 1..syms.len() {
@@ -127,11 +111,7 @@ mod tests {
 
     #[test]
     fn highest_score_merges_and_byte_fallback() {
-        let toks = [
-            "▁", "a", "b", "ab", "▁ab", "<0xE2>", "<0x82>", "<0xAC>", "bb",
-        ]
-        .map(String::from)
-        .to_vec();
+        let toks = ["▁", "a", "b", "ab", "▁ab", "<0xE2>", "<0x82>", "<0xAC>", "bb"].map(String::from).to_vec();
         let scores = vec![-1.0, -1.0, -1.0, -0.5, -0.1, 0.0, 0.0, 0.0, -0.2];
         let mut types = vec![TokenType::Normal; 9];
         types[5..8].fill(TokenType::Byte);

@@ -25,12 +25,7 @@ impl<'t> StreamDecoder<'t> {
 
     /// A decoder with explicit options.
     pub fn with_options(tok: &'t Tokenizer, opts: DecodeOptions) -> StreamDecoder<'t> {
-        StreamDecoder {
-            tok,
-            opts,
-            pending: Vec::new(),
-            first: true,
-        }
+        StreamDecoder { tok, opts, pending: Vec::new(), first: true }
     }
 
     /// Adds one token and returns the text it completes (possibly empty).
@@ -38,10 +33,7 @@ impl<'t> StreamDecoder<'t> {
         let mut piece = self.tok.piece_for_stream(id, self.opts.render_special)?;
         if self.first && !piece.is_empty() {
             self.first = false;
-            if self.opts.strip_space_prefix
-                && self.tok.adds_space_prefix()
-                && piece.first() == Some(&b' ')
-            {
+            if self.opts.strip_space_prefix && self.tok.adds_space_prefix() && piece.first() == Some(&b' ') {
                 piece.remove(0);
             }
         }
@@ -75,9 +67,7 @@ impl<'t> StreamDecoder<'t> {
                 Err(e) => {
                     let valid = start + e.valid_up_to();
                     // SAFETY-free: the prefix is valid UTF-8 by construction.
-                    out.push_str(
-                        std::str::from_utf8(&self.pending[start..valid]).unwrap_or_default(),
-                    );
+                    out.push_str(std::str::from_utf8(&self.pending[start..valid]).unwrap_or_default());
                     match e.error_len() {
                         Some(n) => {
                             out.push('\u{FFFD}');

@@ -12,11 +12,7 @@ fn class_ranges(pattern: &str) -> Vec<(u32, u32)> {
         return Vec::new();
     };
     match hir.kind() {
-        HirKind::Class(Class::Unicode(c)) => c
-            .ranges()
-            .iter()
-            .map(|r| (r.start() as u32, r.end() as u32))
-            .collect(),
+        HirKind::Class(Class::Unicode(c)) => c.ranges().iter().map(|r| (r.start() as u32, r.end() as u32)).collect(),
         _ => Vec::new(),
     }
 }

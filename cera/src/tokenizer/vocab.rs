@@ -112,53 +112,25 @@ impl Vocab {
     /// Builds a vocabulary. `scores` and `types` may be empty (all 0.0 / all normal).
     pub fn new(tokens: Vec<String>, scores: Vec<f32>, types: Vec<TokenType>) -> Vocab {
         let n = tokens.len();
-        let scores = if scores.len() == n {
-            scores
-        } else {
-            vec![0.0; n]
-        };
-        let types = if types.len() == n {
-            types
-        } else {
-            vec![TokenType::Normal; n]
-        };
+        let scores = if scores.len() == n { scores } else { vec![0.0; n] };
+        let types = if types.len() == n { types } else { vec![TokenType::Normal; n] };
         let mut by_text = HashMap::with_capacity(n);
         for (i, t) in tokens.iter().enumerate() {
             // As in llama.cpp, a later duplicate wins.
             by_text.insert(t.clone(), i as u32);
         }
         let attrs = types.iter().map(|&t| TokenAttr::from_type(t)).collect();
-        let mut v = Vocab {
-            tokens,
-            scores,
-            types,
-            attrs,
-            by_text,
-            specials: Vec::new(),
-            special_finder: None,
-        };
+        let mut v = Vocab { tokens, scores, types, attrs, by_text, specials: Vec::new(), special_finder: None };
         v.rebuild_specials();
         v
     }
 
     pub(crate) fn rebuild_specials(&mut self) {
-        let special = TokenAttr::CONTROL
-            .with(TokenAttr::USER_DEFINED)
-            .with(TokenAttr::UNKNOWN);
-        let mut specials: Vec<u32> = (0..self.tokens.len() as u32)
-            .filter(|&i| self.attrs[i as usize].any(special) && !self.tokens[i as usize].is_empty())
-            .collect();
-        specials.sort_by(|&a, &b| {
-            self.tokens[b as usize]
-                .len()
-                .cmp(&self.tokens[a as usize].len())
-                .then(a.cmp(&b))
-        });
-        self.special_finder = if specials.is_empty() {
-            None
-        } else {
-            AhoCorasick::new(specials.iter().map(|&i| self.tokens[i as usize].as_bytes())).ok()
-        };
+        let special = TokenAttr::CONTROL.with(TokenAttr::USER_DEFINED).with(TokenAttr::UNKNOWN);
+        let mut specials: Vec<u32> =
+            (0..self.tokens.len() as u32).filter(|&i| self.attrs[i as usize].any(special) && !self.tokens[i as usize].is_empty()).collect();
+        specials.sort_by(|&a, &b| self.tokens[b as usize].len().cmp(&self.tokens[a as usize].len()).then(a.cmp(&b)));
+        self.special_finder = if specials.is_empty() { None } else { AhoCorasick::new(specials.iter().map(|&i| self.tokens[i as usize].as_bytes())).ok() };
         self.specials = specials;
     }
 
@@ -229,9 +201,7 @@ impl Vocab {
             if !present[k] {
                 continue;
             }
-            if !parse_special
-                && self.attrs[id as usize].any(TokenAttr::CONTROL.with(TokenAttr::UNKNOWN))
-            {
+            if !parse_special && self.attrs[id as usize].any(TokenAttr::CONTROL.with(TokenAttr::UNKNOWN)) {
                 continue;
             }
             let needle = self.tokens[id as usize].as_str();
@@ -266,26 +236,11 @@ mod tests {
     #[test]
     fn partition_longest_first_and_user_defined_always() {
         let toks = ["a", "<s>", "<s><s>", "##", "b"].map(String::from).to_vec();
-        let types = vec![
-            TokenType::Normal,
-            TokenType::Control,
-            TokenType::Control,
-            TokenType::UserDefined,
-            TokenType::Normal,
-        ];
+        let types = vec![TokenType::Normal, TokenType::Control, TokenType::Control, TokenType::UserDefined, TokenType::Normal];
         let v = Vocab::new(toks, vec![], types);
         let text = "a<s><s><s>b##";
         let f = v.partition(text, true);
-        assert_eq!(
-            f,
-            vec![
-                Fragment::Text(0, 1),
-                Fragment::Token(2),
-                Fragment::Token(1),
-                Fragment::Text(10, 11),
-                Fragment::Token(3)
-            ]
-        );
+        assert_eq!(f, vec![Fragment::Text(0, 1), Fragment::Token(2), Fragment::Token(1), Fragment::Text(10, 11), Fragment::Token(3)]);
         let f = v.partition(text, false);
         assert_eq!(f, vec![Fragment::Text(0, 11), Fragment::Token(3)]);
     }

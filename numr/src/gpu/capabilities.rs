@@ -58,12 +58,15 @@ impl std::fmt::Display for Capabilities {
         writeln!(f, "subgroups:    {} (size {}..{})", self.subgroups, self.subgroup_min_size, self.subgroup_max_size)?;
         writeln!(f, "timestamps:   {} (inside passes: {})", self.timestamps, self.timestamps_inside_passes)?;
         writeln!(f, "immediates:   {} ({} bytes); params via {:?}", self.immediates, l.max_immediate_size, self.param_mode)?;
-        let cm: Vec<String> =
-            self.cooperative_matrix.iter().map(|c| format!("{}x{}x{} {}->{}", c.m, c.n, c.k, c.ab, c.cr)).collect();
+        let cm: Vec<String> = self.cooperative_matrix.iter().map(|c| format!("{}x{}x{} {}->{}", c.m, c.n, c.k, c.ab, c.cr)).collect();
         writeln!(f, "coop-matrix:  {}", if cm.is_empty() { "none".to_string() } else { cm.join(", ") })?;
         writeln!(f, "max buffer:   {} bytes", l.max_buffer_size)?;
         writeln!(f, "max binding:  {} bytes (storage), {} bytes (uniform)", l.max_storage_buffer_binding_size, l.max_uniform_buffer_binding_size)?;
         writeln!(f, "storage bufs: {} per stage", l.max_storage_buffers_per_shader_stage)?;
-        writeln!(f, "workgroup:    {} bytes shared, {} invocations, {} groups per dim", l.max_compute_workgroup_storage_size, l.max_compute_invocations_per_workgroup, l.max_compute_workgroups_per_dimension)
+        writeln!(
+            f,
+            "workgroup:    {} bytes shared, {} invocations, {} groups per dim",
+            l.max_compute_workgroup_storage_size, l.max_compute_invocations_per_workgroup, l.max_compute_workgroups_per_dimension
+        )
     }
 }

@@ -31,14 +31,7 @@ pub struct GpuOptions {
 
 impl Default for GpuOptions {
     fn default() -> Self {
-        GpuOptions {
-            adapter: None,
-            backend: None,
-            runtime_checks: true,
-            param_mode: None,
-            pool_limit_bytes: 2 << 30,
-            zero_init_workgroup_memory: false,
-        }
+        GpuOptions { adapter: None, backend: None, runtime_checks: true, param_mode: None, pool_limit_bytes: 2 << 30, zero_init_workgroup_memory: false }
     }
 }
 
@@ -177,11 +170,7 @@ impl GpuContext {
             features.remove(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS);
         }
         let limits = adapter.limits();
-        let coop = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
-            adapter.cooperative_matrix_properties()
-        } else {
-            Vec::new()
-        };
+        let coop = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) { adapter.cooperative_matrix_properties() } else { Vec::new() };
         let device_desc = wgpu::DeviceDescriptor {
             label: Some("numr"),
             required_features: features,
@@ -298,10 +287,6 @@ impl GpuContext {
 
     /// Blocks until the GPU has finished all submitted work.
     pub fn wait_idle(&self) -> Result<()> {
-        self.inner
-            .device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map(|_| ())
-            .map_err(|e| NumrError::DeviceLost(e.to_string()))
+        self.inner.device.poll(wgpu::PollType::wait_indefinitely()).map(|_| ()).map_err(|e| NumrError::DeviceLost(e.to_string()))
     }
 }

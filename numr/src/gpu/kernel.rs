@@ -186,11 +186,7 @@ impl KernelBuilder {
         }
         w.push_str(&self.prelude);
         let [x, y, z] = self.workgroup;
-        let sg = if self.subgroup_builtins {
-            ",\n    @builtin(subgroup_size) sg_size: u32,\n    @builtin(subgroup_invocation_id) sg_id: u32"
-        } else {
-            ""
-        };
+        let sg = if self.subgroup_builtins { ",\n    @builtin(subgroup_size) sg_size: u32,\n    @builtin(subgroup_invocation_id) sg_id: u32" } else { "" };
         w.push_str(&format!(
             "@compute @workgroup_size({x}, {y}, {z})\nfn main(\n    @builtin(global_invocation_id) gid: vec3<u32>,\n    @builtin(local_invocation_id) lid: vec3<u32>,\n    @builtin(local_invocation_index) lidx: u32,\n    @builtin(workgroup_id) wid: vec3<u32>,\n    @builtin(num_workgroups) nwg: vec3<u32>{sg}\n) {{\n    let wg_linear = wid.y * nwg.x + wid.x;\n{}\n}}\n",
             self.body

@@ -12,8 +12,8 @@ pub mod transfer;
 
 pub use capabilities::{Capabilities, CoopMatShape, ParamMode};
 pub use context::{GpuContext, GpuOptions};
-pub use kernel::{grid_2d, Access, KernelBuilder, KernelEnv, KernelSource, MAX_PARAM_WORDS};
+pub use kernel::{Access, KernelBuilder, KernelEnv, KernelSource, MAX_PARAM_WORDS, grid_2d};
 pub use pipeline::{Binding, BoundGroup, Kernel};
-pub use pool::{size_class, BufferKind, GpuBuffer, PoolStats};
+pub use pool::{BufferKind, GpuBuffer, PoolStats, size_class};
 pub use profiler::Profile;
 pub use recorder::{Recorded, Recorder};

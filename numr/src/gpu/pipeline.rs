@@ -97,11 +97,7 @@ impl GpuContext {
                 entries: &[wgpu::BindGroupLayoutEntry {
                     binding: 0,
                     visibility: wgpu::ShaderStages::COMPUTE,
-                    ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Uniform,
-                        has_dynamic_offset: true,
-                        min_binding_size: None,
-                    },
+                    ty: wgpu::BindingType::Buffer { ty: wgpu::BufferBindingType::Uniform, has_dynamic_offset: true, min_binding_size: None },
                     count: None,
                 }],
             })
@@ -166,19 +162,10 @@ impl GpuContext {
                 })
             })
             .map_err(|e| match e {
-                NumrError::Validation { message, .. } | NumrError::Internal { message, .. } => {
-                    NumrError::ShaderCompile { kernel: src.name.clone(), message }
-                }
+                NumrError::Validation { message, .. } | NumrError::Internal { message, .. } => NumrError::ShaderCompile { kernel: src.name.clone(), message },
                 other => other,
             })?;
-        let k = Arc::new(Kernel {
-            name: src.name.clone(),
-            pipeline,
-            layout,
-            layout_key: src.bindings.clone(),
-            param_bytes,
-            param_mode: src.param_mode,
-        });
+        let k = Arc::new(Kernel { name: src.name.clone(), pipeline, layout, layout_key: src.bindings.clone(), param_bytes, param_mode: src.param_mode });
         self.inner.pipelines.kernels.lock().unwrap_or_else(|p| p.into_inner()).insert(key, k.clone());
         Ok(k)
     }

@@ -159,12 +159,7 @@ impl GpuContext {
             }
         }
         let buffer = self.scoped(&format!("allocating a buffer of {class} bytes"), || {
-            self.inner.device.create_buffer(&wgpu::BufferDescriptor {
-                label: None,
-                size: class,
-                usage: kind.usage(),
-                mapped_at_creation: false,
-            })
+            self.inner.device.create_buffer(&wgpu::BufferDescriptor { label: None, size: class, usage: kind.usage(), mapped_at_creation: false })
         })?;
         shared.free.lock().unwrap_or_else(|p| p.into_inner()).stats.created += 1;
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);

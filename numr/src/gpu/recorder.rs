@@ -279,11 +279,8 @@ impl Recorder {
     /// Submits with GPU timestamps around every dispatch (or every pass, where the adapter only
     /// has pass-level timestamps), waits, and returns the time per labelled dispatch.
     pub fn submit_profiled(self) -> Result<Profile> {
-        let labels: Vec<Arc<str>> = self
-            .rec.commands
-            .iter()
-            .filter_map(|c| if let Command::Dispatch { label, .. } = c { Some(label.clone()) } else { None })
-            .collect();
+        let labels: Vec<Arc<str>> =
+            self.rec.commands.iter().filter_map(|c| if let Command::Dispatch { label, .. } = c { Some(label.clone()) } else { None }).collect();
         let plan = QueryPlan::new(&self.ctx, labels.len() as u32)?;
         self.submit_inner(Some(&plan))?;
         plan.read(&self.ctx, labels)

@@ -153,10 +153,7 @@ impl Matmul {
             for r in 0..4 {
                 s.push_str(&format!("    {{\n        let gm = m0 + lid.y * 4u + {r}u;\n        if (gm < p.m) {{\n            let row = cbase + gm * p.n;\n"));
                 for (c, comp) in ["x", "y", "z", "w"].iter().enumerate() {
-                    s.push_str(&format!(
-                        "            if (gn0 + {c}u < p.n) {{ out[row + gn0 + {c}u] = {}; }}\n",
-                        cv(&format!("acc[{r}].{comp}"))
-                    ));
+                    s.push_str(&format!("            if (gn0 + {c}u < p.n) {{ out[row + gn0 + {c}u] = {}; }}\n", cv(&format!("acc[{r}].{comp}"))));
                 }
                 s.push_str("        }\n    }\n");
             }

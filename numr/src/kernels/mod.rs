@@ -1,8 +1,8 @@
 //! WGSL generators for numr's core ops. Each family is a typed config with a `source` function;
 //! `all_sources` lists every variant so a test can validate them with naga without a GPU.
 
-pub mod convert;
 pub mod binary;
+pub mod convert;
 pub mod matmul;
 pub mod reduce;
 pub mod snippets;

@@ -57,10 +57,7 @@ pub fn bits_fn(dtype: DType) -> String {
         // f16 through pack2x16float keeps only the low half.
         DType::F16 => ("f32", "pack2x16float(vec2<f32>(v, 0.0)) & 0xffffu"),
         // bf16: round to nearest even on the upper 16 bits (NaN stays NaN).
-        DType::BF16 => (
-            "f32",
-            "select((bitcast<u32>(v) + 0x7fffu + ((bitcast<u32>(v) >> 16u) & 1u)) >> 16u, (bitcast<u32>(v) >> 16u) | 0x40u, v != v)",
-        ),
+        DType::BF16 => ("f32", "select((bitcast<u32>(v) + 0x7fffu + ((bitcast<u32>(v) >> 16u) & 1u)) >> 16u, (bitcast<u32>(v) >> 16u) | 0x40u, v != v)"),
     };
     format!("fn bits_{}(v: {ty}) -> u32 {{\n    return {expr};\n}}\n", dtype.name())
 }
@@ -73,11 +70,7 @@ pub fn pack_word(dtype: DType, value: &str, w: &str, count: &str) -> String {
     let bits = 32 / per;
     let mut s = String::from("var word = 0u;\n");
     for j in 0..per {
-        s.push_str(&format!(
-            "    {{ let e = {w} * {per}u + {j}u; if (e < {count}) {{ word |= bits_{}({value}) << {}u; }} }}\n",
-            dtype.name(),
-            j * bits
-        ));
+        s.push_str(&format!("    {{ let e = {w} * {per}u + {j}u; if (e < {count}) {{ word |= bits_{}({value}) << {}u; }} }}\n", dtype.name(), j * bits));
     }
     s
 }

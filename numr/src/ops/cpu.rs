@@ -1,7 +1,7 @@
 //! CPU references for the core ops: plain loops in f64 over the strided views, rounded once to
 //! the output dtype. These are the oracles of the GPU parity tests.
 
-use crate::dtype::{write_f64, DType};
+use crate::dtype::{DType, write_f64};
 use crate::error::Result;
 use crate::kernels::binary::BinaryOp;
 use crate::kernels::reduce::RowOp;

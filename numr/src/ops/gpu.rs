@@ -4,7 +4,7 @@
 
 use crate::dtype::DType;
 use crate::error::{NumrError, Result};
-use crate::gpu::{grid_2d, Binding, GpuContext, KernelEnv};
+use crate::gpu::{Binding, GpuContext, KernelEnv, grid_2d};
 use crate::kernels::binary::{Binary, BinaryOp};
 use crate::kernels::convert::{Convert, ConvertMode, MAX_RANK, WG};
 use crate::kernels::matmul::{Matmul, TILE};
@@ -43,8 +43,7 @@ fn collapse(shape: &[usize], strides: &[&[usize]]) -> (Vec<usize>, Vec<Vec<usize
         if shape[d] == 1 {
             continue;
         }
-        let mergeable = !out_shape.is_empty()
-            && strides.iter().enumerate().all(|(i, st)| *out_strides[i].last().unwrap() == st[d] * shape[d]);
+        let mergeable = !out_shape.is_empty() && strides.iter().enumerate().all(|(i, st)| *out_strides[i].last().unwrap() == st[d] * shape[d]);
         if mergeable {
             *out_shape.last_mut().unwrap() *= shape[d];
             for (i, st) in strides.iter().enumerate() {
@@ -195,10 +194,8 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         // f16: read one u32 word (two adjacent f16) per tile-load step when A is contiguous along K,
         // B along N, and every other stride and offset is even (so pairs never straddle words).
         let even = |x: usize| x.is_multiple_of(2);
-        let pair_loads = a.dtype == DType::F16
-            && sa[2] == 1
-            && sb[2] == 1
-            && [a_off as usize, sa[0], sa[1], b_off as usize, sb[0], sb[1]].into_iter().all(even);
+        let pair_loads =
+            a.dtype == DType::F16 && sa[2] == 1 && sb[2] == 1 && [a_off as usize, sa[0], sa[1], b_off as usize, sb[0], sb[1]].into_iter().all(even);
         let cfg = Matmul { out_f16, pair_loads, unrolled_store: true, ..Matmul::new(a.dtype) };
         let kern = ctx.kernel(&cfg.source(&env))?;
         let max = ctx.capabilities().limits.max_compute_workgroups_per_dimension;

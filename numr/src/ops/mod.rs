@@ -9,7 +9,7 @@ pub mod gpu;
 
 use crate::dtype::DType;
 use crate::error::{NumrError, Result};
-use crate::kernels::binary::{BinaryOp, BINARY_DTYPES};
+use crate::kernels::binary::{BINARY_DTYPES, BinaryOp};
 use crate::kernels::reduce::RowOp;
 use crate::shape::broadcast_shape;
 use crate::tensor::{Storage, Tensor};
