@@ -111,16 +111,16 @@ fn row_stream(
         body.push_str("    }\n");
     }
     body.push_str("    if (acc.x == 0x12345678u) { dst[wg_linear] = acc.y; }\n");
-    let k = ctx.kernel(
-        &KernelBuilder::new(format!("row_stream_t{threads}_u{unroll}{}", if prefetch { "_pf" } else { "" }), env)
-            .workgroup(threads, 1, 1)
-            .storage("src", Access::Read, "array<vec4<u32>>")
-            .storage("dst", Access::ReadWrite, "array<u32>")
-            .params(&["cpr"])
-            .body(&body)
-            .unchecked(true)
-            .build(),
-    )?;
+    let src = KernelBuilder::new(format!("row_stream_t{threads}_u{unroll}{}", if prefetch { "_pf" } else { "" }), env)
+        .workgroup(threads, 1, 1)
+        .storage("src", Access::Read, "array<vec4<u32>>")
+        .storage("dst", Access::ReadWrite, "array<u32>")
+        .params(&["cpr"])
+        .body(&body)
+        .build();
+    // SAFETY: every `src` index is `row * cpr + min(.., cpr - 1)` for a row inside the grid, and
+    // the buffers below hold `rows * cpr` words and one word per workgroup.
+    let k = ctx.kernel(&unsafe { src.assume_in_bounds() })?;
     let bytes = rows as u64 * cpr as u64 * 16;
     let copies = if quick { 2 } else { copies_for(bytes as usize) };
     let srcs: Vec<Arc<GpuBuffer>> = (0..copies).map(|_| ctx.alloc(bytes, BufferKind::Storage)).collect::<Result<_>>()?;

@@ -45,7 +45,8 @@ pub fn validate_wgsl(src: &str) -> Result<(), String> {
         | Capabilities::SHADER_FLOAT16_IN_FLOAT32
         | Capabilities::SUBGROUP
         | Capabilities::COOPERATIVE_MATRIX
-        | Capabilities::SHADER_INT64;
+        | Capabilities::SHADER_INT64
+        | Capabilities::MEMORY_DECORATION_COHERENT;
     let info = Validator::new(ValidationFlags::all(), caps)
         .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
         .subgroup_operations(naga::valid::SubgroupOperationSet::all())

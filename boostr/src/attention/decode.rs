@@ -340,7 +340,7 @@ impl DecodeAttnSg {
             kb = kb.storage("cnt", Access::ReadWrite, "array<atomic<u32>>").storage("out", Access::ReadWrite, "array<f32>");
             params.extend(["splits", "out_off"]);
         }
-        kb.params(&params).prelude(&pre).body(&b).unchecked(true).build()
+        kb.params(&params).prelude(&pre).body(&b).build()
     }
 }
 

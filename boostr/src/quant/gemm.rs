@@ -116,7 +116,7 @@ impl QuantGemm {
         }
     }
 ";
-            KernelBuilder::new(name, *env).unchecked(self.unchecked).workgroup(256, 1, 1).prelude(&pre).body(body)
+            KernelBuilder::new(name, *env).workgroup(256, 1, 1).prelude(&pre).body(body)
         };
         kb.storage("x", Access::Read, "array<vec4<f32>>")
             .storage("wv", Access::Read, "array<vec4<u32>>")

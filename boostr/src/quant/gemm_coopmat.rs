@@ -289,7 +289,6 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, unchecked: bool, env: &Kerne
     }
     b.push_str("    }\n");
     KernelBuilder::new(name, *env)
-        .unchecked(unchecked)
         .enable_f16()
         .enable("wgpu_cooperative_matrix")
         .workgroup(wg, 1, 1)

@@ -234,7 +234,7 @@ impl QuantGemv {
         }
         b.push_str("        }\n    }\n");
 
-        let mut kb = KernelBuilder::new(self.name(), *env).workgroup(wg, 1, 1).unchecked(self.unchecked);
+        let mut kb = KernelBuilder::new(self.name(), *env).workgroup(wg, 1, 1);
         if sg {
             kb = kb.subgroup_builtins();
         }

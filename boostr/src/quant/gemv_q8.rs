@@ -271,7 +271,7 @@ impl QuantGemvQ8 {
                 self.store("m", "p.row0 + row", "tot")
             ));
         }
-        let mut kb = KernelBuilder::new(self.name(), *env).workgroup(wg, 1, 1).unchecked(self.unchecked);
+        let mut kb = KernelBuilder::new(self.name(), *env).workgroup(wg, 1, 1);
         if sg {
             kb = kb.subgroup_builtins();
         }

@@ -33,6 +33,8 @@ pub struct Capabilities {
     pub timestamps: bool,
     pub timestamps_inside_passes: bool,
     pub immediates: bool,
+    /// `@coherent` storage buffers (`wgpu::Features::MEMORY_DECORATION_COHERENT`).
+    pub coherent_memory: bool,
     pub cooperative_matrix: Vec<CoopMatShape>,
     pub param_mode: ParamMode,
     pub limits: wgpu::Limits,

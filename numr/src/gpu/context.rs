@@ -17,8 +17,9 @@ pub struct GpuOptions {
     pub adapter: Option<String>,
     /// Restrict to one backend: "vulkan", "metal", "dx12" or "gl".
     pub backend: Option<String>,
-    /// Keep naga's runtime bounds checks in kernels that do not opt out explicitly.
-    pub runtime_checks: bool,
+    /// naga's runtime bounds checks in kernels that do not opt out explicitly: on by default;
+    /// only the `unsafe` [`RuntimeChecks::off`] turns them off.
+    pub runtime_checks: RuntimeChecks,
     /// Force a parameter mode (tests use this to exercise the uniform-arena path).
     pub param_mode: Option<ParamMode>,
     /// Bytes of free buffers the pool may keep for reuse.
@@ -31,7 +32,49 @@ pub struct GpuOptions {
 
 impl Default for GpuOptions {
     fn default() -> Self {
-        GpuOptions { adapter: None, backend: None, runtime_checks: true, param_mode: None, pool_limit_bytes: 2 << 30, zero_init_workgroup_memory: false }
+        GpuOptions {
+            adapter: None,
+            backend: None,
+            runtime_checks: RuntimeChecks::on(),
+            param_mode: None,
+            pool_limit_bytes: 2 << 30,
+            zero_init_workgroup_memory: false,
+        }
+    }
+}
+
+/// Whether a context compiles kernels with naga's runtime bounds checks. Safe code can only keep
+/// them on:
+/// ```compile_fail
+/// let _ = numr::GpuOptions { runtime_checks: numr::gpu::RuntimeChecks(false), ..Default::default() };
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuntimeChecks(bool);
+
+impl Default for RuntimeChecks {
+    fn default() -> Self {
+        RuntimeChecks(true)
+    }
+}
+
+impl RuntimeChecks {
+    /// Checks on (the default).
+    pub const fn on() -> Self {
+        RuntimeChecks(true)
+    }
+
+    /// Compile every kernel of the context without naga's runtime bounds checks.
+    ///
+    /// # Safety
+    /// Every dispatch made through the context must index only inside its bound buffers; an
+    /// out-of-bounds access in an unchecked module is undefined behaviour on the GPU.
+    pub const unsafe fn off() -> Self {
+        RuntimeChecks(false)
+    }
+
+    /// Whether the checks are on.
+    pub const fn enabled(self) -> bool {
+        self.0
     }
 }
 
@@ -163,6 +206,7 @@ impl GpuContext {
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
             | wgpu::Features::IMMEDIATES
+            | wgpu::Features::MEMORY_DECORATION_COHERENT
             | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         let mut features = have & wanted;
         // Inside-pass timestamps are only valid together with the base feature.
@@ -213,6 +257,7 @@ impl GpuContext {
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             timestamps_inside_passes: features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
             immediates,
+            coherent_memory: features.contains(wgpu::Features::MEMORY_DECORATION_COHERENT),
             cooperative_matrix: coop
                 .iter()
                 .map(|c| CoopMatShape { m: c.m_size, n: c.n_size, k: c.k_size, ab: scalar_name(c.ab_type), cr: scalar_name(c.cr_type) })

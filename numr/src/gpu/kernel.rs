@@ -24,6 +24,8 @@ pub struct KernelEnv {
     pub subgroups: bool,
     /// The subgroup size kernels may assume as a minimum (1 when unknown).
     pub subgroup_min_size: u32,
+    /// `@coherent` storage is available (`wgpu::Features::MEMORY_DECORATION_COHERENT`).
+    pub coherent: bool,
 }
 
 impl KernelEnv {
@@ -33,6 +35,7 @@ impl KernelEnv {
             f16: c.shader_f16,
             subgroups: c.subgroups && c.subgroup_min_size >= 4,
             subgroup_min_size: c.subgroup_min_size.max(1),
+            coherent: c.coherent_memory,
         }
     }
 
@@ -42,7 +45,9 @@ impl KernelEnv {
         for param_mode in [ParamMode::Immediates, ParamMode::UniformArena] {
             for f16 in [false, true] {
                 for (subgroups, sg) in [(false, 1), (true, 8), (true, 32)] {
-                    v.push(KernelEnv { param_mode, f16, subgroups, subgroup_min_size: sg });
+                    for coherent in [false, true] {
+                        v.push(KernelEnv { param_mode, f16, subgroups, subgroup_min_size: sg, coherent });
+                    }
                 }
             }
         }
@@ -61,10 +66,36 @@ pub struct KernelSource {
     pub bindings: Vec<Access>,
     /// Parameter words (u32) the kernel reads as `p.<name>`.
     pub param_words: u32,
+    /// The parameter names, in word order (padding words excluded). Plans fill parameters by
+    /// these names, never by position.
+    pub param_names: Vec<String>,
     pub param_mode: ParamMode,
-    /// Compile without naga's runtime bounds checks. Only for kernels whose indexing is in bounds
-    /// by construction, and only where a test covers the unchecked variant.
-    pub unchecked: bool,
+    /// Compile without naga's runtime bounds checks: only set through the `unsafe`
+    /// [`KernelSource::assume_in_bounds`] (or [`KernelBuilder::unchecked`]).
+    unchecked: bool,
+}
+
+impl KernelSource {
+    /// Whether the module is compiled without naga's runtime bounds checks.
+    pub fn is_unchecked(&self) -> bool {
+        self.unchecked
+    }
+
+    /// The same kernel, compiled without naga's runtime bounds checks (faster hot loops).
+    ///
+    /// # Safety
+    /// Every dispatch of the kernel must index only inside its bound buffers: the caller (a plan
+    /// that validated the buffer sizes and parameters it binds) guarantees it. An out-of-bounds
+    /// access in an unchecked module is undefined behaviour on the GPU.
+    pub unsafe fn assume_in_bounds(mut self) -> Self {
+        self.unchecked = true;
+        self
+    }
+
+    /// The word index of parameter `name`.
+    pub fn param_index(&self, name: &str) -> Option<usize> {
+        self.param_names.iter().position(|p| p == name)
+    }
 }
 
 /// Builds a [`KernelSource`].
@@ -80,6 +111,7 @@ pub struct KernelBuilder {
     workgroup: [u32; 3],
     unchecked: bool,
     subgroup_builtins: bool,
+    coherent: Vec<bool>,
 }
 
 impl KernelBuilder {
@@ -96,6 +128,7 @@ impl KernelBuilder {
             workgroup: [64, 1, 1],
             unchecked: false,
             subgroup_builtins: false,
+            coherent: Vec::new(),
         }
     }
 
@@ -114,6 +147,17 @@ impl KernelBuilder {
     /// Adds storage binding `name: ty` (for example `array<u32>`) at the next binding index.
     pub fn storage(mut self, name: &str, access: Access, ty: &str) -> Self {
         self.bindings.push((name.to_string(), access, ty.to_string()));
+        self.coherent.push(false);
+        self
+    }
+
+    /// Adds a read-write storage binding declared `@coherent` (needs
+    /// `wgpu::Features::MEMORY_DECORATION_COHERENT`, see [`KernelEnv::coherent`]): its stores are
+    /// made visible at device scope, so that together with a device-scope barrier another
+    /// workgroup of the same dispatch can read them.
+    pub fn storage_coherent(mut self, name: &str, ty: &str) -> Self {
+        self.bindings.push((name.to_string(), Access::ReadWrite, ty.to_string()));
+        self.coherent.push(true);
         self
     }
 
@@ -137,20 +181,33 @@ impl KernelBuilder {
 
     /// Body of `fn main`. In scope: `gid`, `lid`, `wid` (vec3<u32> global/local/workgroup ids),
     /// `nwg` (number of workgroups), `lidx` (local index), `wg_linear` (linear workgroup index over
-    /// a 2-D grid) and, after [`Self::subgroup_builtins`], `sg_size` and `sg_id`.
+    /// a 2-D grid) and, after [`Self::subgroup_builtins`], `sg_size`, `sg_id` (the invocation's
+    /// index in its subgroup), `sg_idx` (the subgroup's index in the workgroup) and `sg_count`
+    /// (subgroups in the workgroup). Neither WGSL nor Vulkan promises that `lidx / sg_size` is the
+    /// subgroup index, so kernels use `sg_idx` and `sg_count`.
     pub fn body(mut self, s: &str) -> Self {
         self.body.push_str(s);
         self
     }
 
-    /// Adds `sg_size` and `sg_id` (subgroup size and invocation id) to `main`'s arguments. Only for
-    /// one-dimensional workgroups, and only when `env.subgroups` is set.
+    /// Adds `sg_size`, `sg_id`, `sg_idx` and `sg_count` (see [`Self::body`]) to `main`'s
+    /// arguments, when `env.subgroups` is set.
     pub fn subgroup_builtins(mut self) -> Self {
         self.subgroup_builtins = self.env.subgroups;
         self
     }
 
-    pub fn unchecked(mut self, on: bool) -> Self {
+    /// Compiles the kernel without naga's runtime bounds checks when `on`.
+    ///
+    /// # Safety
+    /// As [`KernelSource::assume_in_bounds`]: every dispatch must index inside its buffers.
+    ///
+    /// Safe code cannot reach it:
+    /// ```compile_fail
+    /// # use numr::gpu::{KernelBuilder, KernelEnv};
+    /// fn f(env: KernelEnv) { let _ = KernelBuilder::new("k", env).unchecked(true); }
+    /// ```
+    pub unsafe fn unchecked(mut self, on: bool) -> Self {
         self.unchecked = on;
         self
     }
@@ -168,7 +225,8 @@ impl KernelBuilder {
                 Access::Read => "read",
                 Access::ReadWrite => "read_write",
             };
-            w.push_str(&format!("@group(0) @binding({i}) var<storage, {a}> {name}: {ty};\n"));
+            let coherent = if self.coherent[i] { "@coherent " } else { "" };
+            w.push_str(&format!("{coherent}@group(0) @binding({i}) var<storage, {a}> {name}: {ty};\n"));
         }
         // The parameter block is padded to 16 bytes so it is also a valid uniform struct.
         let mut words = self.params.clone();
@@ -186,7 +244,11 @@ impl KernelBuilder {
         }
         w.push_str(&self.prelude);
         let [x, y, z] = self.workgroup;
-        let sg = if self.subgroup_builtins { ",\n    @builtin(subgroup_size) sg_size: u32,\n    @builtin(subgroup_invocation_id) sg_id: u32" } else { "" };
+        let sg = if self.subgroup_builtins {
+            ",\n    @builtin(subgroup_size) sg_size: u32,\n    @builtin(subgroup_invocation_id) sg_id: u32,\n    @builtin(subgroup_id) sg_idx: u32,\n    @builtin(num_subgroups) sg_count: u32"
+        } else {
+            ""
+        };
         w.push_str(&format!(
             "@compute @workgroup_size({x}, {y}, {z})\nfn main(\n    @builtin(global_invocation_id) gid: vec3<u32>,\n    @builtin(local_invocation_id) lid: vec3<u32>,\n    @builtin(local_invocation_index) lidx: u32,\n    @builtin(workgroup_id) wid: vec3<u32>,\n    @builtin(num_workgroups) nwg: vec3<u32>{sg}\n) {{\n    let wg_linear = wid.y * nwg.x + wid.x;\n{}\n}}\n",
             self.body
@@ -197,6 +259,7 @@ impl KernelBuilder {
             entry: "main".to_string(),
             bindings: self.bindings.iter().map(|b| b.1).collect(),
             param_words: words.len() as u32,
+            param_names: self.params.clone(),
             param_mode: self.env.param_mode,
             unchecked: self.unchecked,
         }

@@ -19,12 +19,28 @@ pub struct Kernel {
     pub(crate) layout: wgpu::BindGroupLayout,
     pub(crate) layout_key: Vec<Access>,
     pub(crate) param_bytes: u32,
+    pub(crate) param_names: Vec<String>,
     pub(crate) param_mode: ParamMode,
 }
 
 impl Kernel {
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The word index of parameter `name`.
+    pub fn param_index(&self, name: &str) -> Option<usize> {
+        self.param_names.iter().position(|p| p == name)
+    }
+
+    /// The parameter names in word order.
+    pub fn param_names(&self) -> &[String] {
+        &self.param_names
+    }
+
+    /// Parameter words the kernel reads (padding included).
+    pub fn param_words(&self) -> usize {
+        self.param_bytes as usize / 4
     }
 }
 
@@ -59,6 +75,7 @@ pub(crate) struct PipelineCache {
     layouts: Mutex<HashMap<Vec<Access>, wgpu::BindGroupLayout>>,
     arena_layout: Mutex<Option<wgpu::BindGroupLayout>>,
     groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
+    groups_created: std::sync::atomic::AtomicU64,
 }
 
 const BIND_CACHE_MAX: usize = 8192;
@@ -108,7 +125,7 @@ impl GpuContext {
     /// Compiles `src` (or returns the cached pipeline). Checks the binding count and parameter
     /// size against the adapter first, and turns compile failures into typed errors.
     pub fn kernel(&self, src: &KernelSource) -> Result<Arc<Kernel>> {
-        let unchecked = src.unchecked || !self.inner.options.runtime_checks;
+        let unchecked = src.is_unchecked() || !self.inner.options.runtime_checks.enabled();
         let key = (src.wgsl.clone(), src.entry.clone(), unchecked);
         if let Some(k) = self.inner.pipelines.kernels.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
             return Ok(k.clone());
@@ -165,9 +182,23 @@ impl GpuContext {
                 NumrError::Validation { message, .. } | NumrError::Internal { message, .. } => NumrError::ShaderCompile { kernel: src.name.clone(), message },
                 other => other,
             })?;
-        let k = Arc::new(Kernel { name: src.name.clone(), pipeline, layout, layout_key: src.bindings.clone(), param_bytes, param_mode: src.param_mode });
+        let k = Arc::new(Kernel {
+            name: src.name.clone(),
+            pipeline,
+            layout,
+            layout_key: src.bindings.clone(),
+            param_bytes,
+            param_names: src.param_names.clone(),
+            param_mode: src.param_mode,
+        });
         self.inner.pipelines.kernels.lock().unwrap_or_else(|p| p.into_inner()).insert(key, k.clone());
         Ok(k)
+    }
+
+    /// Bind groups created so far (cache misses of [`GpuContext::bind`]): an engine's decode loop
+    /// must not move it after the first token.
+    pub fn bind_groups_created(&self) -> u64 {
+        self.inner.pipelines.groups_created.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Number of distinct compiled kernels (for tests of the cache).
@@ -222,6 +253,7 @@ impl GpuContext {
                 let g = self.scoped(&format!("binding kernel {}", kernel.name), || {
                     self.inner.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &kernel.layout, entries: &entries })
                 })?;
+                self.inner.pipelines.groups_created.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let mut groups = self.inner.pipelines.groups.lock().unwrap_or_else(|p| p.into_inner());
                 if groups.len() >= BIND_CACHE_MAX {
                     groups.clear();

@@ -109,8 +109,8 @@ impl QueryPlan {
         enc.copy_buffer_to_buffer(&self.resolve, 0, &self.readback, 0, total as u64 * 8);
     }
 
-    pub(crate) fn read(self, ctx: &GpuContext, labels: Vec<Arc<str>>) -> Result<Profile> {
-        let ticks: Vec<u64> = super::transfer::map_read(ctx, &self.readback, 0, self.n as u64 * 16, |b| bytemuck::cast_slice(b).to_vec())?;
+    pub(crate) fn read(self, ctx: &GpuContext, labels: Vec<Arc<str>>, submission: &super::Submission) -> Result<Profile> {
+        let ticks: Vec<u64> = super::transfer::map_read(ctx, &self.readback, 0, self.n as u64 * 16, submission, |b| bytemuck::cast_slice(b).to_vec())?;
         let period = ctx.queue().get_timestamp_period() as f64;
         let entries = labels.into_iter().enumerate().map(|(i, l)| (l, ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period)).collect();
         Ok(Profile { entries })

@@ -7,7 +7,9 @@
 //! [`GpuContext::bind`]), and the arena buffer and its bind group are reused across submits.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+use super::submission::{PendingRead, ReadSlot, Submission};
 
 use super::capabilities::ParamMode;
 use super::context::GpuContext;
@@ -33,6 +35,8 @@ pub(crate) struct ParamArena {
 pub struct Recorder {
     pub(crate) ctx: GpuContext,
     pub(crate) rec: Recording,
+    /// The implicit stream's own recorder (it must not flush itself before submitting).
+    pub(crate) is_stream: bool,
 }
 
 /// The context-free part of a recording (the implicit stream stores this, so that the context
@@ -43,12 +47,14 @@ pub(crate) struct Recording {
     params: Vec<u8>,
     keep: Vec<Arc<GpuBuffer>>,
     dispatches: usize,
+    /// Readbacks recorded here: told their submission when it happens.
+    reads: Vec<Arc<Mutex<ReadSlot>>>,
 }
 
 impl GpuContext {
     /// A new, empty recording.
     pub fn recorder(&self) -> Recorder {
-        Recorder { ctx: self.clone(), rec: Recording::default() }
+        Recorder { ctx: self.clone(), rec: Recording::default(), is_stream: false }
     }
 }
 
@@ -149,6 +155,26 @@ impl Recorder {
         Ok(())
     }
 
+    /// Records a copy of `len` bytes at `offset` of `buf` into a pooled readback buffer (ends the
+    /// current compute pass). Once the recording is submitted, [`PendingRead::wait`] waits for
+    /// that submission only (not for work submitted after it), and [`PendingRead::is_ready`]
+    /// asks without blocking. A decode loop records token t+1, submits it, then reads token t.
+    pub fn read(&mut self, buf: &Arc<GpuBuffer>, offset: u64, len: u64) -> Result<PendingRead> {
+        let start = offset / 4 * 4;
+        let end = (offset + len.max(1)).div_ceil(4) * 4;
+        if end > buf.capacity() {
+            return Err(NumrError::Validation {
+                context: "recording a readback".into(),
+                message: format!("{len} bytes at {offset} are past the end of {buf:?}"),
+            });
+        }
+        let staging = self.ctx.alloc(end - start, BufferKind::Readback)?;
+        self.copy(buf, start, &staging, 0, end - start)?;
+        let slot = Arc::new(Mutex::new(ReadSlot::default()));
+        self.rec.reads.push(slot.clone());
+        Ok(PendingRead::new(self.ctx.clone(), staging, (offset - start) as usize, len as usize, slot))
+    }
+
     /// A uniform buffer of at least `need` bytes and its bind group (the parameter arena layout).
     fn new_arena(&self, need: u64) -> Result<ParamArena> {
         let buffer = self.ctx.alloc(need, BufferKind::Uniform)?;
@@ -241,19 +267,27 @@ impl Recorder {
         enc.finish()
     }
 
-    /// Encodes everything into one command buffer and submits it once. Returns when queued; GPU
-    /// errors from encoding or submission come back as typed errors.
-    pub fn submit(self) -> Result<()> {
-        self.submit_inner(None).map(|_| ())
+    /// Encodes everything into one command buffer and submits it once. Returns when queued, with
+    /// the [`Submission`] to wait on; GPU errors from encoding or submission come back as typed
+    /// errors.
+    ///
+    /// Work recorded earlier into the context's implicit stream (eager ops, `Tensor::zeros`
+    /// clears, cache clears) is submitted first, so the GPU runs everything in the order the
+    /// program asked for it, whichever path recorded it.
+    pub fn submit(self) -> Result<Submission> {
+        self.submit_inner(None)
     }
 
-    fn submit_inner(&self, queries: Option<&QueryPlan>) -> Result<()> {
+    fn submit_inner(&self, queries: Option<&QueryPlan>) -> Result<Submission> {
         if self.rec.commands.is_empty() {
-            return Ok(());
+            return Ok(Submission::done(&self.ctx));
+        }
+        if !self.is_stream {
+            self.ctx.flush()?;
         }
         let _lock = self.ctx.inner.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
         let arena = self.arena()?;
-        self.ctx.scoped("submitting a recording", || {
+        let index = self.ctx.scoped("submitting a recording", || {
             let cmd = self.encode(arena.as_ref(), queries);
             if arena.is_some() {
                 let slot = self.ctx.inner.arena.lock().unwrap_or_else(|p| p.into_inner());
@@ -261,8 +295,9 @@ impl Recorder {
                     self.ctx.inner.queue.write_buffer(a.buffer.raw(), 0, &self.rec.params);
                 }
             }
-            self.ctx.inner.queue.submit([cmd]);
-        })
+            self.ctx.inner.queue.submit([cmd])
+        })?;
+        Ok(Submission::submitted(&self.ctx, index, &self.rec.reads))
     }
 
     /// Encodes the recording now and returns it ready to submit later. Encoding is the CPU cost
@@ -273,7 +308,15 @@ impl Recorder {
     pub fn finish(self) -> Result<Recorded> {
         let own = if self.uses_arena() { Some(self.new_arena(self.arena_bytes())?) } else { None };
         let cmd = self.ctx.scoped("encoding a recording", || self.encode(own.as_ref().map(|a| &a.group), None))?;
-        Ok(Recorded { ctx: self.ctx, cmd: Some(cmd), params: self.rec.params, arena: own, _keep: self.rec.keep, dispatches: self.rec.dispatches })
+        Ok(Recorded {
+            ctx: self.ctx,
+            cmd: Some(cmd),
+            params: self.rec.params,
+            arena: own,
+            _keep: self.rec.keep,
+            dispatches: self.rec.dispatches,
+            reads: self.rec.reads,
+        })
     }
 
     /// Submits with GPU timestamps around every dispatch (or every pass, where the adapter only
@@ -282,8 +325,8 @@ impl Recorder {
         let labels: Vec<Arc<str>> =
             self.rec.commands.iter().filter_map(|c| if let Command::Dispatch { label, .. } = c { Some(label.clone()) } else { None }).collect();
         let plan = QueryPlan::new(&self.ctx, labels.len() as u32)?;
-        self.submit_inner(Some(&plan))?;
-        plan.read(&self.ctx, labels)
+        let submission = self.submit_inner(Some(&plan))?;
+        plan.read(&self.ctx, labels, &submission)
     }
 }
 
@@ -296,6 +339,7 @@ pub struct Recorded {
     arena: Option<ParamArena>,
     _keep: Vec<Arc<GpuBuffer>>,
     dispatches: usize,
+    reads: Vec<Arc<Mutex<ReadSlot>>>,
 }
 
 impl Recorded {
@@ -304,15 +348,18 @@ impl Recorded {
         self.dispatches
     }
 
-    /// Submits the encoded commands. Returns when queued.
-    pub fn submit(mut self) -> Result<()> {
-        let Some(cmd) = self.cmd.take() else { return Ok(()) };
+    /// Submits the encoded commands (after the implicit stream's pending work, as
+    /// [`Recorder::submit`]). Returns when queued.
+    pub fn submit(mut self) -> Result<Submission> {
+        let Some(cmd) = self.cmd.take() else { return Ok(Submission::done(&self.ctx)) };
+        self.ctx.flush()?;
         let _lock = self.ctx.inner.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.ctx.scoped("submitting a finished recording", || {
+        let index = self.ctx.scoped("submitting a finished recording", || {
             if let Some(a) = &self.arena {
                 self.ctx.inner.queue.write_buffer(a.buffer.raw(), 0, &self.params);
             }
-            self.ctx.inner.queue.submit([cmd]);
-        })
+            self.ctx.inner.queue.submit([cmd])
+        })?;
+        Ok(Submission::submitted(&self.ctx, index, &self.reads))
     }
 }

@@ -10,20 +10,29 @@ use std::sync::mpsc;
 use super::context::GpuContext;
 use super::pool::{BufferKind, GpuBuffer};
 use super::recorder::Recorder;
+use super::submission::Submission;
 use crate::error::{NumrError, Result};
 
 /// The implicit stream is submitted after this many recorded dispatches.
 pub const STREAM_FLUSH_DISPATCHES: usize = 1024;
 
-/// Maps `buffer[offset..offset+size]` for reading, waits, and passes the bytes to `f`.
-pub(crate) fn map_read<T>(ctx: &GpuContext, buffer: &wgpu::Buffer, offset: u64, size: u64, f: impl FnOnce(&[u8]) -> T) -> Result<T> {
+/// Maps `buffer[offset..offset+size]` for reading, waits for `submission` (the one that wrote the
+/// buffer; later work is not waited for), and passes the bytes to `f`.
+pub(crate) fn map_read<T>(ctx: &GpuContext, buffer: &wgpu::Buffer, offset: u64, size: u64, submission: &Submission, f: impl FnOnce(&[u8]) -> T) -> Result<T> {
     let (tx, rx) = mpsc::channel();
     let slice = buffer.slice(offset..offset + size);
     slice.map_async(wgpu::MapMode::Read, move |r| {
         let _ = tx.send(r);
     });
-    ctx.wait_idle()?;
-    rx.recv().map_err(|e| NumrError::Map(e.to_string()))?.map_err(|e| NumrError::Map(e.to_string()))?;
+    submission.wait()?;
+    let r = match rx.try_recv() {
+        Ok(r) => r,
+        Err(_) => {
+            ctx.wait_idle()?;
+            rx.recv().map_err(|e| NumrError::Map(e.to_string()))?
+        }
+    };
+    r.map_err(|e| NumrError::Map(e.to_string()))?;
     let out = {
         let view = slice.get_mapped_range().map_err(|e| NumrError::Map(e.to_string()))?;
         f(&view)
@@ -36,7 +45,7 @@ impl GpuContext {
     /// Records into the implicit stream.
     pub fn with_stream<T>(&self, f: impl FnOnce(&mut Recorder) -> Result<T>) -> Result<T> {
         let mut slot = self.inner.stream.lock().unwrap_or_else(|p| p.into_inner());
-        let mut rec = Recorder { ctx: self.clone(), rec: slot.take().unwrap_or_default() };
+        let mut rec = Recorder { ctx: self.clone(), rec: slot.take().unwrap_or_default(), is_stream: true };
         let out = f(&mut rec);
         if rec.dispatch_count() >= STREAM_FLUSH_DISPATCHES {
             drop(slot);
@@ -47,12 +56,13 @@ impl GpuContext {
         out
     }
 
-    /// Submits the implicit stream (if anything is recorded). Does not wait.
-    pub fn flush(&self) -> Result<()> {
+    /// Submits the implicit stream (if anything is recorded). Does not wait; the returned
+    /// [`Submission`] does.
+    pub fn flush(&self) -> Result<Submission> {
         let taken = self.inner.stream.lock().unwrap_or_else(|p| p.into_inner()).take();
         match taken {
-            Some(rec) => Recorder { ctx: self.clone(), rec }.submit(),
-            None => Ok(()),
+            Some(rec) => Recorder { ctx: self.clone(), rec, is_stream: true }.submit(),
+            None => Ok(Submission::done(self)),
         }
     }
 
@@ -108,8 +118,8 @@ impl GpuContext {
         let end = (offset + len).div_ceil(4) * 4;
         let staging = self.alloc(end - start, BufferKind::Readback)?;
         self.with_stream(|rec| rec.copy(buf, start, &staging, 0, end - start))?;
-        self.flush()?;
+        let submission = self.flush()?;
         let skip = (offset - start) as usize;
-        map_read(self, staging.raw(), 0, end - start, |b| b[skip..skip + len as usize].to_vec())
+        map_read(self, staging.raw(), 0, end - start, &submission, |b| b[skip..skip + len as usize].to_vec())
     }
 }

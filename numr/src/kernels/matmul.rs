@@ -34,7 +34,9 @@ pub struct Matmul {
     /// FMA goes through it; the f32 kernel escaped by luck of its heuristics), with this store
     /// 12.5-13.3 TFLOP/s. numr's matmul always uses it.
     pub unrolled_store: bool,
-    /// Compile without naga bounds checks (benchmark only).
+    /// Names the variant `_unchecked` (benchmark only). [`Matmul::source`] always emits a checked
+    /// module; a caller that has validated its buffers turns the checks off itself with the
+    /// `unsafe` [`crate::gpu::KernelSource::assume_in_bounds`].
     pub unchecked: bool,
 }
 
@@ -202,7 +204,6 @@ impl Matmul {
         }
         let out_ty = if out_f16 { "array<f16>" } else { "array<f32>" };
         b.workgroup(16, 16, 1)
-            .unchecked(self.unchecked)
             .storage("a", Access::Read, in_ty)
             .storage("b", Access::Read, in_ty)
             .storage("out", Access::ReadWrite, out_ty)

@@ -31,13 +31,13 @@ pub fn workgroup_reduce_fns(env: &KernelEnv) -> String {
         if env.subgroups {
             let sg = if name == "sum" { "subgroupAdd" } else { "subgroupMax" };
             s.push_str(&format!(
-                "fn wg_{name}(v: f32, lidx: u32, sg_size: u32, sg_id: u32) -> f32 {{
+                "fn wg_{name}(v: f32, lidx: u32, sg_idx: u32, sg_count: u32, sg_id: u32) -> f32 {{
     let r = {sg}(v);
-    if (sg_id == 0u) {{ red[lidx / sg_size] = r; }}
+    if (sg_id == 0u) {{ red[sg_idx] = r; }}
     workgroupBarrier();
     if (lidx == 0u) {{
         var t = red[0];
-        for (var i = 1u; i < 256u / sg_size; i++) {{ t = comb_{name}(t, red[i]); }}
+        for (var i = 1u; i < sg_count; i++) {{ t = comb_{name}(t, red[i]); }}
         red[0] = t;
     }}
     workgroupBarrier();
@@ -70,7 +70,7 @@ pub fn workgroup_reduce_fns(env: &KernelEnv) -> String {
 
 /// The argument list to call `wg_sum`/`wg_max` in a kernel built by [`KernelBuilder`].
 pub fn reduce_args(env: &KernelEnv) -> &'static str {
-    if env.subgroups { "lidx, sg_size, sg_id" } else { "lidx" }
+    if env.subgroups { "lidx, sg_idx, sg_count, sg_id" } else { "lidx" }
 }
 
 impl RowReduce {

@@ -1,0 +1,148 @@
+//! Submissions and readbacks that wait for one submission, not for everything queued.
+//!
+//! Every submit returns a [`Submission`]: its wgpu `SubmissionIndex` and a flag the queue sets
+//! when the work submitted up to it has finished. [`Submission::wait`] blocks on that index only
+//! (`PollType::Wait`), and [`Submission::is_done`] polls without blocking. A [`PendingRead`]
+//! (from [`super::Recorder::read`]) waits for the submission that wrote its bytes, so "submit
+//! token n+1, then read token n" overlaps instead of serialising.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+
+use super::context::GpuContext;
+use super::pool::GpuBuffer;
+use crate::error::{NumrError, Result};
+
+/// One queued submission.
+#[derive(Clone)]
+pub struct Submission {
+    ctx: GpuContext,
+    index: Option<wgpu::SubmissionIndex>,
+    done: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Submission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Submission({:?}, done: {})", self.index, self.done.load(Ordering::Acquire))
+    }
+}
+
+/// What a [`PendingRead`] learns at submit time.
+#[derive(Default)]
+pub(crate) struct ReadSlot {
+    pub(crate) submission: Option<Submission>,
+}
+
+impl Submission {
+    /// A submission of nothing (already complete).
+    pub(crate) fn done(ctx: &GpuContext) -> Submission {
+        Submission { ctx: ctx.clone(), index: None, done: Arc::new(AtomicBool::new(true)) }
+    }
+
+    /// Tracks `index`, just submitted, and tells the recording's readbacks about it.
+    pub(crate) fn submitted(ctx: &GpuContext, index: wgpu::SubmissionIndex, reads: &[Arc<Mutex<ReadSlot>>]) -> Submission {
+        let done = Arc::new(AtomicBool::new(false));
+        let flag = done.clone();
+        ctx.inner.queue.on_submitted_work_done(move || flag.store(true, Ordering::Release));
+        let s = Submission { ctx: ctx.clone(), index: Some(index), done };
+        for r in reads {
+            r.lock().unwrap_or_else(|p| p.into_inner()).submission = Some(s.clone());
+        }
+        s
+    }
+
+    /// Whether the GPU has finished this submission (polls the device once, never blocks).
+    pub fn is_done(&self) -> Result<bool> {
+        if self.done.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        self.ctx.inner.device.poll(wgpu::PollType::Poll).map_err(|e| NumrError::DeviceLost(e.to_string()))?;
+        Ok(self.done.load(Ordering::Acquire))
+    }
+
+    /// Blocks until the GPU has finished this submission (and those before it), not later ones.
+    pub fn wait(&self) -> Result<()> {
+        let Some(index) = self.index.clone() else { return Ok(()) };
+        if self.done.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.ctx
+            .inner
+            .device
+            .poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: None })
+            .map(|_| ())
+            .map_err(|e| NumrError::DeviceLost(e.to_string()))
+    }
+}
+
+/// Bytes being copied back from the GPU (see [`super::Recorder::read`]).
+pub struct PendingRead {
+    ctx: GpuContext,
+    staging: Arc<GpuBuffer>,
+    skip: usize,
+    len: usize,
+    slot: Arc<Mutex<ReadSlot>>,
+}
+
+impl std::fmt::Debug for PendingRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PendingRead({} bytes)", self.len)
+    }
+}
+
+impl PendingRead {
+    pub(crate) fn new(ctx: GpuContext, staging: Arc<GpuBuffer>, skip: usize, len: usize, slot: Arc<Mutex<ReadSlot>>) -> Self {
+        PendingRead { ctx, staging, skip, len, slot }
+    }
+
+    fn submission(&self) -> Result<Submission> {
+        self.slot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .submission
+            .clone()
+            .ok_or_else(|| NumrError::Validation { context: "reading back".into(), message: "the recording holding this readback was not submitted".into() })
+    }
+
+    /// Whether the bytes can be read without blocking (the recording was submitted and the GPU
+    /// finished it). Never blocks.
+    pub fn is_ready(&self) -> Result<bool> {
+        match self.slot.lock().unwrap_or_else(|p| p.into_inner()).submission.as_ref() {
+            Some(s) => s.is_done(),
+            None => Ok(false),
+        }
+    }
+
+    /// Waits for the submission that holds the copy (only that one) and returns the bytes.
+    pub fn wait(self) -> Result<Vec<u8>> {
+        let submission = self.submission()?;
+        let (tx, rx) = mpsc::channel();
+        let cap = self.staging.capacity().min((self.skip + self.len).div_ceil(4) as u64 * 4).max(4);
+        let slice = self.staging.raw().slice(0..cap);
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        submission.wait()?;
+        // The map callback runs inside a poll; the wait above polled up to our submission.
+        let r = match rx.try_recv() {
+            Ok(r) => r,
+            Err(_) => {
+                self.ctx.inner.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: None }).map_err(|e| NumrError::DeviceLost(e.to_string()))?;
+                rx.recv().map_err(|e| NumrError::Map(e.to_string()))?
+            }
+        };
+        r.map_err(|e| NumrError::Map(e.to_string()))?;
+        let out = {
+            let view = slice.get_mapped_range().map_err(|e| NumrError::Map(e.to_string()))?;
+            view[self.skip..self.skip + self.len].to_vec()
+        };
+        self.staging.raw().unmap();
+        Ok(out)
+    }
+
+    /// [`Self::wait`] as little-endian u32 words.
+    pub fn wait_u32(self) -> Result<Vec<u32>> {
+        let b = self.wait()?;
+        Ok(b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+}
