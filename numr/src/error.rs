@@ -65,6 +65,10 @@ pub enum NumrError {
 
     #[error("feature {0} is not available on this adapter")]
     MissingFeature(&'static str),
+    /// A size or offset a kernel takes as a 32-bit word does not fit one (a Metal adapter
+    /// reports bindings as large as a whole buffer, so a view can hold more than 2^32 elements).
+    #[error("{what} = {value} in {op} does not fit a 32-bit kernel parameter")]
+    SizeOverflow { op: &'static str, what: &'static str, value: u64 },
 }
 
 pub type Result<T, E = NumrError> = std::result::Result<T, E>;

@@ -21,7 +21,7 @@ pub fn check_close_rtol(got: &[f64], want: &[f64], tol: f64) -> Result<(), Strin
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let bound = tol * w.abs().max(rms);
         let err = (g - w).abs();
-        if !(err <= bound) || g.is_nan() != w.is_nan() {
+        if err.partial_cmp(&bound).is_none_or(|o| o.is_gt()) || g.is_nan() != w.is_nan() {
             let ratio = if bound > 0.0 { err / bound } else { f64::INFINITY };
             if worst.is_none_or(|(_, r)| ratio > r || ratio.is_nan()) {
                 worst = Some((i, ratio));

@@ -37,7 +37,7 @@ fn explicit_recorder_sees_stream_clears_first() {
     let t = Tensor::zeros(&[100], DType::F32, &dev).unwrap();
     let (b, _) = t.gpu_binding(4).unwrap();
     let mut rec = ctx.recorder();
-    rec.dispatch_with(&k, &[b.clone()], &[100], [2, 1, 1]).unwrap();
+    rec.dispatch_with(&k, &[b], &[100], [2, 1, 1]).unwrap();
     rec.submit().unwrap();
     assert_eq!(t.to_vec::<f32>().unwrap(), vec![7.0; 100]);
     // Finished ahead, submitted later.

@@ -230,7 +230,7 @@ impl KernelBuilder {
         }
         // The parameter block is padded to 16 bytes so it is also a valid uniform struct.
         let mut words = self.params.clone();
-        while words.is_empty() || words.len() % 4 != 0 {
+        while words.is_empty() || !words.len().is_multiple_of(4) {
             words.push(format!("_pad{}", words.len()));
         }
         w.push_str("struct Params {\n");

@@ -213,7 +213,7 @@ impl GpuContext {
             return Err(NumrError::BindingTooLarge { bytes: b.size, limit: limits.max_storage_buffer_binding_size });
         }
         let align = limits.min_storage_buffer_offset_alignment as u64;
-        if b.offset % align != 0 || b.size % 4 != 0 || b.offset + b.size > b.buffer.capacity() {
+        if !b.offset.is_multiple_of(align) || !b.size.is_multiple_of(4) || b.offset + b.size > b.buffer.capacity() {
             return Err(NumrError::Validation {
                 context: "binding a buffer".into(),
                 message: format!("range {}+{} of {:?} is misaligned or out of bounds (offset alignment {align})", b.offset, b.size, b.buffer),

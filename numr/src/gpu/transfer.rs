@@ -76,7 +76,7 @@ impl GpuContext {
     pub fn pending_dispatches(&self) -> usize {
         let slot = self.inner.stream.lock().unwrap_or_else(|p| p.into_inner());
         let rec = slot.as_ref();
-        rec.map(|r| Recorder::count_of(r)).unwrap_or(0)
+        rec.map(Recorder::count_of).unwrap_or(0)
     }
 
     /// Copies `data` into a new storage buffer.
@@ -89,7 +89,7 @@ impl GpuContext {
     /// Writes `data` into `buf` at `offset` (a multiple of 4). Flushes the implicit stream first,
     /// so ops recorded earlier see the old contents and ops recorded later see the new.
     pub fn write(&self, buf: &Arc<GpuBuffer>, offset: u64, data: &[u8]) -> Result<()> {
-        if offset % 4 != 0 || offset + data.len() as u64 > buf.capacity() {
+        if !offset.is_multiple_of(4) || offset + data.len() as u64 > buf.capacity() {
             return Err(NumrError::Validation {
                 context: "writing a buffer".into(),
                 message: format!("{} bytes at offset {offset} do not fit {buf:?} or are misaligned", data.len()),

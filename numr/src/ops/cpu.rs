@@ -54,7 +54,7 @@ pub fn binary(a: &Tensor, b: Option<&Tensor>, op: BinaryOp, s: f64) -> Result<Te
 pub fn row_op(t: &Tensor, op: RowOp) -> Result<Tensor> {
     let x = gather(t);
     let n = *t.shape().last().unwrap();
-    let rows = if n == 0 { 0 } else { x.len() / n };
+    let rows = x.len().checked_div(n).unwrap_or(0);
     let mut out = Vec::new();
     for r in 0..rows {
         let row = &x[r * n..r * n + n];

@@ -11,6 +11,15 @@ use crate::kernels::matmul::{Matmul, TILE};
 use crate::kernels::reduce::{RowOp, RowReduce};
 use crate::tensor::Tensor;
 
+/// `v` as a kernel parameter word, or [`NumrError::SizeOverflow`].
+pub(crate) fn word(op: &'static str, what: &'static str, v: impl TryInto<u32> + Copy + Into<u64>) -> Result<u32> {
+    v.try_into().map_err(|_| NumrError::SizeOverflow { op, what, value: v.into() })
+}
+
+fn usize_word(op: &'static str, what: &'static str, v: usize) -> Result<u32> {
+    word(op, what, v as u64)
+}
+
 fn ctx_of(t: &Tensor) -> &GpuContext {
     t.device.gpu_context().expect("gpu op on a gpu tensor")
 }
@@ -27,7 +36,7 @@ pub(crate) fn bind_view(t: &Tensor, granule: u64) -> Result<(Binding, u32)> {
     let bind_start = start / align * align;
     let size = (end - bind_start).div_ceil(granule) * granule;
     let elem_off = (start - bind_start) / s;
-    Ok((Binding { buffer: buf, offset: bind_start, size }, elem_off as u32))
+    Ok((Binding { buffer: buf, offset: bind_start, size }, word("binding a view", "element offset", elem_off)?))
 }
 
 fn binding_fits(b: &Binding) -> bool {
@@ -66,15 +75,17 @@ fn pad6(op: &'static str, shape: &[usize], strides: &[Vec<usize>]) -> Result<(Ve
     }
     let lead = MAX_RANK - shape.len();
     let mut d = vec![1u32; lead];
-    d.extend(shape.iter().map(|&x| x as u32));
-    let st = strides
-        .iter()
-        .map(|s| {
-            let mut v = vec![0u32; lead];
-            v.extend(s.iter().map(|&x| x as u32));
-            v
-        })
-        .collect();
+    for &x in shape {
+        d.push(usize_word(op, "dimension", x)?);
+    }
+    let mut st = Vec::with_capacity(strides.len());
+    for s in strides {
+        let mut v = vec![0u32; lead];
+        for &x in s {
+            v.push(usize_word(op, "stride", x)?);
+        }
+        st.push(v);
+    }
     Ok((d, st))
 }
 
@@ -95,11 +106,11 @@ pub fn convert(t: &Tensor, dtype: DType) -> Result<Tensor> {
     if dtype == t.dtype && t.is_contiguous() {
         let (src_bind, off) = bind_view(t, 16)?;
         let off_bytes = off as u64 * dtype.size() as u64;
-        if off_bytes % 16 == 0 && binding_fits(&src_bind) && binding_fits(&out_bind) {
+        if off_bytes.is_multiple_of(16) && binding_fits(&src_bind) && binding_fits(&out_bind) {
             let n_vec4 = (n as u64 * dtype.size() as u64).div_ceil(16);
             let k = ctx.kernel(&Convert { src: dtype, dst: dtype, mode: ConvertMode::Vec4Copy }.source(&env))?;
             let grid = grid_for(ctx, n_vec4.div_ceil(WG as u64))?;
-            ctx.with_stream(|rec| rec.dispatch_with(&k, &[src_bind, out_bind], &[n_vec4 as u32, (off_bytes / 16) as u32], grid))?;
+            ctx.with_stream(|rec| rec.dispatch_with(&k, &[src_bind, out_bind], &[word("copy", "vec4 count", n_vec4)?, word("copy", "offset", off_bytes / 16)?], grid))?;
             return Ok(out);
         }
     }
@@ -108,7 +119,7 @@ pub fn convert(t: &Tensor, dtype: DType) -> Result<Tensor> {
     let mode = if t.is_contiguous() { ConvertMode::Contiguous } else { ConvertMode::Strided };
     let (shape, strides) = collapse(t.shape(), &[t.layout.strides()]);
     let (d, st) = pad6("convert", &shape, &strides)?;
-    let mut params = vec![n as u32, off];
+    let mut params = vec![usize_word("convert", "element count", n)?, off];
     params.extend(&d);
     params.extend(&st[0]);
     let k = ctx.kernel(&Convert { src: t.dtype, dst: dtype, mode }.source(&env))?;
@@ -143,7 +154,7 @@ pub fn binary(a: &Tensor, b: Option<&Tensor>, op: BinaryOp, s: f64) -> Result<Te
         DType::U32 => s as u32,
         _ => (s as f32).to_bits(),
     };
-    let mut params = vec![n as u32, scalar, a_off, b_off];
+    let mut params = vec![usize_word("elementwise", "element count", n)?, scalar, a_off, b_off];
     params.extend(&d);
     for s in &st {
         params.extend(s);
@@ -161,7 +172,7 @@ pub fn row_op(t: &Tensor, op: RowOp) -> Result<Tensor> {
     let env = KernelEnv::from_caps(ctx.capabilities());
     let t = if t.is_contiguous() { t.clone() } else { t.contiguous()? };
     let n = *t.shape().last().unwrap();
-    let rows = if n == 0 { 0 } else { t.numel() / n };
+    let rows = t.numel().checked_div(n).unwrap_or(0);
     let shape = match op {
         RowOp::Softmax => t.shape().to_vec(),
         _ => t.shape()[..t.rank() - 1].to_vec(),
@@ -172,7 +183,7 @@ pub fn row_op(t: &Tensor, op: RowOp) -> Result<Tensor> {
         let (o_bind, _) = bind_view(&out, 4)?;
         let k = ctx.kernel(&RowReduce { op, dtype: t.dtype }.source(&env))?;
         let grid = grid_for(ctx, rows as u64)?;
-        ctx.with_stream(|rec| rec.dispatch_with(&k, &[x_bind, o_bind], &[rows as u32, n as u32, off], grid))?;
+        ctx.with_stream(|rec| rec.dispatch_with(&k, &[x_bind, o_bind], &[usize_word("row op", "rows", rows)?, usize_word("row op", "row length", n)?, off], grid))?;
     }
     out.cast(t.dtype)
 }
@@ -190,7 +201,10 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let (bb, b_off) = bind_view(b, 4)?;
         let (ob, _) = bind_view(&out, 4)?;
         let (sa, sb) = (a.layout.strides(), b.layout.strides());
-        let params = [m, n, k, a_off as usize, sa[0], sa[1], sa[2], b_off as usize, sb[0], sb[1], sb[2]].map(|x| x as u32);
+        let mut params = [0u32; 11];
+        for (p, x) in params.iter_mut().zip([m, n, k, a_off as usize, sa[0], sa[1], sa[2], b_off as usize, sb[0], sb[1], sb[2]]) {
+            *p = usize_word("matmul", "size or stride", x)?;
+        }
         // f16: read one u32 word (two adjacent f16) per tile-load step when A is contiguous along K,
         // B along N, and every other stride and offset is even (so pairs never straddle words).
         let even = |x: usize| x.is_multiple_of(2);
@@ -199,7 +213,7 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let cfg = Matmul { out_f16, pair_loads, unrolled_store: true, ..Matmul::new(a.dtype) };
         let kern = ctx.kernel(&cfg.source(&env))?;
         let max = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
-        let grid = [(n as u32).div_ceil(TILE), (m as u32).div_ceil(TILE), batch as u32];
+        let grid = [params[1].div_ceil(TILE), params[0].div_ceil(TILE), usize_word("matmul", "batch", batch)?];
         if grid.iter().any(|&g| g > max) {
             return Err(NumrError::GridTooLarge { workgroups: grid.iter().map(|&g| g as u64).product(), limit: max });
         }
