@@ -8,6 +8,7 @@
 pub mod attention;
 pub mod probe;
 pub mod quant;
+pub mod recording;
 
 use std::time::Instant;
 
@@ -275,6 +276,7 @@ pub fn core_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
     zero_opts.zero_init_workgroup_memory = true;
     let zero = numr::GpuContext::with_options(zero_opts)?;
     v.push(dispatch_overhead(&zero, n, true)?);
+    v.extend(recording::recording_cost(ctx, quick)?);
     Ok(v)
 }
 

@@ -225,3 +225,17 @@ fn bad_kernels_and_devices_are_typed_errors() {
     // The context stays usable after errors.
     assert_eq!(g.add(&g).unwrap().to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
 }
+
+#[test]
+fn adapter_by_index_matches_the_listing() {
+    // `NUMR_ADAPTER=<i>` must pick the adapter `list_adapters` prints as `i:` (it used to index a
+    // different enumeration, so an index that was listed could be refused).
+    if test_gpu().is_none() {
+        return;
+    }
+    let list = GpuContext::list_adapters();
+    let (i, line) = list.iter().enumerate().rev().find(|(_, l)| l.contains("Vulkan")).or_else(|| list.iter().enumerate().next()).expect("adapters listed");
+    let ctx = GpuContext::with_options(GpuOptions { adapter: Some(i.to_string()), ..GpuOptions::default() }).unwrap();
+    let name = &ctx.capabilities().adapter_name;
+    assert!(line.starts_with(&format!("{i}: {name} (")), "index {i} gave {name}, listed as {line}");
+}

@@ -150,10 +150,13 @@ impl GpuContext {
         Self::with_options(GpuOptions::from_env())
     }
 
-    /// Lists the adapters wgpu can see, as "index: name (backend, type)".
+    /// Lists the adapters wgpu can see, as "index: name (backend, type)"; `NUMR_ADAPTER=<index>`
+    /// (or [`GpuOptions::adapter`]) picks by this index.
     pub fn list_adapters() -> Vec<String> {
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+        let desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        let backends = desc.backends;
+        let instance = wgpu::Instance::new(desc);
+        pollster::block_on(instance.enumerate_adapters(backends))
             .iter()
             .enumerate()
             .map(|(i, a)| {
@@ -169,10 +172,13 @@ impl GpuContext {
         if let Some(b) = &options.backend {
             desc.backends = backend_of(b).ok_or_else(|| NumrError::NoAdapter { filter: format!("backend {b}") })?;
         }
+        // An index refers to the enumeration `list_adapters` prints (every backend, or the one
+        // asked for), so `NUMR_ADAPTER=1` means the adapter listed as `1:`.
+        let by_index = options.adapter.as_deref().and_then(|s| s.trim().parse::<usize>().ok());
         // Without an explicit choice, look at the native APIs first (Vulkan, Metal, DX12) and
         // only fall back to GL when none of them has an adapter.
         let explicit = options.backend.is_some() || std::env::var("WGPU_BACKEND").is_ok();
-        if !explicit {
+        if !explicit && by_index.is_none() {
             desc.backends &= wgpu::Backends::PRIMARY;
         }
         let mut backends = desc.backends;
@@ -183,15 +189,13 @@ impl GpuContext {
             instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
             adapters = pollster::block_on(instance.enumerate_adapters(backends));
         }
-        let adapter = match &options.adapter {
-            Some(sel) => match sel.parse::<usize>() {
-                Ok(i) => adapters.into_iter().nth(i),
-                Err(_) => {
-                    let s = sel.to_ascii_lowercase();
-                    adapters.into_iter().find(|a| a.get_info().name.to_ascii_lowercase().contains(&s))
-                }
-            },
-            None => adapters.into_iter().min_by_key(|a| {
+        let adapter = match (&options.adapter, by_index) {
+            (_, Some(i)) => adapters.into_iter().nth(i),
+            (Some(sel), None) => {
+                let s = sel.to_ascii_lowercase();
+                adapters.into_iter().find(|a| a.get_info().name.to_ascii_lowercase().contains(&s))
+            }
+            (None, None) => adapters.into_iter().min_by_key(|a| {
                 let i = a.get_info();
                 (type_rank(i.device_type), backend_rank(i.backend))
             }),
