@@ -3,8 +3,8 @@
 
 use std::time::Instant;
 
-use numr::gpu::{Access, Binding, BufferKind, GpuContext, KernelBuilder, KernelEnv, Plan, PlanDispatch, StepValues};
 use numr::Result;
+use numr::gpu::{Access, Binding, BufferKind, GpuContext, KernelBuilder, KernelEnv, Plan, PlanDispatch, StepValues};
 
 use crate::Measurement;
 
@@ -32,13 +32,7 @@ fn step_plan(ctx: &GpuContext, n: usize) -> Result<Plan> {
         let mut bind = bufs;
         bind.push(Binding::whole(&out));
         let group = ctx.bind(&k, &bind)?;
-        plan.push(
-            PlanDispatch::new(&k, group, [1, 1, 1])?
-                .set("n", 1)?
-                .set_usize("layer", i)?
-                .per_step("pos", |s| s.pos)?
-                .per_step("kv_len", |s| s.kv_len())?,
-        );
+        plan.push(PlanDispatch::new(&k, group, [1, 1, 1])?.set("n", 1)?.set_usize("layer", i)?.per_step("pos", |s| s.pos)?.per_step("kv_len", |s| s.kv_len())?);
     }
     Ok(plan)
 }

@@ -10,6 +10,7 @@
 
 pub mod chat_template;
 pub mod cli;
+pub mod engine;
 pub mod fetch;
 #[doc(hidden)]
 pub mod fuzz_targets;

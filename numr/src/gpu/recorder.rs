@@ -139,7 +139,12 @@ impl Recorder {
     /// Records a buffer-to-buffer copy (ends the current compute pass). Offsets and size must be
     /// multiples of 4.
     pub fn copy(&mut self, src: &Arc<GpuBuffer>, src_offset: u64, dst: &Arc<GpuBuffer>, dst_offset: u64, size: u64) -> Result<()> {
-        if !src_offset.is_multiple_of(4) || !dst_offset.is_multiple_of(4) || !size.is_multiple_of(4) || src_offset + size > src.capacity() || dst_offset + size > dst.capacity() {
+        if !src_offset.is_multiple_of(4)
+            || !dst_offset.is_multiple_of(4)
+            || !size.is_multiple_of(4)
+            || src_offset + size > src.capacity()
+            || dst_offset + size > dst.capacity()
+        {
             return Err(NumrError::Validation {
                 context: "recording a copy".into(),
                 message: format!("copy {src:?}+{src_offset} -> {dst:?}+{dst_offset} of {size} bytes is misaligned or out of bounds"),

@@ -110,7 +110,9 @@ pub fn convert(t: &Tensor, dtype: DType) -> Result<Tensor> {
             let n_vec4 = (n as u64 * dtype.size() as u64).div_ceil(16);
             let k = ctx.kernel(&Convert { src: dtype, dst: dtype, mode: ConvertMode::Vec4Copy }.source(&env))?;
             let grid = grid_for(ctx, n_vec4.div_ceil(WG as u64))?;
-            ctx.with_stream(|rec| rec.dispatch_with(&k, &[src_bind, out_bind], &[word("copy", "vec4 count", n_vec4)?, word("copy", "offset", off_bytes / 16)?], grid))?;
+            ctx.with_stream(|rec| {
+                rec.dispatch_with(&k, &[src_bind, out_bind], &[word("copy", "vec4 count", n_vec4)?, word("copy", "offset", off_bytes / 16)?], grid)
+            })?;
             return Ok(out);
         }
     }
@@ -183,7 +185,9 @@ pub fn row_op(t: &Tensor, op: RowOp) -> Result<Tensor> {
         let (o_bind, _) = bind_view(&out, 4)?;
         let k = ctx.kernel(&RowReduce { op, dtype: t.dtype }.source(&env))?;
         let grid = grid_for(ctx, rows as u64)?;
-        ctx.with_stream(|rec| rec.dispatch_with(&k, &[x_bind, o_bind], &[usize_word("row op", "rows", rows)?, usize_word("row op", "row length", n)?, off], grid))?;
+        ctx.with_stream(|rec| {
+            rec.dispatch_with(&k, &[x_bind, o_bind], &[usize_word("row op", "rows", rows)?, usize_word("row op", "row length", n)?, off], grid)
+        })?;
     }
     out.cast(t.dtype)
 }
