@@ -1,10 +1,15 @@
 //! The engine: model assembly over boostr's ops. This module holds the pieces that are in place
 //! so far: the resolved [`ModelConfig`] of each architecture (hyperparameters from the metadata,
-//! with the documented defaults) and the engine's typed error.
+//! with the documented defaults), the CPU sampler, stop-string matching, and the engine's typed
+//! error.
 
 pub mod config;
+pub mod sampler;
+pub mod stop;
 
 pub use config::{Arch, GateAct, LayerRope, ModelConfig};
+pub use sampler::SamplerOpts;
+pub use stop::StopMatcher;
 
 /// Why a model cannot be assembled or run.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,205 @@
+//! Sampling on the CPU: penalties, top-k, top-p, min-p, temperature and a seeded draw, in
+//! llama.cpp's default order (penalties, top-k, top-p, min-p, temperature, then the draw), and
+//! the log-probabilities of the raw distribution for `top_logprobs`.
+//!
+//! The GPU path reads back only what this needs (the top candidates), so every function works on
+//! a candidate list as well as on a whole logits row.
+
+/// Options of one generation's sampler.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplerOpts {
+    /// 0 (or less) means greedy.
+    pub temperature: f32,
+    /// Keep the `top_k` most likely candidates (0 = all).
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches `top_p` (1 = all).
+    pub top_p: f32,
+    /// Drop candidates below `min_p` times the most likely one's probability (0 = none).
+    pub min_p: f32,
+    /// Divide positive / multiply negative logits of recent tokens (1 = off).
+    pub repeat_penalty: f32,
+    /// Subtract from the logit of every token seen recently (0 = off).
+    pub presence_penalty: f32,
+    /// Subtract `count *` this from the logit of recent tokens (0 = off).
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at.
+    pub repeat_last_n: usize,
+    /// Seed of the draw.
+    pub seed: u64,
+}
+
+impl Default for SamplerOpts {
+    fn default() -> Self {
+        SamplerOpts {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplerOpts {
+    /// Greedy decoding (argmax of the raw logits).
+    pub fn greedy() -> Self {
+        SamplerOpts { temperature: 0.0, top_k: 1, top_p: 1.0, min_p: 0.0, ..Default::default() }
+    }
+
+    /// Whether the choice is the argmax of the raw logits (no penalties, no randomness).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0 && !self.has_penalties()
+    }
+
+    /// Whether any penalty is on.
+    pub fn has_penalties(&self) -> bool {
+        self.repeat_last_n > 0 && (self.repeat_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0)
+    }
+}
+
+/// A counter-based generator (SplitMix64): the draw for a position depends only on the seed and
+/// the position, so a seed reproduces the output whatever was generated before.
+pub fn uniform(seed: u64, position: u64) -> f64 {
+    let mut z = seed ^ position.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// `(id, logprob)` of the `n` most likely candidates under the raw distribution (a log-softmax
+/// over `cands`), most likely first; ties go to the lower id.
+pub fn top_logprobs(cands: &[(u32, f32)], n: usize) -> Vec<(u32, f32)> {
+    let m = cands.iter().fold(f32::NEG_INFINITY, |a, c| a.max(c.1));
+    let lse = m as f64 + cands.iter().map(|c| ((c.1 - m) as f64).exp()).sum::<f64>().ln();
+    let mut v: Vec<(u32, f32)> = cands.iter().map(|&(i, l)| (i, (l as f64 - lse) as f32)).collect();
+    sort_desc(&mut v);
+    v.truncate(n);
+    v
+}
+
+fn sort_desc(v: &mut [(u32, f32)]) {
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+}
+
+/// Applies the penalties to `cands` in place, over the last `repeat_last_n` ids of `history`.
+pub fn apply_penalties(cands: &mut [(u32, f32)], history: &[u32], o: &SamplerOpts) {
+    if !o.has_penalties() {
+        return;
+    }
+    let recent = &history[history.len().saturating_sub(o.repeat_last_n)..];
+    let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    for &id in recent {
+        *counts.entry(id).or_default() += 1;
+    }
+    for c in cands.iter_mut() {
+        if let Some(&n) = counts.get(&c.0) {
+            c.1 = if c.1 > 0.0 { c.1 / o.repeat_penalty } else { c.1 * o.repeat_penalty };
+            c.1 -= n as f32 * o.frequency_penalty + o.presence_penalty;
+        }
+    }
+}
+
+/// Chooses the next id from `cands` (the whole row, or the top candidates read back from the
+/// GPU) for the token at `position`.
+pub fn sample(cands: &[(u32, f32)], history: &[u32], position: u64, o: &SamplerOpts) -> Option<u32> {
+    let mut v = cands.to_vec();
+    apply_penalties(&mut v, history, o);
+    sort_desc(&mut v);
+    if v.is_empty() {
+        return None;
+    }
+    if o.temperature <= 0.0 {
+        return Some(v[0].0);
+    }
+    if o.top_k > 0 {
+        v.truncate(o.top_k);
+    }
+    let m = v[0].1 as f64;
+    let mut p: Vec<f64> = v.iter().map(|c| (c.1 as f64 - m).exp()).collect();
+    let total: f64 = p.iter().sum();
+    p.iter_mut().for_each(|x| *x /= total);
+    if o.top_p < 1.0 {
+        let mut acc = 0.0;
+        let keep = p.iter().position(|&x| {
+            acc += x;
+            acc >= o.top_p as f64
+        });
+        let keep = keep.map_or(p.len(), |k| k + 1);
+        v.truncate(keep);
+        p.truncate(keep);
+    }
+    if o.min_p > 0.0 {
+        let floor = p[0] * o.min_p as f64;
+        let keep = p.iter().take_while(|&&x| x >= floor).count().max(1);
+        v.truncate(keep);
+    }
+    // Temperature, then the draw.
+    let inv_t = 1.0 / o.temperature as f64;
+    let w: Vec<f64> = v.iter().map(|c| ((c.1 as f64 - m) * inv_t).exp()).collect();
+    let total: f64 = w.iter().sum();
+    let mut r = uniform(o.seed, position) * total;
+    for (c, wi) in v.iter().zip(&w) {
+        if r < *wi {
+            return Some(c.0);
+        }
+        r -= wi;
+    }
+    v.last().map(|c| c.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row() -> Vec<(u32, f32)> {
+        vec![(0, 1.0), (1, 3.0), (2, 2.0), (3, -1.0), (4, 3.0)]
+    }
+
+    #[test]
+    fn greedy_takes_the_argmax_lowest_id_on_ties() {
+        assert_eq!(sample(&row(), &[], 0, &SamplerOpts::greedy()), Some(1));
+    }
+
+    #[test]
+    fn penalties_follow_llama_cpp() {
+        let mut v = row();
+        let o = SamplerOpts { repeat_penalty: 2.0, presence_penalty: 0.5, frequency_penalty: 0.25, ..SamplerOpts::greedy() };
+        apply_penalties(&mut v, &[1, 1, 3], &o);
+        assert_eq!(v[1].1, 3.0 / 2.0 - 2.0 * 0.25 - 0.5);
+        assert_eq!(v[3].1, -1.0 * 2.0 - 0.25 - 0.5);
+        assert_eq!(v[0].1, 1.0);
+        assert_eq!(sample(&row(), &[1, 4], 0, &o), Some(2));
+    }
+
+    #[test]
+    fn logprobs_are_a_log_softmax() {
+        let lp = top_logprobs(&row(), 5);
+        let s: f64 = lp.iter().map(|x| (x.1 as f64).exp()).sum();
+        assert!((s - 1.0).abs() < 1e-6);
+        assert_eq!(lp[0].0, 1);
+        assert_eq!(lp[1].0, 4);
+    }
+
+    #[test]
+    fn seeded_draws_reproduce_and_respect_top_k() {
+        let o = SamplerOpts { temperature: 1.0, top_k: 2, top_p: 1.0, min_p: 0.0, seed: 7, ..Default::default() };
+        let a: Vec<_> = (0..50).map(|p| sample(&row(), &[], p, &o)).collect();
+        let b: Vec<_> = (0..50).map(|p| sample(&row(), &[], p, &o)).collect();
+        assert_eq!(a, b);
+        assert!(a.iter().all(|x| matches!(x, Some(1) | Some(4))));
+        assert!(a.contains(&Some(1)) && a.contains(&Some(4)));
+    }
+
+    #[test]
+    fn top_p_and_min_p_cut_the_tail() {
+        let o = SamplerOpts { temperature: 1.0, top_k: 0, top_p: 0.5, min_p: 0.0, seed: 3, ..Default::default() };
+        assert!((0..100).all(|p| matches!(sample(&row(), &[], p, &o), Some(1) | Some(4))));
+        let o = SamplerOpts { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.5, seed: 3, ..Default::default() };
+        assert!((0..100).all(|p| matches!(sample(&row(), &[], p, &o), Some(1) | Some(4))));
+    }
+}
