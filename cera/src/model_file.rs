@@ -32,6 +32,16 @@ pub enum ModelError {
     /// From the safetensors reader.
     #[error(transparent)]
     Safetensors(#[from] SafetensorsError),
+    /// A safetensors model that [`ModelFile::open`] could not open: the path it was given (a
+    /// file, an index or a folder) and the reader's error.
+    #[error("{}", in_path(path, source))]
+    SafetensorsIn {
+        /// The path given to [`ModelFile::open`].
+        path: PathBuf,
+        /// The safetensors reader's error.
+        #[source]
+        source: SafetensorsError,
+    },
     /// From the tokenizer.
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
@@ -56,6 +66,32 @@ pub enum ModelError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// `{path}: {source}`, leaving out the path where the message names a path already.
+fn in_path(path: &Path, source: &SafetensorsError) -> String {
+    match source {
+        SafetensorsError::Io { .. } | SafetensorsError::InvalidIndex { .. } | SafetensorsError::NoModel(_) => source.to_string(),
+        _ => format!("{}: {source}", path.display()),
+    }
+}
+
+impl ModelError {
+    /// The GGUF reader's error, if this is one (without the path: [`GgufError::inner`]).
+    pub fn as_gguf(&self) -> Option<&GgufError> {
+        match self {
+            ModelError::Gguf(e) => Some(e.inner()),
+            _ => None,
+        }
+    }
+
+    /// The safetensors reader's error, if this is one (with or without the path).
+    pub fn as_safetensors(&self) -> Option<&SafetensorsError> {
+        match self {
+            ModelError::Safetensors(e) | ModelError::SafetensorsIn { source: e, .. } => Some(e),
+            _ => None,
+        }
+    }
 }
 
 /// A tensor element type from either format.
@@ -152,10 +188,17 @@ pub enum ModelFile {
 impl ModelFile {
     /// Opens a GGUF file, a safetensors file or index, or a model folder; the kind is told by
     /// content (GGUF magic) or folder layout, not by file name.
+    ///
+    /// Every error names the path: GGUF errors through [`GgufError::InFile`] (or
+    /// [`GgufError::Io`]), safetensors errors as [`ModelError::SafetensorsIn`].
     pub fn open(path: impl AsRef<Path>) -> Result<ModelFile, ModelError> {
         let path = path.as_ref();
+        let safetensors = |path: &Path| match SafetensorsModel::open(path) {
+            Ok(m) => Ok(ModelFile::Safetensors(Box::new(m))),
+            Err(source) => Err(ModelError::SafetensorsIn { path: path.to_path_buf(), source }),
+        };
         if path.is_dir() {
-            return Ok(ModelFile::Safetensors(Box::new(SafetensorsModel::open(path)?)));
+            return safetensors(path);
         }
         let mut magic = [0u8; 4];
         let mut f = std::fs::File::open(path).map_err(|source| ModelError::Io { path: path.to_path_buf(), source })?;
@@ -165,7 +208,7 @@ impl ModelFile {
         }
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         if name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json") {
-            return Ok(ModelFile::Safetensors(Box::new(SafetensorsModel::open(path)?)));
+            return safetensors(path);
         }
         if name.ends_with(".gguf") {
             // Let the GGUF reader say what is wrong with it.

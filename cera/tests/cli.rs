@@ -1,12 +1,72 @@
-//! The `cera` binary end to end: inspect, tokenize, template, and a readable error.
+//! The `cera` binary end to end: inspect, tokenize, template, and readable errors.
+//!
+//! Everything but `inspect_tokenize_template` runs offline, on small synthetic GGUF files
+//! written with `cera::gguf::GgufBuilder` into a temporary folder.
 
-use std::process::Command;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 use cera::fetch::{ModelId, ensure_model};
+use cera::gguf::{GgmlType, GgufBuilder, MetadataArray, MetadataValue};
 
 fn cera(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_cera")).args(args).output().unwrap();
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+/// A fresh temporary folder for one test, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(test: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("cera-cli-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}\
+                      {% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// A small GGUF model: a SentencePiece vocabulary (`<unk> <s> </s> ▁ a ▁a`), a ChatML
+/// template, and `n_tensors` tiny F32 tensors.
+fn tiny_model(path: &Path, n_tensors: usize) {
+    let mut b = GgufBuilder::new(3);
+    b.kv("general.architecture", MetadataValue::String("llama".into()));
+    b.kv("general.name", MetadataValue::String("tiny".into()));
+    let tokens = ["<unk>", "<s>", "</s>", "▁", "a", "▁a"];
+    b.kv("tokenizer.ggml.model", MetadataValue::String("llama".into()));
+    b.kv("tokenizer.ggml.tokens", MetadataValue::Array(MetadataArray::String(tokens.iter().map(|s| s.to_string()).collect())));
+    b.kv("tokenizer.ggml.scores", MetadataValue::Array(MetadataArray::F32(vec![0.0, 0.0, 0.0, -3.0, -2.0, -1.0])));
+    b.kv("tokenizer.ggml.token_type", MetadataValue::Array(MetadataArray::I32(vec![2, 3, 3, 1, 1, 1])));
+    b.kv("tokenizer.chat_template", MetadataValue::String(CHATML.into()));
+    for i in 0..n_tensors {
+        b.tensor(&format!("blk.{i}.attn_norm.weight"), &[4], GgmlType::F32, vec![0u8; 16]);
+    }
+    std::fs::write(path, b.build()).unwrap();
+}
+
+/// Runs `cera` with standard output piped, reads `read` bytes of it (0: none), closes the pipe,
+/// and returns the exit status's success and standard error.
+fn cera_closing_stdout(args: &[&str], read: usize) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cera")).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut buf = vec![0u8; read];
+    stdout.read_exact(&mut buf).unwrap();
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into())
 }
 
 #[test]
@@ -39,13 +99,143 @@ fn inspect_tokenize_template() {
 }
 
 #[test]
+fn synthetic_model_works() {
+    let dir = TempDir::new("tiny");
+    let model = dir.path("tiny.gguf");
+    tiny_model(&model, 3);
+    let m = model.to_str().unwrap();
+    let (ok, out, err) = cera(&["inspect", m]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("name:                tiny") && out.contains("blk.2.attn_norm.weight") && out.contains("chat template:       present in file"),
+        "{out}"
+    );
+    let (ok, out, err) = cera(&["tokenize", m, "a a", "--ids-only", "--no-special"]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "5 5");
+}
+
+#[test]
+fn closed_stdout_ends_quietly() {
+    let dir = TempDir::new("pipe");
+    // Every command writes far more than a pipe holds (64 KiB), so the write after the pipe is
+    // closed fails with EPIPE.
+    let model = dir.path("many-tensors.gguf");
+    tiny_model(&model, 20_000);
+    let m = model.to_str().unwrap();
+    let text = dir.path("text.txt");
+    std::fs::write(&text, "a ".repeat(200_000)).unwrap();
+    let long = "x".repeat(100_000);
+    let cases: [&[&str]; 4] =
+        [&["inspect", m], &["inspect", m, "--metadata"], &["tokenize", m, "--file", text.to_str().unwrap()], &["template", m, "--user", &long]];
+    for args in cases {
+        let (code, err) = cera_closing_stdout(args, 16);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?}: {err}");
+    }
+    let (code, err) = cera_closing_stdout(&["tokenize", m, "--file", text.to_str().unwrap(), "--ids-only"], 0);
+    assert!(!err.contains("panicked") && code == Some(0), "{err}");
+    // `fetch` prints one line: close the pipe before it writes. A cached file of the right size
+    // and magic counts as fetched, so nothing is downloaded.
+    let cache = TempDir::new("pipe-cache");
+    let cached = std::fs::File::create(cache.path(ModelId::SmolLM2_135M.file_name())).unwrap();
+    std::io::Write::write_all(&mut &cached, b"GGUF").unwrap();
+    cached.set_len(ModelId::SmolLM2_135M.size()).unwrap();
+    drop(cached);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cera"))
+        .args(["fetch", "smollm2-135m"])
+        .env("CERA_MODEL_CACHE", &cache.0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked") && out.status.success(), "{err}");
+}
+
+#[test]
+fn template_keeps_command_line_order() {
+    let dir = TempDir::new("template");
+    let model = dir.path("tiny.gguf");
+    tiny_model(&model, 1);
+    let m = model.to_str().unwrap();
+    let turn = |role: &str, text: &str| format!("<|im_start|>{role}\n{text}<|im_end|>\n");
+    let (ok, out, err) = cera(&["template", m, "--user", "a", "--assistant", "b", "--user", "c", "--assistant", "d", "--no-generation-prompt"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, [turn("user", "a"), turn("assistant", "b"), turn("user", "c"), turn("assistant", "d")].concat());
+    // Any order, any number of each role, `--system` included; the generation prompt follows.
+    let (ok, out, err) = cera(&["template", m, "--system", "s1", "--assistant", "x", "--assistant", "y", "--user", "u", "--system", "s2"]);
+    assert!(ok, "{err}");
+    let want =
+        [turn("system", "s1"), turn("assistant", "x"), turn("assistant", "y"), turn("user", "u"), turn("system", "s2"), "<|im_start|>assistant\n".into()];
+    assert_eq!(out, want.concat());
+    // At least one message.
+    let (ok, _, err) = cera(&["template", m]);
+    assert!(!ok && !err.contains("panicked"), "{err}");
+}
+
+#[test]
 fn bad_file_is_a_readable_error() {
-    let bad = std::env::temp_dir().join(format!("cera-cli-bad-{}.gguf", std::process::id()));
+    let dir = TempDir::new("bad");
+    let bad = dir.path("bad.gguf");
     std::fs::write(&bad, b"GGUF\x09\x00\x00\x00").unwrap();
-    let (ok, _, err) = cera(&["inspect", bad.to_str().unwrap()]);
-    assert!(!ok);
-    assert!(err.starts_with("error: unsupported GGUF version 9"), "{err}");
+    let b = bad.to_str().unwrap();
+    for cmd in ["inspect", "tokenize", "template"] {
+        let mut args = vec![cmd, b];
+        args.extend(match cmd {
+            "tokenize" => &["hi"][..],
+            "template" => &["--user", "hi"][..],
+            _ => &[][..],
+        });
+        let (ok, _, err) = cera(&args);
+        assert!(!ok && !err.contains("panicked"), "{cmd}: {err}");
+        assert!(err.starts_with(&format!("error: {b}: unsupported GGUF version 9")), "{cmd}: {err}");
+    }
+    // A truncated header, and a file that is GGUF only by its name.
+    let truncated = dir.path("truncated.gguf");
+    std::fs::write(&truncated, b"GGUF\x03\x00\x00\x00\x01").unwrap();
+    let named = dir.path("named.gguf");
+    std::fs::write(&named, b"not gguf at all").unwrap();
+    for p in [&truncated, &named] {
+        let p = p.to_str().unwrap();
+        let (ok, _, err) = cera(&["inspect", p]);
+        assert!(!ok && !err.contains("panicked") && err.starts_with(&format!("error: {p}: ")), "{err}");
+    }
+    // Safetensors: a header length past the end of the file.
+    let st = dir.path("bad.safetensors");
+    std::fs::write(&st, 1000u64.to_le_bytes()).unwrap();
+    let s = st.to_str().unwrap();
+    let (ok, _, err) = cera(&["inspect", s]);
+    assert!(!ok && !err.contains("panicked") && err.starts_with(&format!("error: {s}: ")), "{err}");
+    // A GGUF file without a tokenizer: `tokenize` names the file too.
+    let no_tok = dir.path("no-tokenizer.gguf");
+    let mut g = GgufBuilder::new(3);
+    g.kv("general.architecture", MetadataValue::String("llama".into()));
+    std::fs::write(&no_tok, g.build()).unwrap();
+    let n = no_tok.to_str().unwrap();
+    let (ok, _, err) = cera(&["tokenize", n, "hi"]);
+    assert!(!ok && err.starts_with(&format!("error: {n}: ")) && err.contains("tokenizer.ggml.model"), "{err}");
     let (ok, _, err) = cera(&["inspect", "/nonexistent/model"]);
     assert!(!ok && err.contains("no such file"), "{err}");
-    let _ = std::fs::remove_file(&bad);
+}
+
+#[test]
+fn fetch_without_python_is_a_clear_error() {
+    let empty_path = TempDir::new("no-python-path");
+    let cache = TempDir::new("no-python-cache");
+    for args in [&["fetch", "smollm2-135m"][..], &["inspect", "smollm2-135m"][..]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_cera"))
+            .args(args)
+            .env("PATH", &empty_path.0)
+            .env("CERA_MODEL_CACHE", &cache.0)
+            .env_remove("CERA_PYTHON")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && !err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(err.trim_end(), "error: python3 was not found: install Python 3 with pip to fetch models, or pass a model path", "{args:?}");
+    }
 }

@@ -1,6 +1,6 @@
 //! `cera fetch MODEL`: download a test model into the cache.
 
-use super::CliError;
+use super::{CliError, Output};
 use crate::fetch::{ModelId, ensure_model};
 
 /// Arguments of `cera fetch`.
@@ -11,11 +11,11 @@ pub struct Args {
 }
 
 /// Runs `cera fetch`.
-pub fn run(args: Args) -> Result<(), CliError> {
+pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
     let ids: Vec<ModelId> = if args.model == "all" { ModelId::ALL.to_vec() } else { vec![ModelId::from_name(&args.model).map_err(CliError::from_err)?] };
     for id in ids {
         let path = ensure_model(id).map_err(CliError::from_err)?;
-        println!("{}", path.display());
+        writeln!(out, "{}", path.display())?;
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! `cera inspect MODEL`: architecture, hyperparameters, tokenizer, chat template and a tensor
 //! table, like gguf-dump.
 
-use super::{CliError, resolve_model};
+use super::{CliError, Output, open_model};
 use crate::chat_template::TemplateSource;
 use crate::gguf::{HyperParams, MetadataValue};
 use crate::model_file::{ModelFile, TensorSource};
@@ -30,64 +30,66 @@ fn human(bytes: u64) -> String {
     if u == 0 { format!("{bytes} B") } else { format!("{v:.1} {}", UNITS[u]) }
 }
 
-fn print_hparams(hp: &HyperParams) {
-    println!("architecture:        {}", hp.architecture);
-    println!("embedding_length:    {}", hp.embedding_length);
-    println!("block_count:         {}", hp.block_count);
-    println!("context_length:      {}", hp.context_length);
-    println!("head_count:          {}", hp.head_count);
-    println!("head_count_kv:       {}", hp.head_count_kv);
-    println!("key/value_length:    {}/{}", hp.key_length, hp.value_length);
-    let opt = |name: &str, v: Option<String>| {
+fn print_hparams(hp: &HyperParams, out: &mut Output) -> Result<(), CliError> {
+    writeln!(out, "architecture:        {}", hp.architecture)?;
+    writeln!(out, "embedding_length:    {}", hp.embedding_length)?;
+    writeln!(out, "block_count:         {}", hp.block_count)?;
+    writeln!(out, "context_length:      {}", hp.context_length)?;
+    writeln!(out, "head_count:          {}", hp.head_count)?;
+    writeln!(out, "head_count_kv:       {}", hp.head_count_kv)?;
+    writeln!(out, "key/value_length:    {}/{}", hp.key_length, hp.value_length)?;
+    let optional = [
+        ("feed_forward_length", hp.feed_forward_length.as_ref().map(|f| f.to_string())),
+        ("rope.freq_base", hp.rope_freq_base.map(|v| v.to_string())),
+        ("rope.dimension_count", hp.rope_dimension_count.map(|v| v.to_string())),
+        ("rms_norm_eps", hp.rms_norm_eps.map(|v| v.to_string())),
+        ("layer_norm_eps", hp.layer_norm_eps.map(|v| v.to_string())),
+        ("sliding_window", hp.sliding_window.map(|v| v.to_string())),
+        ("vocab_size", hp.vocab_size.map(|v| v.to_string())),
+        ("expert_count", hp.expert_count.map(|v| v.to_string())),
+        ("shortconv.l_cache", hp.shortconv_l_cache.map(|v| v.to_string())),
+    ];
+    for (name, v) in optional {
         if let Some(v) = v {
-            println!("{:<20} {v}", format!("{name}:"));
+            writeln!(out, "{:<20} {v}", format!("{name}:"))?;
         }
-    };
-    opt("feed_forward_length", hp.feed_forward_length.as_ref().map(|f| f.to_string()));
-    opt("rope.freq_base", hp.rope_freq_base.map(|v| v.to_string()));
-    opt("rope.dimension_count", hp.rope_dimension_count.map(|v| v.to_string()));
-    opt("rms_norm_eps", hp.rms_norm_eps.map(|v| v.to_string()));
-    opt("layer_norm_eps", hp.layer_norm_eps.map(|v| v.to_string()));
-    opt("sliding_window", hp.sliding_window.map(|v| v.to_string()));
-    opt("vocab_size", hp.vocab_size.map(|v| v.to_string()));
-    opt("expert_count", hp.expert_count.map(|v| v.to_string()));
-    opt("shortconv.l_cache", hp.shortconv_l_cache.map(|v| v.to_string()));
+    }
+    Ok(())
 }
 
 /// Runs `cera inspect`.
-pub fn run(args: Args) -> Result<(), CliError> {
-    let path = resolve_model(&args.model)?;
-    let model = ModelFile::open(&path).map_err(CliError::from_err)?;
-    println!("file:                {}", path.display());
+pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
+    let (path, model) = open_model(&args.model)?;
+    writeln!(out, "file:                {}", path.display())?;
     match &model {
         ModelFile::Gguf(g) => {
-            println!("format:              GGUF v{} ({} metadata keys, alignment {})", g.version(), g.metadata().len(), g.alignment());
+            writeln!(out, "format:              GGUF v{} ({} metadata keys, alignment {})", g.version(), g.metadata().len(), g.alignment())?;
             if let Ok(name) = g.metadata().get_str("general.name") {
-                println!("name:                {name}");
+                writeln!(out, "name:                {name}")?;
             }
         }
         ModelFile::Safetensors(s) => {
-            println!("format:              safetensors ({} shard(s))", s.shard_paths().count());
+            writeln!(out, "format:              safetensors ({} shard(s))", s.shard_paths().count())?;
             if let Some(q) = s.config().and_then(|c| c.quantization.as_ref()) {
-                println!("quantization:        {:?} {} bits, group {:?}", q.method, q.bits, q.group_size);
+                writeln!(out, "quantization:        {:?} {} bits, group {:?}", q.method, q.bits, q.group_size)?;
             }
         }
     }
     match model.hparams() {
-        Ok(hp) => print_hparams(&hp),
-        Err(e) => println!("hyperparameters:     unavailable ({e})"),
+        Ok(hp) => print_hparams(&hp, out)?,
+        Err(e) => writeln!(out, "hyperparameters:     unavailable ({e})")?,
     }
     match model.tokenizer() {
         Ok(tok) => {
             let pre = tok.pre_tokenizer().map(|p| format!(", pre-tokenizer `{p}`")).unwrap_or_default();
-            println!("tokenizer:           {}{pre}, {} tokens", tok.kind(), tok.vocab_size());
+            writeln!(out, "tokenizer:           {}{pre}, {} tokens", tok.kind(), tok.vocab_size())?;
             let s = tok.special();
             let show = |id: Option<u32>| match id {
                 Some(i) => format!("{i} {:?}", tok.token_text(i).unwrap_or_default()),
                 None => "-".into(),
             };
-            println!("special tokens:      bos {}, eos {}, eot {}", show(s.bos), show(s.eos), show(s.eot));
-            println!("add bos/eos:         {}/{}", s.add_bos, s.add_eos);
+            writeln!(out, "special tokens:      bos {}, eos {}, eot {}", show(s.bos), show(s.eos), show(s.eot))?;
+            writeln!(out, "add bos/eos:         {}/{}", s.add_bos, s.add_eos)?;
             let tpl = if model.has_chat_template(&tok) {
                 "present in file".to_string()
             } else {
@@ -101,13 +103,13 @@ pub fn run(args: Args) -> Result<(), CliError> {
                     Err(e) => format!("none ({e})"),
                 }
             };
-            println!("chat template:       {tpl}");
+            writeln!(out, "chat template:       {tpl}")?;
         }
-        Err(e) => println!("tokenizer:           unavailable ({e})"),
+        Err(e) => writeln!(out, "tokenizer:           unavailable ({e})")?,
     }
     if args.metadata {
         if let ModelFile::Gguf(g) = &model {
-            println!("\nmetadata:");
+            writeln!(out, "\nmetadata:")?;
             for (k, v) in g.metadata().iter() {
                 let shown = match v {
                     MetadataValue::String(s) if s.len() > 80 => {
@@ -115,23 +117,23 @@ pub fn run(args: Args) -> Result<(), CliError> {
                     }
                     other => other.to_string(),
                 };
-                println!("  {k:<45} {shown}");
+                writeln!(out, "  {k:<45} {shown}")?;
             }
         }
     }
     let names = model.tensor_names();
     let total: u64 = names.iter().filter_map(|n| model.tensor_meta(n)).map(|m| m.n_bytes).sum();
-    println!("\ntensors: {} ({})", names.len(), human(total));
-    println!("  {:<5} {:<40} {:<8} {:<22} {:>10}", "#", "name", "type", "shape (ggml order)", "bytes");
+    writeln!(out, "\ntensors: {} ({})", names.len(), human(total))?;
+    writeln!(out, "  {:<5} {:<40} {:<8} {:<22} {:>10}", "#", "name", "type", "shape (ggml order)", "bytes")?;
     let limit = if args.max_tensors == 0 { names.len() } else { args.max_tensors };
     for (i, n) in names.iter().take(limit).enumerate() {
         if let Some(m) = model.tensor_meta(n) {
             let shape = format!("{:?}", m.dims);
-            println!("  {i:<5} {:<40} {:<8} {:<22} {:>10}", m.name, m.dtype.to_string(), shape, human(m.n_bytes));
+            writeln!(out, "  {i:<5} {:<40} {:<8} {:<22} {:>10}", m.name, m.dtype.to_string(), shape, human(m.n_bytes))?;
         }
     }
     if limit < names.len() {
-        println!("  ... {} more", names.len() - limit);
+        writeln!(out, "  ... {} more", names.len() - limit)?;
     }
     Ok(())
 }

@@ -1,28 +1,98 @@
 //! The `cera` command line: one file per subcommand.
 //!
 //! To add a subcommand (`run`, `chat`, `bench`, ...): add a file with an `Args` struct deriving
-//! [`clap::Args`] and a `run(args) -> Result<(), CliError>` function, then one variant to
-//! [`Command`] and one arm to [`dispatch`].
+//! [`clap::Args`] and a `run(args, out: &mut Output) -> Result<(), CliError>` function, then one
+//! variant to [`Command`] and one arm to [`dispatch`].
+//!
+//! Everything a subcommand prints goes through [`Output`] (`writeln!(out, ...)?`), never
+//! `println!`: when standard output is closed early (`cera inspect FILE | head`), the write
+//! fails with [`CliError::StdoutClosed`] and the program ends quietly with status 0, where
+//! `println!` would panic. Errors for the user go to standard error as `error: ...`.
+
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
 mod fetch;
 mod inspect;
 mod template;
 mod tokenize;
 
-use std::path::PathBuf;
+use std::fmt;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-/// An error for the user: printed as `error: ...` with exit status 1.
+use crate::model_file::ModelFile;
+
+/// Why a subcommand stopped.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct CliError(pub String);
+#[non_exhaustive]
+pub enum CliError {
+    /// An error for the user: printed as `error: ...` with exit status 1.
+    #[error("{0}")]
+    Message(String),
+    /// Standard output was closed by its reader (`cera inspect FILE | head`). Not an error for
+    /// the user: the program ends quietly with status 0.
+    #[error("standard output was closed")]
+    StdoutClosed,
+    /// Writing to standard output failed for another reason (a full disk, ...).
+    #[error("cannot write to standard output: {0}")]
+    Stdout(#[source] io::Error),
+}
 
 impl CliError {
     /// Wraps any error.
-    pub fn from_err(e: impl std::fmt::Display) -> CliError {
-        CliError(e.to_string())
+    pub fn from_err(e: impl fmt::Display) -> CliError {
+        CliError::Message(e.to_string())
+    }
+
+    /// Wraps an error from reading the model at `path`, naming the path.
+    pub fn in_file(path: &Path, e: impl fmt::Display) -> CliError {
+        CliError::Message(format!("{}: {e}", path.display()))
+    }
+
+    fn from_stdout(e: io::Error) -> CliError {
+        if e.kind() == io::ErrorKind::BrokenPipe { CliError::StdoutClosed } else { CliError::Stdout(e) }
+    }
+}
+
+/// Standard output for subcommands. `write!`/`writeln!` on it return `Result<(), CliError>`, and
+/// a closed pipe becomes [`CliError::StdoutClosed`] instead of a panic.
+pub struct Output {
+    inner: Box<dyn Write>,
+}
+
+impl fmt::Debug for Output {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Output")
+    }
+}
+
+impl Output {
+    /// The process's standard output (line-buffered).
+    pub fn stdout() -> Output {
+        Output { inner: Box::new(io::stdout()) }
+    }
+
+    /// Output into any writer (tests, a file).
+    pub fn new(inner: impl Write + 'static) -> Output {
+        Output { inner: Box::new(inner) }
+    }
+
+    /// What `write!` and `writeln!` call.
+    pub fn write_fmt(&mut self, args: fmt::Arguments<'_>) -> Result<(), CliError> {
+        self.inner.write_fmt(args).map_err(CliError::from_stdout)
+    }
+
+    /// Writes text as it is.
+    pub fn write_str(&mut self, s: &str) -> Result<(), CliError> {
+        self.inner.write_all(s.as_bytes()).map_err(CliError::from_stdout)
+    }
+
+    /// Flushes what is buffered.
+    pub fn flush(&mut self) -> Result<(), CliError> {
+        self.inner.flush().map_err(CliError::from_stdout)
     }
 }
 
@@ -48,23 +118,34 @@ pub enum Command {
     Fetch(fetch::Args),
 }
 
-/// Runs a parsed command line.
-pub fn dispatch(cli: Cli) -> Result<(), CliError> {
+/// Runs a parsed command line. `matches` are the matches `cli` was parsed from (the order of
+/// repeated options, such as `cera template`'s messages, is only known there).
+pub fn dispatch(cli: Cli, matches: &ArgMatches, out: &mut Output) -> Result<(), CliError> {
     match cli.command {
-        Command::Inspect(a) => inspect::run(a),
-        Command::Tokenize(a) => tokenize::run(a),
-        Command::Template(a) => template::run(a),
-        Command::Fetch(a) => fetch::run(a),
+        Command::Inspect(a) => inspect::run(a, out),
+        Command::Tokenize(a) => tokenize::run(a, out),
+        Command::Template(a) => {
+            let sub = matches.subcommand_matches("template").ok_or_else(|| CliError::Message("internal: no matches for `template`".into()))?;
+            template::run(a, sub, out)
+        }
+        Command::Fetch(a) => fetch::run(a, out),
     }
 }
 
 /// Entry point of the `cera` binary.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match dispatch(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.format(&mut Cli::command()).exit(),
+    };
+    let mut out = Output::stdout();
+    let result = dispatch(cli, &matches, &mut out).and_then(|()| out.flush());
+    match result {
+        Ok(()) | Err(CliError::StdoutClosed) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            // Nothing to do if standard error is gone too.
+            let _ = writeln!(io::stderr(), "error: {e}");
             ExitCode::FAILURE
         }
     }
@@ -78,6 +159,14 @@ pub fn resolve_model(arg: &str) -> Result<PathBuf, CliError> {
     }
     match crate::fetch::ModelId::from_name(arg) {
         Ok(id) => crate::fetch::ensure_model(id).map_err(CliError::from_err),
-        Err(_) => Err(CliError(format!("{arg}: no such file (and not a known model name)"))),
+        Err(_) => Err(CliError::Message(format!("{arg}: no such file (and not a known model name)"))),
     }
+}
+
+/// Resolves a model argument and opens it. Errors name the file.
+pub fn open_model(arg: &str) -> Result<(PathBuf, ModelFile), CliError> {
+    let path = resolve_model(arg)?;
+    // `ModelFile::open`'s errors name the path already.
+    let model = ModelFile::open(&path).map_err(CliError::from_err)?;
+    Ok((path, model))
 }

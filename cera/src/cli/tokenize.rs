@@ -1,7 +1,6 @@
 //! `cera tokenize MODEL TEXT`: print token ids and pieces.
 
-use super::{CliError, resolve_model};
-use crate::model_file::ModelFile;
+use super::{CliError, Output, open_model};
 use crate::tokenizer::EncodeOptions;
 
 /// Arguments of `cera tokenize`.
@@ -27,34 +26,33 @@ pub struct Args {
 }
 
 /// Runs `cera tokenize`.
-pub fn run(args: Args) -> Result<(), CliError> {
-    let model = ModelFile::open(resolve_model(&args.model)?).map_err(CliError::from_err)?;
-    let tok = model.tokenizer().map_err(CliError::from_err)?;
+pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
+    let (path, model) = open_model(&args.model)?;
+    let tok = model.tokenizer().map_err(|e| CliError::in_file(&path, e))?;
     let opts = EncodeOptions { add_special: !args.no_special, parse_special: !args.no_parse_special };
     let text = match (&args.text, &args.file) {
         (Some(t), _) => t.clone(),
         (None, Some(p)) if p.as_os_str() == "-" => {
             let mut s = String::new();
-            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map_err(CliError::from_err)?;
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map_err(|e| CliError::Message(format!("standard input: {e}")))?;
             s
         }
-        (None, Some(p)) => std::fs::read_to_string(p).map_err(|e| CliError(format!("{}: {e}", p.display())))?,
-        (None, None) => return Err(CliError("give the text or --file".into())),
+        (None, Some(p)) => std::fs::read_to_string(p).map_err(|e| CliError::in_file(p, e))?,
+        (None, None) => return Err(CliError::Message("give the text or --file".into())),
     };
     let ids = tok.encode(&text, opts).map_err(CliError::from_err)?;
     if args.ids_only {
         let s: Vec<String> = ids.iter().map(u32::to_string).collect();
-        println!("{}", s.join(" "));
-        return Ok(());
+        return writeln!(out, "{}", s.join(" "));
     }
-    println!("{} tokens", ids.len());
+    writeln!(out, "{} tokens", ids.len())?;
     for id in ids {
         let piece = tok.piece(id, true).map_err(CliError::from_err)?;
         let shown = match std::str::from_utf8(&piece) {
             Ok(s) => format!("{s:?}"),
             Err(_) => format!("{piece:02x?} (partial UTF-8)"),
         };
-        println!("{id:>8}  {shown}");
+        writeln!(out, "{id:>8}  {shown}")?;
     }
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! Errors of the GGUF reader. Every malformed file ends in one of these, never in a panic.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::types::GgmlType;
 
@@ -189,4 +189,42 @@ pub enum GgufError {
     /// A metadata look-up failed.
     #[error(transparent)]
     Metadata(#[from] MetadataError),
+    /// An error in the file at `path`: what [`GgufFile::open`](super::GgufFile::open) returns
+    /// for a malformed file. [`GgufError::inner`] is the error itself.
+    #[error("{path}: {source}")]
+    InFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it (never `InFile` itself).
+        #[source]
+        source: Box<GgufError>,
+    },
+}
+
+impl GgufError {
+    /// The error without the file it came from: the inner error of [`GgufError::InFile`], else
+    /// `self`. Match on this to tell what went wrong, whether or not the path is attached:
+    /// `matches!(e.inner(), GgufError::BadMagic { .. })`.
+    pub fn inner(&self) -> &GgufError {
+        match self {
+            GgufError::InFile { source, .. } => source.inner(),
+            other => other,
+        }
+    }
+
+    /// The file the error is about, where known.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            GgufError::InFile { path, .. } | GgufError::Io { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+
+    /// Attaches the file's path, unless the error names it already.
+    pub(crate) fn in_file(self, path: &Path) -> GgufError {
+        match self {
+            e @ (GgufError::InFile { .. } | GgufError::Io { .. }) => e,
+            e => GgufError::InFile { path: path.to_path_buf(), source: Box::new(e) },
+        }
+    }
 }

@@ -48,10 +48,13 @@ pub struct GgufFile {
 
 impl GgufFile {
     /// Opens and memory-maps a GGUF file, then parses and validates its header.
+    ///
+    /// Every error names the file: [`GgufError::Io`], or [`GgufError::InFile`] around what is
+    /// wrong with the header (see [`GgufError::inner`]).
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
         let storage = Storage::map(path).map_err(|source| GgufError::Io { path: path.to_path_buf(), source })?;
-        let mut file = Self::from_storage(storage)?;
+        let mut file = Self::from_storage(storage).map_err(|e| e.in_file(path))?;
         file.path = Some(path.to_path_buf());
         Ok(file)
     }
@@ -181,5 +184,24 @@ mod tests {
         assert!(matches!(f.tensor_data("c"), Err(GgufError::UnsupportedType { ty: GgmlType::IQ4_NL, .. })));
         assert_eq!(f.tensor_data_raw("c").unwrap().len(), 18);
         assert!(matches!(f.tensor_data("zz"), Err(GgufError::TensorNotFound { .. })));
+    }
+
+    #[test]
+    fn open_names_the_file() {
+        let dir = std::env::temp_dir().join(format!("cera-gguf-open-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bad = dir.join("bad.gguf");
+        std::fs::write(&bad, b"GGUF\x09\x00\x00\x00").unwrap();
+        let e = GgufFile::open(&bad).unwrap_err();
+        assert!(matches!(e.inner(), GgufError::UnsupportedVersion { version: 9, .. }), "{e:?}");
+        assert_eq!(e.path(), Some(bad.as_path()));
+        assert!(e.to_string().starts_with(&format!("{}: unsupported GGUF version 9", bad.display())), "{e}");
+        let missing = dir.join("missing.gguf");
+        let e = GgufFile::open(&missing).unwrap_err();
+        assert!(matches!(e.inner(), GgufError::Io { .. }) && e.to_string().contains(&*missing.to_string_lossy()), "{e}");
+        // The same bytes from memory: no path, and `inner` is the error itself.
+        let e = GgufFile::from_bytes(b"GGUF\x09\x00\x00\x00".to_vec()).unwrap_err();
+        assert!(matches!(e, GgufError::UnsupportedVersion { .. }) && e.path().is_none());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
