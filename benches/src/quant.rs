@@ -7,7 +7,7 @@ use boostr::formats::{AwqTensors, GgmlType, PackedWeights, repack};
 use boostr::quant::gemm::CoopTiles;
 use boostr::quant::gemv::GemvIo;
 use boostr::quant::{GemmPlan, GemvPlan, Q8Activations, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, QuantMatrix, WeightKind};
-use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv};
+use numr::gpu::{BufferKind, GpuBuffer, GpuContext, KernelEnv};
 use numr::{NumrError, Result};
 
 use crate::{Measurement, stream_read, time_recorded};
@@ -230,17 +230,14 @@ pub fn qkv_block(ctx: &GpuContext, kind: WeightKind, reps: usize, quick: bool) -
     })?;
     let t_qkv = time_recorded(ctx, reps, 7, |rec, i| fused[i % copies].record(rec).map_err(err))?;
     // Unfused: the f32 RMSNorm kernel of boostr::norm, a quantize, three GEMVs.
-    let norm_k = ctx.kernel(&boostr::norm::Norm::rms().source(&env))?;
-    let dummy = ctx.alloc(16, BufferKind::Storage)?;
-    let dummy2 = ctx.alloc(16, BufferKind::Storage)?;
-    let norm_g = ctx.bind(&norm_k, &[Binding::whole(&x), Binding::whole(&nw), Binding::whole(&dummy), Binding::whole(&dummy2), Binding::whole(&normed)])?;
-    let norm_p = [1, k as u32, 1e-5f32.to_bits(), 0, k as u32, k as u32, k as u32];
+    let norm_io = boostr::norm::NormIo { x: (&x).into(), w: (&nw).into(), b: None, residual: None, out: Some((&normed).into()) };
+    let norm = boostr::norm::NormPlan::new(ctx, &boostr::norm::Norm::rms(), &norm_io, k, 1, 1e-5).map_err(err)?;
     let xa = Q8Activations::new(ctx, &normed, 1, k).map_err(err)?;
     let sep: Vec<Vec<Q8GemvPlan>> = (0..3)
         .map(|j| sep_w[j].iter().map(|w| Q8GemvPlan::new(ctx, &QuantGemvQ8::for_matrix(kind, &env, 1, rows[j], k), w, &xa, &ys[j]).map_err(err)).collect())
         .collect::<Result<_>>()?;
     let t_sep = time_recorded(ctx, reps, 7, |rec, i| {
-        rec.dispatch(&norm_k, &norm_g, &norm_p, [1, 1, 1])?;
+        norm.record(rec, &numr::gpu::StepValues::decode(0)).map_err(err)?;
         xa.record(rec).map_err(err)?;
         for plans in &sep {
             plans[i % copies].record(rec).map_err(err)?;

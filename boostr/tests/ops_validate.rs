@@ -7,7 +7,7 @@ use boostr::conv::ShortConv;
 use boostr::embedding::Embedding;
 use boostr::norm::Norm;
 use boostr::rope::QkvRope;
-use boostr::sampling::{Argmax, RepetitionPenalty, TopK};
+use boostr::sampling::{Argmax, Penalty, TopK};
 use numr::gpu::{KernelEnv, KernelSource};
 use numr::testing::validate_wgsl;
 
@@ -26,7 +26,7 @@ fn sources(env: &KernelEnv) -> Vec<KernelSource> {
     v.extend(Embedding::all().iter().map(|c| c.source(env)));
     v.extend([true, false].map(|first| Argmax { first }.source(env)));
     v.extend([true, false].map(|first| TopK { first }.source(env)));
-    v.push(RepetitionPenalty.source(env));
+    v.push(Penalty.source(env));
     v
 }
 

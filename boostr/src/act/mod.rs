@@ -1,11 +1,18 @@
 //! Activations on f32: SiLU and GELU (tanh approximation, as Gemma uses), alone or as a gated
 //! linear unit `act(gate) * up` (SwiGLU, GeGLU), with the gate and up either in two tensors or
 //! packed in one `[gate | up]` row (a fused gate/up projection's output).
+//!
+//! [`ActPlan`] is the op built once and recorded per step (`step.n_tok` rows of a width fixed at
+//! build); [`Act::run`] is the eager path over tensors, built on the same plan.
 
-use numr::gpu::{Access, GpuContext, KernelBuilder, KernelEnv, KernelSource};
+mod plan;
+
+pub use plan::{ActIo, ActPlan};
+
+use numr::gpu::{Access, GpuContext, KernelBuilder, KernelEnv, KernelSource, StepValues};
 use numr::{DType, Tensor};
 
-use crate::ops_common::{Result, SAFE_TANH, bad, bind, dispatch, dummy, env_of, grid_for};
+use crate::ops_common::{Result, SAFE_TANH, bad, tensor_view, to_u32};
 
 /// The nonlinearity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -63,7 +70,12 @@ impl Act {
         v
     }
 
-    /// WGSL. Bindings `a`, `b`, `out`; params `total, n, a_off, a_stride, b_off, b_stride`.
+    /// WGSL. Bindings `a`, `b`, `out`; params `total, n, a_off, a_stride, b_off, b_stride,
+    /// out_off`.
+    ///
+    /// Bounds: invocation `i < total` (rows = `total / n`) reads `a[a_off + r * a_stride + c]`
+    /// (and `+ n` when packed), `b[b_off + r * b_stride + c]` and writes `out[out_off + i]`;
+    /// [`ActPlan::new`] checks every binding holds its extent for the largest step.
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let name = format!("act_{:?}_{:?}", self.kind, self.input).to_lowercase();
         let value = match self.input {
@@ -72,54 +84,81 @@ impl Act {
             GluInput::Packed => "act(a[ab + c]) * a[ab + p.n + c]",
         };
         let body = format!(
-            "    let i = wg_linear * 256u + lidx;\n    if (i >= p.total) {{ return; }}\n    let r = i / p.n;\n    let c = i - r * p.n;\n    let ab = p.a_off + r * p.a_stride;\n    out[i] = {value};\n"
+            "    let i = wg_linear * 256u + lidx;\n    if (i >= p.total) {{ return; }}\n    let r = i / p.n;\n    let c = i - r * p.n;\n    let ab = p.a_off + r * p.a_stride;\n    out[p.out_off + i] = {value};\n"
         );
         KernelBuilder::new(name, *env)
             .workgroup(256, 1, 1)
             .storage("a", Access::Read, "array<f32>")
             .storage("b", Access::Read, "array<f32>")
             .storage("out", Access::ReadWrite, "array<f32>")
-            .params(&["total", "n", "a_off", "a_stride", "b_off", "b_stride"])
+            .params(&["total", "n", "a_off", "a_stride", "b_off", "b_stride", "out_off"])
             .prelude(SAFE_TANH)
             .prelude(self.kind.wgsl())
             .body(&body)
             .build()
     }
 
-    /// Runs on GPU tensors. `a` is `[rows, n]` (`[rows, 2n]` when packed), `b` `[rows, n]` for
-    /// two-tensor GLUs. Returns `[rows, n]` f32.
+    /// Width of one input row of `a` for output rows of `n`: `2n` when packed.
+    pub fn input_width(&self, n: usize) -> usize {
+        if self.input == GluInput::Packed { 2 * n } else { n }
+    }
+
+    /// Runs on GPU tensors (eagerly, through an [`ActPlan`] built for this call). `a` is
+    /// `[rows, n]` (`[rows, 2n]` when packed), `b` `[rows, n]` for two-tensor GLUs, all f32 and
+    /// contiguous. Returns `[rows, n]` f32.
     pub fn run(&self, ctx: &GpuContext, a: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-        let w = *a.shape().last().ok_or_else(|| bad("act", "scalar input"))?;
-        let rows = a.numel() / w.max(1);
+        const OP: &str = "act";
+        let w = *a.shape().last().ok_or_else(|| bad(OP, "the input is a scalar"))?;
         let n = if self.input == GluInput::Packed { w / 2 } else { w };
-        if (self.input == GluInput::TwoTensors) != b.is_some() || b.is_some_and(|b| b.numel() != rows * n) {
-            return Err(bad("act", "the up tensor does not match the variant or the shape"));
+        if n == 0 || self.input_width(n) != w {
+            return Err(bad(OP, format!("input rows of {w} for {:?} (even and positive when packed)", self.input)));
+        }
+        let rows = a.numel() / w;
+        if (self.input == GluInput::TwoTensors) != b.is_some() {
+            return Err(bad(OP, format!("up tensor given: {}; the variant is {self:?}", b.is_some())));
+        }
+        if let Some(b) = b.filter(|b| b.numel() != rows * n) {
+            return Err(bad(OP, format!("the up tensor has {} elements, {rows} x {n} expected", b.numel())));
         }
         let out = Tensor::zeros(&[rows, n], DType::F32, a.device())?;
-        let (ab, ao) = bind(a)?;
-        let (bb, bo) = match b {
-            Some(b) => bind(b)?,
-            None => (dummy(ctx)?, 0),
+        if rows == 0 {
+            return Ok(out);
+        }
+        let io = ActIo {
+            a: tensor_view(OP, "the input", a, DType::F32)?,
+            b: b.map(|b| tensor_view(OP, "the up tensor", b, DType::F32)).transpose()?,
+            out: Some(tensor_view(OP, "out", &out, DType::F32)?),
         };
-        let total = (rows * n) as u32;
-        let params = [total, n as u32, ao, w as u32, bo, n as u32];
-        dispatch(ctx, &self.source(&env_of(ctx)), &[ab, bb, bind(&out)?.0], &params, grid_for(ctx, (total as u64).div_ceil(256))?)?;
+        let plan = ActPlan::new(ctx, self, &io, n, rows)?;
+        plan.run(ctx, &StepValues::chunk(0, to_u32(OP, "rows", rows)?))?;
         Ok(out)
     }
 
-    /// CPU reference.
-    pub fn reference(&self, a: &[f32], b: Option<&[f32]>, rows: usize, n: usize) -> Vec<f32> {
+    /// CPU reference over `rows` rows of `n` outputs (`a` holds `rows x input_width(n)`, `b`
+    /// `rows x n` for two-tensor GLUs). Lengths that disagree are
+    /// [`crate::ops_common::OpsError::BadArgs`].
+    pub fn reference(&self, a: &[f32], b: Option<&[f32]>, rows: usize, n: usize) -> Result<Vec<f32>> {
+        const OP: &str = "act reference";
+        let w = self.input_width(n);
+        if a.len() != rows * w {
+            return Err(bad(OP, format!("input of {} elements, {rows} x {w} expected", a.len())));
+        }
+        let up = match (self.input, b) {
+            (GluInput::TwoTensors, Some(b)) if b.len() == rows * n => b,
+            (GluInput::TwoTensors, b) => return Err(bad(OP, format!("up of {:?} elements, {rows} x {n} expected", b.map(|b| b.len())))),
+            _ => &[][..],
+        };
         let mut out = Vec::with_capacity(rows * n);
         for r in 0..rows {
             for c in 0..n {
                 let v = match self.input {
                     GluInput::None => self.kind.apply(a[r * n + c] as f64),
-                    GluInput::TwoTensors => self.kind.apply(a[r * n + c] as f64) * b.expect("up")[r * n + c] as f64,
+                    GluInput::TwoTensors => self.kind.apply(a[r * n + c] as f64) * up[r * n + c] as f64,
                     GluInput::Packed => self.kind.apply(a[r * 2 * n + c] as f64) * a[r * 2 * n + n + c] as f64,
                 };
                 out.push(v as f32);
             }
         }
-        out
+        Ok(out)
     }
 }

@@ -2,18 +2,28 @@
 //! [`PackedWeights`]' layout (the CPU decoder [`PackedWeights::dequantize_row`] is the reference;
 //! the WGSL below mirrors [`crate::formats::packed_decode`] element by element).
 //!
-//! Token ids are checked on the host ([`OpsError::TokenOutOfRange`]). A table larger than one
-//! binding is split by rows into chunks, each with its own buffers; every chunk's dispatch writes
-//! only the tokens whose id falls inside it.
+//! A table larger than one binding is split by rows into chunks, each with its own buffers; every
+//! chunk's dispatch writes only the tokens whose id falls inside it.
+//!
+//! [`EmbeddingPlan`] gathers from a GPU buffer of u32 ids (`ids[step.token .. step.token +
+//! step.n_tok]`), so a decode loop can feed argmax's output to the next token's embedding with no
+//! CPU round trip. Ids are not checked on the GPU: **a row whose id is at or past the vocabulary
+//! (or whose slot is past the end of the id buffer) becomes zeros**, and nothing is read out of
+//! bounds. The eager [`GpuEmbedding::embed`] checks ids on the host
+//! ([`OpsError::TokenOutOfRange`]) and runs the same plan.
+
+mod plan;
+
+pub use plan::EmbeddingPlan;
 
 use std::sync::Arc;
 
 use half::f16;
-use numr::gpu::{Access, Binding, GpuBuffer, GpuContext, KernelBuilder, KernelEnv, KernelSource};
+use numr::gpu::{Access, GpuBuffer, GpuContext, KernelBuilder, KernelEnv, KernelSource, StepValues};
 use numr::{DType, Tensor};
 
 use crate::formats::{GgmlType, PackedFormat, PackedWeights};
-use crate::ops_common::{OpsError, Result, dispatch, env_of, fbits, grid_for, upload_u32};
+use crate::ops_common::{GpuView, OpsError, Result, tensor_view, to_u32, upload_u32};
 
 /// The gather kernel's variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -29,8 +39,15 @@ impl Embedding {
         EMBEDDING_FORMATS.iter().map(|&format| Embedding { format }).collect()
     }
 
-    /// WGSL. Bindings `ids`, `qs`, `qh`, `dd`, `mm`, `out` (rw); params
-    /// `n_tok, cols, bpr, row0, rows, scale`.
+    /// WGSL. Bindings `ids`, `qs`, `qh`, `dd`, `mm`, `out` (rw); params `n_tok, cols, bpr, row0,
+    /// rows, scale, id0, id_end, vocab, zero_oob, out_off`.
+    ///
+    /// Token `t < n_tok` takes the id at `ids[id0 + t]` when `id0 + t < id_end` (else an
+    /// out-of-range id). An id in `row0 .. row0 + rows` reads row `id - row0` of this chunk (its
+    /// blocks lie inside the chunk's buffers, by construction in [`GpuEmbedding::new`]); an id at
+    /// or past `vocab` writes zeros where `zero_oob = 1` (one chunk's dispatch); any other id is
+    /// another chunk's. Writes `out[out_off + t * cols + e]`, `e < cols`: [`EmbeddingPlan::new`]
+    /// checks the output and id views.
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         use GgmlType::*;
         let value = match self.format {
@@ -51,12 +68,17 @@ fn nib(g: u32, el: u32) -> u32 { return (qs[g * 4u + (el % 16u) / 4u] >> (8u * (
     if (i >= p.n_tok * p.cols) {{ return; }}
     let t = i / p.cols;
     let e = i - t * p.cols;
-    let id = ids[t];
-    if (id < p.row0 || id >= p.row0 + p.rows) {{ return; }}
+    var id = 0xffffffffu;
+    if (p.id0 + t < p.id_end) {{ id = ids[p.id0 + t]; }}
+    if (id >= p.vocab) {{
+        if (p.zero_oob == 1u) {{ out[p.out_off + i] = 0.0; }}
+        return;
+    }}
+    if (id < p.row0 || id - p.row0 >= p.rows) {{ return; }}
     let r = id - p.row0;
     let g = r * p.bpr + e / 32u;
     let el = e % 32u;
-    out[i] = ({value}) * bitcast<f32>(p.scale);
+    out[p.out_off + i] = ({value}) * bitcast<f32>(p.scale);
 "
         );
         KernelBuilder::new(format!("embedding_{}", self.format.name()).to_lowercase(), *env)
@@ -67,7 +89,7 @@ fn nib(g: u32, el: u32) -> u32 { return (qs[g * 4u + (el % 16u) / 4u] >> (8u * (
             .storage("dd", Access::Read, "array<u32>")
             .storage("mm", Access::Read, "array<u32>")
             .storage("out", Access::ReadWrite, "array<f32>")
-            .params(&["n_tok", "cols", "bpr", "row0", "rows", "scale"])
+            .params(&["n_tok", "cols", "bpr", "row0", "rows", "scale", "id0", "id_end", "vocab", "zero_oob", "out_off"])
             .prelude(pre)
             .body(&body)
             .build()
@@ -135,8 +157,18 @@ impl GpuEmbedding {
         self.chunks.len()
     }
 
+    /// Rows of the table (the vocabulary).
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Values in a row.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
     /// Gathers rows `ids` (times `scale`, e.g. Gemma's `sqrt(hidden)`) into `[ids.len(), cols]`
-    /// f32. A bad id is an error and nothing is recorded.
+    /// f32, eagerly through an [`EmbeddingPlan`]. A bad id is an error and nothing is recorded.
     pub fn embed(&self, ctx: &GpuContext, ids: &[u32], scale: f32) -> Result<Tensor> {
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.vocab) {
             return Err(OpsError::TokenOutOfRange { id, vocab: self.vocab });
@@ -145,20 +177,15 @@ impl GpuEmbedding {
         if ids.is_empty() {
             return Ok(out);
         }
-        let idb = Binding::whole(&upload_u32(ctx, ids)?);
-        let src = Embedding { format: self.format }.source(&env_of(ctx));
-        let total = (ids.len() * self.cols) as u64;
-        let grid = grid_for(ctx, total.div_ceil(256))?;
-        for c in &self.chunks {
-            let b = [idb.clone(), Binding::whole(&c.qs), Binding::whole(&c.qh), Binding::whole(&c.d), Binding::whole(&c.m), out.gpu_binding(4)?.0];
-            let params = [ids.len() as u32, self.cols as u32, self.bpr as u32, c.row0 as u32, c.rows as u32, fbits(scale)];
-            dispatch(ctx, &src, &b, &params, grid)?;
-        }
+        let idv = GpuView::whole(&upload_u32(ctx, ids)?);
+        let plan = EmbeddingPlan::new(ctx, self, &idv, ids.len(), scale, Some(tensor_view("embedding", "out", &out, DType::F32)?))?;
+        plan.run(ctx, &StepValues::chunk(0, to_u32("embedding", "tokens", ids.len())?))?;
         Ok(out)
     }
 }
 
-/// CPU reference: rows of the packed table's own decoder, times `scale`.
+/// CPU reference: rows of the packed table's own decoder, times `scale`. An id past the table is
+/// [`OpsError::TokenOutOfRange`].
 pub fn embedding_ref(table: &PackedWeights, ids: &[u32], scale: f32) -> Result<Vec<f32>> {
     let mut out = Vec::with_capacity(ids.len() * table.cols());
     for &id in ids {
@@ -166,6 +193,20 @@ pub fn embedding_ref(table: &PackedWeights, ids: &[u32], scale: f32) -> Result<V
             return Err(OpsError::TokenOutOfRange { id, vocab: table.rows() });
         }
         out.extend(table.dequantize_row(id as usize)?.iter().map(|v| v * scale));
+    }
+    Ok(out)
+}
+
+/// CPU reference of the plan's gather: as [`embedding_ref`], but an id past the table gives a row
+/// of zeros (what the GPU writes), not an error.
+pub fn embedding_ref_lenient(table: &PackedWeights, ids: &[u32], scale: f32) -> Result<Vec<f32>> {
+    let mut out = Vec::with_capacity(ids.len() * table.cols());
+    for &id in ids {
+        if id as usize >= table.rows() {
+            out.extend(std::iter::repeat_n(0.0, table.cols()));
+        } else {
+            out.extend(table.dequantize_row(id as usize)?.iter().map(|v| v * scale));
+        }
     }
     Ok(out)
 }

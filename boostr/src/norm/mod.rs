@@ -4,12 +4,19 @@
 //! One workgroup of 256 invocations per row; the sums use subgroup reductions where the adapter
 //! has them, else workgroup memory (numr's `workgroup_reduce_fns`). The mean and variance are
 //! two passes over the row (no `E[x²] - E[x]²` cancellation).
+//!
+//! [`NormPlan`] is the op built once (kernel, bind group, output) and recorded per step: rows =
+//! `step.n_tok`. [`Norm::run`] is the eager path over tensors, built on the same plan.
 
-use numr::Tensor;
-use numr::gpu::{Access, GpuContext, KernelBuilder, KernelEnv, KernelSource};
+mod plan;
+
+pub use plan::{NormIo, NormPlan};
+
+use numr::gpu::{Access, GpuContext, KernelBuilder, KernelEnv, KernelSource, StepValues};
 use numr::kernels::reduce::{reduce_args, workgroup_reduce_fns};
+use numr::{DType, Tensor};
 
-use crate::ops_common::{Result, bad, bind, dispatch, dummy, env_of, fbits, grid_for};
+use crate::ops_common::{Result, bad, tensor_view, to_u32};
 
 /// Which normalisation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -54,14 +61,18 @@ impl Norm {
     }
 
     /// WGSL. Bindings: `x`, `w`, `b`, `res` (read-write), `out`; params `rows, n, eps, x_off,
-    /// x_stride, res_stride, out_stride`.
+    /// x_stride, res_off, res_stride, out_off, out_stride, w_off, b_off`.
+    ///
+    /// Bounds: workgroup `row < rows` reads `x[x_off + row * x_stride + i]`, `res[res_off + row *
+    /// res_stride + i]` and writes `out[out_off + row * out_stride + i]` for `i < n`, and reads
+    /// `w[w_off + i]`, `b[b_off + i]`; [`NormPlan::new`] checks every binding holds its extent.
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let name = format!("norm_{:?}_o{}_b{}_r{}", self.kind, self.weight_offset as u8, self.bias as u8, self.residual as u8).to_lowercase();
         let args = reduce_args(env);
         let load = if self.residual { "var v = x[xb + i] + res[rb + i]; res[rb + i] = v;" } else { "let v = x[xb + i];" };
         let reload = if self.residual { "res[rb + i]" } else { "x[xb + i]" };
-        let w = if self.weight_offset { "(1.0 + w[i])" } else { "w[i]" };
-        let b = if self.bias { " + b[i]" } else { "" };
+        let w = if self.weight_offset { "(1.0 + w[p.w_off + i])" } else { "w[p.w_off + i]" };
+        let b = if self.bias { " + b[p.b_off + i]" } else { "" };
         let stats = match self.kind {
             NormKind::Rms => format!(
                 "    var ss = 0.0;\n    for (var i = lidx; i < p.n; i += 256u) {{ {load} ss += v * v; }}\n    let mean = 0.0;\n    let inv = inverseSqrt(wg_sum(ss, {args}) / f32(p.n) + bitcast<f32>(p.eps));\n"
@@ -71,7 +82,7 @@ impl Norm {
             ),
         };
         let body = format!(
-            "    let row = wg_linear;\n    if (row >= p.rows) {{ return; }}\n    let xb = p.x_off + row * p.x_stride;\n    let rb = row * p.res_stride;\n    let ob = row * p.out_stride;\n{stats}    for (var i = lidx; i < p.n; i += 256u) {{ out[ob + i] = ({reload} - mean) * inv * {w}{b}; }}\n"
+            "    let row = wg_linear;\n    if (row >= p.rows) {{ return; }}\n    let xb = p.x_off + row * p.x_stride;\n    let rb = p.res_off + row * p.res_stride;\n    let ob = p.out_off + row * p.out_stride;\n{stats}    for (var i = lidx; i < p.n; i += 256u) {{ out[ob + i] = ({reload} - mean) * inv * {w}{b}; }}\n"
         );
         KernelBuilder::new(name, *env)
             .workgroup(256, 1, 1)
@@ -81,38 +92,65 @@ impl Norm {
             .storage("b", Access::Read, "array<f32>")
             .storage("res", Access::ReadWrite, "array<f32>")
             .storage("out", Access::ReadWrite, "array<f32>")
-            .params(&["rows", "n", "eps", "x_off", "x_stride", "res_stride", "out_stride"])
+            .params(&["rows", "n", "eps", "x_off", "x_stride", "res_off", "res_stride", "out_off", "out_stride", "w_off", "b_off"])
             .prelude(&workgroup_reduce_fns(env))
             .body(&body)
             .build()
     }
 
-    /// Runs the norm on GPU tensors: `x` is `[rows, n]` f32 (contiguous), `w` (and `b`) `[n]`,
-    /// `residual` `[rows, n]` (updated in place when the variant fuses the residual add).
-    /// Returns `[rows, n]` f32.
+    /// Runs the norm on GPU tensors (eagerly, through a [`NormPlan`] built for this call): `x` is
+    /// `[rows, n]` f32 (contiguous), `w` (and `b`) `[n]`, `residual` `[rows, n]` (updated in place
+    /// when the variant fuses the residual add). Returns `[rows, n]` f32.
     pub fn run(&self, ctx: &GpuContext, x: &Tensor, w: &Tensor, b: Option<&Tensor>, residual: Option<&Tensor>, eps: f32) -> Result<Tensor> {
-        let n = *x.shape().last().ok_or_else(|| bad("norm", "scalar input"))?;
-        let rows = x.numel() / n.max(1);
-        if w.numel() != n || self.bias != b.is_some() || self.residual != residual.is_some() {
-            return Err(bad("norm", "weight length, bias or residual does not match the variant"));
+        const OP: &str = "norm";
+        let n = *x.shape().last().ok_or_else(|| bad(OP, "x is a scalar (shape [rows, n] expected)"))?;
+        if n == 0 {
+            return Err(bad(OP, "rows of length 0"));
+        }
+        let rows = x.numel() / n;
+        if self.bias != b.is_some() || self.residual != residual.is_some() {
+            return Err(bad(OP, format!("bias given: {}, residual given: {}; the variant is {self:?}", b.is_some(), residual.is_some())));
+        }
+        if w.numel() != n || b.is_some_and(|b| b.numel() != n) {
+            return Err(bad(OP, format!("weight ({}) or bias ({:?}) length differs from the row length {n}", w.numel(), b.map(|b| b.numel()))));
+        }
+        if let Some(r) = residual.filter(|r| r.numel() != rows * n) {
+            return Err(bad(OP, format!("residual of {} elements, x has {}", r.numel(), rows * n)));
         }
         let out = Tensor::zeros(&[rows, n], numr::DType::F32, x.device())?;
-        let (xb, xo) = bind(x)?;
-        let bb = match b {
-            Some(b) => bind(b)?.0,
-            None => dummy(ctx)?,
+        if rows == 0 {
+            return Ok(out);
+        }
+        let f = |what, t: &Tensor| tensor_view(OP, what, t, DType::F32);
+        let io = NormIo {
+            x: f("x", x)?,
+            w: f("weight", w)?,
+            b: b.map(|b| f("bias", b)).transpose()?,
+            residual: residual.map(|r| f("residual", r)).transpose()?,
+            out: Some(f("out", &out)?),
         };
-        let rb = match residual {
-            Some(r) => bind(r)?.0,
-            None => dummy(ctx)?,
-        };
-        let params = [rows as u32, n as u32, fbits(eps), xo, n as u32, n as u32, n as u32];
-        dispatch(ctx, &self.source(&env_of(ctx)), &[xb, bind(w)?.0, bb, rb, bind(&out)?.0], &params, grid_for(ctx, rows as u64)?)?;
+        let plan = NormPlan::new(ctx, self, &io, n, rows, eps)?;
+        plan.run(ctx, &StepValues::chunk(0, to_u32(OP, "rows", rows)?))?;
         Ok(out)
     }
 
-    /// CPU reference (f64 accumulation). Updates `residual` like the kernel.
-    pub fn reference(&self, x: &[f32], w: &[f32], b: Option<&[f32]>, mut residual: Option<&mut [f32]>, n: usize, eps: f32) -> Vec<f32> {
+    /// CPU reference (f64 accumulation) over `x.len() / n` rows. Updates `residual` like the
+    /// kernel. Lengths that disagree (x not whole rows, weight, bias or residual of the wrong
+    /// length, or given against the variant) are [`crate::ops_common::OpsError::BadArgs`].
+    pub fn reference(&self, x: &[f32], w: &[f32], b: Option<&[f32]>, mut residual: Option<&mut [f32]>, n: usize, eps: f32) -> Result<Vec<f32>> {
+        const OP: &str = "norm reference";
+        if n == 0 || !x.len().is_multiple_of(n) {
+            return Err(bad(OP, format!("x of {} elements is not whole rows of {n}", x.len())));
+        }
+        if w.len() != n || b.is_some_and(|b| b.len() != n) {
+            return Err(bad(OP, format!("weight ({}) or bias ({:?}) length differs from the row length {n}", w.len(), b.map(|b| b.len()))));
+        }
+        if self.bias != b.is_some() || self.residual != residual.is_some() {
+            return Err(bad(OP, format!("bias given: {}, residual given: {}; the variant is {self:?}", b.is_some(), residual.is_some())));
+        }
+        if let Some(r) = residual.as_deref().filter(|r| r.len() != x.len()) {
+            return Err(bad(OP, format!("residual of {} elements, x has {}", r.len(), x.len())));
+        }
         let mut out = vec![0.0f32; x.len()];
         for r in 0..x.len() / n {
             let mut h: Vec<f64> = x[r * n..(r + 1) * n].iter().map(|&v| v as f64).collect();
@@ -134,6 +172,6 @@ impl Norm {
                 out[r * n + i] = ((h[i] - mean) * inv * wi + b.map_or(0.0, |b| b[i] as f64)) as f32;
             }
         }
-        out
+        Ok(out)
     }
 }

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, KernelSource, grid_2d};
-use numr::{NumrError, Tensor};
+use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, KernelSource, StepValues, grid_2d};
+use numr::{DType, NumrError, Tensor};
 
 /// Every failure of the decoder-block ops.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +32,149 @@ pub type Result<T, E = OpsError> = std::result::Result<T, E>;
 
 pub(crate) fn bad(op: &'static str, reason: impl Into<String>) -> OpsError {
     OpsError::BadArgs { op, reason: reason.into() }
+}
+
+/// A size as a u32 kernel parameter, checked (`op` and `what` name it in the error).
+pub fn to_u32(op: &'static str, what: &str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| bad(op, format!("{what} = {v} does not fit 32 bits")))
+}
+
+/// `a * b`, checked.
+pub fn mul(op: &'static str, what: &str, a: usize, b: usize) -> Result<usize> {
+    a.checked_mul(b).ok_or_else(|| bad(op, format!("{what} = {a} x {b} overflows")))
+}
+
+/// A run of 4-byte words (f32 or u32 elements) in a GPU buffer: a binding and the word offset of
+/// element 0 inside it. Plans take their inputs and outputs as views; a view's extent is its
+/// binding's (`binding.size / 4 - offset` words), checked against what the plan reads or writes
+/// when the plan is built.
+#[derive(Clone, Debug)]
+pub struct GpuView {
+    pub binding: Binding,
+    /// Word offset of element 0 inside the binding.
+    pub offset: usize,
+}
+
+impl GpuView {
+    pub fn new(binding: Binding, offset: usize) -> GpuView {
+        GpuView { binding, offset }
+    }
+
+    /// The whole buffer, from word 0.
+    pub fn whole(buffer: &Arc<GpuBuffer>) -> GpuView {
+        GpuView { binding: Binding::whole(buffer), offset: 0 }
+    }
+
+    /// A view of a contiguous GPU tensor of 4-byte elements (f32, i32, u32).
+    pub fn of_tensor(t: &Tensor) -> Result<GpuView> {
+        if t.dtype().size() != 4 {
+            return Err(bad("gpu view", format!("a tensor of {} (4-byte elements needed)", t.dtype())));
+        }
+        if !t.is_contiguous() {
+            return Err(bad("gpu view", format!("a non-contiguous tensor of shape {:?}", t.shape())));
+        }
+        let (binding, offset) = t.gpu_binding(4)?;
+        Ok(GpuView { binding, offset: offset as usize })
+    }
+
+    /// Words from element 0 to the end of the binding.
+    pub fn words(&self) -> usize {
+        ((self.binding.size / 4) as usize).saturating_sub(self.offset)
+    }
+
+    /// The buffer behind the view.
+    pub fn buffer(&self) -> &Arc<GpuBuffer> {
+        &self.binding.buffer
+    }
+
+    /// Byte offset of element 0 in the buffer.
+    pub fn byte_offset(&self) -> u64 {
+        self.binding.offset + self.offset as u64 * 4
+    }
+
+    /// Errors unless the view holds at least `words` words, and the last one's index
+    /// (`offset + words - 1`) fits the kernels' u32 index arithmetic.
+    pub fn need(&self, op: &'static str, what: &str, words: usize) -> Result<()> {
+        if self.words() < words {
+            return Err(bad(op, format!("{what} holds {} words, {words} needed", self.words())));
+        }
+        if (self.offset as u64).saturating_add(words as u64) > 1 << 32 {
+            return Err(bad(op, format!("{what}: words up to {} + {words} are past 32-bit indexing", self.offset)));
+        }
+        Ok(())
+    }
+
+    /// The word offset as a kernel parameter.
+    pub fn offset_u32(&self, op: &'static str) -> Result<u32> {
+        to_u32(op, "view offset", self.offset)
+    }
+}
+
+impl From<Binding> for GpuView {
+    fn from(binding: Binding) -> GpuView {
+        GpuView { binding, offset: 0 }
+    }
+}
+
+impl From<&Arc<GpuBuffer>> for GpuView {
+    fn from(b: &Arc<GpuBuffer>) -> GpuView {
+        GpuView::whole(b)
+    }
+}
+
+/// The view of a GPU tensor that must be contiguous and of `dtype` (named errors otherwise).
+pub fn tensor_view(op: &'static str, what: &str, t: &Tensor, dtype: DType) -> Result<GpuView> {
+    if t.dtype() != dtype {
+        return Err(bad(op, format!("{what} is {}, {dtype} expected", t.dtype())));
+    }
+    if !t.is_contiguous() {
+        return Err(bad(op, format!("{what} (shape {:?}) is not contiguous", t.shape())));
+    }
+    if !t.device().is_gpu() {
+        return Err(bad(op, format!("{what} is not on the GPU")));
+    }
+    GpuView::of_tensor(t)
+}
+
+/// A buffer of `words` words owned by a plan (its output or scratch), as a view; zero-filled
+/// through the implicit stream (which runs before any later recording).
+pub fn owned(ctx: &GpuContext, words: usize) -> Result<GpuView> {
+    let bytes = (words.max(1) as u64).checked_mul(4).ok_or_else(|| bad("alloc", format!("{words} words")))?;
+    let b = ctx.alloc(bytes, BufferKind::Storage)?;
+    ctx.with_stream(|rec| rec.clear(&b))?;
+    Ok(GpuView { binding: Binding { buffer: b, offset: 0, size: bytes }, offset: 0 })
+}
+
+/// A plan's output: the given view (checked to hold `words`), or a buffer the plan owns.
+pub fn out_or_owned(ctx: &GpuContext, op: &'static str, given: Option<&GpuView>, words: usize) -> Result<GpuView> {
+    match given {
+        Some(o) => {
+            o.need(op, "the output", words)?;
+            Ok(o.clone())
+        }
+        None => owned(ctx, words),
+    }
+}
+
+/// A per-step grid of `ceil(items(step) / per_wg)` workgroups (2-D within the adapter's limit),
+/// `items` clamped to `max_items`; checked at build for `max_items`. Zero items skip the dispatch.
+pub fn step_grid(
+    ctx: &GpuContext,
+    max_items: u64,
+    per_wg: u64,
+    items: impl Fn(&StepValues) -> u64 + Send + Sync + 'static,
+) -> Result<impl Fn(&StepValues) -> [u32; 3] + Send + Sync + 'static> {
+    let lim = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
+    grid_for(ctx, max_items.div_ceil(per_wg))?;
+    Ok(move |s: &StepValues| grid_2d(items(s).min(max_items).div_ceil(per_wg), lim).unwrap_or([0, 1, 1]))
+}
+
+/// Errors unless the step's token count is at most `max` (what a plan was built for).
+pub fn check_n_tok(op: &'static str, step: &StepValues, max: u32) -> Result<()> {
+    if step.n_tok > max {
+        return Err(bad(op, format!("a step of {} tokens, the plan was built for at most {max}", step.n_tok)));
+    }
+    Ok(())
 }
 
 /// The kernel environment of a context.

@@ -1,23 +1,39 @@
-//! Sampling on the GPU: argmax over the vocabulary (4 bytes read back), top-k values and indices
-//! (k ≤ 128; the host samples from the short list), and the logit transforms applied first:
-//! llama.cpp's repetition penalty (positive logits divided by the penalty, negative multiplied)
-//! and the temperature.
+//! Sampling on the GPU: argmax over the vocabulary, top-k values and indices (k ≤ 128; the host
+//! samples from the short list), and the logit transforms applied first: llama.cpp's penalties
+//! (repetition: positive logits divided by the penalty, negative multiplied; frequency and
+//! presence: `logit -= count * frequency + (count > 0) * presence`) over a window of a GPU id
+//! history, and the temperature.
+//!
+//! Every op is a plan built once and recorded per step ([`ArgmaxPlan`], [`TopKPlan`],
+//! [`PenaltyPlan`]), writing into GPU buffers at the step's token slot, so a decode loop feeds
+//! the id of token t into token t+1's embedding with no CPU round trip. The eager functions
+//! ([`argmax`], [`top_k`], [`repetition_penalty`], [`penalties`]) run the same plans.
 //!
 //! Argmax is a two-level tree reduction of `(value, index)` (ties go to the lower index). Top-k
 //! sorts chunks of 1024 logits per workgroup with a bitonic network in workgroup memory and keeps
-//! each chunk's best `k`; rounds repeat over the survivors until one chunk is left.
+//! each chunk's best `k`; rounds repeat over the survivors until one chunk is left. NaN and -inf
+//! logits rank as `-f32::MAX` (below every finite logit, above nothing), in the kernels and in the
+//! CPU references alike, as far as the adapter keeps NaN (WGSL lets it assume none).
+
+mod penalty;
+mod plan;
+
+pub use penalty::{Penalties, Penalty, PenaltyPlan, penalties, penalties_ref, repetition_penalty, repetition_penalty_ref};
+pub use plan::{ArgmaxPlan, TopKPlan};
 
 use std::sync::Arc;
 
 use numr::Tensor;
-use numr::gpu::{Access, Binding, BufferKind, GpuBuffer, GpuContext, KernelBuilder, KernelEnv, KernelSource};
+use numr::gpu::{Access, GpuBuffer, GpuContext, KernelBuilder, KernelEnv, KernelSource, StepValues};
 
-use crate::ops_common::{OpsError, Result, bad, dispatch, dummy, env_of, fbits, grid_for, upload_u32};
+use crate::ops_common::{GpuView, Result, bad, tensor_view, to_u32};
 
 /// Largest k of [`top_k`].
 pub const MAX_TOP_K: usize = 128;
 const SORT_N: u32 = 1024;
 const ARGMAX_PER_WG: u32 = 4096;
+/// WGSL: maps NaN and -inf (and anything below `-f32::MAX`) to `-f32::MAX`.
+const CLAMP_LOW: &str = "if (!(v >= -3.4028235e38)) { v = -3.4028235e38; }";
 
 /// Argmax pass: `first` reads raw logits (index = position), later passes read `(value, index)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -26,15 +42,21 @@ pub struct Argmax {
 }
 
 impl Argmax {
-    /// WGSL. Bindings `vals`, `idx`, `out_v` (rw), `out_i` (rw); params `n, per_wg`.
+    /// WGSL. Bindings `vals`, `idx`, `out_v` (rw), `out_i` (rw); params `n, per_wg, in_off,
+    /// outv_off, outi_off`.
+    ///
+    /// Bounds: workgroup `w` reads `vals[in_off + j]` (and `idx[in_off + j]` after the first
+    /// pass) for `j < n`, and writes `out_v[outv_off + w]`, `out_i[outi_off + w]`;
+    /// [`ArgmaxPlan::new`] sizes the scratch and checks the views (and each step's slot).
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
-        let load_i = if self.first { "j" } else { "idx[j]" };
+        let load_i = if self.first { "j" } else { "idx[p.in_off + j]" };
         let body = format!(
             "    let lo = wg_linear * p.per_wg;
     var bv = -3.4028235e38;
     var bi = 0xffffffffu;
     for (var j = lo + lidx; j < min(lo + p.per_wg, p.n); j += 256u) {{
-        let v = vals[j];
+        var v = vals[p.in_off + j];
+        {CLAMP_LOW}
         let i = {load_i};
         if (v > bv || (v == bv && i < bi)) {{ bv = v; bi = i; }}
     }}
@@ -49,7 +71,7 @@ impl Argmax {
         }}
         workgroupBarrier();
     }}
-    if (lidx == 0u) {{ out_v[wg_linear] = sv[0]; out_i[wg_linear] = si[0]; }}
+    if (lidx == 0u) {{ out_v[p.outv_off + wg_linear] = sv[0]; out_i[p.outi_off + wg_linear] = si[0]; }}
 "
         );
         KernelBuilder::new(format!("argmax_f{}", self.first as u8), *env)
@@ -58,7 +80,7 @@ impl Argmax {
             .storage("idx", Access::Read, "array<u32>")
             .storage("out_v", Access::ReadWrite, "array<f32>")
             .storage("out_i", Access::ReadWrite, "array<u32>")
-            .params(&["n", "per_wg"])
+            .params(&["n", "per_wg", "in_off", "outv_off", "outi_off"])
             .prelude("var<workgroup> sv: array<f32, 256>;\nvar<workgroup> si: array<u32, 256>;\n")
             .body(&body)
             .build()
@@ -72,13 +94,18 @@ pub struct TopK {
 }
 
 impl TopK {
-    /// WGSL. Bindings `vals`, `idx`, `out_v` (rw), `out_i` (rw); params `n, k, inv_temp`.
-    /// The first round divides by the temperature (multiplies by `inv_temp`) and maps NaN to -inf.
+    /// WGSL. Bindings `vals`, `idx`, `out_v` (rw), `out_i` (rw); params `n, k, inv_temp, in_off,
+    /// outv_off, outi_off`. The first round multiplies by `inv_temp` (divides by the
+    /// temperature).
+    ///
+    /// Bounds: workgroup `w` reads `vals[in_off + j]` (and `idx[in_off + j]` after the first
+    /// round) for `j < n`, and writes `out_v[outv_off + w * k + e]`, `out_i[outi_off + w * k + e]`
+    /// for `e < k ≤ 1024`; [`TopKPlan::new`] sizes the scratch and checks the views.
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let load = if self.first {
-            "var v = vals[j] * bitcast<f32>(p.inv_temp); if (v != v) { v = -3.4028235e38; } sv[e] = v; si[e] = j;"
+            format!("var v = vals[p.in_off + j] * bitcast<f32>(p.inv_temp); {CLAMP_LOW} sv[e] = v; si[e] = j;")
         } else {
-            "sv[e] = vals[j]; si[e] = idx[j];"
+            "sv[e] = vals[p.in_off + j]; si[e] = idx[p.in_off + j];".to_string()
         };
         let body = format!(
             "    let lo = wg_linear * {SORT_N}u;
@@ -102,7 +129,10 @@ impl TopK {
             workgroupBarrier();
         }}
     }}
-    for (var e = lidx; e < p.k; e += 256u) {{ out_v[wg_linear * p.k + e] = sv[e]; out_i[wg_linear * p.k + e] = si[e]; }}
+    for (var e = lidx; e < min(p.k, {SORT_N}u); e += 256u) {{
+        out_v[p.outv_off + wg_linear * p.k + e] = sv[e];
+        out_i[p.outi_off + wg_linear * p.k + e] = si[e];
+    }}
 ",
             half = SORT_N / 2
         );
@@ -112,63 +142,28 @@ impl TopK {
             .storage("idx", Access::Read, "array<u32>")
             .storage("out_v", Access::ReadWrite, "array<f32>")
             .storage("out_i", Access::ReadWrite, "array<u32>")
-            .params(&["n", "k", "inv_temp"])
+            .params(&["n", "k", "inv_temp", "in_off", "outv_off", "outi_off"])
             .prelude(&format!("var<workgroup> sv: array<f32, {SORT_N}>;\nvar<workgroup> si: array<u32, {SORT_N}>;\n"))
             .body(&body)
             .build()
     }
 }
 
-/// The repetition-penalty kernel (in place on the logits).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct RepetitionPenalty;
-
-impl RepetitionPenalty {
-    /// WGSL. Bindings `logits` (rw), `ids`; params `n_ids, penalty`.
-    pub fn source(&self, env: &KernelEnv) -> KernelSource {
-        KernelBuilder::new("repetition_penalty", *env)
-            .workgroup(256, 1, 1)
-            .storage("logits", Access::ReadWrite, "array<f32>")
-            .storage("ids", Access::Read, "array<u32>")
-            .params(&["n_ids", "penalty"])
-            .body(
-                "    let i = wg_linear * 256u + lidx;
-    if (i >= p.n_ids) { return; }
-    let v = logits[ids[i]];
-    let pen = bitcast<f32>(p.penalty);
-    logits[ids[i]] = select(v * pen, v / pen, v > 0.0);
-",
-            )
-            .build()
+fn f32_logits(logits: &Tensor) -> Result<(GpuView, usize)> {
+    let v = tensor_view("sampling", "the logits", logits, numr::DType::F32)?;
+    if logits.numel() == 0 {
+        return Err(bad("sampling", "empty logits"));
     }
+    Ok((v, logits.numel()))
 }
 
-fn f32_logits(logits: &Tensor) -> Result<(Binding, usize)> {
-    if logits.dtype() != numr::DType::F32 || !logits.is_contiguous() {
-        return Err(bad("sampling", "logits must be contiguous f32"));
-    }
-    let (b, off) = logits.gpu_binding(4)?;
-    if off != 0 {
-        return Err(bad("sampling", "logits must start at an aligned offset"));
-    }
-    Ok((b, logits.numel()))
-}
-
-/// Records the argmax of `logits`; the returned buffer's first word is the index.
+/// Records the argmax of `logits` into the implicit stream; the returned buffer's first word is
+/// the index once the stream is flushed.
 pub fn argmax_record(ctx: &GpuContext, logits: &Tensor) -> Result<Arc<GpuBuffer>> {
-    let (lb, n) = f32_logits(logits)?;
-    if n == 0 {
-        return Err(bad("argmax", "empty logits"));
-    }
-    let env = env_of(ctx);
-    let nwg = (n as u32).div_ceil(ARGMAX_PER_WG);
-    let (pv, pi) = (ctx.alloc(nwg as u64 * 4, BufferKind::Storage)?, ctx.alloc(nwg as u64 * 4, BufferKind::Storage)?);
-    let first = Argmax { first: true }.source(&env);
-    dispatch(ctx, &first, &[lb, dummy(ctx)?, Binding::whole(&pv), Binding::whole(&pi)], &[n as u32, ARGMAX_PER_WG], grid_for(ctx, nwg as u64)?)?;
-    let (ov, oi) = (ctx.alloc(16, BufferKind::Storage)?, ctx.alloc(16, BufferKind::Storage)?);
-    let second = Argmax { first: false }.source(&env);
-    dispatch(ctx, &second, &[Binding::whole(&pv), Binding::whole(&pi), Binding::whole(&ov), Binding::whole(&oi)], &[nwg, nwg], [1, 1, 1])?;
-    Ok(oi)
+    let (lv, n) = f32_logits(logits)?;
+    let plan = ArgmaxPlan::new(ctx, &lv, n, None, 1)?;
+    plan.run(ctx, &StepValues::decode(0))?;
+    Ok(plan.ids().buffer().clone())
 }
 
 /// Argmax of `logits` (ties: the lowest index), reading back 4 bytes.
@@ -180,67 +175,47 @@ pub fn argmax(ctx: &GpuContext, logits: &Tensor) -> Result<u32> {
 
 /// The `k` largest `logits / temperature` with their indices, best first (ties: lower index).
 pub fn top_k(ctx: &GpuContext, logits: &Tensor, k: usize, temperature: f32) -> Result<Vec<(u32, f32)>> {
-    let (lb, n) = f32_logits(logits)?;
-    if k == 0 || k > MAX_TOP_K || k > n || !(temperature > 0.0) {
-        return Err(bad("top_k", format!("k {k} must be in 1..={MAX_TOP_K} and at most {n}; temperature {temperature} must be positive")));
-    }
-    let env = env_of(ctx);
-    let mut vals = lb;
-    let mut idx = dummy(ctx)?;
-    let mut len = n as u32;
-    let mut first = true;
-    loop {
-        let nwg = len.div_ceil(SORT_N);
-        let (ov, oi) = (ctx.alloc(nwg as u64 * k as u64 * 4, BufferKind::Storage)?, ctx.alloc(nwg as u64 * k as u64 * 4, BufferKind::Storage)?);
-        let src = TopK { first }.source(&env);
-        let params = [len, k as u32, fbits(1.0 / temperature)];
-        dispatch(ctx, &src, &[vals, idx, Binding::whole(&ov), Binding::whole(&oi)], &params, grid_for(ctx, nwg as u64)?)?;
-        first = false;
-        (vals, idx) = (Binding::whole(&ov), Binding::whole(&oi));
-        len = nwg * k as u32;
-        if nwg == 1 {
-            break;
-        }
-    }
-    let v = ctx.read_bytes(&vals.buffer, 0, k as u64 * 4)?;
-    let i = ctx.read_bytes(&idx.buffer, 0, k as u64 * 4)?;
+    let (lv, n) = f32_logits(logits)?;
+    let plan = TopKPlan::new(ctx, &lv, n, k, temperature, 1, None)?;
+    plan.run(ctx, &StepValues::decode(0))?;
+    let bytes = k as u64 * 4;
+    let v = ctx.read_bytes(plan.values().buffer(), plan.values().byte_offset(), bytes)?;
+    let i = ctx.read_bytes(plan.ids().buffer(), plan.ids().byte_offset(), bytes)?;
     let (v, i): (&[f32], &[u32]) = (bytemuck::cast_slice(&v), bytemuck::cast_slice(&i));
     Ok(i.iter().copied().zip(v.iter().copied()).collect())
 }
 
-/// Applies the repetition penalty in place to the logits of `ids` (deduplicated here; each id is
-/// checked against the vocabulary).
-pub fn repetition_penalty(ctx: &GpuContext, logits: &Tensor, ids: &[u32], penalty: f32) -> Result<()> {
-    let (lb, n) = f32_logits(logits)?;
-    let mut u = ids.to_vec();
-    u.sort_unstable();
-    u.dedup();
-    if let Some(&id) = u.iter().find(|&&id| id as usize >= n) {
-        return Err(OpsError::TokenOutOfRange { id, vocab: n });
-    }
-    if u.is_empty() || penalty == 1.0 {
-        return Ok(());
-    }
-    let ib = Binding::whole(&upload_u32(ctx, &u)?);
-    dispatch(ctx, &RepetitionPenalty.source(&env_of(ctx)), &[lb, ib], &[u.len() as u32, fbits(penalty)], grid_for(ctx, (u.len() as u64).div_ceil(256))?)
+fn rank_value(x: f32) -> f32 {
+    if x >= f32::MIN { x } else { f32::MIN }
 }
 
-/// CPU reference of the penalty (llama.cpp semantics), in place.
-pub fn repetition_penalty_ref(logits: &mut [f32], ids: &[u32], penalty: f32) {
-    let mut u = ids.to_vec();
-    u.sort_unstable();
-    u.dedup();
-    for id in u {
-        let v = &mut logits[id as usize];
-        *v = if *v > 0.0 { *v / penalty } else { *v * penalty };
+/// CPU reference of [`top_k`] (and of argmax with `k = 1`): `k` must be in `1..=logits.len()`
+/// and the temperature positive, else [`crate::ops_common::OpsError::BadArgs`].
+pub fn top_k_ref(logits: &[f32], k: usize, temperature: f32) -> Result<Vec<(u32, f32)>> {
+    if k == 0 || k > logits.len() || temperature.is_nan() || temperature <= 0.0 {
+        return Err(bad("top_k reference", format!("k {k} for {} logits, temperature {temperature}", logits.len())));
     }
-}
-
-/// CPU reference of [`top_k`] (and of argmax with `k = 1`).
-pub fn top_k_ref(logits: &[f32], k: usize, temperature: f32) -> Vec<(u32, f32)> {
+    to_u32("top_k reference", "logits", logits.len())?;
     let inv = 1.0 / temperature;
-    let mut v: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &x)| (i as u32, if x.is_nan() { f32::MIN } else { x * inv })).collect();
+    let mut v: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &x)| (i as u32, rank_value(x * inv))).collect();
     v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     v.truncate(k);
-    v
+    Ok(v)
+}
+
+/// CPU reference of argmax: the index of the largest logit, ties to the lowest index, NaN and
+/// -inf ranking as `-f32::MAX`; and that value. Empty logits are
+/// [`crate::ops_common::OpsError::BadArgs`].
+pub fn argmax_ref(logits: &[f32]) -> Result<(u32, f32)> {
+    if logits.is_empty() {
+        return Err(bad("argmax reference", "empty logits"));
+    }
+    to_u32("argmax reference", "logits", logits.len())?;
+    let mut best = (0u32, rank_value(logits[0]));
+    for (i, &x) in logits.iter().enumerate().skip(1) {
+        if rank_value(x) > best.1 {
+            best = (i as u32, rank_value(x));
+        }
+    }
+    Ok(best)
 }

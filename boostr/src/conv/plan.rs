@@ -1,0 +1,112 @@
+//! [`ShortConvPlan`]: the short conv built once, with its rolling state, recorded per step.
+
+use numr::gpu::{GpuContext, Plan, PlanDispatch, Recorder, StepValues};
+
+use super::ShortConv;
+use crate::ops_common::{GpuView, Result, bad, check_n_tok, env_of, mul, out_or_owned, step_grid, to_u32};
+
+const OP: &str = "short conv plan";
+
+/// The buffers of a short conv (f32 views).
+#[derive(Clone, Debug)]
+pub struct ShortConvIo {
+    /// The input projection's rows `[max_tok, 3 * ch]` (`[B | C | x]`).
+    pub bcx: GpuView,
+    /// Weight `[ch, kernel]`.
+    pub w: GpuView,
+    /// The rolling state `[kernel - 1, ch]`, or `None` for a state the plan owns (zeros at build).
+    pub state: Option<GpuView>,
+    /// Output rows `[max_tok, ch]`, or `None` for an output the plan owns.
+    pub out: Option<GpuView>,
+}
+
+/// The short conv of `step.n_tok` tokens (at most `max_tok`) against the rolling state, which the
+/// same dispatch advances: recording steps of 5, 1, 1 tokens gives what one step of 7 gives.
+#[derive(Clone, Debug)]
+pub struct ShortConvPlan {
+    plan: Plan,
+    reset: Plan,
+    state: GpuView,
+    out: GpuView,
+    max_tok: u32,
+}
+
+impl ShortConvPlan {
+    /// Builds the plan over `ch` channels; every view is checked to hold its extent.
+    pub fn new(ctx: &GpuContext, cfg: &ShortConv, io: &ShortConvIo, ch: usize, max_tok: usize) -> Result<ShortConvPlan> {
+        cfg.check()?;
+        if ch == 0 || max_tok == 0 {
+            return Err(bad(OP, format!("{ch} channels and at most {max_tok} tokens (both must be positive)")));
+        }
+        let (k, km1) = (cfg.kernel as usize, cfg.kernel as usize - 1);
+        io.bcx.need(OP, "bcx", mul(OP, "max_tok x 3 ch", max_tok, mul(OP, "3 ch", 3, ch)?)?)?;
+        io.w.need(OP, "the weight", mul(OP, "ch x kernel", ch, k)?)?;
+        let state = out_or_owned(ctx, OP, io.state.as_ref(), km1 * ch)?;
+        let out = out_or_owned(ctx, OP, io.out.as_ref(), mul(OP, "max_tok x ch", max_tok, ch)?)?;
+        let (ch32, max32) = (to_u32(OP, "ch", ch)?, to_u32(OP, "max_tok", max_tok)?);
+        let km1_32 = cfg.kernel - 1;
+        // Invocations: ch owners, and one per output after the first kernel - 1 tokens.
+        let threads = move |n_tok: u32| ch32 as u64 * (1 + n_tok.saturating_sub(km1_32) as u64);
+        to_u32(OP, "the largest step's invocations", threads(max32) as usize)?;
+        let kernel = ctx.kernel(&cfg.source(&env_of(ctx)))?;
+        let group = ctx.bind(&kernel, &[io.bcx.binding.clone(), io.w.binding.clone(), state.binding.clone(), out.binding.clone()])?;
+        let base = PlanDispatch::new(&kernel, group, [1, 1, 1])?
+            .set("ch", ch32)?
+            .set("in_off", io.bcx.offset_u32(OP)?)?
+            .set("in_stride", 3 * ch32)?
+            .set("w_off", io.w.offset_u32(OP)?)?
+            .set("s_off", state.offset_u32(OP)?)?
+            .set("out_off", out.offset_u32(OP)?)?;
+        let reset = base.clone().set("n_tok", 0)?.set("fresh", 1)?.grid_per_step(step_grid(ctx, ch as u64, 256, move |_| ch32 as u64)?);
+        let grid = step_grid(ctx, threads(max32), 256, move |s| if s.n_tok == 0 { 0 } else { threads(s.n_tok.min(max32)) })?;
+        let step = base.set("fresh", 0)?.per_step("n_tok", move |s| s.n_tok.min(max32))?.grid_per_step(grid);
+        Ok(ShortConvPlan { plan: Plan::from(step), reset: Plan::from(reset), state, out, max_tok: max32 })
+    }
+
+    /// Records the conv of `step.n_tok` tokens and the state update (more than `max_tok` tokens
+    /// is an error; 0 tokens records nothing).
+    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
+        check_n_tok(OP, step, self.max_tok)?;
+        Ok(self.plan.record(rec, step)?)
+    }
+
+    /// Records the step into the context's implicit stream (the eager path).
+    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
+        check_n_tok(OP, step, self.max_tok)?;
+        Ok(self.plan.run(ctx, step)?)
+    }
+
+    /// Records zeroing the state (a new sequence): one small dispatch, no pass break.
+    pub fn record_reset(&self, rec: &mut Recorder) -> Result<()> {
+        Ok(self.reset.record(rec, &StepValues::default())?)
+    }
+
+    /// Zeroes the state through the implicit stream.
+    pub fn reset(&self, ctx: &GpuContext) -> Result<()> {
+        Ok(self.reset.run(ctx, &StepValues::default())?)
+    }
+
+    /// The rolling state (`[kernel - 1, ch]` f32: the last `Bx` rows, oldest first).
+    pub fn state(&self) -> &GpuView {
+        &self.state
+    }
+
+    /// The output rows (`[max_tok, ch]` f32).
+    pub fn out(&self) -> &GpuView {
+        &self.out
+    }
+
+    /// The step's plan (recorded directly, steps are clamped to `max_tok` tokens).
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The reset's plan.
+    pub fn reset_plan(&self) -> &Plan {
+        &self.reset
+    }
+
+    pub fn max_tok(&self) -> usize {
+        self.max_tok as usize
+    }
+}

@@ -1,0 +1,100 @@
+//! [`EmbeddingPlan`]: the gather built once over a GPU id buffer, recorded per step.
+
+use numr::gpu::{Binding, GpuContext, Plan, PlanDispatch, Recorder, StepValues};
+
+use super::{Embedding, GpuEmbedding};
+use crate::ops_common::{GpuView, Result, bad, check_n_tok, env_of, mul, out_or_owned, step_grid, to_u32};
+
+const OP: &str = "embedding plan";
+
+/// Gathers `step.n_tok` rows (at most `max_tok`) of a [`GpuEmbedding`] whose ids are
+/// `ids[step.token .. step.token + step.n_tok]` of a GPU buffer of u32, times `scale`, into rows
+/// `0 .. n_tok` of the output. One dispatch per table chunk. A row whose id is at or past the
+/// vocabulary, or whose slot lies past the end of `ids`, becomes zeros (see the module docs).
+#[derive(Clone, Debug)]
+pub struct EmbeddingPlan {
+    plan: Plan,
+    out: GpuView,
+    max_tok: u32,
+    id_slots: usize,
+}
+
+impl EmbeddingPlan {
+    /// Builds the plan: `ids` is the id buffer (u32 words, read from `step.token`), `out` the
+    /// output rows `[max_tok, cols]` f32 (`None`: owned by the plan). The plan keeps the table's
+    /// buffers alive.
+    pub fn new(ctx: &GpuContext, table: &GpuEmbedding, ids: &GpuView, max_tok: usize, scale: f32, out: Option<GpuView>) -> Result<EmbeddingPlan> {
+        if max_tok == 0 {
+            return Err(bad(OP, "at most 0 tokens"));
+        }
+        if ids.words() == 0 {
+            return Err(bad(OP, "an empty id buffer"));
+        }
+        ids.need(OP, "the id buffer", ids.words())?;
+        let total = mul(OP, "max_tok x cols", max_tok, table.cols)?;
+        let out = out_or_owned(ctx, OP, out.as_ref(), total)?;
+        let (cols, max32) = (to_u32(OP, "cols", table.cols)?, to_u32(OP, "max_tok", max_tok)?);
+        to_u32(OP, "max_tok x cols", total)?;
+        let id_off = ids.offset_u32(OP)?;
+        let id_end = to_u32(OP, "end of the id buffer", ids.offset + ids.words())?;
+        let kernel = ctx.kernel(&Embedding { format: table.format }.source(&env_of(ctx)))?;
+        let mut plan = Plan::new();
+        for (i, c) in table.chunks.iter().enumerate() {
+            let b = [ids.binding.clone(), Binding::whole(&c.qs), Binding::whole(&c.qh), Binding::whole(&c.d), Binding::whole(&c.m), out.binding.clone()];
+            let group = ctx.bind(&kernel, &b)?;
+            let grid = step_grid(ctx, total as u64, 256, move |s| s.n_tok.min(max32) as u64 * cols as u64)?;
+            let d = PlanDispatch::new(&kernel, group, [1, 1, 1])?
+                .set("cols", cols)?
+                .set_usize("bpr", table.bpr)?
+                .set_usize("row0", c.row0)?
+                .set_usize("rows", c.rows)?
+                .set_f32("scale", scale)?
+                .set("id_end", id_end)?
+                .set_usize("vocab", table.vocab)?
+                .set("zero_oob", (i == 0) as u32)?
+                .set("out_off", out.offset_u32(OP)?)?
+                .per_step("n_tok", move |s| s.n_tok.min(max32))?
+                // Saturates: a slot past the buffer reads as an out-of-range id (zeros).
+                .per_step("id0", move |s| id_off.saturating_add(s.token))?
+                .grid_per_step(grid);
+            plan.push(d);
+        }
+        Ok(EmbeddingPlan { plan, out, max_tok: max32, id_slots: ids.words() })
+    }
+
+    fn check(&self, step: &StepValues) -> Result<()> {
+        check_n_tok(OP, step, self.max_tok)?;
+        if step.token as usize + step.n_tok as usize > self.id_slots {
+            return Err(bad(OP, format!("ids {}..{} past the id buffer of {}", step.token, step.token as usize + step.n_tok as usize, self.id_slots)));
+        }
+        Ok(())
+    }
+
+    /// Records the gather of `step.n_tok` rows from ids `step.token..` (a step past `max_tok` or
+    /// past the id buffer is an error and records nothing).
+    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
+        self.check(step)?;
+        Ok(self.plan.record(rec, step)?)
+    }
+
+    /// Records the step into the context's implicit stream (the eager path).
+    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
+        self.check(step)?;
+        Ok(self.plan.run(ctx, step)?)
+    }
+
+    /// The output rows (`[max_tok, cols]` f32).
+    pub fn out(&self) -> &GpuView {
+        &self.out
+    }
+
+    /// The underlying plan (recorded directly, steps are clamped to `max_tok`; slots past the id
+    /// buffer give zero rows).
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    pub fn max_tok(&self) -> usize {
+        self.max_tok as usize
+    }
+}

@@ -1,0 +1,117 @@
+//! [`NormPlan`]: a norm built once (kernel, bind group, output) and recorded per step, with the
+//! step's token count as its row count.
+
+use numr::gpu::{GpuContext, Plan, PlanDispatch, Recorder, StepValues};
+
+use super::Norm;
+use crate::ops_common::{GpuView, Result, bad, check_n_tok, dummy, env_of, mul, out_or_owned, step_grid, to_u32};
+
+const OP: &str = "norm plan";
+
+/// The buffers of a norm (f32 views).
+#[derive(Clone, Debug)]
+pub struct NormIo {
+    /// Input rows, `[max_rows, n]`.
+    pub x: GpuView,
+    /// Weight, `[n]`.
+    pub w: GpuView,
+    /// Bias, `[n]` (variants with `bias`, else `None`).
+    pub b: Option<GpuView>,
+    /// The residual stream `[max_rows, n]`, read and updated in place to `x + residual`
+    /// (variants with `residual`, else `None`).
+    pub residual: Option<GpuView>,
+    /// Where the normalised rows go (`[max_rows, n]`): an engine's activation buffer, or `None`
+    /// for an output the plan owns ([`NormPlan::out`]). Not `x`'s buffer: a read-only and a
+    /// read-write binding of one buffer conflict in a dispatch.
+    pub out: Option<GpuView>,
+}
+
+/// A norm over `step.n_tok` rows of `n` (at most `max_rows`), eps fixed at build. Recording
+/// creates no buffer and no bind group.
+#[derive(Clone, Debug)]
+pub struct NormPlan {
+    plan: Plan,
+    out: GpuView,
+    max_rows: u32,
+}
+
+impl NormPlan {
+    /// Builds the plan; every view is checked to hold what `max_rows` rows read or write
+    /// (typed [`crate::ops_common::OpsError::BadArgs`] otherwise), and the bias / residual must be
+    /// given exactly when the variant uses them.
+    pub fn new(ctx: &GpuContext, cfg: &Norm, io: &NormIo, n: usize, max_rows: usize, eps: f32) -> Result<NormPlan> {
+        if n == 0 || max_rows == 0 {
+            return Err(bad(OP, format!("rows of {n} and at most {max_rows} rows (both must be positive)")));
+        }
+        if !(eps.is_finite() && eps >= 0.0) {
+            return Err(bad(OP, format!("eps {eps}")));
+        }
+        if cfg.bias != io.b.is_some() || cfg.residual != io.residual.is_some() {
+            return Err(bad(OP, format!("bias given: {}, residual given: {}; the variant is {cfg:?}", io.b.is_some(), io.residual.is_some())));
+        }
+        let total = mul(OP, "max_rows x n", max_rows, n)?;
+        io.x.need(OP, "x", total)?;
+        io.w.need(OP, "the weight", n)?;
+        if let Some(b) = &io.b {
+            b.need(OP, "the bias", n)?;
+        }
+        if let Some(r) = &io.residual {
+            r.need(OP, "the residual", total)?;
+        }
+        let out = out_or_owned(ctx, OP, io.out.as_ref(), total)?;
+        let (n32, max32) = (to_u32(OP, "n", n)?, to_u32(OP, "max_rows", max_rows)?);
+        let (bb, bo) = match &io.b {
+            Some(b) => (b.binding.clone(), b.offset_u32(OP)?),
+            None => (dummy(ctx)?, 0),
+        };
+        let (rb, ro) = match &io.residual {
+            Some(r) => (r.binding.clone(), r.offset_u32(OP)?),
+            None => (dummy(ctx)?, 0),
+        };
+        let kernel = ctx.kernel(&cfg.source(&env_of(ctx)))?;
+        let group = ctx.bind(&kernel, &[io.x.binding.clone(), io.w.binding.clone(), bb, rb, out.binding.clone()])?;
+        let grid = step_grid(ctx, max_rows as u64, 1, move |s| s.n_tok.min(max32) as u64)?;
+        let d = PlanDispatch::new(&kernel, group, [1, 1, 1])?
+            .set("n", n32)?
+            .set_f32("eps", eps)?
+            .set("x_off", io.x.offset_u32(OP)?)?
+            .set("x_stride", n32)?
+            .set("res_off", ro)?
+            .set("res_stride", n32)?
+            .set("out_off", out.offset_u32(OP)?)?
+            .set("out_stride", n32)?
+            .set("w_off", io.w.offset_u32(OP)?)?
+            .set("b_off", bo)?
+            .per_step("rows", move |s| s.n_tok.min(max32))?
+            .grid_per_step(grid);
+        Ok(NormPlan { plan: Plan::from(d), out, max_rows: max32 })
+    }
+
+    /// Records the norm of `step.n_tok` rows. A step of more rows than the plan was built for is
+    /// an error and records nothing.
+    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
+        check_n_tok(OP, step, self.max_rows)?;
+        Ok(self.plan.record(rec, step)?)
+    }
+
+    /// Records the step into the context's implicit stream (the eager path).
+    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
+        check_n_tok(OP, step, self.max_rows)?;
+        Ok(self.plan.run(ctx, step)?)
+    }
+
+    /// The output rows (`[max_rows, n]` f32; a step writes its first `n_tok` rows).
+    pub fn out(&self) -> &GpuView {
+        &self.out
+    }
+
+    /// The underlying plan (to append into a larger one). Recorded directly, a step of more than
+    /// `max_rows` rows processes only `max_rows`: [`Self::record`] checks it.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    pub fn max_rows(&self) -> usize {
+        self.max_rows as usize
+    }
+}

@@ -1,0 +1,209 @@
+//! [`ArgmaxPlan`] and [`TopKPlan`]: built once over a logits view, recorded per step, writing at
+//! the step's token slot of GPU buffers.
+
+use numr::gpu::{Binding, GpuContext, Plan, PlanDispatch, Recorder, StepValues};
+
+use super::{ARGMAX_PER_WG, Argmax, MAX_TOP_K, SORT_N, TopK};
+use crate::ops_common::{GpuView, Result, bad, dummy, env_of, mul, out_or_owned, owned, to_u32};
+
+fn check_slot(op: &'static str, step: &StepValues, slots: usize) -> Result<()> {
+    if step.token as usize >= slots {
+        return Err(bad(op, format!("slot {} of a buffer of {slots} slots", step.token)));
+    }
+    Ok(())
+}
+
+/// Argmax of `n` logits (ties: the lowest index) written as a u32 into `ids[step.token]`, and
+/// the winning logit into [`ArgmaxPlan::values`]`[step.token]`. One or two dispatches.
+#[derive(Clone, Debug)]
+pub struct ArgmaxPlan {
+    plan: Plan,
+    ids: GpuView,
+    values: GpuView,
+    slots: usize,
+}
+
+impl ArgmaxPlan {
+    /// Builds the plan over `logits` (`n` f32). `ids` is the u32 buffer the winners go to (for
+    /// example the id buffer an [`crate::embedding::EmbeddingPlan`] reads), holding at least
+    /// `slots` words; `None`: the plan owns one of `slots` words. The values buffer (`slots` f32)
+    /// and the partials are owned, made here.
+    pub fn new(ctx: &GpuContext, logits: &GpuView, n: usize, ids: Option<GpuView>, slots: usize) -> Result<ArgmaxPlan> {
+        const OP: &str = "argmax plan";
+        if n == 0 || slots == 0 {
+            return Err(bad(OP, format!("{n} logits and {slots} output slots (both must be positive)")));
+        }
+        logits.need(OP, "the logits", n)?;
+        let ids = out_or_owned(ctx, OP, ids.as_ref(), slots)?;
+        let values = owned(ctx, slots)?;
+        let n32 = to_u32(OP, "n", n)?;
+        let nwg = n32.div_ceil(ARGMAX_PER_WG);
+        let (idx_off, val_off) = (ids.offset_u32(OP)?, values.offset_u32(OP)?);
+        let env = env_of(ctx);
+        let first = ctx.kernel(&Argmax { first: true }.source(&env))?;
+        let mut plan = Plan::new();
+        let slot = move |off: u32| move |s: &StepValues| off.saturating_add(s.token);
+        let in_off = logits.offset_u32(OP)?;
+        if nwg == 1 {
+            let g = ctx.bind(&first, &[logits.binding.clone(), dummy(ctx)?, values.binding.clone(), ids.binding.clone()])?;
+            let d = PlanDispatch::new(&first, g, [1, 1, 1])?.set("n", n32)?.set("per_wg", ARGMAX_PER_WG)?.set("in_off", in_off)?;
+            plan.push(d.per_step("outv_off", slot(val_off))?.per_step("outi_off", slot(idx_off))?);
+        } else {
+            let (pv, pi) = (owned(ctx, nwg as usize)?, owned(ctx, nwg as usize)?);
+            let g = ctx.bind(&first, &[logits.binding.clone(), dummy(ctx)?, pv.binding.clone(), pi.binding.clone()])?;
+            let grid = crate::ops_common::grid_for(ctx, nwg as u64)?;
+            plan.push(PlanDispatch::new(&first, g, grid)?.set("n", n32)?.set("per_wg", ARGMAX_PER_WG)?.set("in_off", in_off)?);
+            let second = ctx.kernel(&Argmax { first: false }.source(&env))?;
+            let g = ctx.bind(&second, &[pv.binding, pi.binding, values.binding.clone(), ids.binding.clone()])?;
+            let d = PlanDispatch::new(&second, g, [1, 1, 1])?.set("n", nwg)?.set("per_wg", nwg)?;
+            plan.push(d.per_step("outv_off", slot(val_off))?.per_step("outi_off", slot(idx_off))?);
+        }
+        Ok(ArgmaxPlan { plan, ids, values, slots })
+    }
+
+    /// Records the argmax into slot `step.token` (a slot past the buffers is an error).
+    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
+        check_slot("argmax plan", step, self.slots)?;
+        Ok(self.plan.record(rec, step)?)
+    }
+
+    /// Records the step into the context's implicit stream (the eager path).
+    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
+        check_slot("argmax plan", step, self.slots)?;
+        Ok(self.plan.run(ctx, step)?)
+    }
+
+    /// The u32 winners, one per slot.
+    pub fn ids(&self) -> &GpuView {
+        &self.ids
+    }
+
+    /// The winning logits (f32), one per slot.
+    pub fn values(&self) -> &GpuView {
+        &self.values
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// The underlying plan (recorded directly, a slot past the buffers is not checked: the
+    /// kernel's writes stay bounded by the bindings, but land in the wrong place).
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+}
+
+/// The `k` largest `logits / temperature` of `n` logits with their ids, best first (ties: the
+/// lower id), written at `ids[step.token * k ..]` and `values[step.token * k ..]`. Every round's
+/// scratch is made at build.
+#[derive(Clone, Debug)]
+pub struct TopKPlan {
+    plan: Plan,
+    ids: GpuView,
+    values: GpuView,
+    k: usize,
+    slots: usize,
+}
+
+impl TopKPlan {
+    /// Builds the plan. `k` in `1..=min(MAX_TOP_K, n)`, `temperature > 0`; `out` = `(ids,
+    /// values)` views of at least `slots * k` words each (u32, f32), or `None`: owned.
+    pub fn new(ctx: &GpuContext, logits: &GpuView, n: usize, k: usize, temperature: f32, slots: usize, out: Option<(GpuView, GpuView)>) -> Result<TopKPlan> {
+        const OP: &str = "top_k plan";
+        if k == 0 || k > MAX_TOP_K || k > n || !(temperature > 0.0 && temperature.is_finite()) || slots == 0 {
+            return Err(bad(OP, format!("k {k} must be in 1..={MAX_TOP_K} and at most {n}; temperature {temperature} must be positive; {slots} slots")));
+        }
+        logits.need(OP, "the logits", n)?;
+        let words = mul(OP, "slots x k", slots, k)?;
+        let (ids, values) = match out {
+            Some((i, v)) => (out_or_owned(ctx, OP, Some(&i), words)?, out_or_owned(ctx, OP, Some(&v), words)?),
+            None => (owned(ctx, words)?, owned(ctx, words)?),
+        };
+        let (n32, k32) = (to_u32(OP, "n", n)?, to_u32(OP, "k", k)?);
+        let (idx_off, val_off) = (ids.offset_u32(OP)?, values.offset_u32(OP)?);
+        // Rounds: (input length, workgroups).
+        let mut rounds = Vec::new();
+        let mut len = n32;
+        loop {
+            let nwg = len.div_ceil(SORT_N);
+            rounds.push((len, nwg));
+            if nwg == 1 {
+                break;
+            }
+            len = nwg * k32;
+        }
+        let scratch = rounds[0].1 as usize * k;
+        let bufs = [(owned(ctx, scratch)?, owned(ctx, scratch)?), (owned(ctx, scratch)?, owned(ctx, scratch)?)];
+        let env = env_of(ctx);
+        let kernels = [ctx.kernel(&TopK { first: true }.source(&env))?, ctx.kernel(&TopK { first: false }.source(&env))?];
+        let mut plan = Plan::new();
+        let last = rounds.len() - 1;
+        for (r, &(len, nwg)) in rounds.iter().enumerate() {
+            let kernel = &kernels[(r > 0) as usize];
+            let (vin, iin, in_off): (Binding, Binding, u32) = match r {
+                0 => (logits.binding.clone(), dummy(ctx)?, logits.offset_u32(OP)?),
+                _ => (bufs[(r - 1) % 2].0.binding.clone(), bufs[(r - 1) % 2].1.binding.clone(), 0),
+            };
+            let (vout, iout) =
+                if r == last { (values.binding.clone(), ids.binding.clone()) } else { (bufs[r % 2].0.binding.clone(), bufs[r % 2].1.binding.clone()) };
+            let g = ctx.bind(kernel, &[vin, iin, vout, iout])?;
+            let grid = crate::ops_common::grid_for(ctx, nwg as u64)?;
+            let mut d = PlanDispatch::new(kernel, g, grid)?.set("n", len)?.set("k", k32)?.set_f32("inv_temp", 1.0 / temperature)?.set("in_off", in_off)?;
+            if r == last {
+                d = d.per_step("outv_off", move |s| val_off.saturating_add(s.token.saturating_mul(k32)))?;
+                d = d.per_step("outi_off", move |s| idx_off.saturating_add(s.token.saturating_mul(k32)))?;
+            }
+            plan.push(d);
+        }
+        to_u32(OP, "the output extent", val_off.max(idx_off) as usize + words)?;
+        Ok(TopKPlan { plan, ids, values, k, slots })
+    }
+
+    /// The same plan (buffers, bind groups) at another temperature: creates nothing on the GPU.
+    pub fn with_temperature(&self, temperature: f32) -> Result<TopKPlan> {
+        if !(temperature > 0.0 && temperature.is_finite()) {
+            return Err(bad("top_k plan", format!("temperature {temperature} must be positive")));
+        }
+        let mut plan = Plan::new();
+        for (i, d) in self.plan.dispatches().iter().enumerate() {
+            plan.push(if i == 0 { d.clone().set_f32("inv_temp", 1.0 / temperature)? } else { d.clone() });
+        }
+        Ok(TopKPlan { plan, ..self.clone() })
+    }
+
+    /// Records the top-k into slot `step.token` (a slot past the buffers is an error).
+    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
+        check_slot("top_k plan", step, self.slots)?;
+        Ok(self.plan.record(rec, step)?)
+    }
+
+    /// Records the step into the context's implicit stream (the eager path).
+    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
+        check_slot("top_k plan", step, self.slots)?;
+        Ok(self.plan.run(ctx, step)?)
+    }
+
+    /// The ids (u32), `k` per slot, best first.
+    pub fn ids(&self) -> &GpuView {
+        &self.ids
+    }
+
+    /// The values `logits / temperature` (f32), `k` per slot.
+    pub fn values(&self) -> &GpuView {
+        &self.values
+    }
+
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// The underlying plan (recorded directly, the slot is not checked).
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+}
