@@ -2,8 +2,9 @@
 //! streaming-read roofline measured in the same run) and causal prefill TFLOP/s. The plans are
 //! built once (kernels, bind groups, partial buffers) and recorded `reps` times into one submit.
 
-use boostr::attention::{AttnOptions, AttnPlan, DecodeKernel, QueryLayout};
+use boostr::attention::{AttnOptions, DecodeKernel, DecodePlan, PrefillPlan, QueryLayout};
 use boostr::kv_cache::{KvCache, KvCacheConfig, KvDtype};
+use numr::gpu::StepValues;
 use numr::{DType, Device, GpuContext, Result, Tensor};
 
 use crate::{Measurement, time_recorded};
@@ -26,14 +27,11 @@ pub fn decode(ctx: &GpuContext, n_q: usize, n_kv: usize, hd: usize, ctx_len: usi
     let kind = DecodeKernel::best(&boostr::ops_common::env_of(ctx));
     let qb = q.gpu_binding(4)?.0;
     let opts = AttnOptions::new(hd);
-    let plan = if two_pass {
-        AttnPlan::decode_two_pass(ctx, kind, &qb, 0, n_q, &c, 0, ctx_len, &opts)
-    } else {
-        AttnPlan::decode(ctx, &qb, 0, n_q, &c, 0, ctx_len, &opts)
-    }
-    .map_err(ops_err)?;
+    let b = DecodePlan::builder(ctx, &qb, 0, n_q, &c, 0, &opts).kernel(kind);
+    let plan = if two_pass { b.two_pass() } else { b }.build().map_err(ops_err)?;
+    let step = DecodePlan::step(ctx_len).map_err(ops_err)?;
     let s = time_recorded(ctx, reps, 5, |rec, _| {
-        plan.record(rec)?;
+        plan.record(rec, &step).map_err(ops_err)?;
         Ok(())
     })?;
     let bytes = 2.0 * (ctx_len * n_kv * dtype.row_words(hd) * 4) as f64;
@@ -60,9 +58,11 @@ pub fn decode_tuned(
 ) -> Result<Measurement> {
     let c = cache(ctx, n_kv, hd, ctx_len, KvDtype::F16)?;
     let q = Tensor::zeros(&[n_q * hd], DType::F32, &Device::Gpu(ctx.clone()))?;
-    let plan = AttnPlan::decode_tuned(ctx, heads, keys, target, &q.gpu_binding(4)?.0, 0, n_q, &c, 0, ctx_len, &AttnOptions::new(hd)).map_err(ops_err)?;
+    let qb = q.gpu_binding(4)?.0;
+    let plan = DecodePlan::builder(ctx, &qb, 0, n_q, &c, 0, &AttnOptions::new(hd)).tuning(heads, keys, target).build().map_err(ops_err)?;
+    let step = DecodePlan::step(ctx_len).map_err(ops_err)?;
     let s = time_recorded(ctx, reps, 5, |rec, _| {
-        plan.record(rec)?;
+        plan.record(rec, &step).map_err(ops_err)?;
         Ok(())
     })?;
     let bytes = 2.0 * (ctx_len * n_kv * KvDtype::F16.row_words(hd) * 4) as f64;
@@ -74,9 +74,10 @@ pub fn prefill(ctx: &GpuContext, n_q: usize, n_kv: usize, hd: usize, n_tok: usiz
     let c = cache(ctx, n_kv, hd, n_tok, KvDtype::F16)?;
     let q = Tensor::zeros(&[n_tok * n_q * hd], DType::F32, &Device::Gpu(ctx.clone()))?;
     let ql = QueryLayout { n_tok, n_q, q_off: 0, tok_stride: n_q * hd };
-    let plan = AttnPlan::prefill(ctx, &q.gpu_binding(4)?.0, &ql, &c, 0, 0, &AttnOptions::new(hd)).map_err(ops_err)?;
+    let plan = PrefillPlan::new(ctx, &q.gpu_binding(4)?.0, &ql, &c, 0, &AttnOptions::new(hd)).map_err(ops_err)?;
+    let step = StepValues::chunk(0, u32::try_from(n_tok).map_err(|_| ops_err(boostr::ops_common::OpsError::BadArgs { op: "bench", reason: "n_tok".into() }))?);
     let s = time_recorded(ctx, reps, 3, |rec, _| {
-        plan.record(rec)?;
+        plan.record(rec, &step).map_err(ops_err)?;
         Ok(())
     })?;
     let flops = 4.0 * (hd * n_q) as f64 * (n_tok * (n_tok + 1) / 2) as f64;

@@ -4,7 +4,7 @@
 //! at each use.
 
 use boostr::act::{Act, ActKind, GluInput};
-use boostr::attention::{self, AttnOptions, AttnPlan, DecodeKernel, QueryLayout};
+use boostr::attention::{self, AttnOptions, DecodeKernel, DecodePlan, PrefillPlan, QueryLayout};
 use boostr::conv::ShortConv;
 use boostr::embedding::{EMBEDDING_FORMATS, GpuEmbedding, embedding_ref};
 use boostr::formats::{GgmlType, repack};
@@ -13,7 +13,7 @@ use boostr::norm::{Norm, NormKind};
 use boostr::ops_common::{OpsError, pseudo_random as rnd};
 use boostr::rope::{QkvLayout, QkvRope, RopeParams, RopeScaling, RopeStyle};
 use boostr::sampling;
-use numr::gpu::{Binding, GpuContext};
+use numr::gpu::{Binding, GpuContext, StepValues};
 use numr::testing::{check_close, check_close_rtol, test_gpu};
 use numr::{DType, Device, Tensor};
 
@@ -113,7 +113,7 @@ fn qk_norm_rope_and_kv_write() {
         }
         cfg.run(&ctx, &xb, &l, &rp, &pos, norm.then_some(&qb), norm.then_some(&kb), 1e-6, cache.as_ref().map(|c| (c, 1))).unwrap();
         let mut want = x0.clone();
-        let (ks, vs) = cfg.reference(&mut want, &l, &rp, &pos, Some(&qw), Some(&kw), 1e-6);
+        let (ks, vs) = cfg.reference(&mut want, &l, &rp, &pos, Some(&qw), Some(&kw), 1e-6).unwrap();
         // RoPE angles up to 40 rad: GPU sin/cos differ from f64 by about 1e-6 relative to the angle.
         close(&xt.to_vec::<f32>().unwrap(), &want, Some(1e-4));
         if let Some(c) = cache {
@@ -141,7 +141,7 @@ fn fill(ctx: &GpuContext, cache: &mut KvCache, n: usize, seed: u64) -> (Vec<f32>
     cfg.run(ctx, &xt.gpu_binding(4).unwrap().0, &l, &rp, &pos, None, None, 0.0, Some((cache, 0))).unwrap();
     cache.commit(n).unwrap();
     let mut xr = x.clone();
-    let (ks, vs) = cfg.reference(&mut xr, &l, &rp, &pos, None, None, 0.0);
+    let (ks, vs) = cfg.reference(&mut xr, &l, &rp, &pos, None, None, 0.0).unwrap();
     // [t][kvh][hd] -> [kvh][t][hd]
     let tr = |a: &[f32]| {
         let mut o = vec![0.0; a.len()];
@@ -187,14 +187,15 @@ fn prefill_attention() {
         let qt = up(&ctx, &q, &[q.len()]);
         let opts = AttnOptions { scale: 1.0 / (hd as f32).sqrt(), softcap, window };
         let ql = QueryLayout { n_tok, n_q, q_off: 0, tok_stride: n_q * hd };
-        let want = attention::attention_ref(&q, &k, &v, n_tok, n_q, n_kv, hd, p0 + n_tok, p0, &opts);
+        let want = attention::attention_ref(&q, &k, &v, n_tok, n_q, n_kv, hd, p0 + n_tok, p0, &opts).unwrap();
         let got = attention::prefill(&ctx, &qt.gpu_binding(4).unwrap().0, &ql, &cache, 0, p0, &opts).unwrap().to_vec::<f32>().unwrap();
         // exp and long sums in another order than the f64 reference.
         close(&got, &want, Some(1e-4));
         // The portable tiled kernel too (the default above is the subgroup one where available).
-        let plan = AttnPlan::prefill_with(&ctx, DecodeKernel::Tiled, &qt.gpu_binding(4).unwrap().0, &ql, &cache, 0, p0, &opts).unwrap();
-        ctx.with_stream(|rec| plan.record(rec)).unwrap();
-        close(&plan.out.to_vec::<f32>().unwrap(), &want, Some(1e-4));
+        let qb = qt.gpu_binding(4).unwrap().0;
+        let plan = PrefillPlan::builder(&ctx, &qb, &ql, &cache, 0, &opts).kernel(DecodeKernel::Tiled).build().unwrap();
+        plan.run(&ctx, &StepValues::chunk(p0 as u32, n_tok as u32)).unwrap();
+        close(&plan.out().unwrap().to_vec::<f32>().unwrap(), &want, Some(1e-4));
     }
 }
 
@@ -204,36 +205,32 @@ fn fill_chunk_check(ctx: &GpuContext, cache: &mut KvCache, n: usize, seed: u64) 
     fill(ctx, cache, n, seed)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn decode_case(ctx: &GpuContext, hd: usize, n_q: usize, n_kv: usize, len: usize, dtype: KvDtype, opts: AttnOptions, seg: Option<u64>) {
     let cfg = KvCacheConfig { n_layers: 1, n_kv_heads: n_kv, head_dim: hd, capacity: len + 3, dtype, max_segment_bytes: seg };
     let mut cache = KvCache::new(ctx, cfg).unwrap();
     let (k, v) = fill(ctx, &mut cache, len, len as u64);
     let q = rnd(n_q * hd, 99, 2.0);
     let qt = up(ctx, &q, &[q.len()]);
-    let want = attention::attention_ref(&q, &k, &v, 1, n_q, n_kv, hd, len, len - 1, &opts);
+    let want = attention::attention_ref(&q, &k, &v, 1, n_q, n_kv, hd, len, len - 1, &opts).unwrap();
     // The adapter's best kernel (subgroup where it can) and the portable tiled one.
     let best = DecodeKernel::best(&boostr::ops_common::env_of(ctx));
     // Subgroup: the fused merge (one dispatch on an unsegmented cache) and the two-pass path.
     let runs = if best == DecodeKernel::Tiled { vec![(best, false)] } else { vec![(best, false), (best, true), (DecodeKernel::Tiled, false)] };
     for (kind, two_pass) in runs {
         let qb = qt.gpu_binding(4).unwrap().0;
-        let plan = if two_pass {
-            AttnPlan::decode_two_pass(ctx, kind, &qb, 0, n_q, &cache, 0, len, &opts)
-        } else {
-            AttnPlan::decode_with(ctx, kind, &qb, 0, n_q, &cache, 0, len, &opts)
-        }
-        .unwrap();
-        let fused = kind == DecodeKernel::Subgroup && !two_pass && seg.is_none();
-        assert_eq!(plan.dispatches(), if fused { 1 } else { cache.segments(0).iter().filter(|s| s.start < len).count() + 1 }, "{kind:?} two_pass {two_pass}");
+        let b = DecodePlan::builder(ctx, &qb, 0, n_q, &cache, 0, &opts).kernel(kind);
+        let plan = if two_pass { b.two_pass() } else { b }.build().unwrap();
+        let fused = kind == DecodeKernel::Subgroup && !two_pass && seg.is_none() && attention::fused_merge_supported(ctx);
+        assert_eq!(plan.is_fused(), fused);
+        let step = DecodePlan::step(len).unwrap();
+        let touched = cache.segments(0).unwrap().iter().filter(|s| s.start < len).count();
+        assert_eq!(plan.dispatch_count(&step), if fused { 1 } else { touched + 1 }, "{kind:?} two_pass {two_pass}");
         // Three recordings in one stream: the fused arrival counters must reset between uses.
-        ctx.with_stream(|rec| {
-            for _ in 0..3 {
-                plan.record(rec)?;
-            }
-            Ok(())
-        })
-        .unwrap();
-        let got = plan.out.to_vec::<f32>().unwrap();
+        for _ in 0..3 {
+            plan.run(ctx, &step).unwrap();
+        }
+        let got = plan.out().unwrap().to_vec::<f32>().unwrap();
         // exp and long sums in another order than the f64 reference.
         close(&got, &want, Some(1e-4));
     }

@@ -16,12 +16,13 @@ fn sources(env: &KernelEnv) -> Vec<KernelSource> {
     v.extend(Norm::all().iter().map(|c| c.source(env)));
     v.extend(Act::all().iter().map(|c| c.source(env)));
     v.extend(QkvRope::all().iter().map(|c| c.source(env)));
-    v.extend(DecodeAttn::all().iter().map(|c| c.source(env)));
+    v.extend(DecodeAttn::all().iter().map(|c| c.source(env).unwrap()));
     if DecodeKernel::best(env) == DecodeKernel::Subgroup {
-        v.extend(DecodeAttnSg::all().iter().map(|c| c.source(env)));
+        // The fused merge needs @coherent storage: its variants exist only in such environments.
+        v.extend(DecodeAttnSg::all().iter().filter(|c| !c.fused || env.coherent).map(|c| c.source(env).unwrap()));
     }
-    v.extend(PrefillAttn::all().iter().map(|c| c.source(env)));
-    v.extend([64, 128, 256].map(|head_dim| AttnCombine { head_dim }.source(env)));
+    v.extend(PrefillAttn::all().iter().map(|c| c.source(env).unwrap()));
+    v.extend([64, 128, 256].map(|head_dim| AttnCombine { head_dim }.source(env).unwrap()));
     v.extend(ShortConv::all().iter().map(|c| c.source(env)));
     v.extend(Embedding::all().iter().map(|c| c.source(env)));
     v.extend([true, false].map(|first| Argmax { first }.source(env)));

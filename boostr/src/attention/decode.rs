@@ -1,4 +1,4 @@
-//! The subgroup flash-decoding kernel and the pass that merges partial results.
+//! The subgroup flash-decoding kernel.
 //!
 //! # [`DecodeAttnSg`]
 //! One workgroup of [`DECODE_SG_WG`] invocations handles one split (a range of positions) of one
@@ -11,12 +11,48 @@
 //! workgroup's 16 slots merge once at the end through workgroup memory. Nothing in the key loop
 //! touches workgroup memory or barriers, and every K/V byte is read once per workgroup.
 //!
-//! Indexing is in bounds by construction (key positions are clamped into the split, lanes into
-//! the row; the plan checks the query binding), so the kernel is compiled unchecked.
+//! Slots are made from the subgroup builtins only: slot `sg_idx * (sg_size / 8) + sg_id / 8`,
+//! lane `sg_id % 8` (never `lidx / sg_size`, which neither WGSL nor Vulkan ties to the subgroup
+//! index). That is a bijection onto the 16 slots when the workgroup's subgroups are full
+//! (`sg_count * sg_size == 128`, which every driver we know gives a 128-wide workgroup with
+//! subgroups of 8..=128); a workgroup whose subgroups are not writes NaN (never a silently wrong
+//! value), and every slot index is clamped so workgroup memory stays in bounds regardless.
+//!
+//! # Bounds invariant (the plans compile this kernel without runtime checks)
+//! - K/V: key positions are clamped into `seg_start .. min(split end, seg_start + seg_len)`
+//!   before the row is formed (`rowb + min(p, hi - 1) - seg_start`, and the loop runs only when
+//!   `hi > lo >= seg_start`), `kvh < n_kv` (grid y is `n_kv * group / heads`), and lane `c < 8`
+//!   reads vec4 `c + 8j < head_dim / 8` of the row: inside the segment's `[n_kv][seg_len][row]`.
+//! - q: reads `q_off + tok * tok_stride + n_q * head_dim` f32 at most (`tok < n_tok`); the plan
+//!   checks the binding holds that for its largest step.
+//! - o_part / ml: row `(split * rows + row)` with `split = split_base + wid.x` below the split
+//!   count the plan sized the buffers for (at build, for the largest `kv_len`), `row < rows`;
+//!   normalised: `o_base + row * head_dim / 4 + i` inside the output binding (checked).
+//! - fused: `cnt[wid.y]` (one counter per grid row), `out[out_off + row * head_dim + ..]`
+//!   (checked), merge reads of splits `< p.splits <=` [`DECODE_SG_WG`] (the plan caps it).
+//!
+//! # The fused merge and the memory model
+//! Each workgroup stores its partial (`o_part`, `ml`), then `storageBarrier()`, then one
+//! invocation bumps the row's arrival counter (`atomicAdd`, relaxed, device scope); the workgroup
+//! that sees `splits - 1` runs `storageBarrier()` again and reads every split's partial. naga
+//! lowers `storageBarrier()` to `OpControlBarrier(Workgroup, Device, AcquireRelease |
+//! UniformMemory)`: a workgroup-wide execution barrier that is also a device-scope release (before
+//! the counter) and acquire (after it) fence over storage-buffer memory. The counter's RMW chain
+//! makes each earlier arrival's release fence synchronize with the last arrival's acquire fence
+//! (fence-fence synchronization through an atomic, SPIR-V / Vulkan memory model), so every
+//! partial store happens-before the merge's loads. The module uses the GLSL450 memory model, in
+//! which stores and loads are only guaranteed to reach or see device-coherent memory when the
+//! variable is `Coherent`: the fused variant therefore declares `o_part`, `ml` and `out`
+//! `@coherent` and needs `env.coherent` ([`super::fused_merge_supported`]; plans without it merge
+//! in a second dispatch, ordered by the barrier wgpu puts between dispatches). Limits: the
+//! argument covers workgroups of one dispatch on one queue; nothing waits on another workgroup
+//! (no forward-progress assumption); the counter is reset by the last arrival and read again only
+//! by a later dispatch (ordered by the inter-dispatch barrier).
 
 use numr::gpu::{Access, KernelBuilder, KernelEnv, KernelSource};
 
 use super::*;
+use crate::ops_common::SAFE_TANH;
 
 /// Invocations per subgroup decode workgroup.
 pub const DECODE_SG_WG: u32 = 128;
@@ -55,13 +91,35 @@ impl DecodeAttnSg {
     /// and accumulators per lane (more heads per workgroup re-read K/V less but hold more
     /// registers, so fewer workgroups fit; measured best on the H200 at head_dim 128: 2 heads,
     /// 2 keys per step).
-    pub fn new(head_dim: u32, group: u32, dtype: KvDtype, softcap: bool) -> Self {
+    /// Typed error for a head_dim other than 64, 128, 256 or a group outside 1..=16.
+    pub fn new(head_dim: u32, group: u32, dtype: KvDtype, softcap: bool) -> Result<Self> {
+        check_head_dim("DecodeAttnSg", head_dim)?;
+        if !(1..=16).contains(&group) {
+            return Err(OpsError::Unsupported { what: "DecodeAttnSg", reason: format!("group {group} (1..=16)") });
+        }
         let nv = head_dim / 64;
         let mut heads = (4 / nv).clamp(1, group);
         while !group.is_multiple_of(heads) {
             heads -= 1;
         }
-        DecodeAttnSg { head_dim, group, heads, dtype, softcap, keys: KEYS_PER_STEP, normalised: false, fused: false }
+        Ok(DecodeAttnSg { head_dim, group, heads, dtype, softcap, keys: KEYS_PER_STEP, normalised: false, fused: false })
+    }
+
+    /// Checks the variant (every field; [`Self::source`] calls it): head_dim 64, 128 or 256,
+    /// group 1..=16, heads dividing group, keys 1..=4, not both normalised and fused.
+    pub fn validate(&self) -> Result<()> {
+        check_head_dim("DecodeAttnSg", self.head_dim)?;
+        let bad = |reason: String| Err(OpsError::Unsupported { what: "DecodeAttnSg", reason });
+        if !(1..=16).contains(&self.group) || self.heads == 0 || !self.group.is_multiple_of(self.heads) {
+            return bad(format!("group {} (1..=16), heads {} (must divide it)", self.group, self.heads));
+        }
+        if !(1..=4).contains(&self.keys) {
+            return bad(format!("keys {} (1..=4)", self.keys));
+        }
+        if self.normalised && self.fused {
+            return bad("normalised and fused together".into());
+        }
+        Ok(())
     }
 
     /// Positions one workgroup step covers (splits are multiples of it).
@@ -75,8 +133,8 @@ impl DecodeAttnSg {
             for group in 1..=16 {
                 for dtype in [KvDtype::F16, KvDtype::Q8_0] {
                     for softcap in [false, true] {
-                        let c = DecodeAttnSg::new(head_dim, group, dtype, softcap);
-                        if !v.contains(&c) && (group <= 4 || group % 4 == 0) {
+                        let Ok(c) = DecodeAttnSg::new(head_dim, group, dtype, softcap) else { continue };
+                        if !v.contains(&c) && (group <= 4 || group.is_multiple_of(4)) {
                             v.push(c);
                             v.push(DecodeAttnSg { normalised: true, ..c });
                             v.push(DecodeAttnSg { fused: true, ..c });
@@ -93,11 +151,22 @@ impl DecodeAttnSg {
         v
     }
 
-    /// WGSL. Bindings `q`, `kc`, `vc`, `o_part` (rw, vec4 rows), `ml` (rw). Grid
-    /// `[splits, n_kv * group / heads, n_tok]`: query token `t` (at `q_off + t * tok_stride`) sits
-    /// at position `q_pos + t` and sees keys `..= q_pos + t` (decode: one token; prefill: a chunk,
-    /// the longest rows scheduled first). Needs `env.subgroups` with a minimum size of 8.
-    pub fn source(&self, env: &KernelEnv) -> KernelSource {
+    /// WGSL. Bindings `q`, `kc`, `vc`, `o_part` (rw, vec4 rows), `ml` (rw); fused: `cnt` (rw,
+    /// atomic), `out` (rw). Grid `[splits, n_kv * group / heads, n_tok]`: query token `t` (at
+    /// `q_off + t * tok_stride`) sits at position `q_pos + t` and sees keys `..= q_pos + t`
+    /// (decode: one token; prefill: a chunk, the longest rows scheduled first).
+    ///
+    /// Typed errors: an invalid variant ([`Self::validate`]), an environment without subgroups of
+    /// at least 8, a fused variant without `env.coherent`. The module is checked (naga bounds
+    /// checks); plans that validated their bindings compile it unchecked (see the module docs).
+    pub fn source(&self, env: &KernelEnv) -> Result<KernelSource> {
+        self.validate()?;
+        if DecodeKernel::best(env) != DecodeKernel::Subgroup {
+            return Err(OpsError::Unsupported { what: "DecodeAttnSg", reason: "needs subgroups of at least 8 invocations".into() });
+        }
+        if self.fused && !env.coherent {
+            return Err(OpsError::Unsupported { what: "DecodeAttnSg fused merge", reason: "needs @coherent storage (MEMORY_DECORATION_COHERENT)".into() });
+        }
         let (hd, g, h, u) = (self.head_dim, self.group, self.heads, self.keys);
         let nv = hd / 64;
         let nslot = DECODE_SG_WG / SLOT;
@@ -128,11 +197,15 @@ impl DecodeAttnSg {
     var lo = lo0;
     if (p.window > 0u && q_pos + 1u > p.window) {{ lo = max(lo, q_pos + 1u - p.window); }}
     let c = sg_id % {SLOT}u;
-    let slot = (lidx / sg_size) * (sg_size / {SLOT}u) + sg_id / {SLOT}u;
+    // Full subgroups (the only layout where the slots below cover the workgroup).
+    let full = sg_count * sg_size == {DECODE_SG_WG}u;
+    let nanv = bitcast<f32>(0x7fc00000u + min(sg_size, 0u));
+    let slot = min(sg_idx * (sg_size / {SLOT}u) + sg_id / {SLOT}u, {nslot1}u);
     let scale = bitcast<f32>(p.scale);
     let qb = p.q_off + tok * p.tok_stride + (kvh * {g}u + hb * {h}u) * {hd}u;
     let rowb = kvh * p.seg_len;
-"
+",
+                nslot1 = nslot - 1
             ),
         );
         for gi in 0..h {
@@ -237,10 +310,10 @@ impl DecodeAttnSg {
         for (var i = lidx; i < {hd4}u; i += {DECODE_SG_WG}u) {{
             var acc = vec4<f32>(0.0);
             for (var s = 0u; s < {nslot}u; s++) {{ acc += sacc[s * {hd4}u + i]; }}
-            o_part[row * {hd4}u + i] = acc * inv;
+            o_part[{obase}row * {hd4}u + i] = select(vec4<f32>(nanv), acc * inv, full);
         }}
         if (lidx == 0u && {partial}) {{
-            ml[row * 2u] = mx;
+            ml[row * 2u] = select(nanv, mx, full);
             ml[row * 2u + 1u] = l;
         }}
         workgroupBarrier();
@@ -250,7 +323,8 @@ impl DecodeAttnSg {
                     o = 2 * gi,
                     o1 = 2 * gi + 1,
                     inv = if self.normalised { "select(0.0, 1.0 / l, l > 0.0)" } else { "1.0" },
-                    partial = !self.normalised
+                    partial = !self.normalised,
+                    obase = if self.normalised { "p.o_base + " } else { "" }
                 ),
             );
         }
@@ -288,18 +362,18 @@ impl DecodeAttnSg {
             let ms = select({NEG}, ml[(si * p.rows + row) * 2u], lidx < p.splits);
             let ls = ml[(si * p.rows + row) * 2u + 1u];
             let rm = subgroupMax(ms);
-            if (sg_id == 0u) {{ s_r[lidx / sg_size] = rm; }}
+            if (sg_id == 0u) {{ s_r[min(sg_idx, {nsr1}u)] = rm; }}
             workgroupBarrier();
             var mx = {NEG};
-            for (var i = 0u; i < {DECODE_SG_WG}u / sg_size; i++) {{ mx = max(mx, s_r[i]); }}
+            for (var i = 0u; i < min(sg_count, {nsr}u); i++) {{ mx = max(mx, s_r[i]); }}
             let wt = select(0.0, exp(ms - mx), ms > -1e29);
             s_w[lidx] = wt;
             let rl = subgroupAdd(wt * ls);
             workgroupBarrier();
-            if (sg_id == 0u) {{ s_r[lidx / sg_size] = rl; }}
+            if (sg_id == 0u) {{ s_r[min(sg_idx, {nsr1}u)] = rl; }}
             workgroupBarrier();
             var l = 0.0;
-            for (var i = 0u; i < {DECODE_SG_WG}u / sg_size; i++) {{ l += s_r[i]; }}
+            for (var i = 0u; i < min(sg_count, {nsr}u); i++) {{ l += s_r[i]; }}
             var acc = vec4<f32>(0.0);
             for (var s0 = sl; s0 < p.splits; s0 += {nl4}u) {{
 {loads}{adds}            }}
@@ -314,7 +388,9 @@ impl DecodeAttnSg {
             workgroupBarrier();
         }}
 ",
-                        nl4 = 4 * nl
+                        nl4 = 4 * nl,
+                        nsr = DECODE_SG_WG / SLOT,
+                        nsr1 = DECODE_SG_WG / SLOT - 1
                     ),
                 );
             }
@@ -331,73 +407,22 @@ impl DecodeAttnSg {
             .subgroup_builtins()
             .storage("q", Access::Read, "array<f32>")
             .storage("kc", Access::Read, cache_ty(self.dtype))
-            .storage("vc", Access::Read, cache_ty(self.dtype))
-            .storage("o_part", Access::ReadWrite, "array<vec4<f32>>")
-            .storage("ml", Access::ReadWrite, "array<f32>");
+            .storage("vc", Access::Read, cache_ty(self.dtype));
+        // The fused merge reads other workgroups' partials: coherent storage (module docs).
+        kb = if self.fused {
+            kb.storage_coherent("o_part", "array<vec4<f32>>").storage_coherent("ml", "array<f32>")
+        } else {
+            kb.storage("o_part", Access::ReadWrite, "array<vec4<f32>>").storage("ml", Access::ReadWrite, "array<f32>")
+        };
         let mut params =
-            vec!["kv_len", "q_pos", "seg_start", "seg_len", "chunk", "split_base", "q_off", "rows", "scale", "softcap", "window", "tok_stride", "n_tok", "n_q"];
+            vec!["q_pos", "seg_start", "seg_len", "chunk", "split_base", "q_off", "rows", "scale", "softcap", "window", "tok_stride", "n_tok", "n_q"];
+        if self.normalised {
+            params.push("o_base");
+        }
         if self.fused {
-            kb = kb.storage("cnt", Access::ReadWrite, "array<atomic<u32>>").storage("out", Access::ReadWrite, "array<f32>");
+            kb = kb.storage("cnt", Access::ReadWrite, "array<atomic<u32>>").storage_coherent("out", "array<f32>");
             params.extend(["splits", "out_off"]);
         }
-        kb.params(&params).prelude(&pre).body(&b).build()
-    }
-}
-
-/// Invocations per combine workgroup.
-pub const COMBINE_WG: u32 = 256;
-
-/// Merges per-split partial results into the normalised output.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct AttnCombine {
-    pub head_dim: u32,
-}
-
-impl AttnCombine {
-    /// WGSL. Bindings `o_part` (vec4 rows), `ml`, `out` (rw); params `rows, splits, out_off`. One
-    /// workgroup of [`COMBINE_WG`] invocations per row: `head_dim / 4` invocations per split
-    /// lane, the split lanes summed through workgroup memory.
-    pub fn source(&self, env: &KernelEnv) -> KernelSource {
-        let hd4 = self.head_dim / 4;
-        let nl = COMBINE_WG / hd4;
-        let mut pre = crate::ops_common::tree_reduce_fns(COMBINE_WG);
-        pre.push_str(&format!("var<workgroup> cacc: array<vec4<f32>, {COMBINE_WG}>;\n"));
-        let body = format!(
-            "    let row = min(wg_linear, p.rows - 1u);
-    var mx = {NEG};
-    for (var s = lidx; s < p.splits; s += {COMBINE_WG}u) {{ mx = max(mx, ml[(s * p.rows + row) * 2u]); }}
-    mx = red_max(mx, lidx);
-    var l = 0.0;
-    for (var s = lidx; s < p.splits; s += {COMBINE_WG}u) {{
-        let m = ml[(s * p.rows + row) * 2u];
-        l += select(0.0, exp(m - mx), m > -1e29) * ml[(s * p.rows + row) * 2u + 1u];
-    }}
-    l = red_sum(l, lidx);
-    let d = lidx % {hd4}u;
-    var acc = vec4<f32>(0.0);
-    for (var s = lidx / {hd4}u; s < p.splits; s += {nl}u) {{
-        let m = ml[(s * p.rows + row) * 2u];
-        acc += select(0.0, exp(m - mx), m > -1e29) * o_part[(s * p.rows + row) * {hd4}u + d];
-    }}
-    cacc[lidx] = acc;
-    workgroupBarrier();
-    if (lidx < {hd4}u && wg_linear < p.rows) {{
-        for (var i = 1u; i < {nl}u; i++) {{ acc += cacc[i * {hd4}u + lidx]; }}
-        let o = acc * select(0.0, 1.0 / l, l > 0.0);
-        let b = p.out_off + row * {hd}u + 4u * lidx;
-        out[b] = o.x; out[b + 1u] = o.y; out[b + 2u] = o.z; out[b + 3u] = o.w;
-    }}
-",
-            hd = self.head_dim
-        );
-        KernelBuilder::new(format!("attn_combine_hd{}", self.head_dim), *env)
-            .workgroup(COMBINE_WG, 1, 1)
-            .storage("o_part", Access::Read, "array<vec4<f32>>")
-            .storage("ml", Access::Read, "array<f32>")
-            .storage("out", Access::ReadWrite, "array<f32>")
-            .params(&["rows", "splits", "out_off"])
-            .prelude(&pre)
-            .body(&body)
-            .build()
+        Ok(kb.params(&params).prelude(&pre).body(&b).build())
     }
 }

@@ -5,6 +5,7 @@
 use numr::gpu::{Access, KernelBuilder, KernelEnv, KernelSource};
 
 use super::*;
+use crate::ops_common::SAFE_TANH;
 
 /// The flash-decoding kernel's variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -22,11 +23,20 @@ pub const DECODE_WG: u32 = 128;
 impl DecodeAttn {
     /// Positions per K tile.
     pub fn tile(&self) -> u32 {
-        (DECODE_WG / self.group).clamp(1, 4096 / self.head_dim)
+        (DECODE_WG / self.group.max(1)).clamp(1, 4096 / self.head_dim.max(1)).max(1)
     }
     /// Most positions per split (the score buffer holds `group * max_chunk` floats).
     pub fn max_chunk(&self) -> u32 {
-        (1024 / self.group) / self.tile() * self.tile()
+        (1024 / self.group.max(1)) / self.tile() * self.tile()
+    }
+
+    /// Checks the variant ([`Self::source`] calls it): head_dim 64, 128 or 256, group 1..=16.
+    pub fn validate(&self) -> Result<()> {
+        check_head_dim("DecodeAttn", self.head_dim)?;
+        if !(1..=16).contains(&self.group) {
+            return Err(OpsError::Unsupported { what: "DecodeAttn", reason: format!("group {} (1..=16)", self.group) });
+        }
+        Ok(())
     }
 
     pub fn all() -> Vec<DecodeAttn> {
@@ -43,8 +53,12 @@ impl DecodeAttn {
         v
     }
 
-    /// WGSL. Bindings `q`, `kc`, `vc`, `o_part` (rw), `ml` (rw). Grid `[splits, n_kv]`.
-    pub fn source(&self, env: &KernelEnv) -> KernelSource {
+    /// WGSL. Bindings `q`, `kc`, `vc`, `o_part` (rw), `ml` (rw). Grid `[splits, n_kv]`: split
+    /// `wid.x` of a dispatch covers positions `seg_start + wid.x * chunk ..` (at most
+    /// [`Self::max_chunk`]) of the bound segment, below `kv_len`; its partial goes to split
+    /// `split_base + wid.x`. Typed error for an invalid variant ([`Self::validate`]).
+    pub fn source(&self, env: &KernelEnv) -> Result<KernelSource> {
+        self.validate()?;
         let (hd, g, t) = (self.head_dim, self.group, self.tile());
         let cmax = self.max_chunk();
         let c8 = hd / 8; // 8-value groups per row
@@ -143,7 +157,7 @@ impl DecodeAttn {
 {acc_out}",
             hd1 = hd + 1
         );
-        KernelBuilder::new(name, *env)
+        Ok(KernelBuilder::new(name, *env)
             .workgroup(DECODE_WG, 1, 1)
             .storage("q", Access::Read, "array<f32>")
             .storage("kc", Access::Read, cache_ty(self.dtype))
@@ -153,6 +167,6 @@ impl DecodeAttn {
             .params(&["kv_len", "q_pos", "seg_start", "seg_len", "chunk", "split_base", "q_off", "rows", "scale", "softcap", "window"])
             .prelude(&pre)
             .body(&body)
-            .build()
+            .build())
     }
 }

@@ -3,6 +3,7 @@
 use numr::gpu::{Access, KernelBuilder, KernelEnv, KernelSource};
 
 use super::*;
+use crate::ops_common::SAFE_TANH;
 
 /// The prefill kernel's variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -35,8 +36,9 @@ impl PrefillAttn {
     }
 
     /// WGSL. Bindings `q`, `kc`, `vc`, `out` (rw; `o_part` when partial), `ml` (rw). Grid
-    /// `[ceil(n_tok / 32), n_q]`.
-    pub fn source(&self, env: &KernelEnv) -> KernelSource {
+    /// `[ceil(n_tok / 32), n_q]`. Typed error for a head_dim other than 64, 128 or 256.
+    pub fn source(&self, env: &KernelEnv) -> Result<KernelSource> {
+        check_head_dim("PrefillAttn", self.head_dim)?;
         let (hd, bq, bk) = (self.head_dim, PREFILL_BQ, PREFILL_BK);
         let (nd, c8) = (hd / 4, hd / 8);
         let name = format!("attn_prefill_hd{hd}_{:?}_c{}_p{}", self.dtype, self.softcap as u8, self.partial as u8).to_lowercase();
@@ -146,7 +148,7 @@ impl PrefillAttn {
             bk2 = 2 * bk,
             bk3 = 3 * bk
         );
-        KernelBuilder::new(name, *env)
+        Ok(KernelBuilder::new(name, *env)
             .workgroup(128, 1, 1)
             .storage("q", Access::Read, "array<f32>")
             .storage("kc", Access::Read, cache_ty(self.dtype))
@@ -172,6 +174,6 @@ impl PrefillAttn {
             ])
             .prelude(&pre)
             .body(&body)
-            .build()
+            .build())
     }
 }

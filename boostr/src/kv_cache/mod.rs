@@ -19,12 +19,21 @@
 //! [`KvCache::reserve`] returns [`OpsError::ContextOverflow`] before anything is recorded when an
 //! append would pass the capacity; no kernel ever writes out of bounds (the write kernel also
 //! drops slots outside its segment).
+//!
+//! # Writing
+//! The fused QK-norm + RoPE + KV write ([`crate::rope::QkvRopePlan`]) stores K/V rows it
+//! produces; [`KvWritePlan`] stores rows produced elsewhere (no rotation, no norm). Both write
+//! slot `step.pos + t` for token `t` of a step.
 
 use std::sync::Arc;
 
 use numr::gpu::{BufferKind, GpuBuffer, GpuContext};
 
 use crate::ops_common::{OpsError, Result, bad, round_f16};
+
+mod write;
+
+pub use write::KvWritePlan;
 
 /// Storage type of the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -46,8 +55,8 @@ impl KvDtype {
     pub fn supports(self, head_dim: usize) -> bool {
         head_dim <= 256
             && match self {
-                KvDtype::F16 => head_dim % 2 == 0,
-                KvDtype::Q8_0 => head_dim % 32 == 0,
+                KvDtype::F16 => head_dim.is_multiple_of(2),
+                KvDtype::Q8_0 => head_dim.is_multiple_of(32),
             }
     }
 
@@ -68,9 +77,13 @@ impl KvDtype {
         }
     }
 
-    /// CPU decoder of one stored row (mirrors the WGSL loaders).
-    pub fn decode_row(self, words: &[u32], head_dim: usize) -> Vec<f32> {
-        match self {
+    /// CPU decoder of one stored row (mirrors the WGSL loaders). [`OpsError::BadArgs`] when
+    /// `head_dim` is not storable or `words` is shorter than [`Self::row_words`].
+    pub fn decode_row(self, words: &[u32], head_dim: usize) -> Result<Vec<f32>> {
+        if !self.supports(head_dim) || words.len() < self.row_words(head_dim) {
+            return Err(bad("KvDtype::decode_row", format!("{} words for a {self:?} row of {head_dim}", words.len())));
+        }
+        Ok(match self {
             KvDtype::F16 => (0..head_dim).map(|e| half::f16::from_bits((words[e / 2] >> (16 * (e % 2))) as u16).to_f32()).collect(),
             KvDtype::Q8_0 => (0..head_dim)
                 .map(|e| {
@@ -79,7 +92,7 @@ impl KvDtype {
                     q as f32 * half::f16::from_bits(blk[8] as u16).to_f32()
                 })
                 .collect(),
-        }
+        })
     }
 
     /// WGSL `fn store_<name>(base: u32, lidx: u32)`: stores `row[0..hd]` (a `var<workgroup>`
@@ -142,6 +155,7 @@ pub struct KvSegment {
 }
 
 /// A GPU KV cache for one sequence.
+#[derive(Debug)]
 pub struct KvCache {
     cfg: KvCacheConfig,
     seg_len: usize,
@@ -157,8 +171,16 @@ impl KvCache {
         }
         let limits = &ctx.capabilities().limits;
         let max = cfg.max_segment_bytes.unwrap_or(u64::MAX).min(limits.max_storage_buffer_binding_size).min(limits.max_buffer_size);
-        let pos_bytes = (cfg.n_kv_heads * cfg.dtype.row_words(cfg.head_dim) * 4) as u64;
-        let seg_len = ((max / pos_bytes) as usize).min(cfg.capacity);
+        let pos_bytes = cfg
+            .n_kv_heads
+            .checked_mul(cfg.dtype.row_words(cfg.head_dim) * 4)
+            .and_then(|b| u64::try_from(b).ok())
+            .ok_or_else(|| bad("KvCache::new", format!("{} KV heads of head_dim {} overflow", cfg.n_kv_heads, cfg.head_dim)))?;
+        // Kernels address positions and rows with 32-bit words.
+        if u32::try_from(cfg.capacity).is_err() {
+            return Err(OpsError::Unsupported { what: "KV cache capacity", reason: format!("{} positions do not fit 32 bits", cfg.capacity) });
+        }
+        let seg_len = usize::try_from(max / pos_bytes).unwrap_or(usize::MAX).min(cfg.capacity);
         if seg_len == 0 {
             return Err(OpsError::Unsupported { what: "KV cache segment", reason: format!("one position needs {pos_bytes} bytes, a binding holds {max}") });
         }
@@ -199,9 +221,13 @@ impl KvCache {
     pub fn segment_len(&self) -> usize {
         self.seg_len
     }
-    /// The segments of `layer`.
-    pub fn segments(&self, layer: usize) -> &[KvSegment] {
-        &self.layers[layer]
+    /// The segments of `layer` (positions `i * segment_len() ..`, the last one shorter).
+    /// [`OpsError::BadArgs`] for a layer the cache does not have.
+    pub fn segments(&self, layer: usize) -> Result<&[KvSegment]> {
+        self.layers
+            .get(layer)
+            .map(|v| v.as_slice())
+            .ok_or_else(|| bad("KvCache::segments", format!("layer {layer} of a cache of {} layers", self.cfg.n_layers)))
     }
 
     /// Checks that `n` more positions fit and returns the first slot; nothing changes until
@@ -233,9 +259,10 @@ impl KvCache {
             return Err(bad("KvCache::read_layer", "past the capacity"));
         }
         let (hd, rw) = (self.cfg.head_dim, self.cfg.dtype.row_words(self.cfg.head_dim));
+        let segs = self.segments(layer)?;
         let mut k = vec![0.0; self.cfg.n_kv_heads * len * hd];
         let mut v = k.clone();
-        for seg in &self.layers[layer] {
+        for seg in segs.iter().filter(|s| s.start < len) {
             let kb = ctx.read_bytes(&seg.k, 0, (self.cfg.n_kv_heads * seg.len * rw * 4) as u64)?;
             let vb = ctx.read_bytes(&seg.v, 0, (self.cfg.n_kv_heads * seg.len * rw * 4) as u64)?;
             let (kw, vw): (&[u32], &[u32]) = (bytemuck::cast_slice(&kb), bytemuck::cast_slice(&vb));
@@ -243,8 +270,8 @@ impl KvCache {
                 for pos in seg.start..(seg.start + seg.len).min(len) {
                     let w = (h * seg.len + pos - seg.start) * rw;
                     let o = (h * len + pos) * hd;
-                    k[o..o + hd].copy_from_slice(&self.cfg.dtype.decode_row(&kw[w..w + rw], hd));
-                    v[o..o + hd].copy_from_slice(&self.cfg.dtype.decode_row(&vw[w..w + rw], hd));
+                    k[o..o + hd].copy_from_slice(&self.cfg.dtype.decode_row(&kw[w..w + rw], hd)?);
+                    v[o..o + hd].copy_from_slice(&self.cfg.dtype.decode_row(&vw[w..w + rw], hd)?);
                 }
             }
         }

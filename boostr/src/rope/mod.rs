@@ -10,13 +10,24 @@
 //! KV cache at slot `slot0 + t`.
 //!
 //! The inverse frequencies come from the host ([`RopeParams::inv_freqs`]), which applies the base,
-//! the partial rotary dimension and the linear or Llama-3 frequency scaling; the kernel only
-//! multiplies by the position, which comes from a per-token u32 array.
+//! the partial rotary dimension and the linear or Llama-3 frequency scaling; they are uploaded
+//! once when a [`QkvRopePlan`] is built. The kernel only multiplies by the position: token `t` of
+//! a step sits at `step.pos + t` ([`RopePositions::Step`], computed in the kernel) or at
+//! `positions[step.token + t]` of a GPU u32 buffer ([`RopePositions::Buffer`]). K/V go to cache
+//! slot `step.pos + t`.
+//!
+//! Build a [`QkvRopePlan`] once per layer (for the most tokens a step will carry) and record it
+//! per step; [`crate::kv_cache::KvWritePlan`] is the same kernel with rotation and norm off, for
+//! K/V rows produced elsewhere. [`QkvRope::run`] is the eager form over the implicit stream.
 
-use numr::gpu::{Access, Binding, GpuContext, KernelBuilder, KernelEnv, KernelSource};
+use numr::gpu::{Access, KernelBuilder, KernelEnv, KernelSource};
 
-use crate::kv_cache::{KvCache, KvDtype};
-use crate::ops_common::{Result, bad, dispatch, dummy, env_of, fbits, grid_for, tree_reduce_fns, upload_u32};
+use crate::kv_cache::KvDtype;
+use crate::ops_common::{Result, bad, tree_reduce_fns};
+
+mod plan;
+
+pub use plan::{QkvRopeInputs, QkvRopePlan, RopePositions};
 
 /// Which dimensions form a rotated pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -83,9 +94,14 @@ impl RopeParams {
             .collect()
     }
 
-    /// CPU reference: rotates one head in place at `pos`.
-    pub fn rotate(&self, head: &mut [f32], pos: u32, freqs: &[f32]) {
+    /// CPU reference: rotates one head in place at `pos` (`freqs` from [`Self::inv_freqs`]).
+    /// [`crate::ops_common::OpsError::BadArgs`] when the head is shorter than `rot_dim` or
+    /// `freqs` holds fewer than `rot_dim / 2` values.
+    pub fn rotate(&self, head: &mut [f32], pos: u32, freqs: &[f32]) -> Result<()> {
         let half = self.rot_dim / 2;
+        if head.len() < self.rot_dim || freqs.len() < half {
+            return Err(bad("RopeParams::rotate", format!("head of {}, {} freqs for rot_dim {}", head.len(), freqs.len(), self.rot_dim)));
+        }
         for (i, &f) in freqs.iter().enumerate().take(half) {
             let (a, b) = match self.style {
                 RopeStyle::Normal => (2 * i, 2 * i + 1),
@@ -97,6 +113,7 @@ impl RopeParams {
             head[a] = (x * c - y * s) as f32;
             head[b] = (x * s + y * c) as f32;
         }
+        Ok(())
     }
 }
 
@@ -120,6 +137,7 @@ pub const ROPE_WG: u32 = 64;
 /// Where the heads live in the packed activation buffer, and how many there are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QkvLayout {
+    /// Tokens (for a plan: the most tokens one step carries).
     pub n_tok: usize,
     pub n_q: usize,
     pub n_kv: usize,
@@ -148,6 +166,17 @@ impl QkvLayout {
             v_off: (n_q + n_kv) * head_dim,
         }
     }
+
+    /// f32 elements the layout reads for `n_tok` tokens (with `kv`: the V heads too); `None` on
+    /// overflow.
+    pub(crate) fn extent(&self, kv: bool) -> Option<usize> {
+        let hd = self.head_dim;
+        let mut row = self.q_off.checked_add(self.n_q.checked_mul(hd)?)?.max(self.k_off.checked_add(self.n_kv.checked_mul(hd)?)?);
+        if kv {
+            row = row.max(self.v_off.checked_add(self.n_kv.checked_mul(hd)?)?);
+        }
+        self.x_off.checked_add(self.n_tok.checked_sub(1)?.checked_mul(self.tok_stride)?)?.checked_add(row)
+    }
 }
 
 impl QkvRope {
@@ -167,7 +196,18 @@ impl QkvRope {
         v
     }
 
-    /// WGSL. Bindings `x` (rw), `pos`, `freqs`, `qw`, `kw`, `kc` (rw), `vc` (rw).
+    /// Whether the kernel writes the transformed Q/K heads back (rotation or norm on); without,
+    /// the activation binding is read-only (a pure KV write).
+    pub fn transforms(&self) -> bool {
+        self.rope || self.qk_norm
+    }
+
+    /// WGSL. Bindings `x` (rw when [`Self::transforms`], else read), `pos`, `freqs`, `qw`, `kw`,
+    /// `kc` (rw), `vc` (rw). One workgroup per (token, head) for tokens `tok0 .. tok_end` over a
+    /// 2-D grid: Q heads, then K heads, then (with a KV write) V heads. Token `t` sits at position
+    /// `pos0 + t` (`pos_mode` 0) or `pos[pos_base + t]` (`pos_mode` 1), and its K/V go to slot
+    /// `pos0 + t` when that slot lies in the bound segment `seg_start .. seg_start + seg_len`
+    /// (others are dropped, so a write never leaves the segment's buffers).
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let name = format!(
             "qkv_rope_{:?}_r{}_n{}_o{}_{}",
@@ -209,7 +249,9 @@ impl QkvRope {
         let rope = if self.rope {
             format!(
                 "    if (kind < 2u) {{
-        let fp = f32(pos[t]);
+        var ip = p.pos0 + t;
+        if (p.pos_mode == 1u) {{ ip = pos[p.pos_base + t]; }}
+        let fp = f32(ip);
         for (var i = lidx; i < p.rot / 2u; i += {ROPE_WG}u) {{
             {pair}
             let th = fp * freqs[i];
@@ -229,8 +271,8 @@ impl QkvRope {
         };
         let kv = if self.kv_write.is_some() {
             "    if (kind >= 1u) {
-        let slot = p.slot0 + t;
-        if (slot >= p.seg_start && slot < p.seg_start + p.seg_len) {
+        let slot = p.pos0 + t;
+        if (slot >= p.seg_start && slot - p.seg_start < p.seg_len) {
             let base = (hh * p.seg_len + slot - p.seg_start) * p.row_words;
             if (kind == 1u) { store_kc(base, lidx); } else { store_vc(base, lidx); }
         }
@@ -239,13 +281,18 @@ impl QkvRope {
         } else {
             ""
         };
+        let write_back = if self.transforms() {
+            format!("    if (kind < 2u) {{ for (var d = lidx; d < p.hd; d += {ROPE_WG}u) {{ x[base + d] = row[d]; }} }}\n")
+        } else {
+            String::new()
+        };
         let heads = if self.kv_write.is_some() { "p.n_q + 2u * p.n_kv" } else { "p.n_q + p.n_kv" };
         let body = format!(
             "    let nh = {heads};
     let lt = wg_linear / nh;
     let h = wg_linear - lt * nh;
     let t = p.tok0 + lt;
-    if (t >= p.n_tok) {{ return; }}
+    if (t >= p.tok_end) {{ return; }}
     var kind = 0u;
     var hh = h;
     var off = p.q_off;
@@ -253,12 +300,12 @@ impl QkvRope {
     let base = p.x_off + t * p.tok_stride + off + hh * p.hd;
     for (var d = lidx; d < p.hd; d += {ROPE_WG}u) {{ row[d] = x[base + d]; }}
     workgroupBarrier();
-{norm}{rope}    if (kind < 2u) {{ for (var d = lidx; d < p.hd; d += {ROPE_WG}u) {{ x[base + d] = row[d]; }} }}
-{kv}"
+{norm}{rope}{write_back}{kv}"
         );
+        let x_access = if self.transforms() { Access::ReadWrite } else { Access::Read };
         KernelBuilder::new(name, *env)
             .workgroup(ROPE_WG, 1, 1)
-            .storage("x", Access::ReadWrite, "array<f32>")
+            .storage("x", x_access, "array<f32>")
             .storage("pos", Access::Read, "array<u32>")
             .storage("freqs", Access::Read, "array<f32>")
             .storage("qw", Access::Read, "array<f32>")
@@ -266,7 +313,8 @@ impl QkvRope {
             .storage("kc", Access::ReadWrite, "array<u32>")
             .storage("vc", Access::ReadWrite, "array<u32>")
             .params(&[
-                "n_tok",
+                "tok0",
+                "tok_end",
                 "n_q",
                 "n_kv",
                 "hd",
@@ -277,109 +325,23 @@ impl QkvRope {
                 "k_off",
                 "v_off",
                 "eps",
-                "slot0",
+                "pos0",
+                "pos_mode",
+                "pos_base",
                 "seg_start",
                 "seg_len",
                 "row_words",
-                "tok0",
             ])
             .prelude(&pre)
             .body(&body)
             .build()
     }
 
-    /// Records the fused op. `x` is the packed activation binding (f32, `layout` describes it;
-    /// its element offsets are relative to the binding). `positions` has one entry per token (its
-    /// GPU copy is uploaded here; engines keep one buffer and call [`Self::record`]).
-    /// With `kv_write`, `cache` receives K/V for `layer` at slots `cache.reserve(n_tok)..`; the
-    /// caller commits after all layers.
-    #[allow(clippy::too_many_arguments)]
-    pub fn run(
-        &self,
-        ctx: &GpuContext,
-        x: &Binding,
-        layout: &QkvLayout,
-        rope: &RopeParams,
-        positions: &[u32],
-        qw: Option<&Binding>,
-        kw: Option<&Binding>,
-        eps: f32,
-        cache: Option<(&KvCache, usize)>,
-    ) -> Result<()> {
-        if positions.len() != layout.n_tok {
-            return Err(bad("qkv_rope", "one position per token"));
-        }
-        let pos = Binding::whole(&upload_u32(ctx, positions)?);
-        let freqs = upload_u32(ctx, bytemuck::cast_slice(&rope.inv_freqs()))?;
-        self.record(ctx, x, layout, rope, &pos, &Binding::whole(&freqs), qw, kw, eps, cache)
-    }
-
-    /// [`Self::run`] with the positions and inverse frequencies already on the GPU.
-    #[allow(clippy::too_many_arguments)]
-    pub fn record(
-        &self,
-        ctx: &GpuContext,
-        x: &Binding,
-        l: &QkvLayout,
-        rope: &RopeParams,
-        pos: &Binding,
-        freqs: &Binding,
-        qw: Option<&Binding>,
-        kw: Option<&Binding>,
-        eps: f32,
-        cache: Option<(&KvCache, usize)>,
-    ) -> Result<()> {
-        if l.head_dim > 256 || rope.rot_dim > l.head_dim || rope.rot_dim % 2 != 0 || rope.head_dim != l.head_dim {
-            return Err(bad("qkv_rope", "head_dim at most 256, rot_dim even and at most head_dim"));
-        }
-        if self.qk_norm != (qw.is_some() && kw.is_some()) || self.kv_write.is_some() != cache.is_some() {
-            return Err(bad("qkv_rope", "norm weights or cache do not match the variant"));
-        }
-        let src = self.source(&env_of(ctx));
-        let nh = l.n_q + l.n_kv + if self.kv_write.is_some() { l.n_kv } else { 0 };
-        let mut params =
-            [l.n_tok, l.n_q, l.n_kv, l.head_dim, rope.rot_dim, l.tok_stride, l.x_off, l.q_off, l.k_off, l.v_off, 0, 0, 0, 0, 0, 0].map(|v| v as u32);
-        params[10] = fbits(eps);
-        let d = dummy(ctx)?;
-        let qw = qw.cloned().unwrap_or(d.clone());
-        let kw = kw.cloned().unwrap_or(d);
-        match cache {
-            None => {
-                let grid = grid_for(ctx, (l.n_tok * nh) as u64)?;
-                dispatch(ctx, &src, &[x.clone(), pos.clone(), freqs.clone(), qw, kw, dummy(ctx)?, dummy(ctx)?], &params, grid)
-            }
-            Some((cache, layer)) => {
-                let c = cache.config();
-                if c.head_dim != l.head_dim || c.n_kv_heads != l.n_kv || Some(c.dtype) != self.kv_write || layer >= c.n_layers {
-                    return Err(bad("qkv_rope", "cache shape or dtype does not match"));
-                }
-                let slot0 = cache.reserve(l.n_tok)?;
-                params[11] = slot0 as u32;
-                params[14] = c.dtype.row_words(c.head_dim) as u32;
-                for seg in cache.segments(layer) {
-                    if seg.start >= slot0 + l.n_tok || seg.start + seg.len <= slot0 {
-                        continue;
-                    }
-                    // Each token is transformed exactly once: this dispatch covers the tokens
-                    // whose slots fall in this segment.
-                    let t0 = seg.start.max(slot0) - slot0;
-                    let t1 = (seg.start + seg.len).min(slot0 + l.n_tok) - slot0;
-                    params[0] = t1 as u32;
-                    params[12] = seg.start as u32;
-                    params[13] = seg.len as u32;
-                    params[15] = t0 as u32;
-                    let grid = grid_for(ctx, ((t1 - t0) * nh) as u64)?;
-                    let b = [x.clone(), pos.clone(), freqs.clone(), qw.clone(), kw.clone(), Binding::whole(&seg.k), Binding::whole(&seg.v)];
-                    dispatch(ctx, &src, &b, &params, grid)?;
-                }
-                Ok(())
-            }
-        }
-    }
-
     /// CPU reference: transforms `x` in place (as the kernel does) and returns the K and V rows
     /// the cache would hold, `[n_tok][n_kv][head_dim]` each, rounded through the cache dtype
-    /// (unrounded when `kv_write` is `None`).
+    /// (unrounded when `kv_write` is `None`). [`crate::ops_common::OpsError::BadArgs`] when `x`
+    /// is shorter than the layout, `positions` does not hold one entry per token, or the norm
+    /// weights are missing or short.
     #[allow(clippy::too_many_arguments)]
     pub fn reference(
         &self,
@@ -390,18 +352,29 @@ impl QkvRope {
         qw: Option<&[f32]>,
         kw: Option<&[f32]>,
         eps: f32,
-    ) -> (Vec<f32>, Vec<f32>) {
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
         let hd = l.head_dim;
+        if l.n_tok > 0 && l.extent(true).is_none_or(|e| e > x.len()) {
+            return Err(bad("QkvRope::reference", format!("x of {} values is shorter than the layout {l:?}", x.len())));
+        }
+        if positions.len() != l.n_tok {
+            return Err(bad("QkvRope::reference", format!("{} positions for {} tokens", positions.len(), l.n_tok)));
+        }
+        let (qw, kw) = match (self.qk_norm, qw, kw) {
+            (false, _, _) => (&[][..], &[][..]),
+            (true, Some(q), Some(k)) if q.len() >= hd && k.len() >= hd => (q, k),
+            _ => return Err(bad("QkvRope::reference", format!("the QK norm needs q and k weights of {hd} values"))),
+        };
         let freqs = rope.inv_freqs();
         let (mut ks, mut vs) = (Vec::new(), Vec::new());
-        for t in 0..l.n_tok {
+        for (t, &pos) in positions.iter().enumerate() {
             let row0 = l.x_off + t * l.tok_stride;
             for h in 0..l.n_q + l.n_kv {
                 let (kind, hh) = if h < l.n_q { (0, h) } else { (1, h - l.n_q) };
                 let base = row0 + if kind == 0 { l.q_off } else { l.k_off } + hh * hd;
                 let head = &mut x[base..base + hd];
                 if self.qk_norm {
-                    let w = if kind == 0 { qw.unwrap() } else { kw.unwrap() };
+                    let w = if kind == 0 { qw } else { kw };
                     let ss = head.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / hd as f64;
                     let inv = 1.0 / (ss + eps as f64).sqrt();
                     for (d, v) in head.iter_mut().enumerate() {
@@ -409,7 +382,7 @@ impl QkvRope {
                     }
                 }
                 if self.rope {
-                    rope.rotate(head, positions[t], &freqs);
+                    rope.rotate(head, pos, &freqs)?;
                 }
                 if kind == 1 {
                     ks.extend(self.kv_write.map_or(head.to_vec(), |dt| dt.round_row(head)));
@@ -421,6 +394,6 @@ impl QkvRope {
                 vs.extend(self.kv_write.map_or(head.to_vec(), |dt| dt.round_row(head)));
             }
         }
-        (ks, vs)
+        Ok((ks, vs))
     }
 }

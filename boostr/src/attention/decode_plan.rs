@@ -1,0 +1,369 @@
+//! [`DecodePlan`]: flash-decoding of one token, built once per (layer, shape) and recorded per
+//! step with `kv_len = step.kv_len()`: the split count, chunk and grid of every dispatch follow
+//! from it at record time.
+
+use numr::Tensor;
+use numr::gpu::{Binding, BufferKind, GpuContext, Plan, PlanDispatch, Recorder, StepValues};
+
+use super::*;
+
+/// How a decode plan cuts `kv_len` positions into splits at each step.
+#[derive(Clone, Copy, Debug)]
+struct Schedule {
+    capacity: u32,
+    seg_len: u32,
+    n_segs: u32,
+    kind: SchedKind,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum SchedKind {
+    /// Subgroup kernel: up to `splits` splits per row of workgroups, multiples of `step` positions.
+    Subgroup { splits: u32, step: u32 },
+    /// Tiled kernel: chunks of about `kv_len * n_kv / target` positions, a multiple of `tile`,
+    /// at most `max_chunk`.
+    Tiled { n_kv: u32, target: u32, tile: u32, max_chunk: u32 },
+}
+
+impl Schedule {
+    /// `kv_len` of a step, clamped into `1 ..= capacity` (the plan's check refuses steps outside;
+    /// the clamp keeps a raw [`Plan`] recording in bounds).
+    fn kv(&self, s: &StepValues) -> u32 {
+        s.pos.saturating_add(s.n_tok).clamp(1, self.capacity)
+    }
+
+    fn chunk(&self, kv: u32) -> u32 {
+        match self.kind {
+            SchedKind::Subgroup { splits, step } => {
+                let sp = splits.min(kv.div_ceil(step)).max(1);
+                kv.div_ceil(sp).div_ceil(step) * step
+            }
+            SchedKind::Tiled { n_kv, target, tile, max_chunk } => {
+                let want = (kv as u64 * n_kv as u64).div_ceil(target as u64).div_ceil(tile as u64) * tile as u64;
+                u32::try_from(want.clamp(tile as u64, max_chunk as u64)).unwrap_or(max_chunk)
+            }
+        }
+    }
+
+    /// `(split_base, splits)` of segment `i` at `kv` (no splits when the segment starts at or
+    /// past `kv`). Segments are `i * seg_len ..`, only the last shorter, so every segment before
+    /// a touched one is full.
+    fn seg(&self, kv: u32, i: u32) -> (u32, u32) {
+        let start = i * self.seg_len;
+        if start >= kv {
+            return (0, 0);
+        }
+        let c = self.chunk(kv);
+        ((i * self.seg_len.div_ceil(c)), (kv - start).min(self.seg_len).div_ceil(c))
+    }
+
+    /// Splits over all segments at `kv`.
+    fn total(&self, kv: u32) -> u32 {
+        let (base, n) = self.seg(kv, (kv - 1) / self.seg_len);
+        base + n
+    }
+
+    /// An upper bound of [`Self::total`] over `kv in 1 ..= capacity`. Over the touched segments
+    /// `total <= floor(kv / chunk) + n_segs`, and `kv / chunk` is at most the split target
+    /// (subgroup: `chunk >= kv / splits`; tiled: `chunk >= kv * n_kv / target` unless clamped to
+    /// `max_chunk`, where `kv / chunk <= capacity / max_chunk`).
+    fn max_splits(&self) -> u32 {
+        let per_seg = if self.n_segs == 1 { 0 } else { self.n_segs };
+        match self.kind {
+            SchedKind::Subgroup { splits, .. } => splits + per_seg,
+            SchedKind::Tiled { n_kv, target, max_chunk, .. } => target.div_ceil(n_kv).max(self.capacity.div_ceil(max_chunk)) + per_seg.max(1),
+        }
+    }
+}
+
+/// Flash-decoding of one token over one layer's cache, built once and recorded per step (see the
+/// [module docs](super)). Step `s` attends the query at position `s.pos` over
+/// `kv_len = s.kv_len()` positions (`s.n_tok == 1`).
+#[derive(Clone, Debug)]
+pub struct DecodePlan {
+    plan: Plan,
+    out: OutTarget,
+    sched: Schedule,
+    kind: DecodeKernel,
+    fused: bool,
+}
+
+/// Options of a [`DecodePlan`] (from [`DecodePlan::builder`]).
+#[derive(Clone, Debug)]
+pub struct DecodePlanBuilder<'a> {
+    ctx: &'a GpuContext,
+    q: &'a Binding,
+    q_off: usize,
+    n_q: usize,
+    cache: &'a KvCache,
+    layer: usize,
+    opts: AttnOptions,
+    kind: Option<DecodeKernel>,
+    two_pass: bool,
+    tuning: Option<(u32, u32, usize)>,
+    out: Option<(&'a Binding, usize)>,
+}
+
+impl<'a> DecodePlanBuilder<'a> {
+    /// The decode kernel (default [`DecodeKernel::best`]; `Subgroup` needs the adapter's support).
+    pub fn kernel(mut self, kind: DecodeKernel) -> Self {
+        self.kind = Some(kind);
+        self
+    }
+
+    /// Merge the splits in a separate [`AttnCombine`] dispatch even where the fused merge is
+    /// available (segmented caches and adapters without `@coherent` storage always do).
+    pub fn two_pass(mut self) -> Self {
+        self.two_pass = true;
+        self
+    }
+
+    /// The subgroup kernel's tuning: query heads per workgroup (divides the group), keys per
+    /// slot step (1..=4) and the workgroup count the split count aims at (for sweeps; the
+    /// defaults are the best measured on the H200).
+    pub fn tuning(mut self, heads: u32, keys: u32, target_wgs: usize) -> Self {
+        self.tuning = Some((heads, keys, target_wgs));
+        self
+    }
+
+    /// Write the `[n_q, head_dim]` f32 output into `out` from element `offset` (an engine's
+    /// activation buffer) instead of a tensor of the plan's own.
+    pub fn output(mut self, out: &'a Binding, offset: usize) -> Self {
+        self.out = Some((out, offset));
+        self
+    }
+
+    /// Builds the plan: typed errors for a shape the kernels do not support, a layer the cache
+    /// lacks, a q or output binding too small, an invalid tuning, or sizes over 32 bits.
+    pub fn build(self) -> Result<DecodePlan> {
+        const OP: &str = "attention decode";
+        let (ctx, cache, n_q) = (self.ctx, self.cache, self.n_q);
+        let (hd, group) = check_heads(cache, self.layer, n_q)?;
+        let n_segs = check_uniform_segments(cache, self.layer)?;
+        let env = env_of(ctx);
+        let kind = self.kind.unwrap_or(DecodeKernel::best(&env));
+        let q_need = self.q_off.checked_add(n_q * hd).ok_or_else(|| OpsError::BadArgs { op: OP, reason: "q offset overflows".into() })?;
+        if (q_need as u64).saturating_mul(4) > self.q.size {
+            return Err(OpsError::BadArgs { op: OP, reason: format!("q binding of {} bytes, needs {} f32 from {}", self.q.size, n_q * hd, self.q_off) });
+        }
+        if self.tuning.is_some() && kind != DecodeKernel::Subgroup {
+            return Err(OpsError::BadArgs { op: OP, reason: "a tuning applies to the subgroup kernel only".into() });
+        }
+        let c = *cache.config();
+        let (capacity, seg_len) = (word(OP, "capacity", c.capacity)?, word(OP, "segment length", cache.segment_len())?);
+        let n_kv = c.n_kv_heads;
+        let softcap = self.opts.softcap.is_some();
+        let max_dim = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
+        let (src, sched, wg_y, fused) = match kind {
+            DecodeKernel::Subgroup => {
+                if DecodeKernel::best(&env) != DecodeKernel::Subgroup {
+                    return Err(OpsError::Unsupported { what: "subgroup decode", reason: "the adapter lacks subgroups of at least 8".into() });
+                }
+                let fused = !self.two_pass && n_segs == 1 && fused_merge_supported(ctx);
+                let mut cfg = DecodeAttnSg::new(word(OP, "head_dim", hd)?, word(OP, "group", group)?, c.dtype, softcap)?;
+                cfg.keys = DECODE_KEYS_PER_STEP;
+                cfg.fused = fused;
+                let mut target = DECODE_TARGET_WGS;
+                if let Some((heads, keys, t)) = self.tuning {
+                    if t == 0 {
+                        return Err(OpsError::BadArgs { op: OP, reason: "a target of 0 workgroups".into() });
+                    }
+                    (cfg.heads, cfg.keys, target) = (heads, keys, t);
+                }
+                cfg.validate()?;
+                let wg_y = n_kv * (cfg.group / cfg.heads) as usize;
+                let mut splits = target.div_ceil(wg_y).max(1);
+                if fused {
+                    // The fused merge takes one invocation per split.
+                    splits = splits.min(DECODE_SG_WG as usize);
+                }
+                let sched = Schedule {
+                    capacity,
+                    seg_len,
+                    n_segs: n_segs as u32,
+                    kind: SchedKind::Subgroup { splits: word(OP, "splits", splits)?, step: cfg.step_keys() },
+                };
+                // SAFETY: the bounds invariant of `decode` (module docs) holds for every dispatch
+                // this plan records: key positions are clamped into each split and segment and
+                // lanes into the row by the kernel itself; the q binding was checked above to hold
+                // `q_off + n_q * head_dim` f32; `o_part` / `ml` are sized below for
+                // `sched.max_splits()` splits of `n_q` rows, an upper bound of the split total of
+                // every `kv_len` the schedule can produce (clamped into `1 ..= capacity`), and
+                // `split_base + wid.x` stays below that total; grid y is `n_kv * group / heads`
+                // (so `kvh < n_kv` and `cnt` has one word per grid row); the fused split count is
+                // capped at DECODE_SG_WG; the output binding was checked by `OutTarget::new`.
+                let src = unsafe { cfg.source(&env)?.assume_in_bounds() };
+                (src, sched, wg_y, fused)
+            }
+            DecodeKernel::Tiled => {
+                let cfg = DecodeAttn { head_dim: word(OP, "head_dim", hd)?, group: word(OP, "group", group)?, dtype: c.dtype, softcap };
+                let kind = SchedKind::Tiled { n_kv: word(OP, "n_kv", n_kv)?, target: DECODE_TARGET_WGS as u32, tile: cfg.tile(), max_chunk: cfg.max_chunk() };
+                (cfg.source(&env)?, Schedule { capacity, seg_len, n_segs: n_segs as u32, kind }, n_kv, false)
+            }
+        };
+        let max_splits = sched.max_splits();
+        if max_splits > max_dim || wg_y > max_dim as usize {
+            return Err(OpsError::Unsupported { what: "decode grid", reason: format!("{max_splits} splits x {wg_y} rows over {max_dim} per dimension") });
+        }
+        let wg_y = word(OP, "grid rows", wg_y)?;
+        let out = OutTarget::new(ctx, self.out, &[1, n_q, hd], OP)?;
+        let part_rows = (max_splits as usize).checked_mul(n_q).ok_or_else(|| OpsError::BadArgs { op: OP, reason: "partials overflow".into() })?;
+        let o_part = ctx.alloc((part_rows * hd * 4) as u64, BufferKind::Storage)?;
+        let ml = ctx.alloc((part_rows * 2 * 4) as u64, BufferKind::Storage)?;
+        let kernel = ctx.kernel(&src)?;
+        let cnt = if fused {
+            // One arrival counter per workgroup row, zeroed once here; the last arrival of every
+            // dispatch resets its counter to 0.
+            let cnt = ctx.alloc(wg_y as u64 * 4, BufferKind::Storage)?;
+            ctx.write(&cnt, 0, &vec![0u8; wg_y as usize * 4])?;
+            Some(Binding::whole(&cnt))
+        } else {
+            None
+        };
+        let opts = self.opts;
+        let mut plan = Plan::new();
+        for (i, seg) in cache.segments(self.layer)?.iter().enumerate() {
+            let i = word(OP, "segment", i)?;
+            let mut b = vec![self.q.clone(), Binding::whole(&seg.k), Binding::whole(&seg.v), Binding::whole(&o_part), Binding::whole(&ml)];
+            if let Some(cnt) = &cnt {
+                b.push(cnt.clone());
+                b.push(out.binding.clone());
+            }
+            let s = sched;
+            let mut d = PlanDispatch::new(&kernel, ctx.bind(&kernel, &b)?, [0, wg_y, 1])?
+                .set_usize("seg_start", seg.start)?
+                .set_usize("seg_len", seg.len)?
+                .set_usize("q_off", self.q_off)?
+                .set_usize("rows", n_q)?
+                .set_f32("scale", opts.scale)?
+                .set_f32("softcap", opts.softcap.unwrap_or(0.0))?
+                .set_usize("window", opts.window.unwrap_or(0))?
+                .per_step("q_pos", move |st| s.kv(st) - 1)?
+                .per_step("chunk", move |st| s.chunk(s.kv(st)))?
+                .per_step("split_base", move |st| s.seg(s.kv(st), i).0)?
+                .grid_per_step(move |st| [s.seg(s.kv(st), i).1, wg_y, 1]);
+            d = match kind {
+                DecodeKernel::Subgroup => d.set("tok_stride", 0)?.set("n_tok", 1)?.set_usize("n_q", n_q)?,
+                DecodeKernel::Tiled => d.per_step("kv_len", move |st| s.kv(st))?,
+            };
+            if fused {
+                d = d.per_step("splits", move |st| s.total(s.kv(st)))?.set_usize("out_off", out.off)?;
+            }
+            plan.push(d);
+        }
+        if !fused {
+            let comb = ctx.kernel(&AttnCombine { head_dim: word(OP, "head_dim", hd)? }.source(&env)?)?;
+            let b = [Binding::whole(&o_part), Binding::whole(&ml), out.binding.clone()];
+            let grid = crate::ops_common::grid_for(ctx, n_q as u64)?;
+            let s = sched;
+            let d = PlanDispatch::new(&comb, ctx.bind(&comb, &b)?, grid)?
+                .set_usize("rows", n_q)?
+                .set_usize("out_off", out.off)?
+                .per_step("splits", move |st| s.total(s.kv(st)))?;
+            plan.push(d);
+        }
+        Ok(DecodePlan { plan, out, sched, kind, fused })
+    }
+}
+
+impl DecodePlan {
+    /// The plan with the default options (best kernel, fused merge where it is correct, output
+    /// owned by the plan). `q` holds `n_q` heads of `head_dim` f32 at element `q_off`.
+    pub fn new(ctx: &GpuContext, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, opts: &AttnOptions) -> Result<DecodePlan> {
+        Self::builder(ctx, q, q_off, n_q, cache, layer, opts).build()
+    }
+
+    /// A builder for the other options ([`DecodePlanBuilder`]).
+    pub fn builder<'a>(
+        ctx: &'a GpuContext,
+        q: &'a Binding,
+        q_off: usize,
+        n_q: usize,
+        cache: &'a KvCache,
+        layer: usize,
+        opts: &AttnOptions,
+    ) -> DecodePlanBuilder<'a> {
+        DecodePlanBuilder { ctx, q, q_off, n_q, cache, layer, opts: *opts, kind: None, two_pass: false, tuning: None, out: None }
+    }
+
+    /// The step attending over `kv_len` positions (the query at `kv_len - 1`).
+    pub fn step(kv_len: usize) -> Result<StepValues> {
+        let kv = word("attention decode", "kv_len", kv_len)?;
+        if kv == 0 {
+            return Err(OpsError::BadArgs { op: "attention decode", reason: "kv_len 0".into() });
+        }
+        Ok(StepValues::decode(kv - 1))
+    }
+
+    /// Checks a step: one token, `1 <= kv_len <= capacity` ([`OpsError::ContextOverflow`] past it).
+    pub fn check(&self, step: &StepValues) -> Result<()> {
+        if step.n_tok != 1 {
+            return Err(OpsError::BadArgs { op: "attention decode", reason: format!("a decode step of {} tokens (1)", step.n_tok) });
+        }
+        let needed = step.pos as usize + 1;
+        if needed > self.sched.capacity as usize {
+            return Err(OpsError::ContextOverflow { needed, capacity: self.sched.capacity as usize });
+        }
+        Ok(())
+    }
+
+    /// Records the step (checked first). Allocates nothing, creates no bind group.
+    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
+        self.check(step)?;
+        Ok(self.plan.record(rec, step)?)
+    }
+
+    /// Records the step into the implicit stream.
+    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
+        self.check(step)?;
+        Ok(self.plan.run(ctx, step)?)
+    }
+
+    /// The underlying plan (for appending into a larger one). It skips [`Self::check`]; its
+    /// dispatches clamp `kv_len` into `1 ..= capacity`, so they stay in bounds, but a step the
+    /// check refuses gives a wrong result there.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Dispatches a recording of `step` adds.
+    pub fn dispatch_count(&self, step: &StepValues) -> usize {
+        self.plan.dispatch_count(step)
+    }
+
+    /// The output tensor `[1, n_q, head_dim]` f32, unless the plan writes into a given binding.
+    pub fn out(&self) -> Option<&Tensor> {
+        self.out.owned.as_ref()
+    }
+
+    /// [`Self::out`], by value.
+    pub fn into_output(self) -> Option<Tensor> {
+        self.out.owned
+    }
+
+    /// The binding the output is written to and the element offset of its first value.
+    pub fn output_binding(&self) -> (&Binding, usize) {
+        (&self.out.binding, self.out.off)
+    }
+
+    /// Whether the splits merge inside the decode dispatch (else an [`AttnCombine`] pass).
+    pub fn is_fused(&self) -> bool {
+        self.fused
+    }
+
+    /// The decode kernel.
+    pub fn kernel(&self) -> DecodeKernel {
+        self.kind
+    }
+
+    /// Splits (over all segments) a step of `kv_len` positions uses.
+    pub fn splits_at(&self, kv_len: usize) -> usize {
+        let kv = u32::try_from(kv_len).unwrap_or(u32::MAX).clamp(1, self.sched.capacity);
+        self.sched.total(kv) as usize
+    }
+
+    /// Splits the partial buffers hold (at least [`Self::splits_at`] of every `kv_len`).
+    pub fn max_splits(&self) -> usize {
+        self.sched.max_splits() as usize
+    }
+}

@@ -1,0 +1,249 @@
+//! [`PrefillPlan`]: causal attention of a chunk, built once for the largest chunk and recorded
+//! per step with `p0 = step.pos` and `n_tok = step.n_tok`.
+
+use numr::Tensor;
+use numr::gpu::{Binding, BufferKind, GpuContext, Plan, PlanDispatch, Recorder, StepValues, grid_2d};
+
+use super::*;
+
+/// Causal attention of a chunk of queries over one layer's cache, built once and recorded per
+/// step (see the [module docs](super)): step `s` attends queries `0 .. s.n_tok` of the layout,
+/// query `t` at position `s.pos + t`, over keys `0 ..= s.pos + t`; the cache must already hold
+/// positions `0 .. s.kv_len()`.
+#[derive(Clone, Debug)]
+pub struct PrefillPlan {
+    plan: Plan,
+    out: OutTarget,
+    max_tok: u32,
+    capacity: usize,
+    kind: DecodeKernel,
+}
+
+/// Options of a [`PrefillPlan`] (from [`PrefillPlan::builder`]).
+#[derive(Clone, Debug)]
+pub struct PrefillPlanBuilder<'a> {
+    ctx: &'a GpuContext,
+    q: &'a Binding,
+    ql: QueryLayout,
+    cache: &'a KvCache,
+    layer: usize,
+    opts: AttnOptions,
+    kind: Option<DecodeKernel>,
+    out: Option<(&'a Binding, usize)>,
+}
+
+impl<'a> PrefillPlanBuilder<'a> {
+    /// The kernel: `Subgroup` runs [`DecodeAttnSg`] with one query token per grid layer and one
+    /// split per segment (chunks of at most 65535 tokens); `Tiled` runs [`PrefillAttn`]. Default:
+    /// the best the adapter has.
+    pub fn kernel(mut self, kind: DecodeKernel) -> Self {
+        self.kind = Some(kind);
+        self
+    }
+
+    /// Write the `[n_tok, n_q, head_dim]` f32 output into `out` from element `offset` instead of
+    /// a tensor of the plan's own. The subgroup kernel on an unsegmented cache stores vec4s there
+    /// directly: `offset` must then be a multiple of 4 and the binding's size of 16 bytes.
+    pub fn output(mut self, out: &'a Binding, offset: usize) -> Self {
+        self.out = Some((out, offset));
+        self
+    }
+
+    /// Builds the plan: typed errors for a shape the kernels do not support, a layer the cache
+    /// lacks, a layout of no tokens, a q or output binding too small, or sizes over 32 bits.
+    pub fn build(self) -> Result<PrefillPlan> {
+        const OP: &str = "attention prefill";
+        let (ctx, cache, ql) = (self.ctx, self.cache, self.ql);
+        let (hd, group) = check_heads(cache, self.layer, ql.n_q)?;
+        let n_segs = check_uniform_segments(cache, self.layer)?;
+        if ql.n_tok == 0 {
+            return Err(OpsError::BadArgs { op: OP, reason: "a plan for at least one token per step".into() });
+        }
+        let env = env_of(ctx);
+        let kind = self.kind.unwrap_or(if ql.n_tok <= 65535 { DecodeKernel::best(&env) } else { DecodeKernel::Tiled });
+        let last = (ql.n_tok - 1)
+            .checked_mul(ql.tok_stride)
+            .and_then(|x| x.checked_add(ql.q_off))
+            .and_then(|x| x.checked_add(ql.n_q * hd))
+            .ok_or_else(|| OpsError::BadArgs { op: OP, reason: "query layout overflows".into() })?;
+        if (last as u64).saturating_mul(4) > self.q.size {
+            return Err(OpsError::BadArgs { op: OP, reason: format!("q binding of {} bytes, the layout reads {last} f32", self.q.size) });
+        }
+        let c = *cache.config();
+        let max_tok = word(OP, "n_tok", ql.n_tok)?;
+        let n_q = word(OP, "n_q", ql.n_q)?;
+        let rows_max = ql.n_tok.checked_mul(ql.n_q).ok_or_else(|| OpsError::BadArgs { op: OP, reason: "rows overflow".into() })?;
+        word(OP, "rows", rows_max)?;
+        let seg_len = word(OP, "segment length", cache.segment_len())?;
+        let partial = n_segs > 1;
+        let out = OutTarget::new(ctx, self.out, &[ql.n_tok, ql.n_q, hd], OP)?;
+        let (o_bind, ml) = if partial {
+            let o = ctx.alloc((n_segs * rows_max * hd * 4) as u64, BufferKind::Storage)?;
+            let ml = ctx.alloc((n_segs * rows_max * 2 * 4) as u64, BufferKind::Storage)?;
+            (Binding::whole(&o), Binding::whole(&ml))
+        } else {
+            (out.binding.clone(), crate::ops_common::dummy(ctx)?)
+        };
+        let opts = self.opts;
+        let max_dim = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
+        let n = move |s: &StepValues| s.n_tok.min(max_tok);
+        let kv = move |s: &StepValues| s.pos.saturating_add(n(s));
+        let mut plan = Plan::new();
+        match kind {
+            DecodeKernel::Subgroup => {
+                if DecodeKernel::best(&env) != DecodeKernel::Subgroup || ql.n_tok > 65535 {
+                    return Err(OpsError::Unsupported { what: "subgroup prefill", reason: "needs subgroups of at least 8 and at most 65535 tokens".into() });
+                }
+                let mut cfg = DecodeAttnSg::new(word(OP, "head_dim", hd)?, word(OP, "group", group)?, c.dtype, opts.softcap.is_some())?;
+                cfg.normalised = !partial;
+                if cfg.normalised && (!out.off.is_multiple_of(4) || !out.binding.size.is_multiple_of(16)) {
+                    return Err(OpsError::BadArgs {
+                        op: OP,
+                        reason: format!("the output (element {} of {} bytes) must be 16-byte aligned", out.off, out.binding.size),
+                    });
+                }
+                let wg_y = word(OP, "grid rows", c.n_kv_heads * (cfg.group / cfg.heads) as usize)?;
+                // SAFETY: the bounds invariant of `decode` (module docs) holds for every dispatch:
+                // the kernel clamps key positions into the segment (one split per segment, chunk =
+                // segment length) and lanes into the row; the q binding was checked above for the
+                // layout's `n_tok` tokens and every step's token count is clamped to it; the
+                // partials hold one split per segment of `n_tok * n_q` rows (rows per step are
+                // `step tokens * n_q`, no more), and the normalised output (`o_base + row * hd / 4
+                // + i`) was checked by `OutTarget::new` and for 16-byte alignment above; grid y is
+                // `n_kv * group / heads`.
+                let src = unsafe { cfg.source(&env)?.assume_in_bounds() };
+                let kernel = ctx.kernel(&src)?;
+                for (i, seg) in cache.segments(self.layer)?.iter().enumerate() {
+                    let start = word(OP, "segment start", seg.start)?;
+                    let b = [self.q.clone(), Binding::whole(&seg.k), Binding::whole(&seg.v), o_bind.clone(), ml.clone()];
+                    let mut d = PlanDispatch::new(&kernel, ctx.bind(&kernel, &b)?, [0, wg_y, 0])?
+                        .set("seg_start", start)?
+                        .set_usize("seg_len", seg.len)?
+                        .set_usize("chunk", seg.len)?
+                        .set_usize("split_base", i)?
+                        .set_usize("q_off", ql.q_off)?
+                        .set_usize("tok_stride", ql.tok_stride)?
+                        .set("n_q", n_q)?
+                        .set_f32("scale", opts.scale)?
+                        .set_f32("softcap", opts.softcap.unwrap_or(0.0))?
+                        .set_usize("window", opts.window.unwrap_or(0))?
+                        .per_step("q_pos", |s| s.pos)?
+                        .per_step("n_tok", n)?
+                        .per_step("rows", move |s| n(s) * n_q)?
+                        .grid_per_step(move |s| [(start < kv(s)) as u32, wg_y, n(s)]);
+                    if cfg.normalised {
+                        d = d.set_usize("o_base", out.off / 4)?;
+                    }
+                    plan.push(d);
+                }
+            }
+            DecodeKernel::Tiled => {
+                let cfg = PrefillAttn { head_dim: word(OP, "head_dim", hd)?, dtype: c.dtype, softcap: opts.softcap.is_some(), partial };
+                let kernel = ctx.kernel(&cfg.source(&env)?)?;
+                for (i, seg) in cache.segments(self.layer)?.iter().enumerate() {
+                    let start = word(OP, "segment start", seg.start)?;
+                    let b = [self.q.clone(), Binding::whole(&seg.k), Binding::whole(&seg.v), o_bind.clone(), ml.clone()];
+                    let d = PlanDispatch::new(&kernel, ctx.bind(&kernel, &b)?, [0, n_q, 1])?
+                        .set("n_q", n_q)?
+                        .set_usize("group", group)?
+                        .set("seg_start", start)?
+                        .set_usize("seg_len", seg.len)?
+                        .set_usize("q_off", ql.q_off)?
+                        .set_usize("tok_stride", ql.tok_stride)?
+                        .set_usize("split_base", i)?
+                        .set_usize("out_off", if partial { 0 } else { out.off })?
+                        .set_f32("scale", opts.scale)?
+                        .set_f32("softcap", opts.softcap.unwrap_or(0.0))?
+                        .set_usize("window", opts.window.unwrap_or(0))?
+                        .per_step("n_tok", n)?
+                        .per_step("p0", |s| s.pos)?
+                        .per_step("kv_len", kv)?
+                        .per_step("rows", move |s| n(s) * n_q)?
+                        .grid_per_step(move |s| [if start < kv(s) { n(s).div_ceil(PREFILL_BQ) } else { 0 }, n_q, 1]);
+                    plan.push(d);
+                }
+            }
+        }
+        if partial {
+            let comb = ctx.kernel(&AttnCombine { head_dim: word(OP, "head_dim", hd)? }.source(&env)?)?;
+            let b = [o_bind, ml, out.binding.clone()];
+            let d = PlanDispatch::new(&comb, ctx.bind(&comb, &b)?, [0, 1, 1])?
+                .set_usize("out_off", out.off)?
+                .per_step("rows", move |s| n(s) * n_q)?
+                // The segments this step touches (one split each).
+                .per_step("splits", move |s| kv(s).saturating_sub(1) / seg_len + 1)?
+                .grid_per_step(move |s| grid_2d(n(s) as u64 * n_q as u64, max_dim).unwrap_or([0, 1, 1]));
+            plan.push(d);
+        }
+        Ok(PrefillPlan { plan, out, max_tok, capacity: c.capacity, kind })
+    }
+}
+
+impl PrefillPlan {
+    /// The plan with the default options (best kernel, output owned by the plan). `ql.n_tok` is
+    /// the most tokens one step carries.
+    pub fn new(ctx: &GpuContext, q: &Binding, ql: &QueryLayout, cache: &KvCache, layer: usize, opts: &AttnOptions) -> Result<PrefillPlan> {
+        Self::builder(ctx, q, ql, cache, layer, opts).build()
+    }
+
+    /// A builder for the other options ([`PrefillPlanBuilder`]).
+    pub fn builder<'a>(ctx: &'a GpuContext, q: &'a Binding, ql: &QueryLayout, cache: &'a KvCache, layer: usize, opts: &AttnOptions) -> PrefillPlanBuilder<'a> {
+        PrefillPlanBuilder { ctx, q, ql: *ql, cache, layer, opts: *opts, kind: None, out: None }
+    }
+
+    /// Checks a step: `1 <= n_tok <=` the layout's tokens, `pos + n_tok <= capacity`
+    /// ([`OpsError::ContextOverflow`]).
+    pub fn check(&self, step: &StepValues) -> Result<()> {
+        if step.n_tok == 0 || step.n_tok > self.max_tok {
+            return Err(OpsError::BadArgs { op: "attention prefill", reason: format!("a step of {} tokens, the plan takes 1..={}", step.n_tok, self.max_tok) });
+        }
+        let needed = step.pos as usize + step.n_tok as usize;
+        if needed > self.capacity {
+            return Err(OpsError::ContextOverflow { needed, capacity: self.capacity });
+        }
+        Ok(())
+    }
+
+    /// Records the step (checked first). Allocates nothing, creates no bind group.
+    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
+        self.check(step)?;
+        Ok(self.plan.record(rec, step)?)
+    }
+
+    /// Records the step into the implicit stream.
+    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
+        self.check(step)?;
+        Ok(self.plan.run(ctx, step)?)
+    }
+
+    /// The underlying plan (see [`DecodePlan::plan`]; token counts are clamped to the layout).
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Dispatches a recording of `step` adds.
+    pub fn dispatch_count(&self, step: &StepValues) -> usize {
+        self.plan.dispatch_count(step)
+    }
+
+    /// The output tensor `[n_tok, n_q, head_dim]` f32 (rows past a step's tokens keep what they
+    /// held), unless the plan writes into a given binding.
+    pub fn out(&self) -> Option<&Tensor> {
+        self.out.owned.as_ref()
+    }
+
+    /// [`Self::out`], by value.
+    pub fn into_output(self) -> Option<Tensor> {
+        self.out.owned
+    }
+
+    /// The binding the output is written to and the element offset of its first value.
+    pub fn output_binding(&self) -> (&Binding, usize) {
+        (&self.out.binding, self.out.off)
+    }
+
+    /// The kernel.
+    pub fn kernel(&self) -> DecodeKernel {
+        self.kind
+    }
+}
