@@ -118,8 +118,17 @@ fn row_stream(
         .params(&["cpr"])
         .body(&body)
         .build();
-    // SAFETY: every `src` index is `row * cpr + min(.., cpr - 1)` for a row inside the grid, and
-    // the buffers below hold `rows * cpr` words and one word per workgroup.
+    // The bounds invariant below needs exactly `rows` workgroups (a one-dimensional grid) and
+    // at least one vec4 per row.
+    if rows == 0 || rows > 65535 || cpr == 0 {
+        return Err(numr::NumrError::Validation {
+            context: "row stream probe".into(),
+            message: format!("{rows} rows of {cpr} vec4 (1..=65535 rows, cpr >= 1)"),
+        });
+    }
+    // SAFETY: the grid is `[rows, 1, 1]` (checked above), so `wg_linear < rows`; every `src`
+    // index is `wg_linear * cpr + min(.., cpr - 1) < rows * cpr`, and each source buffer below
+    // holds `rows * cpr` vec4 words; `dst[wg_linear]` is below the `rows` words of each output.
     let k = ctx.kernel(&unsafe { src.assume_in_bounds() })?;
     let bytes = rows as u64 * cpr as u64 * 16;
     let copies = if quick { 2 } else { copies_for(bytes as usize) };

@@ -5,9 +5,8 @@ use std::sync::Arc;
 
 use boostr::formats::{AwqTensors, GgmlType, PackedWeights, repack};
 use boostr::quant::gemm::CoopTiles;
-use boostr::quant::gemv::GemvIo;
-use boostr::quant::{GemmPlan, GemvPlan, Q8Activations, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, QuantMatrix, WeightKind};
-use numr::gpu::{BufferKind, GpuBuffer, GpuContext, KernelEnv};
+use boostr::quant::{GemmPlan, GemvIo, GemvOutput, GemvPlan, Q8Activations, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, QuantMatrix, WeightKind};
+use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, StepValues};
 use numr::{NumrError, Result};
 
 use crate::{Measurement, stream_read, time_recorded};
@@ -129,9 +128,10 @@ pub fn gemv(ctx: &GpuContext, cfg: &QuantGemv, ws: &[QuantMatrix], packed_bytes:
     let w0 = &ws[0];
     let x = upload_x(ctx, m * w0.cols)?;
     let y = ctx.alloc(4 * (m * w0.rows) as u64, BufferKind::Storage)?;
-    let io = GemvIo { x: &x, norm_weight: None, outputs: &[&y], qkv_rows: [0; 3], eps: 0.0 };
+    let io = GemvIo::new(Binding::whole(&x), Binding::whole(&y));
     let plans = ws.iter().map(|w| GemvPlan::new(ctx, cfg, w, &io).map_err(err)).collect::<Result<Vec<_>>>()?;
-    let (wall, gpu) = time_rotating(ctx, reps, "quant_gemv_", |rec, i| plans[i % plans.len()].record(rec).map_err(err))?;
+    let step = StepValues::chunk(0, m as u32);
+    let (wall, gpu) = time_rotating(ctx, reps, "quant_gemv_", |rec, i| plans[i % plans.len()].record(rec, &step).map_err(err))?;
     let label = gemv_label(
         "gemv",
         w0,
@@ -152,12 +152,14 @@ pub fn gemv_q8(ctx: &GpuContext, cfg: &QuantGemvQ8, ws: &[QuantMatrix], packed_b
     let w0 = &ws[0];
     let x = upload_x(ctx, m * w0.cols)?;
     let y = ctx.alloc(4 * (m * w0.rows) as u64, BufferKind::Storage)?;
-    let xa = Q8Activations::new(ctx, &x, m, w0.cols).map_err(err)?;
-    let plans = ws.iter().map(|w| Q8GemvPlan::new(ctx, cfg, w, &xa, &y).map_err(err)).collect::<Result<Vec<_>>>()?;
+    let xa = Q8Activations::new(ctx, &Binding::whole(&x), m, w0.cols).map_err(err)?;
+    let out = GemvOutput::Single(Binding::whole(&y));
+    let plans = ws.iter().map(|w| Q8GemvPlan::new(ctx, cfg, w, &xa, &out).map_err(err)).collect::<Result<Vec<_>>>()?;
+    let step = StepValues::chunk(0, m as u32);
     let mut rec = ctx.recorder();
-    xa.record(&mut rec).map_err(err)?;
+    xa.record(&mut rec, &step).map_err(err)?;
     rec.submit()?;
-    let (wall, gpu) = time_rotating(ctx, reps, "quant_gemv_q8", |rec, i| plans[i % plans.len()].record(rec).map_err(err))?;
+    let (wall, gpu) = time_rotating(ctx, reps, "quant_gemv_q8", |rec, i| plans[i % plans.len()].record(rec, &step).map_err(err))?;
     let label = gemv_label(
         "gemv-q8",
         w0,
@@ -186,14 +188,14 @@ pub fn gemv_q8(ctx: &GpuContext, cfg: &QuantGemvQ8, ws: &[QuantMatrix], packed_b
             .map(|i| {
                 let w = &ws[i % ws.len()];
                 let y = ctx.alloc(4 * (m * w.rows) as u64, BufferKind::Storage)?;
-                Q8GemvPlan::new(ctx, cfg, w, &xa, &y).map_err(err)
+                Q8GemvPlan::new(ctx, cfg, w, &xa, &GemvOutput::Single(Binding::whole(&y))).map_err(err)
             })
             .collect::<Result<Vec<_>>>()?;
-        let (wall_free, _) = time_rotating(ctx, reps, "quant_gemv_q8", |rec, i| free[i].record(rec).map_err(err))?;
+        let (wall_free, _) = time_rotating(ctx, reps, "quant_gemv_q8", |rec, i| free[i].record(rec, &step).map_err(err))?;
         v.push(Measurement { label: format!("{label} independent outputs, no barriers [wall]"), seconds: wall_free, bytes: b, flops: 0.0 });
         let (wall2, gpu_q) = time_rotating(ctx, reps, "quantize_q8", |rec, i| {
-            xa.record(rec).map_err(err)?;
-            plans[i % plans.len()].record(rec).map_err(err)
+            xa.record(rec, &step).map_err(err)?;
+            plans[i % plans.len()].record(rec, &step).map_err(err)
         })?;
         v.push(Measurement { label: format!("{label} +quantize [wall]"), seconds: wall2, bytes: b, flops: 0.0 });
         v.push(Measurement { label: format!("quantize_q8 m{m} k{} [gpu]", w0.cols), seconds: gpu_q, bytes: (m * w0.cols * 4) as f64, flops: 0.0 });
@@ -219,28 +221,33 @@ pub fn qkv_block(ctx: &GpuContext, kind: WeightKind, reps: usize, quick: bool) -
     let normed = ctx.alloc(4 * k as u64, BufferKind::Storage)?;
     let ys: Vec<_> = rows.iter().map(|&n| ctx.alloc(4 * n as u64, BufferKind::Storage)).collect::<Result<_>>()?;
     // Fused: one norm+quantize dispatch, one QKV dispatch.
-    let xa_norm = Q8Activations::with_rms_norm(ctx, &x, &nw, 1, k, 1e-5, false).map_err(err)?;
+    let xa_norm = Q8Activations::with_rms_norm(ctx, &Binding::whole(&x), &Binding::whole(&nw), 1, k, 1e-5, false).map_err(err)?;
     let cfg = QuantGemvQ8 { unchecked: true, ..QuantGemvQ8::new(kind, &env, 1) };
     let qkv_cfg = QuantGemvQ8 { split_qkv: true, ..cfg };
+    let yb: Vec<Binding> = ys.iter().map(Binding::whole).collect();
     let fused =
-        fused_w.iter().map(|w| Q8GemvPlan::new_qkv(ctx, &qkv_cfg, w, &xa_norm, [&ys[0], &ys[1], &ys[2]], rows).map_err(err)).collect::<Result<Vec<_>>>()?;
+        fused_w.iter().map(|w| Q8GemvPlan::new_qkv(ctx, &qkv_cfg, w, &xa_norm, [&yb[0], &yb[1], &yb[2]], rows).map_err(err)).collect::<Result<Vec<_>>>()?;
+    let step = StepValues::decode(0);
     let t_fused = time_recorded(ctx, reps, 7, |rec, i| {
-        xa_norm.record(rec).map_err(err)?;
-        fused[i % copies].record(rec).map_err(err)
+        xa_norm.record(rec, &step).map_err(err)?;
+        fused[i % copies].record(rec, &step).map_err(err)
     })?;
-    let t_qkv = time_recorded(ctx, reps, 7, |rec, i| fused[i % copies].record(rec).map_err(err))?;
+    let t_qkv = time_recorded(ctx, reps, 7, |rec, i| fused[i % copies].record(rec, &step).map_err(err))?;
     // Unfused: the f32 RMSNorm kernel of boostr::norm, a quantize, three GEMVs.
     let norm_io = boostr::norm::NormIo { x: (&x).into(), w: (&nw).into(), b: None, residual: None, out: Some((&normed).into()) };
     let norm = boostr::norm::NormPlan::new(ctx, &boostr::norm::Norm::rms(), &norm_io, k, 1, 1e-5).map_err(err)?;
-    let xa = Q8Activations::new(ctx, &normed, 1, k).map_err(err)?;
+    let xa = Q8Activations::new(ctx, &Binding::whole(&normed), 1, k).map_err(err)?;
     let sep: Vec<Vec<Q8GemvPlan>> = (0..3)
-        .map(|j| sep_w[j].iter().map(|w| Q8GemvPlan::new(ctx, &QuantGemvQ8::for_matrix(kind, &env, 1, rows[j], k), w, &xa, &ys[j]).map_err(err)).collect())
+        .map(|j| {
+            let cfg = QuantGemvQ8::for_matrix(kind, &env, 1, rows[j], k);
+            sep_w[j].iter().map(|w| Q8GemvPlan::new(ctx, &cfg, w, &xa, &GemvOutput::Single(yb[j].clone())).map_err(err)).collect()
+        })
         .collect::<Result<_>>()?;
     let t_sep = time_recorded(ctx, reps, 7, |rec, i| {
-        norm.record(rec, &numr::gpu::StepValues::decode(0)).map_err(err)?;
-        xa.record(rec).map_err(err)?;
+        norm.record(rec, &step).map_err(err)?;
+        xa.record(rec, &step).map_err(err)?;
         for plans in &sep {
-            plans[i % copies].record(rec).map_err(err)?;
+            plans[i % copies].record(rec, &step).map_err(err)?;
         }
         Ok(())
     })?;
@@ -283,12 +290,12 @@ pub fn warm_clocks(ctx: &GpuContext, secs: f64) -> Result<()> {
     let x = upload_x(ctx, 512 * 4096)?;
     let y = ctx.alloc(4 * 512 * 4096, BufferKind::Storage)?;
     let kind = WeightKind::Ggml(GgmlType::Q8_0);
-    let plan = GemmPlan::new(ctx, &QuantGemm::new(kind, ctx), &w, &x, &y, 512).map_err(err)?;
+    let plan = GemmPlan::new(ctx, &QuantGemm::new(kind, ctx), &w, &Binding::whole(&x), &Binding::whole(&y), 512).map_err(err)?;
     let t = std::time::Instant::now();
     while t.elapsed().as_secs_f64() < secs {
         let mut rec = ctx.recorder();
         for _ in 0..20 {
-            plan.record(&mut rec).map_err(err)?;
+            plan.record(&mut rec, &StepValues::chunk(0, 512)).map_err(err)?;
         }
         rec.submit()?;
         ctx.sync()?;
@@ -300,9 +307,10 @@ pub fn warm_clocks(ctx: &GpuContext, secs: f64) -> Result<()> {
 pub fn gemm_tiles(ctx: &GpuContext, cfg: &QuantGemm, tiles: CoopTiles, w: &QuantMatrix, m: usize, reps: usize) -> Result<Measurement> {
     let x = upload_x(ctx, m * w.cols)?;
     let y = ctx.alloc(4 * (m * w.rows) as u64, BufferKind::Storage)?;
-    let plan = GemmPlan::with_tiles(ctx, cfg, tiles, w, &x, &y, m).map_err(err)?;
+    let plan = GemmPlan::with_tiles(ctx, cfg, tiles, w, &Binding::whole(&x), &Binding::whole(&y), m).map_err(err)?;
+    let step = StepValues::chunk(0, m as u32);
     let s = time_recorded(ctx, reps, 7, |rec, _| {
-        plan.record(rec).map_err(err)?;
+        plan.record(rec, &step).map_err(err)?;
         Ok(())
     })?;
     Ok(Measurement {

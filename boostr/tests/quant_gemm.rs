@@ -14,7 +14,7 @@ use std::sync::Arc;
 use boostr::formats::{AwqTensors, GgmlType, PackedWeights, matmul_ref};
 use boostr::quant::gemm::CoopTiles;
 use boostr::quant::{GemmPlan, QuantGemm, QuantMatrix, WeightKind};
-use numr::gpu::{BufferKind, GpuBuffer, GpuContext, KernelEnv};
+use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, StepValues};
 use numr::testing::{check_close_rtol, test_gpu, validate_wgsl};
 use util::{Rng, random_ggml, small_f16};
 
@@ -38,9 +38,9 @@ fn random_weight(rng: &mut Rng, kind: WeightKind, rows: usize, cols: usize) -> P
 
 fn run_gemm(ctx: &GpuContext, cfg: &QuantGemm, tiles: CoopTiles, w: &QuantMatrix, x: &Arc<GpuBuffer>, m: usize) -> Vec<f64> {
     let y = ctx.alloc(4 * (m * w.rows) as u64, BufferKind::Storage).unwrap();
-    let plan = GemmPlan::with_tiles(ctx, cfg, tiles, w, x, &y, m).unwrap();
+    let plan = GemmPlan::with_tiles(ctx, cfg, tiles, w, &Binding::whole(x), &Binding::whole(&y), m).unwrap();
     let mut rec = ctx.recorder();
-    plan.record(&mut rec).unwrap();
+    plan.record(&mut rec, &StepValues::chunk(0, m as u32)).unwrap();
     rec.submit().unwrap();
     let bytes = ctx.read_bytes(&y, 0, 4 * (m * w.rows) as u64).unwrap();
     bytemuck::cast_slice::<u8, f32>(&bytes).iter().map(|&v| v as f64).collect()
@@ -60,11 +60,9 @@ fn coopmat_tile_shapes_validate_with_naga() {
         for kind in WeightKind::all() {
             for t in CoopTiles::candidates() {
                 assert!(t.valid(48 << 10), "{t:?}");
-                for unchecked in [false, true] {
-                    let src = boostr::quant::gemm::coop_source(kind, &t, unchecked, &env);
-                    validate_wgsl(&src.wgsl).unwrap_or_else(|e| panic!("{} {t:?}: {e}\n{}", kind.name(), src.wgsl));
-                    n += 1;
-                }
+                let src = boostr::quant::gemm::coop_source(kind, &t, &env).unwrap();
+                validate_wgsl(&src.wgsl).unwrap_or_else(|e| panic!("{} {t:?}: {e}\n{}", kind.name(), src.wgsl));
+                n += 1;
             }
         }
     }
@@ -116,12 +114,12 @@ fn gemm_speed() {
     {
         let kind = WeightKind::Ggml(GgmlType::Q8_0);
         let w = QuantMatrix::upload(&ctx, "warm", &random_weight(&mut rng, kind, n, k)).unwrap();
-        let plan = GemmPlan::new(&ctx, &QuantGemm::new(kind, &ctx), &w, &xb, &y, m).unwrap();
+        let plan = GemmPlan::new(&ctx, &QuantGemm::new(kind, &ctx), &w, &Binding::whole(&xb), &Binding::whole(&y), m).unwrap();
         let t0 = std::time::Instant::now();
         while t0.elapsed().as_secs_f64() < 1.0 {
             let mut rec = ctx.recorder();
             for _ in 0..50 {
-                plan.record(&mut rec).unwrap();
+                plan.record(&mut rec, &StepValues::chunk(0, m as u32)).unwrap();
             }
             rec.submit().unwrap();
             ctx.sync().unwrap();
@@ -143,17 +141,17 @@ fn gemm_speed() {
             }
         }
         for (cfg, t) in variants {
-            let plan = GemmPlan::with_tiles(&ctx, &cfg, t, &w, &xb, &y, m).unwrap();
+            let plan = GemmPlan::with_tiles(&ctx, &cfg, t, &w, &Binding::whole(&xb), &Binding::whole(&y), m).unwrap();
             // Warm-up and correctness.
             let mut rec = ctx.recorder();
-            plan.record(&mut rec).unwrap();
+            plan.record(&mut rec, &StepValues::chunk(0, m as u32)).unwrap();
             rec.submit().unwrap();
             let bytes = ctx.read_bytes(&y, 0, 4 * (check_m * n) as u64).unwrap();
             let got: Vec<f64> = bytemuck::cast_slice::<u8, f32>(&bytes).iter().map(|&v| v as f64).collect();
             let ok = check_close_rtol(&got, &want, RTOL_F16);
             let mut rec = ctx.recorder();
             for _ in 0..20 {
-                plan.record(&mut rec).unwrap();
+                plan.record(&mut rec, &StepValues::chunk(0, m as u32)).unwrap();
             }
             let prof = rec.submit_profiled().unwrap();
             let mut ns: Vec<f64> = prof.entries.iter().map(|e| e.1).collect();

@@ -14,8 +14,9 @@ mod util;
 use std::sync::Arc;
 
 use boostr::formats::{AwqTensors, GgmlType, PackedWeights, matmul_ref};
+use boostr::quant::GemvOutput;
 use boostr::quant::{Q8Activations, Q8GemvPlan, QuantGemvQ8, QuantMatrix, QuantizeQ8, WeightKind};
-use numr::gpu::{BufferKind, GpuBuffer, GpuContext, KernelEnv};
+use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, StepValues};
 use numr::testing::{check_close_rtol, test_gpu, validate_wgsl};
 use util::{Rng, check_q8, random_ggml, small_f16};
 
@@ -43,15 +44,16 @@ fn read(ctx: &GpuContext, b: &Arc<GpuBuffer>, bytes: usize) -> Vec<u8> {
 fn run(ctx: &GpuContext, cfg: &QuantGemvQ8, w: &QuantMatrix, x: &[f32], m: usize) -> (Vec<f64>, Vec<f32>) {
     let xb = ctx.upload(bytemuck::cast_slice(x)).unwrap();
     let y = ctx.alloc(4 * (m * w.rows) as u64, BufferKind::Storage).unwrap();
-    let xa = Q8Activations::new(ctx, &xb, m, w.cols).unwrap();
-    let plan = Q8GemvPlan::new(ctx, cfg, w, &xa, &y).unwrap();
+    let xa = Q8Activations::new(ctx, &Binding::whole(&xb), m, w.cols).unwrap();
+    let plan = Q8GemvPlan::new(ctx, cfg, w, &xa, &GemvOutput::Single(Binding::whole(&y))).unwrap();
     let mut rec = ctx.recorder();
-    xa.record(&mut rec).unwrap();
-    plan.record(&mut rec).unwrap();
+    let step = StepValues::chunk(0, m as u32);
+    xa.record(&mut rec, &step).unwrap();
+    plan.record(&mut rec, &step).unwrap();
     rec.submit().unwrap();
     let nb = m * w.cols / 32;
-    let q: Vec<i8> = read(ctx, &xa.xq, nb * 32).into_iter().map(|b| b as i8).collect();
-    let s: Vec<f32> = bytemuck::pod_collect_to_vec(&read(ctx, &xa.xs, nb * 16));
+    let q: Vec<i8> = read(ctx, xa.xq(), nb * 32).into_iter().map(|b| b as i8).collect();
+    let s: Vec<f32> = bytemuck::pod_collect_to_vec(&read(ctx, xa.xs(), nb * 16));
     // The quantization is faithful: d = max|x| / 127, |x - d q| <= d / 2, and the half sums match.
     let deq = check_q8(x, &q, &s, 0.0);
     let got: Vec<f64> = bytemuck::pod_collect_to_vec::<u8, f32>(&read(ctx, &y, 4 * m * w.rows)).into_iter().map(|v| v as f64).collect();

@@ -14,10 +14,9 @@ mod util;
 use std::sync::Arc;
 
 use boostr::formats::{AwqTensors, GgmlType, GptqTensors, GptqZeroOffset, PackedWeights, matmul_ref};
-use boostr::quant::gemv::GemvIo;
 use boostr::quant::upload::concat_rows;
-use boostr::quant::{GemmPlan, GemvPlan, Prologue, QuantError, QuantGemm, QuantGemv, QuantMatrix, WeightKind};
-use numr::gpu::{BufferKind, GpuBuffer, GpuContext, KernelEnv};
+use boostr::quant::{GemmPlan, GemvIo, GemvOutput, GemvPlan, Prologue, QuantError, QuantGemm, QuantGemv, QuantMatrix, WeightKind};
+use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, StepValues};
 use numr::testing::{check_close_rtol, test_gpu, validate_wgsl};
 use util::{Rng, random_ggml, rmsnorm_cpu, small_f16};
 
@@ -73,10 +72,10 @@ fn f64s(v: &[f32]) -> Vec<f64> {
 fn gemv_gpu(ctx: &GpuContext, cfg: &QuantGemv, w: &QuantMatrix, x: &[f32], m: usize) -> Vec<f64> {
     let xb = upload_f32(ctx, x);
     let y = ctx.alloc(4 * (m * w.rows) as u64, BufferKind::Storage).unwrap();
-    let io = GemvIo { x: &xb, norm_weight: None, outputs: &[&y], qkv_rows: [0; 3], eps: 0.0 };
+    let io = GemvIo::new(Binding::whole(&xb), Binding::whole(&y));
     let plan = GemvPlan::new(ctx, cfg, w, &io).unwrap();
     let mut rec = ctx.recorder();
-    plan.record(&mut rec).unwrap();
+    plan.record(&mut rec, &StepValues::decode(0)).unwrap();
     rec.submit().unwrap();
     read_f32(ctx, &y, m * w.rows)
 }
@@ -95,7 +94,7 @@ fn every_variant_validates_with_naga() {
             n += 1;
         }
         for cfg in QuantGemm::all_for(&env) {
-            let src = cfg.source(&env);
+            let src = cfg.source(&env).unwrap();
             validate_wgsl(&src.wgsl).unwrap_or_else(|e| panic!("{}: {e}\n{}", src.name, src.wgsl));
             n += 1;
         }
@@ -173,10 +172,10 @@ fn fused_rmsnorm_gemv_matches_unfused() {
             let cfg = QuantGemv { prologue: Prologue::RmsNorm { gemma, stage_k }, ..QuantGemv::new(WeightKind::of(p.format()), &env, m as u32) };
             let (xb, nb) = (upload_f32(&ctx, &x), upload_f32(&ctx, &nw));
             let y = ctx.alloc(4 * (m * rows) as u64, BufferKind::Storage).unwrap();
-            let io = GemvIo { x: &xb, norm_weight: Some(&nb), outputs: &[&y], qkv_rows: [0; 3], eps };
+            let io = GemvIo::new(Binding::whole(&xb), Binding::whole(&y)).with_rms_norm(Binding::whole(&nb), eps);
             let plan = GemvPlan::new(&ctx, &cfg, &w, &io).unwrap();
             let mut rec = ctx.recorder();
-            plan.record(&mut rec).unwrap();
+            plan.record(&mut rec, &StepValues::decode(0)).unwrap();
             rec.submit().unwrap();
             let got = read_f32(&ctx, &y, m * rows);
             check_close_rtol(&got, &want, RTOL_F32).unwrap_or_else(|e| panic!("{ty} m={m} gemma={gemma} stage={stage_k}: {e}"));
@@ -206,10 +205,11 @@ fn fused_qkv_matches_separate_projections() {
             assert!(cfg.source(&env).bindings.len() <= 8);
             let xb = upload_f32(&ctx, &x);
             let ys: Vec<_> = [nq, nk, nv].iter().map(|&n| ctx.alloc(4 * (m * n) as u64, BufferKind::Storage).unwrap()).collect();
-            let io = GemvIo { x: &xb, norm_weight: None, outputs: &[&ys[0], &ys[1], &ys[2]], qkv_rows: [nq, nk, nv], eps: 0.0 };
+            let output = GemvOutput::Qkv { q: Binding::whole(&ys[0]), k: Binding::whole(&ys[1]), v: Binding::whole(&ys[2]), rows: [nq, nk, nv] };
+            let io = GemvIo { x: Binding::whole(&xb), norm_weight: None, eps: 0.0, output };
             let plan = GemvPlan::new(&ctx, &cfg, &w, &io).unwrap();
             let mut rec = ctx.recorder();
-            plan.record(&mut rec).unwrap();
+            plan.record(&mut rec, &StepValues::decode(0)).unwrap();
             assert_eq!(rec.dispatch_count(), 1);
             rec.submit().unwrap();
             for (i, (pw, n)) in [(&q, nq), (&k, nk), (&v, nv)].into_iter().enumerate() {
@@ -261,9 +261,9 @@ fn tensor_over_the_binding_limit_is_split_by_rows() {
 fn gemm_gpu(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, x: &[f32], m: usize) -> Vec<f64> {
     let xb = upload_f32(ctx, x);
     let y = ctx.alloc(4 * (m * w.rows) as u64, BufferKind::Storage).unwrap();
-    let plan = GemmPlan::new(ctx, cfg, w, &xb, &y, m).unwrap();
+    let plan = GemmPlan::new(ctx, cfg, w, &Binding::whole(&xb), &Binding::whole(&y), m).unwrap();
     let mut rec = ctx.recorder();
-    plan.record(&mut rec).unwrap();
+    plan.record(&mut rec, &StepValues::chunk(0, m as u32)).unwrap();
     rec.submit().unwrap();
     read_f32(ctx, &y, m * w.rows)
 }

@@ -13,8 +13,8 @@ mod util;
 
 use boostr::formats::{GgmlType, matmul_ref};
 use boostr::quant::upload::concat_rows;
-use boostr::quant::{Q8Activations, Q8GemvPlan, QuantGemvQ8, QuantMatrix, RmsNormQuantizeQ8, WeightKind};
-use numr::gpu::{BufferKind, KernelEnv};
+use boostr::quant::{GemvOutput, Q8Activations, Q8GemvPlan, QuantGemvQ8, QuantMatrix, RmsNormQuantizeQ8, WeightKind};
+use numr::gpu::{Binding, BufferKind, KernelEnv, StepValues};
 use numr::testing::{check_close_rtol, test_gpu, validate_wgsl};
 use util::{Rng, check_q8, random_ggml, rmsnorm_cpu};
 
@@ -46,17 +46,18 @@ fn rmsnorm_quantize_matches_norm_then_quantize() {
         let (xb, nwb) = (ctx.upload(bytemuck::cast_slice(&x)).unwrap(), ctx.upload(bytemuck::cast_slice(&nw)).unwrap());
         let p = random_ggml(&mut rng, if k % 256 == 0 { GgmlType::Q4_K } else { GgmlType::Q4_0 }, 24, k);
         let w = QuantMatrix::upload(&ctx, "w", &p).unwrap();
-        let xa = Q8Activations::with_rms_norm(&ctx, &xb, &nwb, m, k, 1e-5, gemma).unwrap();
+        let xa = Q8Activations::with_rms_norm(&ctx, &Binding::whole(&xb), &Binding::whole(&nwb), m, k, 1e-5, gemma).unwrap();
         let y = ctx.alloc((4 * m * 24) as u64, BufferKind::Storage).unwrap();
-        let plan = Q8GemvPlan::new(&ctx, &QuantGemvQ8::new(w.kind(), &env, m as u32), &w, &xa, &y).unwrap();
+        let plan = Q8GemvPlan::new(&ctx, &QuantGemvQ8::new(w.kind(), &env, m as u32), &w, &xa, &GemvOutput::Single(Binding::whole(&y))).unwrap();
         let mut rec = ctx.recorder();
-        xa.record(&mut rec).unwrap();
-        plan.record(&mut rec).unwrap();
+        let step = StepValues::chunk(0, m as u32);
+        xa.record(&mut rec, &step).unwrap();
+        plan.record(&mut rec, &step).unwrap();
         assert_eq!(rec.dispatch_count(), 2);
         rec.submit().unwrap();
         let nb = m * k / 32;
-        let q: Vec<i8> = ctx.read_bytes(&xa.xq, 0, (nb * 32) as u64).unwrap().into_iter().map(|b| b as i8).collect();
-        let s: Vec<f32> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(&xa.xs, 0, (nb * 16) as u64).unwrap());
+        let q: Vec<i8> = ctx.read_bytes(xa.xq(), 0, (nb * 32) as u64).unwrap().into_iter().map(|b| b as i8).collect();
+        let s: Vec<f32> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(xa.xs(), 0, (nb * 16) as u64).unwrap());
         let normed = rmsnorm_cpu(&x, &nw, m, 1e-5, gemma);
         check_q8(&normed, &q, &s, 1e-5);
         let got: Vec<f64> =
@@ -82,24 +83,26 @@ fn fused_qkv_q8_matches_separate_gemvs() {
         for m in [1usize, 3] {
             let x: Vec<f32> = (0..m * cols).map(|_| rng.f32_in(-1.0, 1.0)).collect();
             let xb = ctx.upload(bytemuck::cast_slice(&x)).unwrap();
-            let xa = Q8Activations::new(&ctx, &xb, m, cols).unwrap();
+            let xa = Q8Activations::new(&ctx, &Binding::whole(&xb), m, cols).unwrap();
+            let step = StepValues::chunk(0, m as u32);
             let base = QuantGemvQ8::new(kind, &env, m as u32);
             for cfg in [QuantGemvQ8 { split_qkv: true, ..base }, QuantGemvQ8 { split_qkv: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base }]
             {
                 assert!(cfg.source(&env).bindings.len() <= 8);
                 let ys: Vec<_> = [nq, nk, nv].iter().map(|&n| ctx.alloc((4 * m * n) as u64, BufferKind::Storage).unwrap()).collect();
-                let plan = Q8GemvPlan::new_qkv(&ctx, &cfg, &w, &xa, [&ys[0], &ys[1], &ys[2]], [nq, nk, nv]).unwrap();
+                let yb: Vec<Binding> = ys.iter().map(Binding::whole).collect();
+                let plan = Q8GemvPlan::new_qkv(&ctx, &cfg, &w, &xa, [&yb[0], &yb[1], &yb[2]], [nq, nk, nv]).unwrap();
                 let mut rec = ctx.recorder();
-                xa.record(&mut rec).unwrap();
-                plan.record(&mut rec).unwrap();
+                xa.record(&mut rec, &step).unwrap();
+                plan.record(&mut rec, &step).unwrap();
                 assert_eq!(rec.dispatch_count(), 2);
                 rec.submit().unwrap();
                 for (i, (pw, n)) in [(&q, nq), (&k, nk), (&v, nv)].into_iter().enumerate() {
                     let sw = QuantMatrix::upload(&ctx, "sep", pw).unwrap();
                     let sy = ctx.alloc((4 * m * n) as u64, BufferKind::Storage).unwrap();
-                    let sep = Q8GemvPlan::new(&ctx, &base, &sw, &xa, &sy).unwrap();
+                    let sep = Q8GemvPlan::new(&ctx, &base, &sw, &xa, &GemvOutput::Single(Binding::whole(&sy))).unwrap();
                     let mut rec = ctx.recorder();
-                    sep.record(&mut rec).unwrap();
+                    sep.record(&mut rec, &step).unwrap();
                     rec.submit().unwrap();
                     let read = |b| -> Vec<f64> {
                         bytemuck::pod_collect_to_vec::<u8, f32>(&ctx.read_bytes(b, 0, (4 * m * n) as u64).unwrap()).into_iter().map(|v| v as f64).collect()
@@ -112,11 +115,11 @@ fn fused_qkv_q8_matches_separate_gemvs() {
         }
         // Mismatched row counts and a missing flag are typed errors.
         let xb = ctx.upload(bytemuck::cast_slice(&vec![0f32; cols])).unwrap();
-        let xa = Q8Activations::new(&ctx, &xb, 1, cols).unwrap();
-        let y = ctx.alloc(4 * 72, BufferKind::Storage).unwrap();
+        let xa = Q8Activations::new(&ctx, &Binding::whole(&xb), 1, cols).unwrap();
+        let y = Binding::whole(&ctx.alloc(4 * 72, BufferKind::Storage).unwrap());
         let cfg = QuantGemvQ8::new(kind, &env, 1);
         assert!(Q8GemvPlan::new_qkv(&ctx, &cfg, &w, &xa, [&y, &y, &y], [nq, nk, nv]).is_err());
         assert!(Q8GemvPlan::new_qkv(&ctx, &QuantGemvQ8 { split_qkv: true, ..cfg }, &w, &xa, [&y, &y, &y], [nq, nk, 1]).is_err());
-        assert!(Q8GemvPlan::new(&ctx, &QuantGemvQ8 { split_qkv: true, ..cfg }, &w, &xa, &y).is_err());
+        assert!(Q8GemvPlan::new(&ctx, &QuantGemvQ8 { split_qkv: true, ..cfg }, &w, &xa, &GemvOutput::Single(y.clone())).is_err());
     }
 }

@@ -11,10 +11,13 @@ use super::packed::PackedWeights;
 /// `c`, and each sum is rounded once to f32. With `m = 1` this is the mat-vec.
 pub fn matmul_ref(packed: &PackedWeights, x: &[f32], m: usize) -> Result<Vec<f32>> {
     let (rows, cols) = (packed.rows(), packed.cols());
-    if x.len() != m * cols {
-        return Err(FormatError::Length { what: "x", expected: m * cols, actual: x.len() });
+    // `m * cols` (or `m * rows`) past usize is an inconsistent length too, never a panic.
+    let expected = m.checked_mul(cols).ok_or(FormatError::Length { what: "x (m * cols overflows)", expected: usize::MAX, actual: x.len() })?;
+    if x.len() != expected {
+        return Err(FormatError::Length { what: "x", expected, actual: x.len() });
     }
-    let mut y = vec![0.0f32; m * rows];
+    let out = m.checked_mul(rows).ok_or(FormatError::Length { what: "y (m * rows overflows)", expected: usize::MAX, actual: 0 })?;
+    let mut y = vec![0.0f32; out];
     let mut w = vec![0.0f32; cols];
     for r in 0..rows {
         packed.dequantize_row_into(r, &mut w)?;

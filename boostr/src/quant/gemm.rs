@@ -7,15 +7,17 @@
 //!   `gemm_coopmat.rs`), a typed block shape [`CoopTiles`] (default 128x128 per workgroup, K steps
 //!   of 64, 8 subgroups each holding 4x2 accumulators for the whole K loop, f16 staging, the
 //!   next K step prefetched into registers).
+//!
+//! [`GemmPlan`] is built for at most `max_m` activation rows; a recording computes the step's
+//! `n_tok` rows (`p.m` and the grid follow the step; rows past it are neither read nor written).
 
-use std::sync::Arc;
-
-use numr::gpu::{Access, Binding, BoundGroup, GpuBuffer, GpuContext, Kernel, KernelBuilder, KernelEnv, KernelSource, Recorder};
+use numr::gpu::{Access, Binding, GpuContext, KernelBuilder, KernelEnv, KernelSource, Plan, PlanDispatch, Recorder, StepValues};
 
 use super::decode::decoder;
 #[path = "gemm_coopmat.rs"]
 pub mod coopmat;
-use super::gemv::{PARAMS, part_params};
+use super::gemv::{PARAMS, set_part};
+use super::validate::{check_binding, check_step, env_of, mul, step_rows, to_u32};
 use super::{QuantError, QuantMatrix, Result, WeightKind};
 pub use coopmat::{CoopTiles, coop_source};
 
@@ -50,22 +52,20 @@ impl QuantGemm {
         for kind in WeightKind::all() {
             v.push(QuantGemm { kind, coopmat: false, unchecked: false });
             if env.f16 && env.subgroups {
-                v.push(QuantGemm { kind, coopmat: true, unchecked: true });
+                v.push(QuantGemm { kind, coopmat: true, unchecked: false });
             }
         }
         v
     }
 
-    pub fn source(&self, env: &KernelEnv) -> KernelSource {
-        let name = format!(
-            "quant_gemm_{}{}{}",
-            self.kind.name().to_lowercase(),
-            if self.coopmat { "_coop" } else { "_tiled" },
-            if self.unchecked { "_unchecked" } else { "" }
-        );
+    /// The WGSL source for `env` (compiled with bounds checks; see [`GemmPlan`] for
+    /// `unchecked`). The coopmat variant uses [`CoopTiles::DEFAULT`] and needs `env.f16` and
+    /// `env.subgroups` ([`QuantError::Config`] otherwise).
+    pub fn source(&self, env: &KernelEnv) -> Result<KernelSource> {
+        let name = format!("quant_gemm_{}{}", self.kind.name().to_lowercase(), if self.coopmat { "_coop" } else { "_tiled" });
         let mut pre = decoder(self.kind);
         if self.coopmat {
-            return coop_source(self.kind, &CoopTiles::DEFAULT, self.unchecked, env);
+            return coop_source(self.kind, &CoopTiles::DEFAULT, env);
         }
         let kb = {
             pre.push_str("var<workgroup> As: array<f32, 2048>;\nvar<workgroup> Ws: array<f32, 2048>;\n");
@@ -118,74 +118,124 @@ impl QuantGemm {
 ";
             KernelBuilder::new(name, *env).workgroup(256, 1, 1).prelude(&pre).body(body)
         };
-        kb.storage("x", Access::Read, "array<vec4<f32>>")
+        Ok(kb
+            .storage("x", Access::Read, "array<vec4<f32>>")
             .storage("wv", Access::Read, "array<vec4<u32>>")
             .storage("ws", Access::Read, "array<u32>")
             .storage("y", Access::ReadWrite, "array<f32>")
             .params(PARAMS)
-            .build()
+            .build())
     }
 }
 
-/// Dispatches of one GEMM over every part of a matrix, built once.
+/// One GEMM over every part of a matrix (one dispatch per part), built once for at most
+/// `max_m` activation rows: a recording for `step` computes rows `0..step.n_tok` (the kernel's
+/// `m` and the grid's row-block count follow the step; a step of more than `max_m` tokens is
+/// [`QuantError::StepTooLarge`], one of none records nothing).
+#[derive(Clone, Debug)]
 pub struct GemmPlan {
-    kernel: Arc<Kernel>,
-    steps: Vec<(BoundGroup, Vec<u32>, [u32; 3])>,
+    plan: Plan,
+    max_m: usize,
 }
 
 impl GemmPlan {
-    /// `y` (`m x N` f32) from `x` (`m x K` f32).
-    pub fn new(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, x: &Arc<GpuBuffer>, y: &Arc<GpuBuffer>, m: usize) -> Result<GemmPlan> {
-        Self::with_tiles(ctx, cfg, CoopTiles::DEFAULT, w, x, y, m)
+    /// `y` (`max_m x N` f32) from `x` (`max_m x K` f32), the fastest block shape.
+    pub fn new(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, x: &Binding, y: &Binding, max_m: usize) -> Result<GemmPlan> {
+        Self::with_tiles(ctx, cfg, CoopTiles::DEFAULT, w, x, y, max_m)
     }
 
     /// As [`GemmPlan::new`] with an explicit coopmat block shape (ignored by the tiled variant).
-    pub fn with_tiles(
-        ctx: &GpuContext,
-        cfg: &QuantGemm,
-        tiles: CoopTiles,
-        w: &QuantMatrix,
-        x: &Arc<GpuBuffer>,
-        y: &Arc<GpuBuffer>,
-        m: usize,
-    ) -> Result<GemmPlan> {
+    /// Validates `w`, the tiles and both bindings (a short one is
+    /// [`QuantError::BufferTooSmall`] naming it).
+    pub fn with_tiles(ctx: &GpuContext, cfg: &QuantGemm, tiles: CoopTiles, w: &QuantMatrix, x: &Binding, y: &Binding, max_m: usize) -> Result<GemmPlan> {
+        const OP: &str = "gemm";
         if cfg.kind != w.kind() {
-            return Err(QuantError::Shape { what: "gemm", reason: format!("kernel for {} given {}", cfg.kind.name(), w.kind().name()) });
+            return Err(QuantError::Shape { what: OP, reason: format!("kernel for {} given {}", cfg.kind.name(), w.kind().name()) });
         }
+        w.validate()?;
         if cfg.coopmat && !QuantGemm::coopmat_available(ctx) {
             return Err(QuantError::Unsupported {
                 name: w.name.clone(),
                 reason: "the adapter has no f16 16x16x16 cooperative matrix with subgroups of 32".into(),
             });
         }
-        let env = KernelEnv::from_caps(ctx.capabilities());
-        let (kernel, bm, bn) = if cfg.coopmat {
-            if !tiles.valid(ctx.capabilities().limits.max_compute_workgroup_storage_size) {
-                return Err(QuantError::Shape { what: "gemm", reason: format!("coopmat tiles {tiles:?} invalid here") });
-            }
-            (ctx.kernel(&coop_source(cfg.kind, &tiles, cfg.unchecked, &env))?, tiles.bm as usize, tiles.bn as usize)
-        } else {
-            (ctx.kernel(&cfg.source(&env))?, TILE as usize, TILE as usize)
-        };
-        let max = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
-        let mut steps = Vec::new();
-        for part in &w.parts {
-            let group = ctx.bind(&kernel, &[Binding::whole(x), part.binding(), part.binding(), Binding::whole(y)])?;
-            let mut params = part_params(w, part).to_vec();
-            params[16] = m as u32;
-            let grid = [part.rows.div_ceil(bn) as u32, m.div_ceil(bm) as u32, 1];
-            if grid[0] > max || grid[1] > max {
-                return Err(QuantError::Shape { what: "gemm", reason: format!("grid {grid:?} over {max}") });
-            }
-            steps.push((group, params, grid));
+        if max_m == 0 {
+            return Err(QuantError::Shape { what: OP, reason: "a GEMM plan for 0 activation rows".into() });
         }
-        Ok(GemmPlan { kernel, steps })
+        check_binding(OP, "x", x, mul("x elements", max_m, w.cols)?, 4)?;
+        check_binding(OP, "y", y, mul("y elements", max_m, w.rows)?, 4)?;
+        let caps = ctx.capabilities();
+        let env = env_of(caps);
+        let (src, bm, bn) = if cfg.coopmat {
+            if !tiles.valid(caps.limits.max_compute_workgroup_storage_size) {
+                return Err(QuantError::Config {
+                    what: "coopmat tiles",
+                    reason: format!("{tiles:?} is not well formed or needs more workgroup memory than the adapter's"),
+                });
+            }
+            (coop_source(cfg.kind, &tiles, &env)?, tiles.bm, tiles.bn)
+        } else {
+            (cfg.source(&env)?, TILE, TILE)
+        };
+        let limit = caps.limits.max_compute_workgroups_per_dimension;
+        let max = to_u32("GEMM rows", max_m)?;
+        if max_m.div_ceil(bm as usize) > limit as usize {
+            return Err(QuantError::Gpu(numr::NumrError::GridTooLarge { workgroups: max_m.div_ceil(bm as usize) as u64, limit }));
+        }
+        let gxs = w.parts.iter().map(|part| to_u32("GEMM column blocks", part.rows.div_ceil(bn as usize))).collect::<Result<Vec<u32>>>()?;
+        if let Some(&gx) = gxs.iter().find(|&&gx| gx > limit) {
+            return Err(QuantError::Gpu(numr::NumrError::GridTooLarge { workgroups: gx as u64, limit }));
+        }
+        let src = if cfg.unchecked {
+            // SAFETY: the GEMM's indices are bounded as follows, by what was validated above.
+            // - Activations `x[gm * k4 + kv]` (vec4): the kernel's `m` is the step's row count,
+            //   clamped to `max_m` in the plan itself, and every row is `< m` (tested, or clamped
+            //   to `m - 1`; the grid is empty for a step of 0 rows, so `m >= 1` when it runs);
+            //   `kv < k4 = K / 4` (tested, or `kc * 8 + e`, `kc < cpr`); `x` holds `max_m * K` f32.
+            // - Weight chunks `min(n0 + i, rows - 1) * cpr + min(kc, cpr - 1)` are below the
+            //   part's `rows * cpr` chunks; `w.validate()` checked its sections and buffer.
+            // - Stores `y[gm * n_out + row0 + gn]` under `gm < m`, `gn < rows` (so `row0 + gn <
+            //   N`); the coopmat direct stores only when the whole `bm x bn` block is inside
+            //   (`m0 + bm <= m`, `n0 + bn <= rows`); `y` holds `max_m * N` f32.
+            // - Workgroup tiles by construction of the (validated) tile shape; the coopmat
+            //   kernel's per-subgroup scratch by `sg_idx < sg_count = sg_m * sg_n` (subgroups of
+            //   exactly 32, which `coopmat_available` checked). Every product fits 32 bits.
+            unsafe { src.assume_in_bounds() }
+        } else {
+            src
+        };
+        let kernel = ctx.kernel(&src)?;
+        let mut plan = Plan::new();
+        for (part, &gx) in w.parts.iter().zip(&gxs) {
+            let group = ctx.bind(&kernel, &[x.clone(), part.binding(), part.binding(), y.clone()])?;
+            let d = set_part(PlanDispatch::new(&kernel, group, [gx, 0, 1])?, w, part)?
+                .per_step("m", move |s| step_rows(s, max))?
+                .grid_per_step(move |s| [gx, step_rows(s, max).div_ceil(bm), 1]);
+            plan.push(d);
+        }
+        Ok(GemmPlan { plan, max_m })
     }
 
-    pub fn record(&self, rec: &mut Recorder) -> Result<()> {
-        for (g, p, grid) in &self.steps {
-            rec.dispatch(&self.kernel, g, p, *grid)?;
-        }
-        Ok(())
+    /// The most activation rows a step may have.
+    pub fn max_m(&self) -> usize {
+        self.max_m
+    }
+
+    /// The dispatches, for an engine to append to its own plan (its row count is `step.n_tok`,
+    /// clamped to [`GemmPlan::max_m`]).
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Records the GEMM of `step.n_tok` rows.
+    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
+        check_step("gemm", step, self.max_m)?;
+        Ok(self.plan.record(rec, step)?)
+    }
+
+    /// Records into the context's implicit stream (the eager path).
+    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
+        check_step("gemm", step, self.max_m)?;
+        Ok(self.plan.run(ctx, step)?)
     }
 }

@@ -18,17 +18,20 @@
 //! and N need not be multiples of the block). Indices in pointer arguments are bound with `let`
 //! (naga 30's SPIR-V writer panics otherwise).
 //!
-//! In bounds by construction (so `unchecked` is safe): activation rows are clamped to `m - 1`,
-//! weight rows to `rows - 1`, and K-step chunks past the row to its last chunk with the
-//! activations zeroed there.
+//! Subgroups are placed by the `subgroup_id` builtin (`sg_idx`, lanes by `sg_id`), never by
+//! `lidx / 32`: each subgroup's cooperative loads and stores must be made by its own lanes.
+//!
+//! In bounds by construction given valid bindings (so the validated [`super::GemmPlan`] may drop
+//! naga's checks): activation rows are clamped to `m - 1`, weight rows to `rows - 1`, and K-step
+//! chunks past the row to its last chunk with the activations zeroed there.
 
 use std::fmt::Write;
 
 use numr::gpu::{Access, KernelBuilder, KernelEnv, KernelSource};
 
-use crate::quant::WeightKind;
 use crate::quant::decode::decoder;
 use crate::quant::gemv::PARAMS;
+use crate::quant::{QuantError, Result, WeightKind};
 
 /// Block shape of the cooperative-matrix GEMM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -90,46 +93,50 @@ impl CoopTiles {
         (self.bm / self.sg_m / 16, self.bn / self.sg_n / 16)
     }
 
-    /// Workgroup memory in bytes.
-    pub fn shared_bytes(&self) -> u32 {
-        let stride = self.bk + self.pad;
-        2 * (self.bm + self.bn) * stride + 4 * 256 * self.sg_m * self.sg_n
+    /// Workgroup memory in bytes (saturating: a shape too large for any adapter reads as
+    /// `u64::MAX`).
+    pub fn shared_bytes(&self) -> u64 {
+        let (bm, bn, bk, pad, sm, sn) = (self.bm as u128, self.bn as u128, self.bk as u128, self.pad as u128, self.sg_m as u128, self.sg_n as u128);
+        u64::try_from(2 * (bm + bn) * (bk + pad) + 4 * 256 * sm * sn).unwrap_or(u64::MAX)
     }
 
-    /// Whether the shape is well formed and fits `max_shared` bytes of workgroup memory.
+    /// Whether the shape is well formed and fits `max_shared` bytes of workgroup memory (no
+    /// arithmetic in it can overflow, whatever the fields hold).
     pub fn valid(&self, max_shared: u32) -> bool {
-        let (fm, fn_) = (self.bm / self.sg_m.max(1) / 16, self.bn / self.sg_n.max(1) / 16);
-        self.sg_m > 0
-            && self.sg_n > 0
-            && self.bk % 32 == 0
+        // At most 32 subgroups of 32 (1024 invocations) bounds every product below.
+        if self.sg_m == 0 || self.sg_n == 0 || self.sg_m > 32 || self.sg_n > 32 || self.sg_m * self.sg_n > 32 {
+            return false;
+        }
+        let (fm, fn_) = (self.bm / self.sg_m / 16, self.bn / self.sg_n / 16);
+        self.bk.is_multiple_of(32)
             && self.bk > 0
-            && self.pad % 8 == 0
-            && self.bm % (16 * self.sg_m) == 0
-            && self.bn % (16 * self.sg_n) == 0
+            && self.pad.is_multiple_of(8)
+            && self.bm.is_multiple_of(16 * self.sg_m)
+            && self.bn.is_multiple_of(16 * self.sg_n)
             && fm > 0
             && fn_ > 0
-            && self.wg() <= 1024
-            && self.shared_bytes() <= max_shared
+            && self.shared_bytes() <= max_shared as u64
     }
 }
 
-/// The WGSL kernel for `kind` with block shape `t`.
-pub fn coop_source(kind: WeightKind, t: &CoopTiles, unchecked: bool, env: &KernelEnv) -> KernelSource {
-    assert!(t.valid(u32::MAX), "invalid coopmat tiles {t:?}");
+/// Workgroup memory no adapter exceeds; larger shapes are refused before any WGSL is generated.
+const MAX_SHARED_ANY: u32 = 1 << 20;
+
+/// The WGSL kernel for `kind` with block shape `t` (compiled with bounds checks). Errors with
+/// [`QuantError::Config`] when `t` is not well formed ([`CoopTiles::valid`] with up to 1 MiB of
+/// workgroup memory; the plan checks the adapter's own limit) or `env` lacks f16 or subgroups.
+pub fn coop_source(kind: WeightKind, t: &CoopTiles, env: &KernelEnv) -> Result<KernelSource> {
+    if !t.valid(MAX_SHARED_ANY) {
+        return Err(QuantError::Config { what: "coopmat tiles", reason: format!("{t:?} is not well formed (or needs over 1 MiB of workgroup memory)") });
+    }
+    if !(env.f16 && env.subgroups) {
+        return Err(QuantError::Config { what: "coopmat GEMM", reason: "needs f16 and subgroups".into() });
+    }
     let (fm, fn_) = t.frags();
     let (wg, s) = (t.wg(), t.bk + t.pad);
     let (tm, tn) = (t.bm / t.sg_m, t.bn / t.sg_n);
-    let name = format!(
-        "quant_gemm_{}_coop{}x{}x{}_{}x{}{}{}",
-        kind.name().to_lowercase(),
-        t.bm,
-        t.bn,
-        t.bk,
-        t.sg_m,
-        t.sg_n,
-        if t.prefetch { "_pf" } else { "" },
-        if unchecked { "_unchecked" } else { "" }
-    );
+    let name =
+        format!("quant_gemm_{}_coop{}x{}x{}_{}x{}{}", kind.name().to_lowercase(), t.bm, t.bn, t.bk, t.sg_m, t.sg_n, if t.prefetch { "_pf" } else { "" },);
     let mut pre = decoder(kind);
     let _ = write!(
         pre,
@@ -146,8 +153,8 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, unchecked: bool, env: &Kerne
         b,
         "    let n0 = wid.x * {bn}u;
     let m0 = wid.y * {bm}u;
-    let sgi = lidx >> 5u;
-    let lane = lidx & 31u;
+    let sgi = sg_idx;
+    let lane = sg_id;
     let sm = (sgi / {sg_n}u) * {tm}u;
     let sn = (sgi % {sg_n}u) * {tn}u;
     let nsteps = (p.cpr + {cpk}u - 1u) / {cpk}u;
@@ -164,7 +171,7 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, unchecked: bool, env: &Kerne
     let xper = xv4.div_ceil(wg);
     let wper = wch.div_ceil(wg);
     let q = t.bk / 4;
-    let xguard = if xv4 % wg != 0 { format!("idx < {xv4}u && ") } else { String::new() };
+    let xguard = if !xv4.is_multiple_of(wg) { format!("idx < {xv4}u && ") } else { String::new() };
     // Global loads of step `ks` into registers: activations raw (`xr{i}`), weights decoded
     // (`wr{i}`).
     let mut load = String::new();
@@ -197,7 +204,7 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, unchecked: bool, env: &Kerne
     // Registers to workgroup memory (f16).
     let mut store = String::new();
     for i in 0..xper {
-        let open = if xv4 % wg != 0 { format!("if (lidx + {i}u * {wg}u < {xv4}u) ") } else { String::new() };
+        let open = if !xv4.is_multiple_of(wg) { format!("if (lidx + {i}u * {wg}u < {xv4}u) ") } else { String::new() };
         let _ = write!(
             store,
             "        {open}{{
@@ -209,7 +216,7 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, unchecked: bool, env: &Kerne
         );
     }
     for i in 0..wper {
-        let open = if wch % wg != 0 { format!("if (lidx + {i}u * {wg}u < {wch}u) ") } else { String::new() };
+        let open = if !wch.is_multiple_of(wg) { format!("if (lidx + {i}u * {wg}u < {wch}u) ") } else { String::new() };
         // Unrolled: constant indices keep `wr` in registers.
         let _ = write!(store, "        {open}{{\n            let o = ((lidx + {i}u * {wg}u) / {cpk}u) * {s}u + ((lidx + {i}u * {wg}u) % {cpk}u) * 32u;\n");
         for e in 0..8 {
@@ -288,10 +295,11 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, unchecked: bool, env: &Kerne
         }
     }
     b.push_str("    }\n");
-    KernelBuilder::new(name, *env)
+    Ok(KernelBuilder::new(name, *env)
         .enable_f16()
         .enable("wgpu_cooperative_matrix")
         .workgroup(wg, 1, 1)
+        .subgroup_builtins()
         .prelude(&pre)
         .body(&b)
         .storage("x", Access::Read, "array<vec4<f32>>")
@@ -299,5 +307,5 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, unchecked: bool, env: &Kerne
         .storage("ws", Access::Read, "array<u32>")
         .storage("y", Access::ReadWrite, "array<f32>")
         .params(PARAMS)
-        .build()
+        .build())
 }

@@ -20,15 +20,19 @@
 //! - `split_qkv`: three outputs; rows `[0, nq)` go to `yq`, `[nq, nq + nk)` to `yk`, the rest to
 //!   `yv` (Q/K/V packed into one matrix at upload by [`super::upload::concat_rows`]), which
 //!   keeps the kernel at 6 or 7 storage bindings.
-//! - `unchecked`: compile without naga's bounds checks; indexing is in bounds by construction
-//!   (rows are clamped, chunks bounded by the row length), and the parity tests cover it.
+//! - `unchecked`: [`GemvPlan`] compiles the kernel without naga's bounds checks once it has
+//!   validated every binding (the invariant is stated at the `assume_in_bounds` call); the
+//!   config's own [`QuantGemv::source`] is always checked.
+//!
+//! The reduction's subgroup slots are indexed by the `subgroup_id` builtin (`sg_idx`), never by
+//! `lidx / sg_size`, which neither WGSL nor Vulkan promises to be the subgroup index.
 
-use std::sync::Arc;
-
-use numr::gpu::{Access, Binding, BoundGroup, GpuBuffer, GpuContext, Kernel, KernelBuilder, KernelEnv, KernelSource, Recorder, grid_2d};
+use numr::NumrError;
+use numr::gpu::{Access, Binding, GpuContext, KernelBuilder, KernelEnv, KernelSource, Plan, PlanDispatch, Recorder, StepValues, grid_2d};
 
 use super::decode::{decoder, has_offset, is_quantized};
-use super::{QuantError, QuantMatrix, Result, WeightKind};
+use super::validate::{check_binding, check_threads, env_of, mul};
+use super::{QuantError, QuantMatrix, QuantPart, Result, WeightKind};
 
 /// What runs before the mat-vec inside the same dispatch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -90,7 +94,7 @@ impl QuantGemv {
                 if m == 1 {
                     v.push(QuantGemv { prologue: Prologue::RmsNorm { gemma: false, stage_k: 4096 }, ..base });
                     v.push(QuantGemv { prologue: Prologue::RmsNorm { gemma: true, stage_k: 0 }, split_qkv: true, ..base });
-                    v.push(QuantGemv { split_qkv: true, rows_per_workgroup: 8, unchecked: true, ..base });
+                    v.push(QuantGemv { split_qkv: true, rows_per_workgroup: 8, ..base });
                 }
             }
         }
@@ -99,7 +103,7 @@ impl QuantGemv {
 
     fn name(&self) -> String {
         format!(
-            "quant_gemv_{}_r{}_t{}_m{}{}{}{}{}{}",
+            "quant_gemv_{}_r{}_t{}_m{}{}{}{}{}",
             self.kind.name().to_lowercase(),
             self.rows_per_workgroup,
             self.threads,
@@ -111,11 +115,10 @@ impl QuantGemv {
                 Prologue::RmsNorm { gemma, stage_k } => format!("_rms{}{}", if gemma { "g" } else { "" }, stage_k),
             },
             if self.split_qkv { "_qkv" } else { "" },
-            if self.unchecked { "_unchecked" } else { "" },
         )
     }
 
-    /// The WGSL source for `env`.
+    /// The WGSL source for `env` (compiled with bounds checks; see [`GemvPlan`] for `unchecked`).
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let r = self.rows_per_workgroup as usize;
         let mm = self.activation_rows as usize;
@@ -151,7 +154,7 @@ impl QuantGemv {
                 }
             }
         }
-        let rargs = if sg { "lidx, sg_size, sg_id" } else { "lidx" };
+        let rargs = reduce_args(sg);
         let mut b = String::new();
         b.push_str("    let row0 = wg_linear * ");
         b.push_str(&format!("{r}u;\n    if (row0 >= p.rows) {{ return; }}\n"));
@@ -256,24 +259,33 @@ impl QuantGemv {
 /// Parameter words shared by the GEMV and GEMM kernels (GEMM adds `m`).
 pub(crate) const PARAMS: &[&str] = &["rows", "row0", "n_out", "cpr", "k4", "qs4", "qh", "qh4", "sc", "dof", "mof", "cpg", "eps", "nq", "nk", "nv", "m"];
 
+/// The arguments of `wg_reduce_<v>` in a kernel body.
+pub(crate) fn reduce_args(sg: bool) -> &'static str {
+    if sg { "lidx, sg_idx, sg_count, sg_id" } else { "lidx" }
+}
+
 /// `fn wg_reduce_<v>(a: array<f32, v>, ...) -> f32`: the workgroup sum of element `lidx` of
-/// every invocation's array, valid in invocations `lidx < v`. Call from uniform control flow.
+/// every invocation's array, valid in invocations `lidx < v` (so `v <= wg`). Call from uniform
+/// control flow. With subgroups, each subgroup's sums land in slot `sg_idx` (the `subgroup_id`
+/// builtin) of a workgroup array with room for `ceil(wg / min subgroup size)` subgroups; slots
+/// past it are never written or read, so the array is in bounds whatever the driver reports. The
+/// tree reduction needs `wg` a power of two (the plans check it).
 pub(crate) fn reduce_fn(v: usize, wg: u32, sg: bool, env: &KernelEnv) -> String {
     if sg {
-        let nsg_max = (wg / env.subgroup_min_size.max(4)).max(1) as usize;
+        let nsg = wg.div_ceil(env.subgroup_min_size.max(4)).max(1) as usize;
         let mut s = format!(
-            "var<workgroup> red{v}: array<f32, {}>;\nfn wg_reduce_{v}(a: array<f32, {v}>, lidx: u32, sg_size: u32, sg_id: u32) -> f32 {{\n    let sgi = lidx / sg_size;\n",
-            nsg_max * v
+            "var<workgroup> red{v}: array<f32, {}>;\nfn wg_reduce_{v}(a: array<f32, {v}>, lidx: u32, sg_idx: u32, sg_count: u32, sg_id: u32) -> f32 {{\n",
+            nsg * v
         );
         for i in 0..v {
             s.push_str(&format!("    let t{i} = subgroupAdd(a[{i}]);\n"));
         }
-        s.push_str("    if (sg_id == 0u) {\n");
+        s.push_str(&format!("    if (sg_id == 0u && sg_idx < {nsg}u) {{\n"));
         for i in 0..v {
-            s.push_str(&format!("        red{v}[sgi * {v}u + {i}u] = t{i};\n"));
+            s.push_str(&format!("        red{v}[sg_idx * {v}u + {i}u] = t{i};\n"));
         }
         s.push_str(&format!(
-            "    }}\n    workgroupBarrier();\n    var t = 0.0;\n    if (lidx < {v}u) {{\n        for (var s = 0u; s < {wg}u / sg_size; s++) {{ t += red{v}[s * {v}u + lidx]; }}\n    }}\n    workgroupBarrier();\n    return t;\n}}\n"
+            "    }}\n    workgroupBarrier();\n    var t = 0.0;\n    if (lidx < {v}u) {{\n        for (var s = 0u; s < min(sg_count, {nsg}u); s++) {{ t += red{v}[s * {v}u + lidx]; }}\n    }}\n    workgroupBarrier();\n    return t;\n}}\n"
         ));
         s
     } else {
@@ -292,96 +304,185 @@ pub(crate) fn reduce_fn(v: usize, wg: u32, sg: bool, env: &KernelEnv) -> String 
     }
 }
 
-/// Parameter words of one part.
-pub(crate) fn part_params(w: &QuantMatrix, part: &super::QuantPart) -> [u32; 17] {
+/// Sets the parameters of one part (`rows`, `row0`, `n_out`, `cpr`, `k4`, the section offsets
+/// and `cpg`) by name, each checked to fit 32 bits.
+pub(crate) fn set_part(d: PlanDispatch, w: &QuantMatrix, part: &QuantPart) -> Result<PlanDispatch> {
     let s = part.sections;
     let cpg = match w.format {
-        crate::formats::PackedFormat::Int4 { group_size, .. } => (group_size / 32) as u32,
+        crate::formats::PackedFormat::Int4 { group_size, .. } => group_size / 32,
         _ => 1,
     };
-    [
-        part.rows as u32,
-        part.row0 as u32,
-        w.rows as u32,
-        w.chunks_per_row() as u32,
-        (w.cols / 4) as u32,
-        s.qs / 4,
-        s.qh,
-        s.qh / 4,
-        s.sc,
-        s.d,
-        s.m,
-        cpg,
-        0,
-        0,
-        0,
-        0,
-        0,
-    ]
+    Ok(d.set_usize("rows", part.rows)?
+        .set_usize("row0", part.row0)?
+        .set_usize("n_out", w.rows)?
+        .set_usize("cpr", w.chunks_per_row())?
+        .set_usize("k4", w.cols / 4)?
+        .set("qs4", s.qs / 4)?
+        .set("qh", s.qh)?
+        .set("qh4", s.qh / 4)?
+        .set("sc", s.sc)?
+        .set("dof", s.d)?
+        .set("mof", s.m)?
+        .set_usize("cpg", cpg)?)
 }
 
-/// Dispatches of one GEMV over every part of a matrix, with pipelines and bind groups built once.
-pub struct GemvPlan {
-    kernel: Arc<Kernel>,
-    steps: Vec<(BoundGroup, Vec<u32>, [u32; 3])>,
+/// A grid of `n` workgroups within the adapter's limit.
+pub(crate) fn grid_for(ctx: &GpuContext, n: usize) -> Result<[u32; 3]> {
+    let limit = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
+    grid_2d(n as u64, limit).ok_or(QuantError::Gpu(NumrError::GridTooLarge { workgroups: n as u64, limit }))
 }
 
-/// Buffers of a GEMV: activations (`m x K` f32), the optional norm weight (`K` f32), outputs.
-pub struct GemvIo<'a> {
-    pub x: &'a Arc<GpuBuffer>,
-    pub norm_weight: Option<&'a Arc<GpuBuffer>>,
-    /// `y` (`m x N` f32), or `[yq, yk, yv]` with `split_qkv`.
-    pub outputs: &'a [&'a Arc<GpuBuffer>],
-    /// With `split_qkv`: rows of Q, K and V.
-    pub qkv_rows: [usize; 3],
+/// Where a GEMV writes (`m` = the config's activation rows, `N` = the matrix rows).
+#[derive(Clone, Debug)]
+pub enum GemvOutput {
+    /// `y`: `m x N` f32, row-major.
+    Single(Binding),
+    /// The fused Q/K/V projection (`split_qkv`): the matrix holds `rows[0]` Q rows, then
+    /// `rows[1]` K rows, then `rows[2]` V rows (`rows` summing to `N`); each output gets
+    /// `m x rows[i]` f32, row-major.
+    Qkv { q: Binding, k: Binding, v: Binding, rows: [usize; 3] },
+}
+
+impl GemvOutput {
+    /// The bindings (one, or Q, K, V) after checking each against `m` activation rows of a
+    /// matrix of `n` rows and the config's `split_qkv`.
+    pub(crate) fn checked(&self, op: &'static str, split_qkv: bool, m: usize, n: usize) -> Result<(Vec<Binding>, [usize; 3])> {
+        match (self, split_qkv) {
+            (GemvOutput::Single(y), false) => {
+                check_binding(op, "y", y, mul("y elements", m, n)?, 4)?;
+                Ok((vec![y.clone()], [0; 3]))
+            }
+            (GemvOutput::Qkv { q, k, v, rows }, true) => {
+                let total = rows.iter().try_fold(0usize, |a, &r| a.checked_add(r));
+                if total != Some(n) {
+                    return Err(QuantError::Shape {
+                        what: op,
+                        reason: format!("Q/K/V of {} + {} + {} rows for a matrix of {n} rows", rows[0], rows[1], rows[2]),
+                    });
+                }
+                check_binding(op, "q output", q, mul("q elements", m, rows[0])?, 4)?;
+                check_binding(op, "k output", k, mul("k elements", m, rows[1])?, 4)?;
+                check_binding(op, "v output", v, mul("v elements", m, rows[2])?, 4)?;
+                Ok((vec![q.clone(), k.clone(), v.clone()], *rows))
+            }
+            (GemvOutput::Single(_), true) => Err(QuantError::Shape { what: op, reason: "split_qkv writes three outputs (GemvOutput::Qkv)".into() }),
+            (GemvOutput::Qkv { .. }, false) => Err(QuantError::Shape { what: op, reason: "three outputs need split_qkv".into() }),
+        }
+    }
+}
+
+/// The bindings of a GEMV: activations (`m x K` f32), the norm weight of the RMSNorm prologue
+/// (`K` f32, with its `eps`), and the output(s).
+#[derive(Clone, Debug)]
+pub struct GemvIo {
+    pub x: Binding,
+    /// With [`Prologue::RmsNorm`] (and only then).
+    pub norm_weight: Option<Binding>,
     pub eps: f32,
+    pub output: GemvOutput,
+}
+
+impl GemvIo {
+    /// `y = x Wᵀ` (no prologue).
+    pub fn new(x: Binding, y: Binding) -> GemvIo {
+        GemvIo { x, norm_weight: None, eps: 0.0, output: GemvOutput::Single(y) }
+    }
+
+    /// The same with the RMSNorm prologue's weight and epsilon.
+    pub fn with_rms_norm(mut self, weight: Binding, eps: f32) -> GemvIo {
+        self.norm_weight = Some(weight);
+        self.eps = eps;
+        self
+    }
+}
+
+/// One GEMV over every part of a matrix (one dispatch per part), built once: kernels, bind
+/// groups and parameters by name in a [`Plan`]. It depends on no step value (the activation
+/// rows are the config's).
+#[derive(Clone, Debug)]
+pub struct GemvPlan {
+    plan: Plan,
 }
 
 impl GemvPlan {
-    pub fn new(ctx: &GpuContext, cfg: &QuantGemv, w: &QuantMatrix, io: &GemvIo<'_>) -> Result<GemvPlan> {
+    /// Validates `cfg`, `w` and every binding of `io` (each short one is
+    /// [`QuantError::BufferTooSmall`] naming it), then builds the dispatches.
+    pub fn new(ctx: &GpuContext, cfg: &QuantGemv, w: &QuantMatrix, io: &GemvIo) -> Result<GemvPlan> {
+        const OP: &str = "gemv";
         if cfg.kind != w.kind() {
-            return Err(QuantError::Shape { what: "gemv", reason: format!("kernel for {} given {}", cfg.kind.name(), w.kind().name()) });
+            return Err(QuantError::Shape { what: OP, reason: format!("kernel for {} given {}", cfg.kind.name(), w.kind().name()) });
         }
-        if !(1..=8).contains(&cfg.activation_rows) {
-            return Err(QuantError::Shape { what: "gemv", reason: format!("{} activation rows (1..=8)", cfg.activation_rows) });
+        w.validate()?;
+        let m = cfg.activation_rows as usize;
+        if !(1..=8).contains(&m) {
+            return Err(QuantError::Shape { what: OP, reason: format!("{m} activation rows (1..=8)") });
         }
-        let env = KernelEnv::from_caps(ctx.capabilities());
-        let kernel = ctx.kernel(&cfg.source(&env))?;
-        let mut steps = Vec::new();
-        let [nq, nk, nv] = io.qkv_rows;
-        if cfg.split_qkv && (nq + nk + nv != w.rows || io.outputs.len() != 3) {
-            return Err(QuantError::Shape { what: "fused qkv", reason: format!("{nq} + {nk} + {nv} rows vs {} (three outputs needed)", w.rows) });
+        if !(1..=32).contains(&cfg.rows_per_workgroup) {
+            return Err(QuantError::Config { what: OP, reason: format!("{} rows per workgroup (1..=32)", cfg.rows_per_workgroup) });
         }
+        let caps = ctx.capabilities();
+        check_threads(OP, caps, cfg.threads, cfg.rows_per_workgroup * cfg.activation_rows)?;
+        check_binding(OP, "x", &io.x, mul("x elements", m, w.cols)?, 4)?;
+        let norm = matches!(cfg.prologue, Prologue::RmsNorm { .. });
+        match (norm, &io.norm_weight) {
+            (true, Some(nw)) => check_binding(OP, "norm weight", nw, w.cols, 4)?,
+            (true, None) => return Err(QuantError::Shape { what: OP, reason: "the RMSNorm prologue needs its weight".into() }),
+            (false, Some(_)) => return Err(QuantError::Shape { what: OP, reason: "a norm weight given without the RMSNorm prologue".into() }),
+            (false, None) => {}
+        }
+        let (outputs, qkv) = io.output.checked(OP, cfg.split_qkv, m, w.rows)?;
+        let src = cfg.source(&env_of(caps));
+        let src = if cfg.unchecked {
+            // SAFETY: the GEMV's indices are bounded as follows, by what was validated above.
+            // - `x[m * k4 + i]` (vec4): `m < activation_rows`, `i < k4 = K / 4` (the phase-1 loop
+            //   bound, and `kc * 8 + e` with `kc < cpr = K / 32`, `e < 8`); `x` holds
+            //   `activation_rows * K` f32. `nw[i]`, `i < k4`: the norm weight holds `K` f32.
+            //   The staged `xs[m * stage + i]` is used only when `k4 <= stage` (`i < k4`).
+            // - Weight chunk `c = min(row0 + r, rows - 1) * cpr + kc` (`rows >= 1`, `kc < cpr`) is
+            //   below the part's `rows * cpr` chunks, and `w.validate()` checked that the part's
+            //   sections are those of its rows inside its buffer, so every decoder read is in it.
+            // - `y[m * n_out + g]` with `g = row0 + row < N` (`row < rows` is tested before the
+            //   store), or with `split_qkv` `g < nq`, `g - nq < nk`, `g - nq - nk < nv` where
+            //   `nq + nk + nv = N`; each output holds `activation_rows` of its rows.
+            // - `red` (tree): `(lidx + s) * v + i` with `lidx < s <= threads / 2`; `red`
+            //   (subgroups): slots `sg_idx < min(sg_count, slots)`. `inv_rms[lidx]` under
+            //   `lidx < activation_rows`. Every product above fits 32 bits (checked).
+            unsafe { src.assume_in_bounds() }
+        } else {
+            src
+        };
+        let kernel = ctx.kernel(&src)?;
+        let mut plan = Plan::new();
         for part in &w.parts {
-            let mut bind = vec![Binding::whole(io.x)];
-            if matches!(cfg.prologue, Prologue::RmsNorm { .. }) {
-                let nw = io.norm_weight.ok_or(QuantError::Shape { what: "gemv", reason: "RMSNorm needs its weight".into() })?;
-                bind.push(Binding::whole(nw));
-            }
+            let mut bind = vec![io.x.clone()];
+            bind.extend(io.norm_weight.iter().cloned());
             bind.push(part.binding());
             bind.push(part.binding());
-            for o in io.outputs {
-                bind.push(Binding::whole(o));
-            }
+            bind.extend(outputs.iter().cloned());
             let group = ctx.bind(&kernel, &bind)?;
-            let mut params = part_params(w, part).to_vec();
-            params[12] = io.eps.to_bits();
-            params[13] = nq as u32;
-            params[14] = nk as u32;
-            params[15] = nv as u32;
-            let wgs = part.rows.div_ceil(cfg.rows_per_workgroup as usize) as u64;
-            let grid = grid_2d(wgs, ctx.capabilities().limits.max_compute_workgroups_per_dimension)
-                .ok_or(QuantError::Shape { what: "gemv", reason: format!("{wgs} workgroups") })?;
-            steps.push((group, params, grid));
+            let grid = grid_for(ctx, part.rows.div_ceil(cfg.rows_per_workgroup as usize))?;
+            let d = set_part(PlanDispatch::new(&kernel, group, grid)?, w, part)?
+                .set_f32("eps", io.eps)?
+                .set_usize("nq", qkv[0])?
+                .set_usize("nk", qkv[1])?
+                .set_usize("nv", qkv[2])?;
+            plan.push(d);
         }
-        Ok(GemvPlan { kernel, steps })
+        Ok(GemvPlan { plan })
     }
 
-    /// Records the dispatches (one per part).
-    pub fn record(&self, rec: &mut Recorder) -> Result<()> {
-        for (g, p, grid) in &self.steps {
-            rec.dispatch(&self.kernel, g, p, *grid)?;
-        }
-        Ok(())
+    /// The dispatches, for an engine to append to its own plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Records the dispatches (one per part); the GEMV reads no step value.
+    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
+        Ok(self.plan.record(rec, step)?)
+    }
+
+    /// Records into the context's implicit stream (the eager path).
+    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
+        Ok(self.plan.run(ctx, step)?)
     }
 }

@@ -22,14 +22,17 @@
 //! rounding of the activations (at most `d / 2` per element, the scheme of llama.cpp's Q8_1 path).
 //! The tests check the GEMV against the CPU reference on the GPU's own quantized activations
 //! (f32 tolerance) and against the unquantized reference (1e-2).
+//!
+//! Subgroups are placed by the `subgroup_id` / `num_subgroups` builtins (`sg_idx`, `sg_count`),
+//! never by `lidx / sg_size`. `unchecked` is honoured by [`Q8GemvPlan`] once it has validated
+//! every binding; [`QuantGemvQ8::source`] is always compiled with bounds checks.
 
-use std::sync::Arc;
-
-use numr::gpu::{Access, Binding, BoundGroup, GpuBuffer, GpuContext, Kernel, KernelBuilder, KernelEnv, KernelSource, Recorder, grid_2d};
+use numr::gpu::{Access, Binding, GpuContext, KernelBuilder, KernelEnv, KernelSource, Plan, PlanDispatch, Recorder, StepValues};
 
 use super::decode::{decoder, is_quantized};
-use super::gemv::{PARAMS, part_params, reduce_fn};
+use super::gemv::{GemvOutput, PARAMS, grid_for, reduce_args, reduce_fn, set_part};
 use super::q8_activations::Q8Activations;
+use super::validate::{check_binding, check_threads, env_of, mul};
 use super::{QuantError, QuantMatrix, Result, WeightKind};
 
 /// An integer-dot GEMV configuration (quantized formats only).
@@ -111,14 +114,14 @@ impl QuantGemvQ8 {
                 let base = QuantGemvQ8::new(kind, env, m);
                 v.push(base);
                 if m == 1 {
-                    v.push(QuantGemvQ8 { unroll: 4, contiguous: true, rows_per_workgroup: 4, unchecked: true, ..base });
+                    v.push(QuantGemvQ8 { unroll: 4, contiguous: true, rows_per_workgroup: 4, ..base });
                 }
                 v.push(QuantGemvQ8 { subgroup_rows: 1, rows_per_workgroup: 8, threads: 256, ..base });
-                v.push(QuantGemvQ8 { subgroup_rows: 2, rows_per_workgroup: 8, threads: 128, contiguous: true, unchecked: true, ..base });
+                v.push(QuantGemvQ8 { subgroup_rows: 2, rows_per_workgroup: 8, threads: 128, contiguous: true, ..base });
                 v.push(QuantGemvQ8 { prefetch: true, ..base });
                 v.push(QuantGemvQ8 { prefetch: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base });
                 v.push(QuantGemvQ8 { split_qkv: true, ..base });
-                v.push(QuantGemvQ8 { split_qkv: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, unchecked: true, ..base });
+                v.push(QuantGemvQ8 { split_qkv: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base });
             }
         }
         v
@@ -126,7 +129,7 @@ impl QuantGemvQ8 {
 
     fn name(&self) -> String {
         format!(
-            "quant_gemv_q8_{}_r{}_t{}_u{}{}{}_m{}{}{}{}",
+            "quant_gemv_q8_{}_r{}_t{}_u{}{}{}_m{}{}{}",
             self.kind.name().to_lowercase(),
             self.rows_per_workgroup,
             self.threads,
@@ -140,7 +143,6 @@ impl QuantGemvQ8 {
                 (true, n) => format!("_sgrows{n}"),
             },
             if self.split_qkv { "_qkv" } else { "" },
-            if self.unchecked { "_unchecked" } else { "" },
         )
     }
 
@@ -226,7 +228,8 @@ impl QuantGemvQ8 {
         }
     }
 
-    /// The WGSL source for `env`.
+    /// The WGSL source for `env` (compiled with bounds checks; see [`Q8GemvPlan`] for
+    /// `unchecked`).
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let r = self.rows_per_workgroup as usize;
         let mm = self.activation_rows as usize;
@@ -235,11 +238,12 @@ impl QuantGemvQ8 {
         let mut pre = decoder(self.kind);
         let mut b = format!("    let row0 = wg_linear * {r}u;\n    if (row0 >= p.rows) {{ return; }}\n");
         if self.per_subgroup(env) {
-            // Each subgroup walks its rows `n` at a time; lanes split K; no workgroup barrier.
+            // Each subgroup (`sg_idx` of `sg_count`) walks its rows `n` at a time; lanes split K;
+            // no workgroup barrier.
             let n = self.subgroup_rows as usize;
             let v = n * mm;
             b.push_str(&format!(
-                "    let nsg = max({wg}u / sg_size, 1u);\n    for (var rr = (lidx / sg_size) * {n}u; rr < {r}u; rr += nsg * {n}u) {{\n    let r0 = row0 + rr;\n    if (r0 >= p.rows) {{ break; }}\n"
+                "    for (var rr = sg_idx * {n}u; rr < {r}u; rr += sg_count * {n}u) {{\n    let r0 = row0 + rr;\n    if (r0 >= p.rows) {{ break; }}\n"
             ));
             for i in 0..n {
                 b.push_str(&format!("    let rb{i} = min(r0 + {i}u, p.rows - 1u) * p.cpr;\n"));
@@ -260,7 +264,7 @@ impl QuantGemvQ8 {
         } else {
             let v = r * mm;
             pre.push_str(&reduce_fn(v, wg, sg, env));
-            let rargs = if sg { "lidx, sg_size, sg_id" } else { "lidx" };
+            let rargs = reduce_args(sg);
             for i in 0..r {
                 b.push_str(&format!("    let rb{i} = min(row0 + {i}u, p.rows - 1u) * p.cpr;\n"));
             }
@@ -288,82 +292,105 @@ impl QuantGemvQ8 {
     }
 }
 
-/// The integer-dot GEMV over every part of a matrix, reading a [`Q8Activations`].
+/// The integer-dot GEMV over every part of a matrix (one dispatch per part), reading a
+/// [`Q8Activations`] (record that first). Built once; it depends on no step value (its
+/// activation rows are the config's).
+#[derive(Clone, Debug)]
 pub struct Q8GemvPlan {
-    kernel: Arc<Kernel>,
-    steps: Vec<(BoundGroup, Vec<u32>, [u32; 3])>,
+    plan: Plan,
 }
 
 impl Q8GemvPlan {
-    /// `y` (`m x N` f32) from the activations `xa`.
-    pub fn new(ctx: &GpuContext, cfg: &QuantGemvQ8, w: &QuantMatrix, xa: &Q8Activations, y: &Arc<GpuBuffer>) -> Result<Q8GemvPlan> {
-        if cfg.split_qkv {
-            return Err(QuantError::Shape { what: "gemv_q8", reason: "split_qkv needs three outputs (Q8GemvPlan::new_qkv)".into() });
+    /// Validates `cfg`, `w`, the activations (`xa` quantizes at least the config's activation
+    /// rows of `w.cols` inputs) and the output(s) ([`GemvOutput::Qkv`] with `cfg.split_qkv`), each
+    /// short binding a [`QuantError::BufferTooSmall`] naming it, then builds the dispatches.
+    pub fn new(ctx: &GpuContext, cfg: &QuantGemvQ8, w: &QuantMatrix, xa: &Q8Activations, output: &GemvOutput) -> Result<Q8GemvPlan> {
+        const OP: &str = "gemv_q8";
+        if cfg.kind != w.kind() || !QuantGemvQ8::supports(cfg.kind) {
+            return Err(QuantError::Shape { what: OP, reason: format!("kernel for {} given {}", cfg.kind.name(), w.kind().name()) });
         }
-        Self::build(ctx, cfg, w, xa, &[y], [0; 3])
+        w.validate()?;
+        let m = cfg.activation_rows as usize;
+        if !(1..=8).contains(&m) {
+            return Err(QuantError::Shape { what: OP, reason: format!("{m} activation rows (1..=8)") });
+        }
+        if xa.k() != w.cols || xa.max_rows() < m {
+            return Err(QuantError::Shape { what: OP, reason: format!("activations of {} rows x {} for {m} rows x {} inputs", xa.max_rows(), xa.k(), w.cols) });
+        }
+        let r = cfg.rows_per_workgroup;
+        if !(1..=32).contains(&r) || !(1..=8).contains(&cfg.unroll) || (cfg.subgroup_rows > 0 && !r.is_multiple_of(cfg.subgroup_rows)) {
+            return Err(QuantError::Config {
+                what: OP,
+                reason: format!("{r} rows per workgroup in groups of {}, unroll {} (1..=32 rows, 1..=8 unroll)", cfg.subgroup_rows, cfg.unroll),
+            });
+        }
+        let caps = ctx.capabilities();
+        let env = env_of(caps);
+        // Subgroup-rows mode reduces inside each subgroup; the workgroup reduction needs one
+        // invocation per sum.
+        let sums = if cfg.per_subgroup(&env) { 1 } else { r * cfg.activation_rows };
+        check_threads(OP, caps, cfg.threads, sums)?;
+        let cpr = w.chunks_per_row();
+        // What the kernel reads of the activations: blocks `m * cpr + c`, `c < cpr`, of the
+        // config's rows (xq two vec4 words per block, xs one vec4).
+        let blocks = mul("activation blocks", m, cpr)?;
+        check_binding(OP, "xq", &xa.xq_binding(), mul("xq words", blocks, 2)?, 16)?;
+        check_binding(OP, "xs", &xa.xs_binding(), blocks, 16)?;
+        let (outputs, qkv) = output.checked(OP, cfg.split_qkv, m, w.rows)?;
+        let src = cfg.source(&env);
+        let src = if cfg.unchecked {
+            // SAFETY: the integer-dot GEMV's indices are bounded as follows, by what was
+            // validated above.
+            // - `xq[(m * cpr + c) * 2 + {0, 1}]` and `xs[m * cpr + c]` with `m < activation_rows`
+            //   and `c = min(k, cpr - 1) < cpr` (every chunk index, the prefetched ones included,
+            //   is clamped to the row); `xq` holds `2 * activation_rows * cpr` vec4 and `xs`
+            //   `activation_rows * cpr` vec4 (checked).
+            // - Weight chunk `rb + c` with `rb = min(row0 + r, rows - 1) * cpr` (`rows >= 1`) is
+            //   below the part's `rows * cpr` chunks; `w.validate()` checked the part's sections
+            //   against its rows and its buffer, so every decoder read is inside it.
+            // - Stores: `y[m * n_out + g]`, `g = row0 + row` with `row < rows` tested first, so
+            //   `g < N`; with `split_qkv` `g < nq`, `g - nq < nk`, `g - nq - nk < nv`, `nq + nk +
+            //   nv = N`; each output holds `activation_rows` of its rows (checked).
+            // - The workgroup reduction: tree indices below `threads * v`; subgroup slots
+            //   `sg_idx < min(sg_count, slots)`. Subgroup-rows mode uses no workgroup array.
+            //   Every product above fits 32 bits (checked).
+            unsafe { src.assume_in_bounds() }
+        } else {
+            src
+        };
+        let kernel = ctx.kernel(&src)?;
+        let mut plan = Plan::new();
+        for part in &w.parts {
+            let mut bind = vec![xa.xq_binding(), xa.xs_binding(), part.binding(), part.binding()];
+            bind.extend(outputs.iter().cloned());
+            let group = ctx.bind(&kernel, &bind)?;
+            let grid = grid_for(ctx, part.rows.div_ceil(r as usize))?;
+            let d = set_part(PlanDispatch::new(&kernel, group, grid)?, w, part)?.set_usize("nq", qkv[0])?.set_usize("nk", qkv[1])?.set_usize("nv", qkv[2])?;
+            plan.push(d);
+        }
+        Ok(Q8GemvPlan { plan })
     }
 
     /// The fused Q/K/V projection: `w` holds Q, K and V rows (`rows[0] + rows[1] + rows[2]`),
-    /// written to `outputs[0..3]` (`m x rows[i]` f32 each); `cfg.split_qkv` must be set.
-    pub fn new_qkv(
-        ctx: &GpuContext,
-        cfg: &QuantGemvQ8,
-        w: &QuantMatrix,
-        xa: &Q8Activations,
-        outputs: [&Arc<GpuBuffer>; 3],
-        rows: [usize; 3],
-    ) -> Result<Q8GemvPlan> {
-        if !cfg.split_qkv || rows.iter().sum::<usize>() != w.rows {
-            return Err(QuantError::Shape {
-                what: "fused qkv",
-                reason: format!("{} + {} + {} rows vs {} (split_qkv {})", rows[0], rows[1], rows[2], w.rows, cfg.split_qkv),
-            });
-        }
-        Self::build(ctx, cfg, w, xa, &outputs, rows)
+    /// written to `outputs` (`m x rows[i]` f32 each); `cfg.split_qkv` must be set. The same as
+    /// [`Q8GemvPlan::new`] with [`GemvOutput::Qkv`].
+    pub fn new_qkv(ctx: &GpuContext, cfg: &QuantGemvQ8, w: &QuantMatrix, xa: &Q8Activations, outputs: [&Binding; 3], rows: [usize; 3]) -> Result<Q8GemvPlan> {
+        let [q, k, v] = outputs.map(|b| b.clone());
+        Self::new(ctx, cfg, w, xa, &GemvOutput::Qkv { q, k, v, rows })
     }
 
-    fn build(ctx: &GpuContext, cfg: &QuantGemvQ8, w: &QuantMatrix, xa: &Q8Activations, outputs: &[&Arc<GpuBuffer>], qkv: [usize; 3]) -> Result<Q8GemvPlan> {
-        if cfg.kind != w.kind() || !QuantGemvQ8::supports(cfg.kind) {
-            return Err(QuantError::Shape { what: "gemv_q8", reason: format!("kernel for {} given {}", cfg.kind.name(), w.kind().name()) });
-        }
-        let m = cfg.activation_rows as usize;
-        if !(1..=8).contains(&m) || xa.nb as usize != m * w.chunks_per_row() {
-            return Err(QuantError::Shape {
-                what: "gemv_q8",
-                reason: format!("{m} activation rows (1..=8) of {} blocks vs {} quantized", w.chunks_per_row(), xa.nb),
-            });
-        }
-        if cfg.rows_per_workgroup == 0 || cfg.threads == 0 || cfg.unroll == 0 || (cfg.subgroup_rows > 0 && cfg.rows_per_workgroup % cfg.subgroup_rows != 0) {
-            return Err(QuantError::Shape {
-                what: "gemv_q8",
-                reason: format!(
-                    "{} rows per workgroup in groups of {}, {} threads, unroll {}",
-                    cfg.rows_per_workgroup, cfg.subgroup_rows, cfg.threads, cfg.unroll
-                ),
-            });
-        }
-        let env = KernelEnv::from_caps(ctx.capabilities());
-        let kernel = ctx.kernel(&cfg.source(&env))?;
-        let mut steps = Vec::new();
-        for part in &w.parts {
-            let mut bind = vec![Binding::whole(&xa.xq), Binding::whole(&xa.xs), part.binding(), part.binding()];
-            bind.extend(outputs.iter().map(|o| Binding::whole(o)));
-            let group = ctx.bind(&kernel, &bind)?;
-            let mut params = part_params(w, part).to_vec();
-            params[13..16].copy_from_slice(&qkv.map(|r| r as u32));
-            let wgs = part.rows.div_ceil(cfg.rows_per_workgroup as usize) as u64;
-            let grid = grid_2d(wgs, ctx.capabilities().limits.max_compute_workgroups_per_dimension)
-                .ok_or(QuantError::Shape { what: "gemv_q8", reason: format!("{wgs} workgroups") })?;
-            steps.push((group, params, grid));
-        }
-        Ok(Q8GemvPlan { kernel, steps })
+    /// The dispatches, for an engine to append to its own plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
     }
 
     /// Records the GEMV dispatches (one per part); record the [`Q8Activations`] first.
-    pub fn record(&self, rec: &mut Recorder) -> Result<()> {
-        for (g, p, grid) in &self.steps {
-            rec.dispatch(&self.kernel, g, p, *grid)?;
-        }
-        Ok(())
+    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
+        Ok(self.plan.record(rec, step)?)
+    }
+
+    /// Records into the context's implicit stream (the eager path).
+    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
+        Ok(self.plan.run(ctx, step)?)
     }
 }

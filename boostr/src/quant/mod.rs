@@ -17,6 +17,20 @@
 //!   mat-mat (f16 16x16x16 tiles, f32 accumulate).
 //!
 //! Kernels require `cols % 32 == 0` (every real weight has it; K-quants need 256 anyway).
+//!
+//! # Plans
+//! Every op here is used through a plan built once ([`GemvPlan`], [`Q8GemvPlan`], [`GemmPlan`],
+//! [`Q8Activations`]): each is a [`numr::gpu::Plan`] (kernels, bind groups, parameters filled by
+//! name) plus the checks that make it sound. A plan validates every binding it binds when it is
+//! built (each short one is [`QuantError::BufferTooSmall`], naming it), and records with
+//! `record(&mut Recorder, &StepValues)`; `plan()` gives the [`numr::gpu::Plan`] for an engine to
+//! append. Per-step values: the GEMM's and the quantizer's row count is `step.n_tok` (the plan is
+//! built for a maximum; the grid follows the step, rows past `n_tok` are not computed); a GEMV's
+//! activation rows are fixed when it is built.
+//!
+//! A config's `source()` is always compiled with naga's bounds checks; a plan built from a config
+//! with `unchecked: true` drops them (`KernelSource::assume_in_bounds`) once it has validated
+//! what the kernel's bounds invariant needs (stated next to each such call).
 
 pub mod decode;
 pub mod gemm;
@@ -24,11 +38,12 @@ pub mod gemv;
 pub mod gemv_q8;
 pub mod q8_activations;
 pub mod upload;
+mod validate;
 
 use crate::formats::{FormatError, GgmlType, PackedFormat};
 
 pub use gemm::{GemmPlan, QuantGemm};
-pub use gemv::{GemvPlan, Prologue, QuantGemv};
+pub use gemv::{GemvIo, GemvOutput, GemvPlan, Prologue, QuantGemv};
 pub use gemv_q8::{Q8GemvPlan, QuantGemvQ8};
 pub use q8_activations::{Q8Activations, QuantizeQ8, RmsNormQuantizeQ8};
 pub use upload::{QuantMatrix, QuantPart};
@@ -76,6 +91,18 @@ pub enum QuantError {
     Unsupported { name: String, reason: String },
     #[error("{what}: {reason}")]
     Shape { what: &'static str, reason: String },
+    /// A binding smaller than the plan's kernel reads or writes.
+    #[error("{op}: binding {buffer} holds {actual} bytes, {needed} needed")]
+    BufferTooSmall { op: &'static str, buffer: &'static str, needed: u64, actual: u64 },
+    /// A size, count or index range that does not fit the kernels' 32-bit words.
+    #[error("{what} = {value} does not fit 32 bits")]
+    TooLarge { what: &'static str, value: u64 },
+    /// A kernel configuration that is not well formed (tile shapes, thread counts, ...).
+    #[error("invalid {what} configuration: {reason}")]
+    Config { what: &'static str, reason: String },
+    /// A step with more tokens than the plan was built for.
+    #[error("{op}: a step of {n_tok} tokens, the plan was built for at most {max}")]
+    StepTooLarge { op: &'static str, n_tok: u32, max: usize },
 }
 
 pub type Result<T> = std::result::Result<T, QuantError>;

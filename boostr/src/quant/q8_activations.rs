@@ -8,14 +8,21 @@
 //!   Gemma's form). One dispatch replaces the norm and the quantization, and every projection
 //!   that reads the normalised activations (Q/K/V, gate/up) shares its output.
 //!
-//! [`Q8Activations`] owns the scratch and records either kernel.
+//! [`Q8Activations`] owns the scratch and records either kernel, for `step.n_tok` rows of at most
+//! the rows it was built for.
+//!
+//! Both kernels are compiled with naga's bounds checks (they are a small part of a decode step).
 
 use std::sync::Arc;
 
-use numr::gpu::{Access, Binding, BoundGroup, BufferKind, GpuBuffer, GpuContext, Kernel, KernelBuilder, KernelEnv, KernelSource, Recorder, grid_2d};
+use numr::gpu::{
+    Access, Binding, BufferKind, GpuBuffer, GpuContext, KernelBuilder, KernelEnv, KernelSource, Plan, PlanDispatch, Recorder, StepValues, grid_2d,
+};
 
 use numr::kernels::reduce::{reduce_args, workgroup_reduce_fns};
 
+use super::gemv::grid_for;
+use super::validate::{check_binding, check_step, mul, step_rows, to_u32};
 use super::{QuantError, Result};
 
 /// WGSL: `fn quant_block(v, b)` writes block `b` of `xq`/`xs` from its 32 values (rounding ties
@@ -73,7 +80,7 @@ impl QuantizeQ8 {
 }
 
 /// The fused RMSNorm + quantizer: one workgroup of [`RmsNormQuantizeQ8::THREADS`] per
-/// activation row.
+/// activation row (`p.rows` rows; workgroups past them return at once).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RmsNormQuantizeQ8 {
     /// Scale by `1 + w` (Gemma) instead of `w`.
@@ -88,6 +95,7 @@ impl RmsNormQuantizeQ8 {
         let args = reduce_args(env);
         let body = format!(
             "    let row = wg_linear;
+    if (row >= p.rows) {{ return; }}
     let base = row * p.k4;
     var ss = 0.0;
     for (var i = lidx; i < p.k4; i += 256u) {{ let v = x[base + i]; ss += dot(v, v); }}
@@ -107,75 +115,125 @@ impl RmsNormQuantizeQ8 {
             .storage("nw", Access::Read, "array<vec4<f32>>")
             .storage("xq", Access::ReadWrite, "array<vec4<u32>>")
             .storage("xs", Access::ReadWrite, "array<vec4<f32>>")
-            .params(&["k4", "eps"])
+            .params(&["k4", "eps", "rows"])
             .prelude(&format!("{}{QUANT_BLOCK}", workgroup_reduce_fns(env)))
             .body(&body)
             .build()
     }
 }
 
-/// The quantized activations of `m` rows of `k` inputs (scratch of a
-/// [`super::Q8GemvPlan`]; can be shared by several plans that read the same activations).
+/// The int8 activations of up to `max_rows` rows of `k` inputs, with the plan that writes them
+/// (quantize, or RMSNorm + quantize) from f32 activations `x`: the scratch of a
+/// [`super::Q8GemvPlan`], shared by every plan that reads the same activations.
+///
+/// A recording for `step` quantizes rows `0..step.n_tok` (a step of more than `max_rows` tokens
+/// is [`QuantError::StepTooLarge`]; a step of none records nothing).
+#[derive(Clone, Debug)]
 pub struct Q8Activations {
-    pub xq: Arc<GpuBuffer>,
-    pub xs: Arc<GpuBuffer>,
-    kernel: Arc<Kernel>,
-    group: BoundGroup,
-    params: Vec<u32>,
-    grid: [u32; 3],
-    pub(crate) nb: u32,
+    xq: Arc<GpuBuffer>,
+    xs: Arc<GpuBuffer>,
+    plan: Plan,
+    max_rows: usize,
+    k: usize,
 }
 
 impl Q8Activations {
-    fn scratch(ctx: &GpuContext, m: usize, k: usize) -> Result<(Arc<GpuBuffer>, Arc<GpuBuffer>, usize)> {
-        if k % 32 != 0 || k == 0 || m == 0 {
-            return Err(QuantError::Shape { what: "quantize_q8", reason: format!("{m} x {k} (k must be a positive multiple of 32)") });
+    /// Checks the shape and `x` (`max_rows * k` f32) and allocates the scratch.
+    fn scratch(ctx: &GpuContext, op: &'static str, x: &Binding, max_rows: usize, k: usize) -> Result<(Arc<GpuBuffer>, Arc<GpuBuffer>, usize)> {
+        if !k.is_multiple_of(32) || k == 0 || max_rows == 0 {
+            return Err(QuantError::Shape { what: op, reason: format!("{max_rows} x {k} (k must be a positive multiple of 32, rows at least 1)") });
         }
-        let nb = m * k / 32;
-        Ok((ctx.alloc(nb as u64 * 32, BufferKind::Storage)?, ctx.alloc(nb as u64 * 16, BufferKind::Storage)?, nb))
+        let elems = mul("activation elements", max_rows, k)?;
+        check_binding(op, "x", x, elems, 4)?;
+        let nb = elems / 32;
+        // xq: two vec4 words per block (32 bytes); xs: one vec4 (16 bytes); indices fit u32.
+        to_u32("xq words", mul("xq words", nb, 8)?)?;
+        let (xq_bytes, xs_bytes) = (nb as u64 * 32, nb as u64 * 16);
+        Ok((ctx.alloc(xq_bytes, BufferKind::Storage)?, ctx.alloc(xs_bytes, BufferKind::Storage)?, nb))
     }
 
-    /// Scratch for `m x k` activations read from `x` (f32, `k % 32 == 0`), quantized as they are.
-    pub fn new(ctx: &GpuContext, x: &Arc<GpuBuffer>, m: usize, k: usize) -> Result<Q8Activations> {
-        let (xq, xs, nb) = Self::scratch(ctx, m, k)?;
+    /// Scratch for up to `max_rows x k` activations read from `x` (f32, `k % 32 == 0`),
+    /// quantized as they are.
+    pub fn new(ctx: &GpuContext, x: &Binding, max_rows: usize, k: usize) -> Result<Q8Activations> {
+        const OP: &str = "quantize_q8";
+        let (xq, xs, nb) = Self::scratch(ctx, OP, x, max_rows, k)?;
         let env = KernelEnv::from_caps(ctx.capabilities());
         let kernel = ctx.kernel(&QuantizeQ8.source(&env))?;
-        let group = ctx.bind(&kernel, &[Binding { buffer: x.clone(), offset: 0, size: nb as u64 * 128 }, Binding::whole(&xq), Binding::whole(&xs)])?;
-        let wgs = (nb as u64).div_ceil(QuantizeQ8::BLOCKS_PER_WORKGROUP as u64);
-        let grid = grid_2d(wgs, ctx.capabilities().limits.max_compute_workgroups_per_dimension)
-            .ok_or(QuantError::Shape { what: "quantize_q8", reason: format!("{wgs} workgroups") })?;
-        Ok(Q8Activations { xq, xs, kernel, group, params: vec![nb as u32], grid, nb: nb as u32 })
+        let (bpr, wpg) = (to_u32("blocks per row", k / 32)?, QuantizeQ8::BLOCKS_PER_WORKGROUP);
+        let max = to_u32("activation rows", max_rows)?;
+        // The grid of the largest step must fit; smaller ones then do too.
+        grid_for(ctx, nb.div_ceil(wpg as usize))?;
+        let limit = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
+        let group = ctx.bind(&kernel, &[x.clone(), Binding::whole(&xq), Binding::whole(&xs)])?;
+        let d = PlanDispatch::new(&kernel, group, [0, 1, 1])?
+            .per_step("nb", move |s| step_rows(s, max) * bpr)?
+            .grid_per_step(move |s| grid_2d((step_rows(s, max) * bpr).div_ceil(wpg) as u64, limit).unwrap_or([0, 0, 0]));
+        Ok(Q8Activations { xq, xs, plan: Plan::from(d), max_rows, k })
     }
 
-    /// Scratch for the RMSNorm of `m x k` activations `x` with weight `norm_weight` (`k` f32),
-    /// quantized in the same dispatch.
-    pub fn with_rms_norm(
-        ctx: &GpuContext,
-        x: &Arc<GpuBuffer>,
-        norm_weight: &Arc<GpuBuffer>,
-        m: usize,
-        k: usize,
-        eps: f32,
-        gemma: bool,
-    ) -> Result<Q8Activations> {
-        let (xq, xs, nb) = Self::scratch(ctx, m, k)?;
+    /// Scratch for the RMSNorm of up to `max_rows x k` activations `x` with weight
+    /// `norm_weight` (`k` f32), quantized in the same dispatch; `gemma` scales by `1 + w`.
+    pub fn with_rms_norm(ctx: &GpuContext, x: &Binding, norm_weight: &Binding, max_rows: usize, k: usize, eps: f32, gemma: bool) -> Result<Q8Activations> {
+        const OP: &str = "rmsnorm_quantize_q8";
+        let (xq, xs, _) = Self::scratch(ctx, OP, x, max_rows, k)?;
+        check_binding(OP, "norm weight", norm_weight, k, 4)?;
         let env = KernelEnv::from_caps(ctx.capabilities());
         let kernel = ctx.kernel(&RmsNormQuantizeQ8 { gemma }.source(&env))?;
-        let bind = [
-            Binding { buffer: x.clone(), offset: 0, size: (m * k * 4) as u64 },
-            Binding { buffer: norm_weight.clone(), offset: 0, size: (k * 4) as u64 },
-            Binding::whole(&xq),
-            Binding::whole(&xs),
-        ];
-        let group = ctx.bind(&kernel, &bind)?;
-        let grid = grid_2d(m as u64, ctx.capabilities().limits.max_compute_workgroups_per_dimension)
-            .ok_or(QuantError::Shape { what: "rmsnorm_quantize_q8", reason: format!("{m} rows") })?;
-        Ok(Q8Activations { xq, xs, kernel, group, params: vec![(k / 4) as u32, eps.to_bits()], grid, nb: nb as u32 })
+        let max = to_u32("activation rows", max_rows)?;
+        grid_for(ctx, max_rows)?;
+        let limit = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
+        let group = ctx.bind(&kernel, &[x.clone(), norm_weight.clone(), Binding::whole(&xq), Binding::whole(&xs)])?;
+        let d = PlanDispatch::new(&kernel, group, [0, 1, 1])?
+            .set_usize("k4", k / 4)?
+            .set_f32("eps", eps)?
+            .per_step("rows", move |s| step_rows(s, max))?
+            .grid_per_step(move |s| grid_2d(step_rows(s, max) as u64, limit).unwrap_or([0, 0, 0]));
+        Ok(Q8Activations { xq, xs, plan: Plan::from(d), max_rows, k })
     }
 
-    /// Records the quantization dispatch.
-    pub fn record(&self, rec: &mut Recorder) -> Result<()> {
-        rec.dispatch(&self.kernel, &self.group, &self.params, self.grid)?;
-        Ok(())
+    /// The int8 quants: two `vec4<u32>` per block of 32, blocks row-major (`rows x k / 32`).
+    pub fn xq(&self) -> &Arc<GpuBuffer> {
+        &self.xq
+    }
+
+    /// Per block `vec4(d, d * sum(q[0..16]), d * sum(q[16..32]), 0)`.
+    pub fn xs(&self) -> &Arc<GpuBuffer> {
+        &self.xs
+    }
+
+    pub(crate) fn xq_binding(&self) -> Binding {
+        Binding::whole(&self.xq)
+    }
+
+    pub(crate) fn xs_binding(&self) -> Binding {
+        Binding::whole(&self.xs)
+    }
+
+    /// The most rows a step may quantize.
+    pub fn max_rows(&self) -> usize {
+        self.max_rows
+    }
+
+    /// Inputs per row.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The dispatch, for an engine to append to its own plan (its row count is `step.n_tok`,
+    /// clamped to [`Q8Activations::max_rows`]).
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Records the quantization of `step.n_tok` rows.
+    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
+        check_step("quantize_q8", step, self.max_rows)?;
+        Ok(self.plan.record(rec, step)?)
+    }
+
+    /// Records into the context's implicit stream (the eager path).
+    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
+        check_step("quantize_q8", step, self.max_rows)?;
+        Ok(self.plan.run(ctx, step)?)
     }
 }

@@ -21,7 +21,9 @@ use std::sync::Arc;
 use half::f16;
 use numr::gpu::{Binding, GpuBuffer, GpuContext};
 
+use super::validate::{mul, to_u32};
 use super::{QuantError, Result, WeightKind};
+use crate::formats::packed::Geometry;
 use crate::formats::{PackedFormat, PackedWeights};
 
 /// Word offsets of the sections inside a part's buffer.
@@ -66,16 +68,20 @@ fn pad4(w: usize) -> usize {
     w.div_ceil(4) * 4
 }
 
-/// Sections for `blocks` blocks of `p`'s geometry.
-fn sections(p: &PackedWeights, blocks: usize) -> Sections {
+/// Sections for `blocks` blocks of geometry `g`; [`QuantError::TooLarge`] when the part's words
+/// do not fit 32 bits.
+fn sections(g: &Geometry, blocks: usize) -> Result<Sections> {
+    // Each section is checked to fit 32 bits before it is added (so the sums cannot overflow).
+    let words = |per: usize| -> Result<usize> { Ok(to_u32("section words", pad4(mul("section words", blocks, per)?))? as usize) };
     let qs = 0;
-    let qh = pad4(blocks * p.qs_words_per_block());
-    let sc = qh + pad4(blocks * p.qh_words_per_block());
-    let d = sc + pad4(blocks * p.scale_words_per_block());
+    let qh = words(g.qs_words)?;
+    let sc = qh + words(g.qh_words)?;
+    let d = sc + words(g.scale_words)?;
     let halves = |on: bool| if on { pad4(blocks.div_ceil(2)) } else { 0 };
-    let m = d + halves(p.has_d());
-    let words = m + halves(p.has_m()).max(if m == 0 { 4 } else { 0 });
-    Sections { qs: qs as u32, qh: qh as u32, sc: sc as u32, d: d as u32, m: m as u32, words: words as u32 }
+    let m = d + halves(g.has_d);
+    let total = m + halves(g.has_m).max(if m == 0 { 4 } else { 0 });
+    let w = |v: usize| to_u32("part words", v);
+    Ok(Sections { qs: w(qs)?, qh: w(qh)?, sc: w(sc)?, d: w(d)?, m: w(m)?, words: w(total)? })
 }
 
 impl QuantMatrix {
@@ -87,6 +93,47 @@ impl QuantMatrix {
     /// Chunks of 32 elements per row.
     pub fn chunks_per_row(&self) -> usize {
         self.cols / 32
+    }
+
+    /// Checks that the matrix is one the kernels can read in bounds: `cols` a positive multiple
+    /// of 32 (int4 groups whole chunks that divide `cols`), parts that tile rows `0..rows` in
+    /// order, each non-empty, with the sections [`QuantMatrix::upload`] makes for its rows, in a
+    /// buffer that holds them, and chunk / row indices that fit 32 bits. Every plan calls it: the
+    /// fields are public, and an unchecked kernel's weight reads are in bounds only when it holds.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |reason: String| Err(QuantError::Unsupported { name: self.name.clone(), reason });
+        if self.cols == 0 || !self.cols.is_multiple_of(32) {
+            return bad(format!("{} columns; the GPU kernels need a positive multiple of 32", self.cols));
+        }
+        let group = match self.format {
+            PackedFormat::Int4 { group_size, .. } => Some(group_size),
+            _ => None,
+        };
+        if let Some(g) = group.filter(|&g| g == 0 || !g.is_multiple_of(32) || !self.cols.is_multiple_of(g)) {
+            return bad(format!("int4 groups of {g} (a multiple of 32 dividing {} columns)", self.cols));
+        }
+        let g = Geometry::of(self.format)?;
+        let bpr = self.cols.div_ceil(g.block_size);
+        to_u32("weight rows", self.rows)?;
+        let mut row0 = 0;
+        for (i, part) in self.parts.iter().enumerate() {
+            if part.rows == 0 || part.row0 != row0 {
+                return bad(format!("part {i} covers rows {}..{} (expected to start at {row0}, non-empty)", part.row0, part.row0 + part.rows));
+            }
+            to_u32("chunks of a part", mul("chunks of a part", part.rows, self.chunks_per_row())?)?;
+            let want = sections(&g, mul("blocks of a part", part.rows, bpr)?)?;
+            if part.sections != want {
+                return bad(format!("part {i}: sections {:?} do not match its {} rows ({want:?})", part.sections, part.rows));
+            }
+            if part.buffer.len() < want.words as u64 * 4 {
+                return Err(QuantError::BufferTooSmall { op: "quant matrix", buffer: "weight part", needed: want.words as u64 * 4, actual: part.buffer.len() });
+            }
+            row0 += part.rows;
+        }
+        if row0 != self.rows {
+            return bad(format!("parts cover {row0} of {} rows", self.rows));
+        }
+        Ok(())
     }
 
     /// Uploads `p` with the adapter's own binding limit.
@@ -106,7 +153,8 @@ impl QuantMatrix {
             });
         }
         let bpr = p.blocks_per_row();
-        let one = sections(p, bpr).words as u64 * 4;
+        let geo = p.geometry;
+        let one = sections(&geo, bpr)?.words as u64 * 4;
         if one > limit {
             return Err(QuantError::RowTooLarge { name: name.to_string(), row_bytes: one, limit });
         }
@@ -119,7 +167,7 @@ impl QuantMatrix {
         if rows_per_part > 1 {
             rows_per_part &= !1;
         }
-        while rows_per_part > 1 && sections(p, rows_per_part * bpr).words as u64 * 4 > limit {
+        while rows_per_part > 1 && !sections(&geo, rows_per_part * bpr).is_ok_and(|s| s.words as u64 * 4 <= limit) {
             rows_per_part = (rows_per_part - 1).max(1) & !1;
             rows_per_part = rows_per_part.max(1);
         }
@@ -140,7 +188,7 @@ impl QuantMatrix {
 fn upload_part(ctx: &GpuContext, p: &PackedWeights, row0: usize, rows: usize) -> Result<QuantPart> {
     let bpr = p.blocks_per_row();
     let (b0, nb) = (row0 * bpr, rows * bpr);
-    let s = sections(p, nb);
+    let s = sections(&p.geometry, nb)?;
     let mut words = vec![0u32; s.words as usize];
     let copy = |dst: &mut [u32], at: u32, src: &[u32], per: usize| {
         dst[at as usize..at as usize + nb * per].copy_from_slice(&src[b0 * per..(b0 + nb) * per]);
