@@ -10,7 +10,6 @@
 //! weights, K/V rounded through f16 as the cache stores them).
 
 #[path = "formats_util.rs"]
-#[allow(dead_code)]
 mod util;
 
 use boostr::act::{Act, ActIo, ActKind, ActPlan, GluInput};

@@ -171,7 +171,7 @@ mod tests {
         let o = SamplerOpts { repeat_penalty: 2.0, presence_penalty: 0.5, frequency_penalty: 0.25, ..SamplerOpts::greedy() };
         apply_penalties(&mut v, &[1, 1, 3], &o);
         assert_eq!(v[1].1, 3.0 / 2.0 - 2.0 * 0.25 - 0.5);
-        assert_eq!(v[3].1, -1.0 * 2.0 - 0.25 - 0.5);
+        assert_eq!(v[3].1, -2.0 - 0.25 - 0.5);
         assert_eq!(v[0].1, 1.0);
         assert_eq!(sample(&row(), &[1, 4], 0, &o), Some(2));
     }
