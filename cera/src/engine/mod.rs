@@ -4,6 +4,7 @@
 //! error.
 
 pub mod config;
+pub mod cpu_ref;
 pub mod sampler;
 pub mod stop;
 
