@@ -4,6 +4,7 @@
 
 use boostr::attention::{AttnOptions, DecodeKernel, DecodePlan, PrefillPlan, QueryLayout};
 use boostr::kv_cache::{KvCache, KvCacheConfig, KvDtype};
+use boostr::ops_common::OpPlan;
 use numr::gpu::StepValues;
 use numr::{DType, Device, GpuContext, Result, Tensor};
 

@@ -1,6 +1,7 @@
 //! Quantized kernel workloads (boostr::quant): GEMV GB/s of weight bytes at Llama-3-8B shapes and
 //! GEMM TFLOP/s at M = 512, each reported beside the streaming-read roofline of the same run.
 
+use boostr::ops_common::OpPlan;
 use std::sync::Arc;
 
 use boostr::formats::{AwqTensors, GgmlType, PackedWeights, repack};

@@ -19,6 +19,7 @@ use boostr::formats::{GgmlType, PackedWeights};
 use boostr::kv_cache::{KvCache, KvCacheConfig, KvDtype};
 use boostr::norm::{Norm, NormIo, NormPlan};
 use boostr::ops_common::GpuView;
+use boostr::ops_common::OpPlan;
 use boostr::quant::{GemvIo, GemvPlan, QuantGemv, QuantMatrix, WeightKind};
 use boostr::rope::{QkvLayout, QkvRope, QkvRopeInputs, QkvRopePlan, RopeParams, RopePositions, RopeScaling, RopeStyle};
 use boostr::sampling::ArgmaxPlan;

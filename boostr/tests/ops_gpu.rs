@@ -10,6 +10,7 @@ use boostr::embedding::{EMBEDDING_FORMATS, GpuEmbedding, embedding_ref};
 use boostr::formats::{GgmlType, repack};
 use boostr::kv_cache::{KvCache, KvCacheConfig, KvDtype};
 use boostr::norm::{Norm, NormKind};
+use boostr::ops_common::OpPlan;
 use boostr::ops_common::{OpsError, pseudo_random as rnd};
 use boostr::rope::{QkvLayout, QkvRope, RopeParams, RopeScaling, RopeStyle};
 use boostr::sampling;

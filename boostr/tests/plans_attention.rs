@@ -19,6 +19,7 @@ use boostr::attention::{
     self, AttnCombine, AttnOptions, DecodeAttn, DecodeAttnSg, DecodeKernel, DecodePlan, PrefillAttn, PrefillPlan, QueryLayout, attention_ref,
 };
 use boostr::kv_cache::{KvCache, KvCacheConfig, KvDtype, KvWritePlan};
+use boostr::ops_common::OpPlan;
 use boostr::ops_common::{OpsError, env_of, pseudo_random as rnd};
 use boostr::rope::{QkvLayout, QkvRope, QkvRopeInputs, QkvRopePlan, RopeParams, RopePositions, RopeScaling, RopeStyle};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, ParamMode, StepValues};

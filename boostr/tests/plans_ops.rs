@@ -4,6 +4,7 @@
 //! without being rebuilt, creating no buffer and no bind group; argmax feeds the embedding on the
 //! GPU; bad inputs are typed errors. Tolerances: the f32 table of `numr::dtype::rtol`.
 
+use boostr::ops_common::OpPlan;
 use std::sync::Arc;
 
 use boostr::act::{Act, ActIo, ActKind, ActPlan, GluInput};

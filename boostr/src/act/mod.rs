@@ -9,6 +9,7 @@ mod plan;
 
 pub use plan::{ActIo, ActPlan};
 
+use crate::ops_common::OpPlan;
 use numr::gpu::{Access, GpuContext, KernelBuilder, KernelEnv, KernelSource, StepValues};
 use numr::{DType, Tensor};
 

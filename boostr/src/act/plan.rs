@@ -1,6 +1,7 @@
 //! [`ActPlan`]: an activation or GLU built once and recorded per step over `step.n_tok` rows.
 
-use numr::gpu::{GpuContext, Plan, PlanDispatch, Recorder, StepValues};
+use crate::ops_common::OpPlan;
+use numr::gpu::{GpuContext, Plan, PlanDispatch, StepValues};
 
 use super::{Act, GluInput};
 use crate::ops_common::{GpuView, Result, bad, check_n_tok, dummy, env_of, mul, out_or_owned, step_grid, to_u32};
@@ -65,29 +66,22 @@ impl ActPlan {
         Ok(ActPlan { plan: Plan::from(d), out, max_rows: max32 })
     }
 
-    /// Records the activation of `step.n_tok` rows (more than `max_rows` is an error).
-    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
-        check_n_tok(OP, step, self.max_rows)?;
-        Ok(self.plan.record(rec, step)?)
-    }
-
-    /// Records the step into the context's implicit stream (the eager path).
-    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
-        check_n_tok(OP, step, self.max_rows)?;
-        Ok(self.plan.run(ctx, step)?)
-    }
-
     /// The output rows (`[max_rows, n]` f32).
     pub fn out(&self) -> &GpuView {
         &self.out
     }
 
-    /// The underlying plan (recorded directly, steps are clamped to `max_rows` rows).
-    pub fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
     pub fn max_rows(&self) -> usize {
         self.max_rows as usize
+    }
+}
+
+impl OpPlan for ActPlan {
+    fn check(&self, step: &StepValues) -> Result<()> {
+        check_n_tok(OP, step, self.max_rows)
+    }
+
+    fn plan(&self) -> &Plan {
+        &self.plan
     }
 }

@@ -2,8 +2,9 @@
 //! step with `kv_len = step.kv_len()`: the split count, chunk and grid of every dispatch follow
 //! from it at record time.
 
+use crate::ops_common::OpPlan;
 use numr::Tensor;
-use numr::gpu::{Binding, BufferKind, GpuContext, Plan, PlanDispatch, Recorder, StepValues};
+use numr::gpu::{Binding, BufferKind, GpuContext, Plan, PlanDispatch, StepValues};
 
 use super::*;
 
@@ -295,37 +296,6 @@ impl DecodePlan {
         Ok(StepValues::decode(kv - 1))
     }
 
-    /// Checks a step: one token, `1 <= kv_len <= capacity` ([`OpsError::ContextOverflow`] past it).
-    pub fn check(&self, step: &StepValues) -> Result<()> {
-        if step.n_tok != 1 {
-            return Err(OpsError::BadArgs { op: "attention decode", reason: format!("a decode step of {} tokens (1)", step.n_tok) });
-        }
-        let needed = step.pos as usize + 1;
-        if needed > self.sched.capacity as usize {
-            return Err(OpsError::ContextOverflow { needed, capacity: self.sched.capacity as usize });
-        }
-        Ok(())
-    }
-
-    /// Records the step (checked first). Allocates nothing, creates no bind group.
-    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
-        self.check(step)?;
-        Ok(self.plan.record(rec, step)?)
-    }
-
-    /// Records the step into the implicit stream.
-    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
-        self.check(step)?;
-        Ok(self.plan.run(ctx, step)?)
-    }
-
-    /// The underlying plan (for appending into a larger one). It skips [`Self::check`]; its
-    /// dispatches clamp `kv_len` into `1 ..= capacity`, so they stay in bounds, but a step the
-    /// check refuses gives a wrong result there.
-    pub fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
     /// Dispatches a recording of `step` adds.
     pub fn dispatch_count(&self, step: &StepValues) -> usize {
         self.plan.dispatch_count(step)
@@ -365,5 +335,26 @@ impl DecodePlan {
     /// Splits the partial buffers hold (at least [`Self::splits_at`] of every `kv_len`).
     pub fn max_splits(&self) -> usize {
         self.sched.max_splits() as usize
+    }
+}
+
+impl OpPlan for DecodePlan {
+    /// Checks a step: one token, `1 <= kv_len <= capacity` ([`OpsError::ContextOverflow`] past it).
+    fn check(&self, step: &StepValues) -> Result<()> {
+        if step.n_tok != 1 {
+            return Err(OpsError::BadArgs { op: "attention decode", reason: format!("a decode step of {} tokens (1)", step.n_tok) });
+        }
+        let needed = step.pos as usize + 1;
+        if needed > self.sched.capacity as usize {
+            return Err(OpsError::ContextOverflow { needed, capacity: self.sched.capacity as usize });
+        }
+        Ok(())
+    }
+
+    /// The underlying plan (for appending into a larger one). It skips [`Self::check`]; its
+    /// dispatches clamp `kv_len` into `1 ..= capacity`, so they stay in bounds, but a step the
+    /// check refuses gives a wrong result there.
+    fn plan(&self) -> &Plan {
+        &self.plan
     }
 }

@@ -44,6 +44,7 @@
 //! `o_part[(split * rows + row) * head_dim + d]` (unnormalised) and
 //! `ml[(split * rows + row) * 2 + {0: max, 1: sum}]`, `row = token * n_q + q_head`.
 
+use crate::ops_common::OpPlan;
 use numr::gpu::{Binding, GpuContext, KernelEnv, StepValues};
 use numr::{DType, Tensor};
 

@@ -1,8 +1,9 @@
 //! [`PrefillPlan`]: causal attention of a chunk, built once for the largest chunk and recorded
 //! per step with `p0 = step.pos` and `n_tok = step.n_tok`.
 
+use crate::ops_common::OpPlan;
 use numr::Tensor;
-use numr::gpu::{Binding, BufferKind, GpuContext, Plan, PlanDispatch, Recorder, StepValues, grid_2d};
+use numr::gpu::{Binding, BufferKind, GpuContext, Plan, PlanDispatch, StepValues, grid_2d};
 
 use super::*;
 
@@ -191,36 +192,6 @@ impl PrefillPlan {
         PrefillPlanBuilder { ctx, q, ql: *ql, cache, layer, opts: *opts, kind: None, out: None }
     }
 
-    /// Checks a step: `1 <= n_tok <=` the layout's tokens, `pos + n_tok <= capacity`
-    /// ([`OpsError::ContextOverflow`]).
-    pub fn check(&self, step: &StepValues) -> Result<()> {
-        if step.n_tok == 0 || step.n_tok > self.max_tok {
-            return Err(OpsError::BadArgs { op: "attention prefill", reason: format!("a step of {} tokens, the plan takes 1..={}", step.n_tok, self.max_tok) });
-        }
-        let needed = step.pos as usize + step.n_tok as usize;
-        if needed > self.capacity {
-            return Err(OpsError::ContextOverflow { needed, capacity: self.capacity });
-        }
-        Ok(())
-    }
-
-    /// Records the step (checked first). Allocates nothing, creates no bind group.
-    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
-        self.check(step)?;
-        Ok(self.plan.record(rec, step)?)
-    }
-
-    /// Records the step into the implicit stream.
-    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
-        self.check(step)?;
-        Ok(self.plan.run(ctx, step)?)
-    }
-
-    /// The underlying plan (see [`DecodePlan::plan`]; token counts are clamped to the layout).
-    pub fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
     /// Dispatches a recording of `step` adds.
     pub fn dispatch_count(&self, step: &StepValues) -> usize {
         self.plan.dispatch_count(step)
@@ -245,5 +216,25 @@ impl PrefillPlan {
     /// The kernel.
     pub fn kernel(&self) -> DecodeKernel {
         self.kind
+    }
+}
+
+impl OpPlan for PrefillPlan {
+    /// Checks a step: `1 <= n_tok <=` the layout's tokens, `pos + n_tok <= capacity`
+    /// ([`OpsError::ContextOverflow`]).
+    fn check(&self, step: &StepValues) -> Result<()> {
+        if step.n_tok == 0 || step.n_tok > self.max_tok {
+            return Err(OpsError::BadArgs { op: "attention prefill", reason: format!("a step of {} tokens, the plan takes 1..={}", step.n_tok, self.max_tok) });
+        }
+        let needed = step.pos as usize + step.n_tok as usize;
+        if needed > self.capacity {
+            return Err(OpsError::ContextOverflow { needed, capacity: self.capacity });
+        }
+        Ok(())
+    }
+
+    /// The underlying plan (see [`DecodePlan::plan`]; token counts are clamped to the layout).
+    fn plan(&self) -> &Plan {
+        &self.plan
     }
 }

@@ -19,6 +19,7 @@ mod plan;
 
 pub use plan::{ShortConvIo, ShortConvPlan};
 
+use crate::ops_common::OpPlan;
 use numr::gpu::{Access, GpuContext, KernelBuilder, KernelEnv, KernelSource, StepValues};
 use numr::{DType, Tensor};
 

@@ -1,5 +1,6 @@
 //! [`ShortConvPlan`]: the short conv built once, with its rolling state, recorded per step.
 
+use crate::ops_common::OpPlan;
 use numr::gpu::{GpuContext, Plan, PlanDispatch, Recorder, StepValues};
 
 use super::ShortConv;
@@ -63,19 +64,6 @@ impl ShortConvPlan {
         Ok(ShortConvPlan { plan: Plan::from(step), reset: Plan::from(reset), state, out, max_tok: max32 })
     }
 
-    /// Records the conv of `step.n_tok` tokens and the state update (more than `max_tok` tokens
-    /// is an error; 0 tokens records nothing).
-    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
-        check_n_tok(OP, step, self.max_tok)?;
-        Ok(self.plan.record(rec, step)?)
-    }
-
-    /// Records the step into the context's implicit stream (the eager path).
-    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
-        check_n_tok(OP, step, self.max_tok)?;
-        Ok(self.plan.run(ctx, step)?)
-    }
-
     /// Records zeroing the state (a new sequence): one small dispatch, no pass break.
     pub fn record_reset(&self, rec: &mut Recorder) -> Result<()> {
         Ok(self.reset.record(rec, &StepValues::default())?)
@@ -96,11 +84,6 @@ impl ShortConvPlan {
         &self.out
     }
 
-    /// The step's plan (recorded directly, steps are clamped to `max_tok` tokens).
-    pub fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
     /// The reset's plan.
     pub fn reset_plan(&self) -> &Plan {
         &self.reset
@@ -108,5 +91,15 @@ impl ShortConvPlan {
 
     pub fn max_tok(&self) -> usize {
         self.max_tok as usize
+    }
+}
+
+impl OpPlan for ShortConvPlan {
+    fn check(&self, step: &StepValues) -> Result<()> {
+        check_n_tok(OP, step, self.max_tok)
+    }
+
+    fn plan(&self) -> &Plan {
+        &self.plan
     }
 }

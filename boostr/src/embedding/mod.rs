@@ -16,6 +16,7 @@ mod plan;
 
 pub use plan::EmbeddingPlan;
 
+use crate::ops_common::OpPlan;
 use std::sync::Arc;
 
 use half::f16;

@@ -1,6 +1,7 @@
 //! [`EmbeddingPlan`]: the gather built once over a GPU id buffer, recorded per step.
 
-use numr::gpu::{Binding, GpuContext, Plan, PlanDispatch, Recorder, StepValues};
+use crate::ops_common::OpPlan;
+use numr::gpu::{Binding, GpuContext, Plan, PlanDispatch, StepValues};
 
 use super::{Embedding, GpuEmbedding};
 use crate::ops_common::{GpuView, Result, bad, check_n_tok, env_of, mul, out_or_owned, step_grid, to_u32};
@@ -62,6 +63,17 @@ impl EmbeddingPlan {
         Ok(EmbeddingPlan { plan, out, max_tok: max32, id_slots: ids.words() })
     }
 
+    /// The output rows (`[max_tok, cols]` f32).
+    pub fn out(&self) -> &GpuView {
+        &self.out
+    }
+
+    pub fn max_tok(&self) -> usize {
+        self.max_tok as usize
+    }
+}
+
+impl OpPlan for EmbeddingPlan {
     fn check(&self, step: &StepValues) -> Result<()> {
         check_n_tok(OP, step, self.max_tok)?;
         if step.token as usize + step.n_tok as usize > self.id_slots {
@@ -70,31 +82,9 @@ impl EmbeddingPlan {
         Ok(())
     }
 
-    /// Records the gather of `step.n_tok` rows from ids `step.token..` (a step past `max_tok` or
-    /// past the id buffer is an error and records nothing).
-    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
-        self.check(step)?;
-        Ok(self.plan.record(rec, step)?)
-    }
-
-    /// Records the step into the context's implicit stream (the eager path).
-    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
-        self.check(step)?;
-        Ok(self.plan.run(ctx, step)?)
-    }
-
-    /// The output rows (`[max_tok, cols]` f32).
-    pub fn out(&self) -> &GpuView {
-        &self.out
-    }
-
     /// The underlying plan (recorded directly, steps are clamped to `max_tok`; slots past the id
     /// buffer give zero rows).
-    pub fn plan(&self) -> &Plan {
+    fn plan(&self) -> &Plan {
         &self.plan
-    }
-
-    pub fn max_tok(&self) -> usize {
-        self.max_tok as usize
     }
 }

@@ -2,7 +2,8 @@
 //! cache), built once per layer and recorded per step. It is the fused kernel with rotation and
 //! norm off, so the rows are rounded exactly as the fused path rounds them.
 
-use numr::gpu::{Binding, GpuContext, Plan, Recorder, StepValues};
+use crate::ops_common::OpPlan;
+use numr::gpu::{Binding, GpuContext, Plan, StepValues};
 
 use super::KvCache;
 use crate::ops_common::Result;
@@ -27,25 +28,17 @@ impl KvWritePlan {
         let inp = QkvRopeInputs { x, layout, rope: &rope, positions: &RopePositions::Step, qw: None, kw: None, eps: 0.0, cache: Some((cache, layer)) };
         Ok(KvWritePlan { inner: QkvRopePlan::new(ctx, &cfg, &inp)? })
     }
+}
 
-    /// Checks the step: at most the layout's tokens, slots inside the cache
+impl OpPlan for KvWritePlan {
+    /// At most the layout's tokens, slots inside the cache
     /// ([`crate::ops_common::OpsError::ContextOverflow`]).
-    pub fn check(&self, step: &StepValues) -> Result<()> {
+    fn check(&self, step: &StepValues) -> Result<()> {
         self.inner.check(step)
     }
 
-    /// Records the step (checked first).
-    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
-        self.inner.record(rec, step)
-    }
-
-    /// Records the step into the implicit stream.
-    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
-        self.inner.run(ctx, step)
-    }
-
-    /// The underlying plan (see [`QkvRopePlan::plan`]).
-    pub fn plan(&self) -> &Plan {
+    /// The underlying plan (see [`QkvRopePlan`]).
+    fn plan(&self) -> &Plan {
         self.inner.plan()
     }
 }

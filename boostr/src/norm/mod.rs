@@ -12,6 +12,7 @@ mod plan;
 
 pub use plan::{NormIo, NormPlan};
 
+use crate::ops_common::OpPlan;
 use numr::gpu::{Access, GpuContext, KernelBuilder, KernelEnv, KernelSource, StepValues};
 use numr::kernels::reduce::{reduce_args, workgroup_reduce_fns};
 use numr::{DType, Tensor};

@@ -1,7 +1,8 @@
 //! [`NormPlan`]: a norm built once (kernel, bind group, output) and recorded per step, with the
 //! step's token count as its row count.
 
-use numr::gpu::{GpuContext, Plan, PlanDispatch, Recorder, StepValues};
+use crate::ops_common::OpPlan;
+use numr::gpu::{GpuContext, Plan, PlanDispatch, StepValues};
 
 use super::Norm;
 use crate::ops_common::{GpuView, Result, bad, check_n_tok, dummy, env_of, mul, out_or_owned, step_grid, to_u32};
@@ -87,31 +88,22 @@ impl NormPlan {
         Ok(NormPlan { plan: Plan::from(d), out, max_rows: max32 })
     }
 
-    /// Records the norm of `step.n_tok` rows. A step of more rows than the plan was built for is
-    /// an error and records nothing.
-    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
-        check_n_tok(OP, step, self.max_rows)?;
-        Ok(self.plan.record(rec, step)?)
-    }
-
-    /// Records the step into the context's implicit stream (the eager path).
-    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
-        check_n_tok(OP, step, self.max_rows)?;
-        Ok(self.plan.run(ctx, step)?)
-    }
-
     /// The output rows (`[max_rows, n]` f32; a step writes its first `n_tok` rows).
     pub fn out(&self) -> &GpuView {
         &self.out
     }
 
-    /// The underlying plan (to append into a larger one). Recorded directly, a step of more than
-    /// `max_rows` rows processes only `max_rows`: [`Self::record`] checks it.
-    pub fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
     pub fn max_rows(&self) -> usize {
         self.max_rows as usize
+    }
+}
+
+impl OpPlan for NormPlan {
+    fn check(&self, step: &StepValues) -> Result<()> {
+        check_n_tok(OP, step, self.max_rows)
+    }
+
+    fn plan(&self) -> &Plan {
+        &self.plan
     }
 }

@@ -6,6 +6,30 @@ use std::sync::Arc;
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, KernelSource, StepValues, grid_2d};
 use numr::{DType, NumrError, Tensor};
 
+/// A decoder-block op built once as a [`Plan`] and recorded per step. Implementors give the
+/// step check and the plan; recording (into a recorder, or the implicit stream) is shared: the
+/// step is checked first, and a step the plan was not built for records nothing.
+pub trait OpPlan {
+    /// Whether the plan can record `step` (a typed error naming what does not fit).
+    fn check(&self, step: &numr::gpu::StepValues) -> Result<()>;
+
+    /// The underlying plan, for appending into a larger one. Recorded directly it skips
+    /// [`OpPlan::check`]; its dispatches clamp their per-step values, so they stay in bounds.
+    fn plan(&self) -> &numr::gpu::Plan;
+
+    /// Records the step (checked first). Allocates nothing and creates no bind group.
+    fn record(&self, rec: &mut numr::gpu::Recorder, step: &numr::gpu::StepValues) -> Result<()> {
+        self.check(step)?;
+        Ok(self.plan().record(rec, step)?)
+    }
+
+    /// Records the step into the context's implicit stream (the eager path).
+    fn run(&self, ctx: &GpuContext, step: &numr::gpu::StepValues) -> Result<()> {
+        self.check(step)?;
+        Ok(self.plan().run(ctx, step)?)
+    }
+}
+
 /// Every failure of the decoder-block ops.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -1,7 +1,8 @@
 //! [`QkvRopePlan`]: the fused QK-norm + RoPE + KV write built once per layer and recorded per
 //! step, and the eager [`QkvRope::run`] / [`QkvRope::record`] built on it.
 
-use numr::gpu::{Binding, GpuContext, Plan, PlanDispatch, Recorder, StepValues, grid_2d};
+use crate::ops_common::OpPlan;
+use numr::gpu::{Binding, GpuContext, Plan, PlanDispatch, StepValues, grid_2d};
 
 use super::{QkvLayout, QkvRope, RopeParams};
 use crate::kv_cache::KvCache;
@@ -174,9 +175,16 @@ impl QkvRopePlan {
         Ok(QkvRopePlan { plan, max_tok, capacity, pos_words })
     }
 
+    /// The most tokens one step may carry.
+    pub fn max_tokens(&self) -> u32 {
+        self.max_tok
+    }
+}
+
+impl OpPlan for QkvRopePlan {
     /// Checks a step against what the plan was built for: at most the layout's tokens, the KV
     /// slots inside the cache ([`OpsError::ContextOverflow`]), the positions inside their buffer.
-    pub fn check(&self, step: &StepValues) -> Result<()> {
+    fn check(&self, step: &StepValues) -> Result<()> {
         if step.n_tok > self.max_tok {
             return Err(bad("qkv_rope", format!("a step of {} tokens, the plan was built for {}", step.n_tok, self.max_tok)));
         }
@@ -192,28 +200,11 @@ impl QkvRopePlan {
         Ok(())
     }
 
-    /// Records the step (checked with [`Self::check`] first).
-    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
-        self.check(step)?;
-        Ok(self.plan.record(rec, step)?)
-    }
-
-    /// Records the step into the context's implicit stream (the eager path).
-    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
-        self.check(step)?;
-        Ok(self.plan.run(ctx, step)?)
-    }
-
     /// The underlying plan (for appending into a larger one). It skips [`Self::check`]; its
     /// dispatches still stay in bounds (tokens clamped to the layout, slots outside a segment
     /// dropped), but a step the check refuses gives a wrong result there.
-    pub fn plan(&self) -> &Plan {
+    fn plan(&self) -> &Plan {
         &self.plan
-    }
-
-    /// The most tokens one step may carry.
-    pub fn max_tokens(&self) -> u32 {
-        self.max_tok
     }
 }
 

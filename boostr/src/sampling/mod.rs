@@ -21,6 +21,7 @@ mod plan;
 pub use penalty::{Penalties, Penalty, PenaltyPlan, penalties, penalties_ref, repetition_penalty, repetition_penalty_ref};
 pub use plan::{ArgmaxPlan, TopKPlan};
 
+use crate::ops_common::OpPlan;
 use std::sync::Arc;
 
 use numr::Tensor;

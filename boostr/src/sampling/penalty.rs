@@ -8,8 +8,9 @@
 //! counts the later occurrences: no atomics, every logit written by at most one invocation,
 //! deterministic. The window is O(window²) compares (window 64: 4096), nothing next to a GEMV.
 
+use crate::ops_common::OpPlan;
 use numr::Tensor;
-use numr::gpu::{Access, GpuContext, KernelBuilder, KernelEnv, KernelSource, Plan, PlanDispatch, Recorder, StepValues};
+use numr::gpu::{Access, GpuContext, KernelBuilder, KernelEnv, KernelSource, Plan, PlanDispatch, StepValues};
 
 use crate::ops_common::{GpuView, OpsError, Result, bad, env_of, step_grid, tensor_view, to_u32, upload_u32};
 
@@ -140,7 +141,9 @@ impl PenaltyPlan {
     pub fn penalties(&self) -> Penalties {
         self.penalties
     }
+}
 
+impl OpPlan for PenaltyPlan {
     fn check(&self, step: &StepValues) -> Result<()> {
         if step.kv_len() as usize > self.history_len {
             return Err(OpsError::ContextOverflow { needed: step.kv_len() as usize, capacity: self.history_len });
@@ -148,21 +151,8 @@ impl PenaltyPlan {
         Ok(())
     }
 
-    /// Records the penalties of the window ending at `step.kv_len()` (past the history buffer:
-    /// [`OpsError::ContextOverflow`], nothing recorded).
-    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
-        self.check(step)?;
-        Ok(self.plan.record(rec, step)?)
-    }
-
-    /// Records the step into the context's implicit stream (the eager path).
-    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
-        self.check(step)?;
-        Ok(self.plan.run(ctx, step)?)
-    }
-
     /// The underlying plan (recorded directly, the window is clamped to the history buffer).
-    pub fn plan(&self) -> &Plan {
+    fn plan(&self) -> &Plan {
         &self.plan
     }
 }

@@ -1,7 +1,8 @@
 //! [`ArgmaxPlan`] and [`TopKPlan`]: built once over a logits view, recorded per step, writing at
 //! the step's token slot of GPU buffers.
 
-use numr::gpu::{Binding, GpuContext, Plan, PlanDispatch, Recorder, StepValues};
+use crate::ops_common::OpPlan;
+use numr::gpu::{Binding, GpuContext, Plan, PlanDispatch, StepValues};
 
 use super::{ARGMAX_PER_WG, Argmax, MAX_TOP_K, SORT_N, TopK};
 use crate::ops_common::{GpuView, Result, bad, dummy, env_of, mul, out_or_owned, owned, to_u32};
@@ -61,18 +62,6 @@ impl ArgmaxPlan {
         Ok(ArgmaxPlan { plan, ids, values, slots })
     }
 
-    /// Records the argmax into slot `step.token` (a slot past the buffers is an error).
-    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
-        check_slot("argmax plan", step, self.slots)?;
-        Ok(self.plan.record(rec, step)?)
-    }
-
-    /// Records the step into the context's implicit stream (the eager path).
-    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
-        check_slot("argmax plan", step, self.slots)?;
-        Ok(self.plan.run(ctx, step)?)
-    }
-
     /// The u32 winners, one per slot.
     pub fn ids(&self) -> &GpuView {
         &self.ids
@@ -86,10 +75,16 @@ impl ArgmaxPlan {
     pub fn slots(&self) -> usize {
         self.slots
     }
+}
+
+impl OpPlan for ArgmaxPlan {
+    fn check(&self, step: &StepValues) -> Result<()> {
+        check_slot("argmax plan", step, self.slots)
+    }
 
     /// The underlying plan (recorded directly, a slot past the buffers is not checked: the
     /// kernel's writes stay bounded by the bindings, but land in the wrong place).
-    pub fn plan(&self) -> &Plan {
+    fn plan(&self) -> &Plan {
         &self.plan
     }
 }
@@ -172,18 +167,6 @@ impl TopKPlan {
         Ok(TopKPlan { plan, ..self.clone() })
     }
 
-    /// Records the top-k into slot `step.token` (a slot past the buffers is an error).
-    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
-        check_slot("top_k plan", step, self.slots)?;
-        Ok(self.plan.record(rec, step)?)
-    }
-
-    /// Records the step into the context's implicit stream (the eager path).
-    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
-        check_slot("top_k plan", step, self.slots)?;
-        Ok(self.plan.run(ctx, step)?)
-    }
-
     /// The ids (u32), `k` per slot, best first.
     pub fn ids(&self) -> &GpuView {
         &self.ids
@@ -201,9 +184,15 @@ impl TopKPlan {
     pub fn slots(&self) -> usize {
         self.slots
     }
+}
+
+impl OpPlan for TopKPlan {
+    fn check(&self, step: &StepValues) -> Result<()> {
+        check_slot("top_k plan", step, self.slots)
+    }
 
     /// The underlying plan (recorded directly, the slot is not checked).
-    pub fn plan(&self) -> &Plan {
+    fn plan(&self) -> &Plan {
         &self.plan
     }
 }
