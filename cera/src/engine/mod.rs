@@ -1,18 +1,33 @@
-//! The engine: model assembly over boostr's ops. This module holds the pieces that are in place
-//! so far: the resolved [`ModelConfig`] of each architecture (hyperparameters from the metadata,
-//! with the documented defaults), the CPU sampler, stop-string matching, and the engine's typed
-//! error.
+//! The engine: one transformer assembly over boostr's ops.
+//!
+//! - [`config`]: the resolved [`ModelConfig`] of each architecture (hyperparameters from the
+//!   metadata, with the documented defaults);
+//! - [`graph`] and `arch/`: the model as a list of ops that both executors run, each
+//!   architecture's differences in a file of its own;
+//! - [`weights`]: tensors by name with typed errors;
+//! - [`backend`]: the interface between a session and a device executor; [`gpu`] (boostr plans
+//!   recorded per token) and [`cpu`] (boostr's CPU references, threads over rows) implement it;
+//! - [`sampler`], [`stop`]: sampling and stop strings on the CPU;
+//! - [`cpu_ref`]: an independent llama forward pass, the oracle of the tests.
 
+pub mod arch;
+pub mod backend;
 pub mod config;
+pub mod cpu;
 pub mod cpu_ref;
+pub mod gpu;
+pub mod graph;
 pub mod sampler;
 pub mod stop;
+pub mod weights;
 
+pub use backend::{Backend, BackendState, KvType, LoadProgress, StateOpts, StepCounters, StepInput, StepOutput, Want};
 pub use config::{Arch, GateAct, LayerRope, ModelConfig};
+pub use graph::{ModelGraph, Op, Slot};
 pub use sampler::SamplerOpts;
 pub use stop::StopMatcher;
 
-/// Why a model cannot be assembled or run.
+/// Why a model cannot be loaded or run.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum EngineError {
@@ -40,4 +55,61 @@ pub enum EngineError {
         /// The feature, with the key or tensor that carries it.
         what: String,
     },
+    /// A tensor the architecture needs is not in the file.
+    #[error("missing tensor {name}")]
+    MissingTensor {
+        /// The tensor's name.
+        name: String,
+    },
+    /// A tensor has the wrong shape.
+    #[error("tensor {name} has dims {dims:?} (ggml order), expected {expected:?}")]
+    TensorShape {
+        /// The tensor's name.
+        name: String,
+        /// Its dims, ggml order.
+        dims: Vec<u64>,
+        /// The dims the configuration implies.
+        expected: Vec<u64>,
+    },
+    /// A tensor's storage type has no kernel.
+    #[error("tensor {name} has type {ty}, which the engine does not run")]
+    TensorType {
+        /// The tensor's name.
+        name: String,
+        /// Its type.
+        ty: String,
+    },
+    /// The model file could not be read.
+    #[error("model file: {reason}")]
+    File {
+        /// The reader's error.
+        reason: String,
+    },
+    /// The tokens do not fit the context.
+    #[error("{tokens} tokens do not fit the context of {n_ctx} positions")]
+    ContextOverflow {
+        /// Tokens that would be in the cache.
+        tokens: usize,
+        /// The context length.
+        n_ctx: usize,
+    },
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange {
+        /// The id.
+        id: u32,
+        /// The vocabulary size.
+        vocab: usize,
+    },
+    /// A device-side failure (validation, out of memory, a buffer over the adapter's limits).
+    #[error("{device}: {reason}")]
+    Device {
+        /// The device.
+        device: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The engine was used in a way its API does not allow (named).
+    #[error("{0}")]
+    Usage(String),
 }

@@ -1,0 +1,131 @@
+//! The interface between the session (tokens, sampling, stop conditions) and an executor of the
+//! [`ModelGraph`](super::graph::ModelGraph) on one device. A [`Backend`] is the loaded model
+//! (weights uploaded, kernels compiled), shared by every session; a [`BackendState`] is one
+//! sequence's KV cache and the activation buffers it runs through.
+
+use super::EngineError;
+
+/// The KV cache's storage type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KvType {
+    /// f16 K and V (the default).
+    #[default]
+    F16,
+    /// q8_0 blocks (half the memory, slightly less exact).
+    Q8_0,
+}
+
+impl KvType {
+    /// `f16` / `q8_0`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+}
+
+impl std::str::FromStr for KvType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<KvType, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f16" => Ok(KvType::F16),
+            "q8_0" | "q8" => Ok(KvType::Q8_0),
+            other => Err(format!("unknown KV cache type `{other}` (f16, q8_0)")),
+        }
+    }
+}
+
+/// Sizes of one sequence's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateOpts {
+    /// Cache positions (the context length).
+    pub n_ctx: usize,
+    /// Most tokens one prefill step runs (the ubatch).
+    pub ubatch: usize,
+    /// KV cache type.
+    pub kv: KvType,
+}
+
+/// The tokens a step runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepInput<'a> {
+    /// These ids, at positions `pos ..`.
+    Tokens(&'a [u32]),
+    /// One token: the id the previous step's [`Want::Argmax`] chose, which stayed on the device.
+    LastArgmax,
+}
+
+/// What a step returns about the next-token distribution after its last token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Want {
+    /// Nothing (a prefill chunk that is not the last).
+    Nothing,
+    /// The argmax id only (4 bytes read back on the GPU).
+    Argmax,
+    /// The `k` (≤ [`MAX_TOP_K`]) largest raw logits with their ids, largest first.
+    TopK(usize),
+    /// The whole raw logits row.
+    Logits,
+}
+
+/// The most candidates [`Want::TopK`] returns.
+pub const MAX_TOP_K: usize = 128;
+
+/// A step's result, matching its [`Want`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum StepOutput {
+    /// For [`Want::Nothing`].
+    Nothing,
+    /// The argmax id.
+    Argmax(u32),
+    /// `(id, logit)`, largest first (ties: lower id first).
+    TopK(Vec<(u32, f32)>),
+    /// The raw logits.
+    Logits(Vec<f32>),
+}
+
+/// Work counted per decode step (the structural budget tests assert).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepCounters {
+    /// Compute dispatches recorded.
+    pub dispatches: usize,
+    /// Compute passes recorded.
+    pub passes: usize,
+    /// Queue submits.
+    pub submits: usize,
+}
+
+/// A loaded model on one device.
+pub trait Backend: Send + Sync {
+    /// A new sequence with its own cache (allocated here, never during decoding).
+    fn new_state(&self, opts: &StateOpts) -> Result<Box<dyn BackendState>, EngineError>;
+    /// The device, for messages and stats (`"NVIDIA H200 (Vulkan)"`, `"CPU (2 threads)"`).
+    fn device_name(&self) -> String;
+    /// Whether this runs on a GPU.
+    fn is_gpu(&self) -> bool;
+}
+
+/// One sequence on a device.
+pub trait BackendState: Send {
+    /// Runs a step at cache positions `pos .. pos + n` (`n` = the input's tokens, at most the
+    /// ubatch) and returns `want` about the distribution after the last token. Positions at and
+    /// after `pos` are overwritten: truncating the sequence is running at a smaller `pos`.
+    fn step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<StepOutput, EngineError>;
+    /// Clears per-sequence state other than the cache (recurrent state of later architectures).
+    fn reset(&mut self) -> Result<(), EngineError>;
+    /// The counters of the last decode step (one token).
+    fn last_step_counters(&self) -> StepCounters;
+}
+
+/// Load progress: weight bytes uploaded (or prepared, on the CPU) so far, out of the total.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadProgress {
+    /// Bytes done.
+    pub done: u64,
+    /// Bytes in all.
+    pub total: u64,
+}
+
+/// A load-progress callback.
+pub type ProgressFn<'a> = &'a (dyn Fn(LoadProgress) + Sync);

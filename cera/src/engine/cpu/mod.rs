@@ -1,0 +1,1 @@
+//! The CPU executor of the model graph (boostr's CPU references, threads over rows).

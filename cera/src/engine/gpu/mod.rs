@@ -1,0 +1,1 @@
+//! The GPU executor of the model graph (boostr plans recorded per token).
