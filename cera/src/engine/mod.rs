@@ -17,6 +17,7 @@ pub mod cpu;
 pub mod cpu_ref;
 pub mod gpu;
 pub mod graph;
+pub mod options;
 pub mod sampler;
 pub mod stop;
 pub mod weights;
@@ -24,6 +25,7 @@ pub mod weights;
 pub use backend::{Backend, BackendState, KvType, LoadProgress, StateOpts, StepCounters, StepInput, StepOutput, Want};
 pub use config::{Arch, GateAct, LayerRope, ModelConfig};
 pub use graph::{ModelGraph, Op, Slot};
+pub use options::{DeviceChoice, FinishReason, GenerateOpts, LoadOptions};
 pub use sampler::SamplerOpts;
 pub use stop::StopMatcher;
 

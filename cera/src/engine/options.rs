@@ -1,0 +1,135 @@
+//! Options of loading a model and of one generation.
+
+use super::backend::KvType;
+
+/// Which device runs the model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DeviceChoice {
+    /// A real GPU adapter when one exists (not a software rasterizer), else the CPU path.
+    #[default]
+    Auto,
+    /// The GPU adapter numr picks (`NUMR_ADAPTER` chooses among several); lavapipe counts.
+    Gpu,
+    /// The CPU path, no GPU at all.
+    Cpu,
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<DeviceChoice, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(DeviceChoice::Auto),
+            "gpu" => Ok(DeviceChoice::Gpu),
+            "cpu" => Ok(DeviceChoice::Cpu),
+            other => Err(format!("unknown device `{other}` (auto, gpu, cpu)")),
+        }
+    }
+}
+
+/// How to load a model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// The device.
+    pub device: DeviceChoice,
+    /// Context length; `None`: the model's trained context or 4096, whichever is smaller.
+    pub n_ctx: Option<usize>,
+    /// Most prompt tokens one prefill step runs (llama.cpp's ubatch); default 512.
+    pub ubatch: usize,
+    /// KV cache type; default f16.
+    pub kv: KvType,
+    /// CPU threads; `None`: all available cores.
+    pub threads: Option<usize>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { device: DeviceChoice::Auto, n_ctx: None, ubatch: 512, kv: KvType::F16, threads: None }
+    }
+}
+
+/// Options of one `generate` call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerateOpts {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// 0 (or less): greedy.
+    pub temperature: f32,
+    /// Keep the `top_k` most likely (0: all).
+    pub top_k: usize,
+    /// Nucleus sampling (1: off).
+    pub top_p: f32,
+    /// Drop candidates below `min_p` times the best one's probability (0: off).
+    pub min_p: f32,
+    /// llama.cpp's repetition penalty (1: off).
+    pub repeat_penalty: f32,
+    /// Subtracted once from the logit of every recent token (0: off).
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence from the logit of recent tokens (0: off).
+    pub frequency_penalty: f32,
+    /// Recent tokens the penalties look at.
+    pub repeat_last_n: usize,
+    /// Seed of the draw; the same seed on the same device gives the same output.
+    pub seed: u64,
+    /// Stop strings: matched across token boundaries, never emitted.
+    pub stop: Vec<String>,
+    /// Stop tokens besides the model's end-of-generation tokens.
+    pub stop_tokens: Vec<u32>,
+    /// Keep generating through end-of-generation tokens (they are then masked out and never
+    /// chosen, as llama.cpp's `ignore_eos` does).
+    pub ignore_eos: bool,
+    /// Report the N most likely ids with their log-probabilities at each step (0: off).
+    pub top_logprobs: usize,
+}
+
+impl Default for GenerateOpts {
+    fn default() -> Self {
+        GenerateOpts {
+            max_tokens: 256,
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repeat_last_n: 64,
+            seed: 0,
+            stop: Vec::new(),
+            stop_tokens: Vec::new(),
+            ignore_eos: false,
+            top_logprobs: 0,
+        }
+    }
+}
+
+impl GenerateOpts {
+    /// Greedy decoding of at most `max_tokens`.
+    pub fn greedy(max_tokens: usize) -> GenerateOpts {
+        GenerateOpts { max_tokens, temperature: 0.0, top_k: 1, top_p: 1.0, min_p: 0.0, ..Default::default() }
+    }
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FinishReason {
+    /// An end-of-generation token, a stop token or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    MaxTokens,
+    /// The context is full.
+    ContextFull,
+    /// Cancelled through the [`CancelToken`](super::CancelToken).
+    Cancelled,
+}
+
+impl FinishReason {
+    /// `stop`, `max_tokens`, `context_full`, `cancelled`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::MaxTokens => "max_tokens",
+            FinishReason::ContextFull => "context_full",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
