@@ -16,7 +16,7 @@ use numr::gpu::{Access, Binding, GpuContext, KernelBuilder, KernelEnv, KernelSou
 use super::decode::decoder;
 #[path = "gemm_coopmat.rs"]
 pub mod coopmat;
-use super::gemv::{PARAMS, set_part};
+use super::gemv::{GemvOutput, PARAMS, out_cols, set_out_cols, set_part};
 use super::validate::{check_binding, check_step, env_of, mul, step_rows, to_u32};
 use super::{QuantError, QuantMatrix, Result, WeightKind};
 pub use coopmat::{CoopTiles, coop_source};
@@ -148,6 +148,17 @@ impl GemmPlan {
     /// Validates `w`, the tiles and both bindings (a short one is
     /// [`QuantError::BufferTooSmall`] naming it).
     pub fn with_tiles(ctx: &GpuContext, cfg: &QuantGemm, tiles: CoopTiles, w: &QuantMatrix, x: &Binding, y: &Binding, max_m: usize) -> Result<GemmPlan> {
+        Self::build(ctx, cfg, tiles, w, x, &GemvOutput::Single(y.clone()), max_m)
+    }
+
+    /// As [`GemmPlan::new`] with the output placed as `output` says: [`GemvOutput::Single`], or
+    /// [`GemvOutput::Columns`] (columns `offset .. offset + N` of a row-major `max_m x stride`
+    /// output: a projection into its part of an engine's packed rows).
+    pub fn with_output(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, x: &Binding, output: &GemvOutput, max_m: usize) -> Result<GemmPlan> {
+        Self::build(ctx, cfg, CoopTiles::DEFAULT, w, x, output, max_m)
+    }
+
+    fn build(ctx: &GpuContext, cfg: &QuantGemm, tiles: CoopTiles, w: &QuantMatrix, x: &Binding, output: &GemvOutput, max_m: usize) -> Result<GemmPlan> {
         const OP: &str = "gemm";
         if cfg.kind != w.kind() {
             return Err(QuantError::Shape { what: OP, reason: format!("kernel for {} given {}", cfg.kind.name(), w.kind().name()) });
@@ -163,7 +174,9 @@ impl GemmPlan {
             return Err(QuantError::Shape { what: OP, reason: "a GEMM plan for 0 activation rows".into() });
         }
         check_binding(OP, "x", x, mul("x elements", max_m, w.cols)?, 4)?;
-        check_binding(OP, "y", y, mul("y elements", max_m, w.rows)?, 4)?;
+        let (ys, _) = output.checked(OP, false, max_m, w.rows)?;
+        let y = &ys[0];
+        let cols = out_cols(output, w.rows);
         let caps = ctx.capabilities();
         let env = env_of(caps);
         let (src, bm, bn) = if cfg.coopmat {
@@ -195,7 +208,8 @@ impl GemmPlan {
             // - Weight chunks `min(n0 + i, rows - 1) * cpr + min(kc, cpr - 1)` are below the
             //   part's `rows * cpr` chunks; `w.validate()` checked its sections and buffer.
             // - Stores `y[gm * n_out + row0 + gn]` under `gm < m`, `gn < rows` (so `row0 + gn <
-            //   N`); the coopmat direct stores only when the whole `bm x bn` block is inside
+            //   N`, or with `GemvOutput::Columns` `< offset + N <= stride = n_out`, `y` holding
+            //   `max_m * stride`, checked); the coopmat direct stores only when the whole `bm x bn` block is inside
             //   (`m0 + bm <= m`, `n0 + bn <= rows`); `y` holds `max_m * N` f32.
             // - Workgroup tiles by construction of the (validated) tile shape; the coopmat
             //   kernel's per-subgroup scratch by `sg_idx < sg_count = sg_m * sg_n` (subgroups of
@@ -208,7 +222,7 @@ impl GemmPlan {
         let mut plan = Plan::new();
         for (part, &gx) in w.parts.iter().zip(&gxs) {
             let group = ctx.bind(&kernel, &[x.clone(), part.binding(), part.binding(), y.clone()])?;
-            let d = set_part(PlanDispatch::new(&kernel, group, [gx, 0, 1])?, w, part)?
+            let d = set_out_cols(set_part(PlanDispatch::new(&kernel, group, [gx, 0, 1])?, w, part)?, part, cols)?
                 .per_step("m", move |s| step_rows(s, max))?
                 .grid_per_step(move |s| [gx, step_rows(s, max).div_ceil(bm), 1]);
             plan.push(d);

@@ -341,6 +341,24 @@ pub enum GemvOutput {
     /// `rows[1]` K rows, then `rows[2]` V rows (`rows` summing to `N`); each output gets
     /// `m x rows[i]` f32, row-major.
     Qkv { q: Binding, k: Binding, v: Binding, rows: [usize; 3] },
+    /// `y[r * stride + offset + n]`: the `N` outputs of each activation row go to columns
+    /// `offset .. offset + N` of a wider row-major `m x stride` f32 output (an engine's packed
+    /// `[q | k | v]` rows when Q, K and V are stored in different formats).
+    Columns { y: Binding, stride: usize, offset: usize },
+}
+
+/// The output placement of a GEMV or GEMM: `(n_out, col0)` = the output's row stride and the
+/// column of the matrix's first row (`(N, 0)` for a plain `m x N` output).
+pub(crate) fn out_cols(output: &GemvOutput, n: usize) -> (usize, usize) {
+    match output {
+        GemvOutput::Columns { stride, offset, .. } => (*stride, *offset),
+        _ => (n, 0),
+    }
+}
+
+/// Places the part's outputs: `y[r * n_out + col0 + part.row0 + row]`.
+pub(crate) fn set_out_cols(d: PlanDispatch, part: &QuantPart, (n_out, col0): (usize, usize)) -> Result<PlanDispatch> {
+    Ok(d.set_usize("n_out", n_out)?.set_usize("row0", col0 + part.row0)?)
 }
 
 impl GemvOutput {
@@ -365,7 +383,17 @@ impl GemvOutput {
                 check_binding(op, "v output", v, mul("v elements", m, rows[2])?, 4)?;
                 Ok((vec![q.clone(), k.clone(), v.clone()], *rows))
             }
-            (GemvOutput::Single(_), true) => Err(QuantError::Shape { what: op, reason: "split_qkv writes three outputs (GemvOutput::Qkv)".into() }),
+            (GemvOutput::Columns { y, stride, offset }, false) => {
+                let end = offset.checked_add(n).filter(|&e| e <= *stride);
+                if end.is_none() {
+                    return Err(QuantError::Shape { what: op, reason: format!("columns {offset} .. {offset} + {n} of rows {stride} wide") });
+                }
+                check_binding(op, "y", y, mul("y elements", m, *stride)?, 4)?;
+                Ok((vec![y.clone()], [0; 3]))
+            }
+            (GemvOutput::Single(_) | GemvOutput::Columns { .. }, true) => {
+                Err(QuantError::Shape { what: op, reason: "split_qkv writes three outputs (GemvOutput::Qkv)".into() })
+            }
             (GemvOutput::Qkv { .. }, false) => Err(QuantError::Shape { what: op, reason: "three outputs need split_qkv".into() }),
         }
     }
@@ -442,7 +470,8 @@ impl GemvPlan {
             //   below the part's `rows * cpr` chunks, and `w.validate()` checked that the part's
             //   sections are those of its rows inside its buffer, so every decoder read is in it.
             // - `y[m * n_out + g]` with `g = row0 + row < N` (`row < rows` is tested before the
-            //   store), or with `split_qkv` `g < nq`, `g - nq < nk`, `g - nq - nk < nv` where
+            //   store; with `GemvOutput::Columns`, `g < offset + N <= stride = n_out`, and `y`
+            //   holds `activation_rows * stride`, checked), or with `split_qkv` `g < nq`, `g - nq < nk`, `g - nq - nk < nv` where
             //   `nq + nk + nv = N`; each output holds `activation_rows` of its rows.
             // - `red` (tree): `(lidx + s) * v + i` with `lidx < s <= threads / 2`; `red`
             //   (subgroups): slots `sg_idx < min(sg_count, slots)`. `inv_rms[lidx]` under
@@ -461,7 +490,7 @@ impl GemvPlan {
             bind.extend(outputs.iter().cloned());
             let group = ctx.bind(&kernel, &bind)?;
             let grid = grid_for(ctx, part.rows.div_ceil(cfg.rows_per_workgroup as usize))?;
-            let d = set_part(PlanDispatch::new(&kernel, group, grid)?, w, part)?
+            let d = set_out_cols(set_part(PlanDispatch::new(&kernel, group, grid)?, w, part)?, part, out_cols(&io.output, w.rows))?
                 .set_f32("eps", io.eps)?
                 .set_usize("nq", qkv[0])?
                 .set_usize("nk", qkv[1])?

@@ -30,7 +30,7 @@
 use numr::gpu::{Access, Binding, GpuContext, KernelBuilder, KernelEnv, KernelSource, Plan, PlanDispatch, Recorder, StepValues};
 
 use super::decode::{decoder, is_quantized};
-use super::gemv::{GemvOutput, PARAMS, grid_for, reduce_args, reduce_fn, set_part};
+use super::gemv::{GemvOutput, PARAMS, grid_for, out_cols, reduce_args, reduce_fn, set_out_cols, set_part};
 use super::q8_activations::Q8Activations;
 use super::validate::{check_binding, check_threads, env_of, mul};
 use super::{QuantError, QuantMatrix, Result, WeightKind};
@@ -349,7 +349,8 @@ impl Q8GemvPlan {
             //   below the part's `rows * cpr` chunks; `w.validate()` checked the part's sections
             //   against its rows and its buffer, so every decoder read is inside it.
             // - Stores: `y[m * n_out + g]`, `g = row0 + row` with `row < rows` tested first, so
-            //   `g < N`; with `split_qkv` `g < nq`, `g - nq < nk`, `g - nq - nk < nv`, `nq + nk +
+            //   `g < N` (with `GemvOutput::Columns`, `g < offset + N <= stride = n_out`, and `y`
+            //   holds `activation_rows * stride`, checked); with `split_qkv` `g < nq`, `g - nq < nk`, `g - nq - nk < nv`, `nq + nk +
             //   nv = N`; each output holds `activation_rows` of its rows (checked).
             // - The workgroup reduction: tree indices below `threads * v`; subgroup slots
             //   `sg_idx < min(sg_count, slots)`. Subgroup-rows mode uses no workgroup array.
@@ -365,7 +366,10 @@ impl Q8GemvPlan {
             bind.extend(outputs.iter().cloned());
             let group = ctx.bind(&kernel, &bind)?;
             let grid = grid_for(ctx, part.rows.div_ceil(r as usize))?;
-            let d = set_part(PlanDispatch::new(&kernel, group, grid)?, w, part)?.set_usize("nq", qkv[0])?.set_usize("nk", qkv[1])?.set_usize("nv", qkv[2])?;
+            let d = set_out_cols(set_part(PlanDispatch::new(&kernel, group, grid)?, w, part)?, part, out_cols(output, w.rows))?
+                .set_usize("nq", qkv[0])?
+                .set_usize("nk", qkv[1])?
+                .set_usize("nv", qkv[2])?;
             plan.push(d);
         }
         Ok(Q8GemvPlan { plan })

@@ -69,8 +69,10 @@ impl QkvRopePlan {
         Self::with_freqs(ctx, cfg, inp, &Binding::whole(&freqs))
     }
 
-    /// [`Self::new`] with the inverse frequencies already on the GPU (`rot_dim / 2` f32).
-    pub(crate) fn with_freqs(ctx: &GpuContext, cfg: &QkvRope, inp: &QkvRopeInputs, freqs: &Binding) -> Result<QkvRopePlan> {
+    /// [`Self::new`] with the inverse frequencies already on the GPU (`rot_dim / 2` f32, checked):
+    /// for frequencies [`RopeParams::inv_freqs`] cannot express, such as Llama 3.1's per-frequency
+    /// factors as GGUF files store them (`rope_freqs.weight`).
+    pub fn with_freqs(ctx: &GpuContext, cfg: &QkvRope, inp: &QkvRopeInputs, freqs: &Binding) -> Result<QkvRopePlan> {
         let (l, rope) = (&inp.layout, inp.rope);
         let hd = l.head_dim;
         if hd == 0 || hd > 256 || rope.rot_dim > hd || !rope.rot_dim.is_multiple_of(2) || rope.head_dim != hd {

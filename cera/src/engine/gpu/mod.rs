@@ -1,4 +1,10 @@
-//! The GPU executor of the model graph (boostr plans recorded per token).
+//! The GPU executor of the model graph: weights uploaded once at load (`weights.rs`), per
+//! sequence the graph turned into boostr plans over its own buffers and KV cache (`plans.rs`),
+//! and a step recorded and submitted once per token (`state.rs`).
+
+mod plans;
+mod state;
+mod weights;
 
 use std::sync::Arc;
 
@@ -12,22 +18,58 @@ use super::weights::WeightSource;
 /// The model uploaded to one GPU.
 pub struct GpuBackend {
     ctx: Arc<GpuContext>,
+    graph: Arc<ModelGraph>,
+    weights: Arc<weights::GpuWeights>,
+    device: String,
+}
+
+pub(crate) fn device_name(ctx: &GpuContext) -> String {
+    let c = ctx.capabilities();
+    format!("{} ({})", c.adapter_name, c.backend)
+}
+
+pub(crate) fn dev_err(ctx: &GpuContext, e: numr::NumrError) -> EngineError {
+    EngineError::Device { device: device_name(ctx), reason: e.to_string() }
+}
+
+pub(crate) fn ops_err(e: boostr::ops_common::OpsError) -> EngineError {
+    EngineError::Device { device: "GPU".into(), reason: e.to_string() }
+}
+
+pub(crate) fn quant_err(ctx: &GpuContext, name: &str, e: boostr::quant::QuantError) -> EngineError {
+    match e {
+        boostr::quant::QuantError::Gpu(g) => dev_err(ctx, g),
+        e => EngineError::Unsupported { what: format!("tensor {name}: {e}") },
+    }
 }
 
 impl GpuBackend {
-    /// Uploads every weight the graph names and compiles every kernel.
+    /// Uploads every weight the graph names (progress in bytes) and checks that the plans of a
+    /// sequence can be built (kernels compiled here, not at the first token).
     pub fn load(ctx: Arc<GpuContext>, graph: &ModelGraph, src: &dyn WeightSource, progress: Option<ProgressFn<'_>>) -> Result<GpuBackend, EngineError> {
-        let _ = (graph, src, progress, ctx);
-        Err(EngineError::Unsupported { what: "the GPU executor".into() })
+        let weights = weights::GpuWeights::upload(&ctx, graph, src, progress)?;
+        ctx.flush().map_err(|e| dev_err(&ctx, e))?;
+        let device = device_name(&ctx);
+        Ok(GpuBackend { ctx, graph: Arc::new(graph.clone()), weights: Arc::new(weights), device })
+    }
+
+    /// The context the model lives on.
+    pub fn context(&self) -> &Arc<GpuContext> {
+        &self.ctx
+    }
+
+    /// Bytes of weights on the GPU.
+    pub fn weight_bytes(&self) -> u64 {
+        self.weights.bytes
     }
 }
 
 impl Backend for GpuBackend {
-    fn new_state(&self, _opts: &StateOpts) -> Result<Box<dyn BackendState>, EngineError> {
-        Err(EngineError::Unsupported { what: "the GPU executor".into() })
+    fn new_state(&self, opts: &StateOpts) -> Result<Box<dyn BackendState>, EngineError> {
+        Ok(Box::new(state::GpuState::new(self, opts)?))
     }
     fn device_name(&self) -> String {
-        format!("{} ({})", self.ctx.capabilities().adapter_name, self.ctx.capabilities().backend)
+        self.device.clone()
     }
     fn is_gpu(&self) -> bool {
         true

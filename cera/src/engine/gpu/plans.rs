@@ -1,0 +1,244 @@
+//! The graph turned into boostr plans for one sequence: a decode plan (one token, the GEMV
+//! kernels, the LM head) and a prefill plan (up to a ubatch of tokens, the GEMM kernels,
+//! cooperative-matrix where the adapter has them; no LM head). Both bind the sequence's own
+//! activation buffers and KV cache; everything is made here, so recording a step creates
+//! nothing.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use boostr::act::{Act, ActIo, ActKind, ActPlan, GluInput};
+use boostr::attention::{AttnOptions, DecodePlan, PrefillPlan, QueryLayout};
+use boostr::embedding::EmbeddingPlan;
+use boostr::kv_cache::{KvCache, KvDtype};
+use boostr::norm::{Norm, NormIo, NormPlan};
+use boostr::ops_common::{GpuView, OpPlan};
+use boostr::quant::{GemmPlan, GemvIo, GemvOutput, GemvPlan, QuantGemm, QuantGemv, WeightKind};
+use boostr::rope::{QkvLayout, QkvRope, QkvRopeInputs, QkvRopePlan, RopeParams, RopePositions, RopeScaling, RopeStyle};
+use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, Plan};
+
+use super::super::EngineError;
+use super::super::config::GateAct;
+use super::super::graph::{ModelGraph, Op, Slot};
+use super::weights::GpuWeights;
+use super::{dev_err, ops_err, quant_err};
+
+/// Decode (one token, GEMV, logits) or prefill (a chunk, GEMM, no logits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Decode,
+    Prefill { max_tok: usize },
+}
+
+impl Mode {
+    fn rows(self) -> usize {
+        match self {
+            Mode::Decode => 1,
+            Mode::Prefill { max_tok } => max_tok,
+        }
+    }
+}
+
+/// Activation buffers of one mode, `rows x width(slot)` f32 each.
+pub(crate) struct Slots {
+    bufs: HashMap<Slot, Arc<GpuBuffer>>,
+}
+
+impl Slots {
+    pub(crate) fn new(ctx: &GpuContext, graph: &ModelGraph, rows: usize) -> Result<Slots, EngineError> {
+        let mut bufs = HashMap::new();
+        for s in graph.slots() {
+            let r = if s == Slot::Logits { 1 } else { rows };
+            let bytes = (r * graph.width(s) * 4) as u64;
+            let b = ctx.alloc(bytes.max(16), BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
+            bufs.insert(s, b);
+        }
+        Ok(Slots { bufs })
+    }
+
+    pub(crate) fn buf(&self, s: Slot) -> &Arc<GpuBuffer> {
+        &self.bufs[&s]
+    }
+
+    fn view(&self, s: Slot) -> GpuView {
+        GpuView::whole(self.buf(s))
+    }
+
+    fn bind(&self, s: Slot) -> Binding {
+        Binding::whole(self.buf(s))
+    }
+}
+
+/// What a mode's plan reads and writes besides its slots.
+pub(crate) struct PlanInputs<'a> {
+    pub(crate) graph: &'a ModelGraph,
+    pub(crate) weights: &'a GpuWeights,
+    pub(crate) cache: &'a KvCache,
+    /// Token ids: `[ubatch prompt slots | 1 argmax slot]`.
+    pub(crate) ids: &'a Arc<GpuBuffer>,
+    /// Per layer: the inverse frequencies on the GPU.
+    pub(crate) freqs: &'a [Arc<GpuBuffer>],
+}
+
+/// The inverse RoPE frequencies of a layer's op (frequency factors folded in).
+pub(crate) fn inv_freqs(graph: &ModelGraph, weights: &GpuWeights, op: &Op) -> Result<Vec<f32>, EngineError> {
+    let Op::QkvRope { rope, neox, freq_factors, .. } = op else { return Ok(vec![]) };
+    let mut f = rope_params(graph, rope.base, rope.linear_factor, *neox).inv_freqs();
+    if let Some(ff) = freq_factors {
+        let host = &weights.host_vecs[&ff.name];
+        if host.len() != f.len() {
+            return Err(EngineError::TensorShape { name: ff.name.clone(), dims: vec![host.len() as u64], expected: vec![f.len() as u64] });
+        }
+        f.iter_mut().zip(host).for_each(|(a, b)| *a /= *b);
+    }
+    Ok(f)
+}
+
+fn rope_params(graph: &ModelGraph, base: f32, linear: f32, neox: bool) -> RopeParams {
+    let c = &graph.cfg;
+    RopeParams {
+        head_dim: c.head_dim,
+        rot_dim: c.rope_dim,
+        base,
+        scaling: if linear == 1.0 { RopeScaling::None } else { RopeScaling::Linear { factor: linear } },
+        style: if neox { RopeStyle::Neox } else { RopeStyle::Normal },
+    }
+}
+
+pub(crate) fn kv_dtype(kv: super::super::KvType) -> KvDtype {
+    match kv {
+        super::super::KvType::F16 => KvDtype::F16,
+        super::super::KvType::Q8_0 => KvDtype::Q8_0,
+    }
+}
+
+/// Builds the plan of `mode` over `slots`.
+pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mode) -> Result<Plan, EngineError> {
+    let (g, c) = (inp.graph, &inp.graph.cfg);
+    let rows = mode.rows();
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let mut plan = Plan::new();
+    for (i, op) in g.ops.iter().enumerate() {
+        match op {
+            Op::Embed { scale, .. } => {
+                let table = &inp.weights.embed[&i];
+                // Prefill reads ids[token ..]; decode reads the one slot the step names.
+                let ids = GpuView::whole(inp.ids);
+                let p = EmbeddingPlan::new(ctx, table, &ids, rows, *scale, Some(slots.view(Slot::Hidden))).map_err(ops_err)?;
+                plan.append(p.plan());
+            }
+            Op::Norm { x, w, out } => {
+                let io = NormIo { x: slots.view(*x), w: inp.weights.vecs[&w.name].clone(), b: None, residual: None, out: Some(slots.view(*out)) };
+                plan.append(NormPlan::new(ctx, &Norm::rms(), &io, w.len, rows, c.norm_eps).map_err(ops_err)?.plan());
+            }
+            Op::AddNorm { x, w, out } => {
+                let io = NormIo {
+                    x: slots.view(*x),
+                    w: inp.weights.vecs[&w.name].clone(),
+                    b: None,
+                    residual: Some(slots.view(Slot::Hidden)),
+                    out: Some(slots.view(*out)),
+                };
+                plan.append(NormPlan::new(ctx, &Norm { residual: true, ..Norm::rms() }, &io, w.len, rows, c.norm_eps).map_err(ops_err)?.plan());
+            }
+            Op::Linear { x, out, .. } => linear(ctx, &env, &mut plan, inp, i, slots.bind(*x), slots.bind(*out), g.width(*out), mode)?,
+            Op::LmHead { softcap, .. } => {
+                if let Some(cap) = softcap {
+                    return Err(EngineError::Unsupported { what: format!("final logit soft-capping ({cap}) on the GPU") });
+                }
+                if mode == Mode::Decode {
+                    linear(ctx, &env, &mut plan, inp, i, slots.bind(Slot::Normed), slots.bind(Slot::Logits), c.vocab, mode)?;
+                }
+            }
+            Op::QkvRope { layer, qk_norm, rope, neox, .. } => {
+                let cfg = QkvRope {
+                    style: if *neox { RopeStyle::Neox } else { RopeStyle::Normal },
+                    rope: true,
+                    qk_norm: qk_norm.is_some(),
+                    norm_offset: false,
+                    kv_write: Some(inp.cache.config().dtype),
+                };
+                let rp = rope_params(g, rope.base, rope.linear_factor, *neox);
+                let (qw, kw) = match qk_norm {
+                    Some((q, k)) => (Some(inp.weights.vecs[&q.name].binding.clone()), Some(inp.weights.vecs[&k.name].binding.clone())),
+                    None => (None, None),
+                };
+                let x = slots.bind(Slot::Qkv);
+                let inputs = QkvRopeInputs {
+                    x: &x,
+                    layout: QkvLayout::packed(rows, c.n_heads, c.n_kv_heads, c.head_dim),
+                    rope: &rp,
+                    positions: &RopePositions::Step,
+                    qw: qw.as_ref(),
+                    kw: kw.as_ref(),
+                    eps: c.norm_eps,
+                    cache: Some((inp.cache, *layer)),
+                };
+                let p = QkvRopePlan::with_freqs(ctx, &cfg, &inputs, &Binding::whole(&inp.freqs[*layer])).map_err(ops_err)?;
+                plan.append(p.plan());
+            }
+            Op::Attention { layer, window } => {
+                let opts = AttnOptions { scale: c.attn_scale, softcap: c.attn_softcap, window: *window };
+                let (q, out) = (slots.bind(Slot::Qkv), slots.bind(Slot::Attn));
+                match mode {
+                    Mode::Decode => {
+                        let p = DecodePlan::builder(ctx, &q, 0, c.n_heads, inp.cache, *layer, &opts).output(&out, 0).build().map_err(ops_err)?;
+                        plan.append(p.plan());
+                    }
+                    Mode::Prefill { max_tok } => {
+                        let ql = QueryLayout { n_tok: max_tok, n_q: c.n_heads, q_off: 0, tok_stride: c.qkv_dim() };
+                        let p = PrefillPlan::builder(ctx, &q, &ql, inp.cache, *layer, &opts).output(&out, 0).build().map_err(ops_err)?;
+                        plan.append(p.plan());
+                    }
+                }
+            }
+            Op::Glu { act, x, out } => {
+                let kind = match act {
+                    GateAct::Silu => ActKind::Silu,
+                    GateAct::GeluTanh => ActKind::GeluTanh,
+                };
+                let io = ActIo { a: slots.view(*x), b: None, out: Some(slots.view(*out)) };
+                plan.append(ActPlan::new(ctx, &Act { kind, input: GluInput::Packed }, &io, c.ffn_dim, rows).map_err(ops_err)?.plan());
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// One GEMV (decode) or GEMM (prefill) per part of the op's weights, each writing its columns.
+#[allow(clippy::too_many_arguments)]
+fn linear(
+    ctx: &GpuContext,
+    env: &KernelEnv,
+    plan: &mut Plan,
+    inp: &PlanInputs,
+    op: usize,
+    x: Binding,
+    y: Binding,
+    width: usize,
+    mode: Mode,
+) -> Result<(), EngineError> {
+    let parts = &inp.weights.linear[&op];
+    for part in parts {
+        let w = &part.w;
+        let output = if parts.len() == 1 && w.rows == width {
+            GemvOutput::Single(y.clone())
+        } else {
+            GemvOutput::Columns { y: y.clone(), stride: width, offset: part.col0 }
+        };
+        let kind = WeightKind::of(w.format);
+        match mode {
+            Mode::Decode => {
+                // Bounds are validated by the plan before it drops the runtime checks.
+                let cfg = QuantGemv { unchecked: true, ..QuantGemv::new(kind, env, 1) };
+                let io = GemvIo { x: x.clone(), norm_weight: None, eps: 0.0, output };
+                plan.append(GemvPlan::new(ctx, &cfg, w, &io).map_err(|e| quant_err(ctx, &w.name, e))?.plan());
+            }
+            Mode::Prefill { max_tok } => {
+                let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
+                plan.append(GemmPlan::with_output(ctx, &cfg, w, &x, &output, max_tok).map_err(|e| quant_err(ctx, &w.name, e))?.plan());
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,202 @@
+//! One sequence on the GPU: its KV cache, activation buffers, the decode and prefill plans built
+//! over them, the sampling plans, and the id buffer `[ubatch prompt slots | argmax slot]`.
+//!
+//! A step is ONE recording and ONE submit: the prefill plan for all but the last token (when the
+//! step wants a distribution; all tokens otherwise), the decode plan for the last token, then
+//! argmax / top-k / nothing, and one readback of what the sampler needs (4 bytes for greedy).
+//! Greedy decoding leaves the id in the argmax slot, where the next step's embedding reads it.
+
+use std::sync::Arc;
+
+use boostr::kv_cache::{KvCache, KvCacheConfig};
+use boostr::ops_common::{GpuView, OpPlan};
+use boostr::sampling::{ArgmaxPlan, TopKPlan};
+use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, Plan, StepValues};
+
+use super::super::EngineError;
+use super::super::backend::{BackendState, MAX_TOP_K, StateOpts, StepCounters, StepInput, StepOutput, Want};
+use super::super::graph::{ModelGraph, Slot};
+use super::plans::{Mode, PlanInputs, Slots, build, inv_freqs, kv_dtype};
+use super::weights::GpuWeights;
+use super::{GpuBackend, dev_err, ops_err};
+
+pub(crate) struct GpuState {
+    ctx: Arc<GpuContext>,
+    graph: Arc<ModelGraph>,
+    device: String,
+    _weights: Arc<GpuWeights>,
+    _cache: KvCache,
+    ids: Arc<GpuBuffer>,
+    n_ctx: usize,
+    ubatch: usize,
+    decode: Plan,
+    prefill: Plan,
+    dec_slots: Slots,
+    _pre_slots: Slots,
+    argmax: ArgmaxPlan,
+    topk: TopKPlan,
+    has_last: bool,
+    counters: StepCounters,
+}
+
+fn word(what: &str, v: usize) -> Result<u32, EngineError> {
+    u32::try_from(v).map_err(|_| EngineError::Usage(format!("{what} {v} does not fit 32 bits")))
+}
+
+impl GpuState {
+    pub(crate) fn new(b: &GpuBackend, opts: &StateOpts) -> Result<GpuState, EngineError> {
+        let (ctx, g) = (&b.ctx, &b.graph);
+        let c = &g.cfg;
+        if opts.n_ctx == 0 || opts.ubatch == 0 {
+            return Err(EngineError::Usage(format!("a context of {} and a ubatch of {}", opts.n_ctx, opts.ubatch)));
+        }
+        let ubatch = opts.ubatch.min(opts.n_ctx);
+        let cache_cfg = KvCacheConfig {
+            n_layers: c.n_layers,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            capacity: opts.n_ctx,
+            dtype: kv_dtype(opts.kv),
+            max_segment_bytes: None,
+        };
+        let cache = KvCache::new(ctx, cache_cfg).map_err(ops_err)?;
+        let ids = ctx.alloc(4 * (ubatch as u64 + 1), BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
+        ctx.write(&ids, 0, &vec![0u8; 4 * (ubatch + 1)]).map_err(|e| dev_err(ctx, e))?;
+        let mut freqs = vec![None; c.n_layers];
+        for op in &g.ops {
+            if let super::super::graph::Op::QkvRope { layer, .. } = op {
+                let f = inv_freqs(g, &b.weights, op)?;
+                freqs[*layer] = Some(ctx.upload(bytemuck::cast_slice(&f)).map_err(|e| dev_err(ctx, e))?);
+            }
+        }
+        let dummy = ctx.alloc(16, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
+        let freqs: Vec<Arc<GpuBuffer>> = freqs.into_iter().map(|f| f.unwrap_or_else(|| dummy.clone())).collect();
+        let inp = PlanInputs { graph: g, weights: &b.weights, cache: &cache, ids: &ids, freqs: &freqs };
+        let dec_slots = Slots::new(ctx, g, 1)?;
+        let pre_slots = Slots::new(ctx, g, ubatch)?;
+        let decode = build(ctx, &inp, &dec_slots, Mode::Decode)?;
+        let prefill = build(ctx, &inp, &pre_slots, Mode::Prefill { max_tok: ubatch })?;
+        let logits = GpuView::whole(dec_slots.buf(Slot::Logits));
+        let argmax = ArgmaxPlan::new(ctx, &logits, c.vocab, Some(GpuView::new(Binding::whole(&ids), ubatch)), 1).map_err(ops_err)?;
+        let topk = TopKPlan::new(ctx, &logits, c.vocab, MAX_TOP_K.min(c.vocab), 1.0, 1, None).map_err(ops_err)?;
+        ctx.flush().map_err(|e| dev_err(ctx, e))?;
+        Ok(GpuState {
+            ctx: ctx.clone(),
+            graph: g.clone(),
+            device: b.device.clone(),
+            _weights: b.weights.clone(),
+            _cache: cache,
+            ids,
+            n_ctx: opts.n_ctx,
+            ubatch,
+            decode,
+            prefill,
+            dec_slots,
+            _pre_slots: pre_slots,
+            argmax,
+            topk,
+            has_last: false,
+            counters: StepCounters::default(),
+        })
+    }
+
+    fn err(&self, e: numr::NumrError) -> EngineError {
+        EngineError::Device { device: self.device.clone(), reason: e.to_string() }
+    }
+}
+
+impl BackendState for GpuState {
+    fn step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<StepOutput, EngineError> {
+        let vocab = self.graph.cfg.vocab;
+        let n = match input {
+            StepInput::Tokens(t) => t.len(),
+            StepInput::LastArgmax => 1,
+        };
+        if n == 0 || n > self.ubatch {
+            return Err(EngineError::Usage(format!("a step of {n} tokens (1 ..= ubatch {})", self.ubatch)));
+        }
+        if pos + n > self.n_ctx {
+            return Err(EngineError::ContextOverflow { tokens: pos + n, n_ctx: self.n_ctx });
+        }
+        if let Want::TopK(k) = want
+            && (k == 0 || k > MAX_TOP_K.min(vocab))
+        {
+            return Err(EngineError::Usage(format!("top-{k} candidates (1 ..= {})", MAX_TOP_K.min(vocab))));
+        }
+        let last_slot = match input {
+            StepInput::Tokens(t) => {
+                if let Some(&id) = t.iter().find(|&&id| id as usize >= vocab) {
+                    return Err(EngineError::TokenOutOfRange { id, vocab });
+                }
+                self.ctx.write(&self.ids, 0, bytemuck::cast_slice(t)).map_err(|e| self.err(e))?;
+                n - 1
+            }
+            StepInput::LastArgmax => {
+                if !self.has_last {
+                    return Err(EngineError::Usage("StepInput::LastArgmax without a previous argmax".into()));
+                }
+                self.ubatch
+            }
+        };
+        self.has_last = false;
+        let mut rec = self.ctx.recorder();
+        let pre = if want == Want::Nothing { n } else { n - 1 };
+        let p0 = word("position", pos)?;
+        if pre > 0 {
+            self.prefill.record(&mut rec, &StepValues::chunk(p0, word("tokens", pre)?).with_token(0)).map_err(|e| self.err(e))?;
+        }
+        let mut read = None;
+        if want != Want::Nothing {
+            let step = StepValues::decode(word("position", pos + n - 1)?);
+            self.decode.record(&mut rec, &step.with_token(word("slot", last_slot)?)).map_err(|e| self.err(e))?;
+            let logits = self.dec_slots.buf(Slot::Logits);
+            read = Some(match want {
+                Want::Argmax => {
+                    self.argmax.record(&mut rec, &step.with_token(0)).map_err(ops_err)?;
+                    rec.read(&self.ids, 4 * self.ubatch as u64, 4).map_err(|e| self.err(e))?
+                }
+                Want::TopK(_) => {
+                    self.topk.record(&mut rec, &step.with_token(0)).map_err(ops_err)?;
+                    let k = self.topk.k() as u64;
+                    let (iv, vv) = (self.topk.ids().clone(), self.topk.values().clone());
+                    let ids = rec.read(iv.buffer(), iv.byte_offset(), 4 * k).map_err(|e| self.err(e))?;
+                    let vals = rec.read(vv.buffer(), vv.byte_offset(), 4 * k).map_err(|e| self.err(e))?;
+                    self.counters = StepCounters { dispatches: rec.dispatch_count(), passes: rec.pass_count(), submits: 1 };
+                    rec.submit().map_err(|e| self.err(e))?;
+                    let ids = ids.wait_u32().map_err(|e| self.err(e))?;
+                    let vals = vals.wait().map_err(|e| self.err(e))?;
+                    let vals: &[f32] = bytemuck::cast_slice(&vals);
+                    let Want::TopK(want_k) = want else { unreachable!() };
+                    return Ok(StepOutput::TopK(ids.into_iter().zip(vals.iter().copied()).take(want_k).collect()));
+                }
+                Want::Logits => rec.read(logits, 0, 4 * vocab as u64).map_err(|e| self.err(e))?,
+                Want::Nothing => unreachable!(),
+            });
+        }
+        self.counters = StepCounters { dispatches: rec.dispatch_count(), passes: rec.pass_count(), submits: 1 };
+        rec.submit().map_err(|e| self.err(e))?;
+        let Some(read) = read else {
+            return Ok(StepOutput::Nothing);
+        };
+        match want {
+            Want::Argmax => {
+                let id = read.wait_u32().map_err(|e| self.err(e))?[0];
+                self.has_last = true;
+                Ok(StepOutput::Argmax(id))
+            }
+            _ => {
+                let bytes = read.wait().map_err(|e| self.err(e))?;
+                Ok(StepOutput::Logits(bytemuck::cast_slice(&bytes).to_vec()))
+            }
+        }
+    }
+
+    fn reset(&mut self) -> Result<(), EngineError> {
+        self.has_last = false;
+        Ok(())
+    }
+
+    fn last_step_counters(&self) -> StepCounters {
+        self.counters
+    }
+}
