@@ -23,6 +23,9 @@ use std::sync::Arc;
 const F64_TOL: f64 = 2e-2;
 const LLAMA_CPP_TOL: f64 = 0.5;
 const LLAMA_CPP_MARGIN: f64 = 0.6;
+/// Teacher-forced steps per SmolLM2 case (of the goldens' 48; lavapipe runs about a step a
+/// second on CI's two cores).
+const SMOL_STEPS: usize = 32;
 
 fn json(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(format!("{}/../tests/golden/generation/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()).unwrap()
@@ -76,28 +79,122 @@ fn smollm2_on_the_gpu_matches_f64_and_llama_cpp() {
     let mut state = backend.new_state(&StateOpts { n_ctx: 1024, ubatch: 512, kv: KvType::F16 }).unwrap();
     let (mut worst_f64, mut worst_llama) = (0.0f64, 0.0f64);
     for rc in f64ref["cases"].as_array().unwrap() {
-        let name = rc["name"].as_str().unwrap();
-        let case = llama["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap();
-        let prompt = ids(&case["prompt_ids"]);
-        let mut lg = prefill(state.as_mut(), &prompt, 512);
-        let generated = ids(&case["generated_ids"]);
-        let mut pos = prompt.len();
-        for (i, st) in rc["steps"].as_array().unwrap().iter().enumerate() {
-            let lp = log_softmax(&lg);
-            for (j, id) in ids(&st["ids"]).into_iter().enumerate() {
-                let d64 = (lp[id as usize] - st["logprobs"][j].as_f64().unwrap()).abs();
-                let dll = (lp[id as usize] - case["top_logprobs"][i][j].as_f64().unwrap()).abs();
-                (worst_f64, worst_llama) = (worst_f64.max(d64), worst_llama.max(dll));
-                assert!(d64 <= F64_TOL, "{name} step {i} id {id}: {} vs f64 {}", lp[id as usize], st["logprobs"][j]);
-                assert!(dll <= LLAMA_CPP_TOL, "{name} step {i} id {id}: {} vs llama.cpp {}", lp[id as usize], case["top_logprobs"][i][j]);
-            }
-            let best = (0..lp.len()).max_by(|&a, &b| lp[a].total_cmp(&lp[b]).then(b.cmp(&a))).unwrap() as u32;
-            if case["margins"][i].as_f64().unwrap() > LLAMA_CPP_MARGIN {
-                assert_eq!(best, generated[i], "{name} step {i}: argmax vs llama.cpp");
-            }
-            lg = logits(state.step(StepInput::Tokens(&[generated[i]]), pos, Want::Logits).unwrap());
-            pos += 1;
-        }
+        let case = llama["cases"].as_array().unwrap().iter().find(|c| c["name"] == rc["name"]).unwrap();
+        let (a, b) = teacher_force(state.as_mut(), case, Some(&rc["steps"]), SMOL_STEPS, LLAMA_CPP_TOL);
+        (worst_f64, worst_llama) = (worst_f64.max(a), worst_llama.max(b));
     }
     println!("GPU: largest top-5 logprob difference {worst_f64:.5} against float64, {worst_llama:.4} against llama.cpp");
+}
+
+/// Teacher-forces `case` for `steps` tokens; returns the largest top-5 logprob differences
+/// against llama.cpp and (where given) the float64 reference.
+fn teacher_force(state: &mut dyn BackendState, case: &Value, f64_steps: Option<&Value>, steps: usize, tol_llama: f64) -> (f64, f64) {
+    let name = case["name"].as_str().unwrap();
+    let prompt = ids(&case["prompt_ids"]);
+    let mut lg = prefill(state, &prompt, 512);
+    let generated = ids(&case["generated_ids"]);
+    let (mut worst_f64, mut worst_llama) = (0.0f64, 0.0f64);
+    for i in 0..steps {
+        let lp = log_softmax(&lg);
+        for (j, id) in ids(&case["top_ids"][i]).into_iter().enumerate() {
+            let dll = (lp[id as usize] - case["top_logprobs"][i][j].as_f64().unwrap()).abs();
+            worst_llama = worst_llama.max(dll);
+            assert!(dll <= tol_llama, "{name} step {i} id {id}: {} vs llama.cpp {}", lp[id as usize], case["top_logprobs"][i][j]);
+        }
+        if let Some(st) = f64_steps.map(|s| &s[i]) {
+            for (j, id) in ids(&st["ids"]).into_iter().enumerate() {
+                let d64 = (lp[id as usize] - st["logprobs"][j].as_f64().unwrap()).abs();
+                worst_f64 = worst_f64.max(d64);
+                assert!(d64 <= F64_TOL, "{name} step {i} id {id}: {} vs f64 {}", lp[id as usize], st["logprobs"][j]);
+            }
+        }
+        let best = (0..lp.len()).max_by(|&a, &b| lp[a].total_cmp(&lp[b]).then(b.cmp(&a))).unwrap() as u32;
+        if case["margins"][i].as_f64().unwrap() > LLAMA_CPP_MARGIN {
+            assert_eq!(best, generated[i], "{name} step {i}: argmax vs llama.cpp");
+        }
+        lg = logits(state.step(StepInput::Tokens(&[generated[i]]), prompt.len() + i, Want::Logits).unwrap());
+    }
+    (worst_f64, worst_llama)
+}
+
+#[test]
+fn gemma3_on_the_gpu_matches_llama_cpp() {
+    let Some(ctx) = test_gpu() else { return };
+    let llama = json("gemma3-270m.json");
+    let file = GgufFile::open(ensure_model(ModelId::Gemma3_270M).expect("fetch Gemma 3")).unwrap();
+    let backend = GpuBackend::load(Arc::new(ctx), &graph(&file), &file, None).unwrap();
+    let mut state = backend.new_state(&StateOpts { n_ctx: 256, ubatch: 512, kv: KvType::F16 }).unwrap();
+    let case = llama["cases"].as_array().unwrap().iter().find(|c| c["name"] == "chat_single").unwrap();
+    let (_, worst) = teacher_force(state.as_mut(), case, None, GEMMA_STEPS, GEMMA_LLAMA_CPP_TOL);
+    println!("Gemma 3 on the GPU: largest top-5 logprob difference {worst:.4} against llama.cpp over {GEMMA_STEPS} steps");
+}
+
+/// Steps of the Gemma 3 GPU case, and its tolerance against llama.cpp.
+const GEMMA_STEPS: usize = 32;
+const GEMMA_LLAMA_CPP_TOL: f64 = 0.5;
+
+#[test]
+fn a_decode_step_allocates_nothing_and_keeps_the_dispatch_budget() {
+    let Some(ctx) = test_gpu() else { return };
+    let file = GgufFile::open(ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2")).unwrap();
+    let g = graph(&file);
+    let backend = GpuBackend::load(Arc::new(ctx.clone()), &g, &file, None).unwrap();
+    let mut state = backend.new_state(&StateOpts { n_ctx: 64, ubatch: 16, kv: KvType::F16 }).unwrap();
+    let prompt = [1u32, 504, 3458, 282, 4649, 314];
+    let StepOutput::Argmax(_) = state.step(StepInput::Tokens(&prompt), 0, Want::Argmax).unwrap() else { panic!("argmax") };
+    state.step(StepInput::LastArgmax, prompt.len(), Want::Argmax).unwrap();
+    let before = (ctx.pool_stats().created, ctx.bind_groups_created());
+    let mut pos = prompt.len() + 1;
+    for want in [Want::Argmax, Want::Argmax, Want::Logits, Want::TopK(40), Want::Argmax] {
+        let input = if matches!(want, Want::Argmax) && pos % 2 == 0 { StepInput::LastArgmax } else { StepInput::Tokens(&[42]) };
+        state.step(input, pos, want).unwrap();
+        pos += 1;
+        if want == Want::Argmax {
+            let c = state.last_step_counters();
+            let per_layer = c.dispatches as f64 / g.cfg.n_layers as f64;
+            println!("decode step: {} dispatches ({per_layer:.2} per layer), {} compute passes, {} submits", c.dispatches, c.passes, c.submits);
+            assert!(c.dispatches <= 12 * g.cfg.n_layers, "{} dispatches for {} layers", c.dispatches, g.cfg.n_layers);
+            assert_eq!(c.submits, 1);
+        }
+    }
+    assert_eq!((ctx.pool_stats().created, ctx.bind_groups_created()), before, "decoding created buffers or bind groups");
+}
+
+#[test]
+fn chunked_prefill_gives_the_same_logits() {
+    let Some(ctx) = test_gpu() else { return };
+    let file = GgufFile::open(ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2")).unwrap();
+    let backend = GpuBackend::load(Arc::new(ctx), &graph(&file), &file, None).unwrap();
+    let prompt: Vec<u32> = ids(&json("smollm2-135m.json")["cases"][3]["prompt_ids"]).into_iter().take(20).collect();
+    let mut runs = Vec::new();
+    for ub in [512usize, 7, 1] {
+        let mut state = backend.new_state(&StateOpts { n_ctx: 64, ubatch: ub, kv: KvType::F16 }).unwrap();
+        runs.push((ub, prefill(state.as_mut(), &prompt, ub)));
+    }
+    let base = &runs[0].1;
+    for (ub, l) in &runs[1..] {
+        let d = l.iter().zip(base).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        println!("ubatch {ub} vs 512: largest logit difference {d:.2e}");
+        assert!(d < 2e-3, "ubatch {ub}: logits differ by {d}");
+    }
+}
+
+#[test]
+#[ignore]
+fn timing_probe() {
+    let ctx = test_gpu().unwrap();
+    let file = GgufFile::open(ensure_model(ModelId::SmolLM2_135M).unwrap()).unwrap();
+    let g = graph(&file);
+    let backend = GpuBackend::load(Arc::new(ctx), &g, &file, None).unwrap();
+    let mut state = backend.new_state(&StateOpts { n_ctx: 128, ubatch: 16, kv: KvType::F16 }).unwrap();
+    let prompt: Vec<u32> = (0..16).map(|i| 100 + i).collect();
+    for _ in 0..2 {
+        let (_, times) = state.profile_step(StepInput::Tokens(&prompt), 0, Want::Argmax).unwrap();
+        let mut times = times;
+        times.sort_by(|a, b| b.ns.total_cmp(&a.ns));
+        for t in times.iter().take(12) {
+            println!("{:>12.1} us {:>4}x {}", t.ns / 1e3, t.count, t.label);
+        }
+        println!("--");
+    }
 }

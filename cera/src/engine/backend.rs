@@ -96,6 +96,17 @@ pub struct StepCounters {
     pub submits: usize,
 }
 
+/// GPU time of one kernel label over a profiled step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelTime {
+    /// The kernel's label.
+    pub label: String,
+    /// Nanoseconds over all its dispatches.
+    pub ns: f64,
+    /// Dispatches.
+    pub count: usize,
+}
+
 /// A loaded model on one device.
 pub trait Backend: Send + Sync {
     /// A new sequence with its own cache (allocated here, never during decoding).
@@ -112,6 +123,12 @@ pub trait BackendState: Send {
     /// ubatch) and returns `want` about the distribution after the last token. Positions at and
     /// after `pos` are overwritten: truncating the sequence is running at a smaller `pos`.
     fn step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<StepOutput, EngineError>;
+    /// [`Self::step`] with device timestamps around every kernel: GPU time per kernel label.
+    /// Devices without timestamps (and the CPU) give [`EngineError::Unsupported`].
+    fn profile_step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<(StepOutput, Vec<KernelTime>), EngineError> {
+        let _ = (input, pos, want);
+        Err(EngineError::Unsupported { what: "profiling on this device".into() })
+    }
     /// Clears per-sequence state other than the cache (recurrent state of later architectures).
     fn reset(&mut self) -> Result<(), EngineError>;
     /// The counters of the last decode step (one token).

@@ -22,7 +22,7 @@ pub mod sampler;
 pub mod stop;
 pub mod weights;
 
-pub use backend::{Backend, BackendState, KvType, LoadProgress, StateOpts, StepCounters, StepInput, StepOutput, Want};
+pub use backend::{Backend, BackendState, KernelTime, KvType, LoadProgress, StateOpts, StepCounters, StepInput, StepOutput, Want};
 pub use config::{Arch, GateAct, LayerRope, ModelConfig};
 pub use graph::{ModelGraph, Op, Slot};
 pub use options::{DeviceChoice, FinishReason, GenerateOpts, LoadOptions};

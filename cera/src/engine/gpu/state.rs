@@ -11,10 +11,10 @@ use std::sync::Arc;
 use boostr::kv_cache::{KvCache, KvCacheConfig};
 use boostr::ops_common::{GpuView, OpPlan};
 use boostr::sampling::{ArgmaxPlan, TopKPlan};
-use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, Plan, StepValues};
+use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, PendingRead, Plan, Recorder, StepValues};
 
 use super::super::EngineError;
-use super::super::backend::{BackendState, MAX_TOP_K, StateOpts, StepCounters, StepInput, StepOutput, Want};
+use super::super::backend::{BackendState, KernelTime, MAX_TOP_K, StateOpts, StepCounters, StepInput, StepOutput, Want};
 use super::super::graph::{ModelGraph, Slot};
 use super::plans::{Mode, PlanInputs, Slots, build, inv_freqs, kv_dtype};
 use super::weights::GpuWeights;
@@ -105,8 +105,17 @@ impl GpuState {
     }
 }
 
-impl BackendState for GpuState {
-    fn step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<StepOutput, EngineError> {
+/// What a recorded step reads back.
+enum Reads {
+    Nothing,
+    Argmax(PendingRead),
+    TopK(PendingRead, PendingRead, usize),
+    Logits(PendingRead),
+}
+
+impl GpuState {
+    /// Records a step (see the module docs) and returns its readbacks.
+    fn record(&mut self, rec: &mut Recorder, input: StepInput<'_>, pos: usize, want: Want) -> Result<Reads, EngineError> {
         let vocab = self.graph.cfg.vocab;
         let n = match input {
             StepInput::Tokens(t) => t.len(),
@@ -119,9 +128,9 @@ impl BackendState for GpuState {
             return Err(EngineError::ContextOverflow { tokens: pos + n, n_ctx: self.n_ctx });
         }
         if let Want::TopK(k) = want
-            && (k == 0 || k > MAX_TOP_K.min(vocab))
+            && (k == 0 || k > self.topk.k())
         {
-            return Err(EngineError::Usage(format!("top-{k} candidates (1 ..= {})", MAX_TOP_K.min(vocab))));
+            return Err(EngineError::Usage(format!("top-{k} candidates (1 ..= {})", self.topk.k())));
         }
         let last_slot = match input {
             StepInput::Tokens(t) => {
@@ -139,56 +148,66 @@ impl BackendState for GpuState {
             }
         };
         self.has_last = false;
-        let mut rec = self.ctx.recorder();
         let pre = if want == Want::Nothing { n } else { n - 1 };
-        let p0 = word("position", pos)?;
         if pre > 0 {
-            self.prefill.record(&mut rec, &StepValues::chunk(p0, word("tokens", pre)?).with_token(0)).map_err(|e| self.err(e))?;
+            self.prefill.record(rec, &StepValues::chunk(word("position", pos)?, word("tokens", pre)?).with_token(0)).map_err(|e| self.err(e))?;
         }
-        let mut read = None;
-        if want != Want::Nothing {
-            let step = StepValues::decode(word("position", pos + n - 1)?);
-            self.decode.record(&mut rec, &step.with_token(word("slot", last_slot)?)).map_err(|e| self.err(e))?;
-            let logits = self.dec_slots.buf(Slot::Logits);
-            read = Some(match want {
-                Want::Argmax => {
-                    self.argmax.record(&mut rec, &step.with_token(0)).map_err(ops_err)?;
-                    rec.read(&self.ids, 4 * self.ubatch as u64, 4).map_err(|e| self.err(e))?
-                }
-                Want::TopK(_) => {
-                    self.topk.record(&mut rec, &step.with_token(0)).map_err(ops_err)?;
-                    let k = self.topk.k() as u64;
-                    let (iv, vv) = (self.topk.ids().clone(), self.topk.values().clone());
-                    let ids = rec.read(iv.buffer(), iv.byte_offset(), 4 * k).map_err(|e| self.err(e))?;
-                    let vals = rec.read(vv.buffer(), vv.byte_offset(), 4 * k).map_err(|e| self.err(e))?;
-                    self.counters = StepCounters { dispatches: rec.dispatch_count(), passes: rec.pass_count(), submits: 1 };
-                    rec.submit().map_err(|e| self.err(e))?;
-                    let ids = ids.wait_u32().map_err(|e| self.err(e))?;
-                    let vals = vals.wait().map_err(|e| self.err(e))?;
-                    let vals: &[f32] = bytemuck::cast_slice(&vals);
-                    let Want::TopK(want_k) = want else { unreachable!() };
-                    return Ok(StepOutput::TopK(ids.into_iter().zip(vals.iter().copied()).take(want_k).collect()));
-                }
-                Want::Logits => rec.read(logits, 0, 4 * vocab as u64).map_err(|e| self.err(e))?,
-                Want::Nothing => unreachable!(),
-            });
+        if want == Want::Nothing {
+            return Ok(Reads::Nothing);
         }
+        let step = StepValues::decode(word("position", pos + n - 1)?);
+        self.decode.record(rec, &step.with_token(word("slot", last_slot)?)).map_err(|e| self.err(e))?;
+        Ok(match want {
+            Want::Argmax => {
+                self.argmax.record(rec, &step.with_token(0)).map_err(ops_err)?;
+                Reads::Argmax(rec.read(&self.ids, 4 * self.ubatch as u64, 4).map_err(|e| self.err(e))?)
+            }
+            Want::TopK(k) => {
+                self.topk.record(rec, &step.with_token(0)).map_err(ops_err)?;
+                let (iv, vv, kk) = (self.topk.ids().clone(), self.topk.values().clone(), self.topk.k() as u64);
+                let ids = rec.read(iv.buffer(), iv.byte_offset(), 4 * kk).map_err(|e| self.err(e))?;
+                let vals = rec.read(vv.buffer(), vv.byte_offset(), 4 * kk).map_err(|e| self.err(e))?;
+                Reads::TopK(ids, vals, k)
+            }
+            Want::Logits => Reads::Logits(rec.read(self.dec_slots.buf(Slot::Logits), 0, 4 * vocab as u64).map_err(|e| self.err(e))?),
+            Want::Nothing => unreachable!("returned above"),
+        })
+    }
+
+    fn collect(&mut self, reads: Reads) -> Result<StepOutput, EngineError> {
+        Ok(match reads {
+            Reads::Nothing => StepOutput::Nothing,
+            Reads::Argmax(r) => {
+                let id = r.wait_u32().map_err(|e| self.err(e))?[0];
+                self.has_last = true;
+                StepOutput::Argmax(id)
+            }
+            Reads::TopK(ids, vals, k) => {
+                let ids = ids.wait_u32().map_err(|e| self.err(e))?;
+                let vals = vals.wait().map_err(|e| self.err(e))?;
+                let vals: &[f32] = bytemuck::cast_slice(&vals);
+                StepOutput::TopK(ids.into_iter().zip(vals.iter().copied()).take(k).collect())
+            }
+            Reads::Logits(r) => StepOutput::Logits(bytemuck::cast_slice(&r.wait().map_err(|e| self.err(e))?).to_vec()),
+        })
+    }
+}
+
+impl BackendState for GpuState {
+    fn step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<StepOutput, EngineError> {
+        let mut rec = self.ctx.recorder();
+        let reads = self.record(&mut rec, input, pos, want)?;
         self.counters = StepCounters { dispatches: rec.dispatch_count(), passes: rec.pass_count(), submits: 1 };
         rec.submit().map_err(|e| self.err(e))?;
-        let Some(read) = read else {
-            return Ok(StepOutput::Nothing);
-        };
-        match want {
-            Want::Argmax => {
-                let id = read.wait_u32().map_err(|e| self.err(e))?[0];
-                self.has_last = true;
-                Ok(StepOutput::Argmax(id))
-            }
-            _ => {
-                let bytes = read.wait().map_err(|e| self.err(e))?;
-                Ok(StepOutput::Logits(bytemuck::cast_slice(&bytes).to_vec()))
-            }
-        }
+        self.collect(reads)
+    }
+
+    fn profile_step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<(StepOutput, Vec<KernelTime>), EngineError> {
+        let mut rec = self.ctx.recorder();
+        let reads = self.record(&mut rec, input, pos, want)?;
+        let profile = rec.submit_profiled().map_err(|e| self.err(e))?;
+        let times = profile.by_label().into_iter().map(|(label, (ns, count))| KernelTime { label, ns, count }).collect();
+        Ok((self.collect(reads)?, times))
     }
 
     fn reset(&mut self) -> Result<(), EngineError> {
