@@ -6,7 +6,7 @@
 //! TEXT: none), `/exit`. Ctrl-C stops the current reply, not the program; at the prompt, a
 //! second Ctrl-C in a row exits. End of input exits.
 
-use std::io::{BufRead, IsTerminal};
+use std::io::{BufRead, IsTerminal, Write};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
@@ -38,7 +38,7 @@ struct Interrupt {
 }
 
 impl Interrupt {
-    fn install(cancel: CancelToken) -> Arc<Interrupt> {
+    fn install(cancel: CancelToken, interactive: bool) -> Arc<Interrupt> {
         let it = Arc::new(Interrupt { cancel, generating: AtomicBool::new(false), presses: AtomicU32::new(0) });
         let handler = it.clone();
         // Without a handler Ctrl-C simply ends the program, which is still correct at the prompt.
@@ -50,6 +50,10 @@ impl Interrupt {
                 std::process::exit(130);
             } else {
                 note("\n(Ctrl-C again to leave, or /exit)");
+                if interactive {
+                    let mut out = std::io::stdout();
+                    let _ = out.write_all(b"> ").and_then(|()| out.flush());
+                }
             }
         });
         if let Err(e) = installed {
@@ -91,8 +95,8 @@ impl Conversation {
 pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
     let engine = load(&args.model)?;
     let mut session = engine.session().map_err(CliError::from_err)?;
-    let interrupt = Interrupt::install(session.cancel_token());
     let interactive = std::io::stdin().is_terminal();
+    let interrupt = Interrupt::install(session.cancel_token(), interactive);
     if interactive {
         note(&format!("{} on {} | /reset, /system TEXT, /exit; Ctrl-C stops a reply", engine.model_name().unwrap_or("model"), engine.device_name()));
     }
