@@ -1,7 +1,8 @@
 //! cera: the engine layer of the stack. This part holds everything between a file on disk and
 //! token ids, usable without a GPU: model files ([`gguf`], [`safetensors`], [`model_file`]),
 //! tokenizers ([`tokenizer`]), chat templates ([`chat_template`]), fetching the test models
-//! ([`fetch`]) and the `cera` command line ([`cli`]).
+//! ([`fetch`]), the engine that runs the models ([`engine`]: [`Engine`], [`Session`]) and the
+//! `cera` command line ([`cli`]).
 //!
 //! Every reader here is built to take hostile input: a malformed file gives a typed error,
 //! never a panic, a hang or an unbounded allocation.
@@ -19,3 +20,5 @@ pub mod model_file;
 pub mod safetensors;
 pub mod storage;
 pub mod tokenizer;
+
+pub use engine::{CancelToken, DeviceChoice, Engine, EngineError, FinishReason, GenerateOpts, Generation, LoadOptions, Session, Sink, TokenEvent};

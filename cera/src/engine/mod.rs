@@ -8,25 +8,46 @@
 //! - [`backend`]: the interface between a session and a device executor; [`gpu`] (boostr plans
 //!   recorded per token) and [`cpu`] (boostr's CPU references, threads over rows) implement it;
 //! - [`sampler`], [`stop`]: sampling and stop strings on the CPU;
-//! - [`cpu_ref`]: an independent llama forward pass, the oracle of the tests.
+//! - [`cpu_ref`]: an independent llama forward pass, the oracle of the tests;
+//! - the library API: [`Engine`] (a loaded model, shared; `load` in `load.rs`), [`Session`]
+//!   (one sequence with its own KV cache and prefix reuse) and its generation loop
+//!   ([`Session::generate`], streaming to a [`Sink`]).
+//!
+//! ```no_run
+//! use cera::engine::{DeviceChoice, Engine, GenerateOpts, LoadOptions, TokenEvent};
+//! let engine = Engine::load("SmolLM2-135M-Instruct.Q4_1.gguf", &LoadOptions { device: DeviceChoice::Cpu, ..Default::default() }, None)?;
+//! let mut session = engine.session()?;
+//! session.append_text("The capital of France is")?;
+//! let out = session.generate(&GenerateOpts::greedy(16), &mut |ev: &TokenEvent| print!("{}", ev.text))?;
+//! assert_eq!(out.ids.len(), 16);
+//! # Ok::<(), cera::engine::EngineError>(())
+//! ```
 
 pub mod arch;
 pub mod backend;
 pub mod config;
 pub mod cpu;
 pub mod cpu_ref;
+mod generate;
 pub mod gpu;
 pub mod graph;
+mod load;
+mod model;
 pub mod options;
 pub mod sampler;
+mod session;
 pub mod stop;
 pub mod weights;
 
 pub use backend::{Backend, BackendState, KernelTime, KvType, LoadProgress, StateOpts, StepCounters, StepInput, StepOutput, Want};
 pub use config::{Arch, GateAct, LayerRope, ModelConfig};
+pub use generate::{Generation, Sink, Timings, TokenEvent, row_top_logprobs};
 pub use graph::{ModelGraph, Op, Slot};
+pub use load::{DEFAULT_MAX_CTX, is_hardware_gpu};
+pub use model::{Engine, EngineParts, end_of_generation_ids};
 pub use options::{DeviceChoice, FinishReason, GenerateOpts, LoadOptions};
 pub use sampler::SamplerOpts;
+pub use session::{CancelToken, Session};
 pub use stop::StopMatcher;
 
 /// Why a model cannot be loaded or run.
@@ -114,4 +135,29 @@ pub enum EngineError {
     /// The engine was used in a way its API does not allow (named).
     #[error("{0}")]
     Usage(String),
+    /// The model's tokenizer could not be built or used.
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    /// The model's chat template does not compile.
+    #[error("{0}")]
+    Template(#[from] crate::chat_template::TemplateError),
+    /// An error about the content of a model file, with the file's path.
+    #[error("{}: {source}", path.display())]
+    InFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it (never `InFile` itself).
+        source: Box<EngineError>,
+    },
+}
+
+impl EngineError {
+    /// The error without the file it came from: the inner error of [`EngineError::InFile`],
+    /// else the error itself.
+    pub fn inner(&self) -> &EngineError {
+        match self {
+            EngineError::InFile { source, .. } => source.inner(),
+            e => e,
+        }
+    }
 }

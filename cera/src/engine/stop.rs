@@ -51,6 +51,11 @@ impl StopMatcher {
         StopStep { emit, stopped: false }
     }
 
+    /// The text held back now (a proper prefix of some stop string, possibly empty).
+    pub fn held(&self) -> &str {
+        &self.held
+    }
+
     /// The text still held back, emitted when generation ends for another reason.
     pub fn finish(&mut self) -> String {
         std::mem::take(&mut self.held)

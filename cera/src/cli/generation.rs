@@ -1,0 +1,187 @@
+//! What `cera run` and `cera chat` share: the model and device flags, the sampling flags
+//! (llama.cpp's names and defaults), loading with a progress bar, streaming text to standard
+//! output, and the stats line.
+
+use std::hash::{BuildHasher, Hasher};
+use std::io::Write;
+
+use super::progress::LoadBar;
+use super::{CliError, Output, resolve_model};
+use crate::engine::{CancelToken, DeviceChoice, Engine, EngineError, GenerateOpts, Generation, KvType, LoadOptions, Sink, TokenEvent};
+
+/// The model and how to load it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModelArgs {
+    /// Model file (GGUF), or a test model name (`smollm2-135m`, `gemma3-270m`), fetched into the
+    /// cache when missing.
+    #[arg(short = 'm', long, default_value = "smollm2-135m", value_name = "MODEL")]
+    pub model: String,
+    /// Where to run: `auto` (a real GPU when there is one, else the CPU), `gpu` (the adapter numr
+    /// picks; `NUMR_ADAPTER` chooses, lavapipe counts) or `cpu`.
+    #[arg(long, default_value = "auto", value_parser = str::parse::<DeviceChoice>, value_name = "DEVICE")]
+    pub device: DeviceChoice,
+    /// Context length [default: the model's trained context or 4096, whichever is smaller].
+    #[arg(short = 'c', long = "ctx-size", value_name = "N")]
+    pub ctx_size: Option<usize>,
+    /// Most prompt tokens one prefill step runs (the ubatch).
+    #[arg(short = 'b', long = "batch-size", visible_alias = "ubatch-size", default_value_t = 512, value_name = "N")]
+    pub batch_size: usize,
+    /// KV cache type: `f16` or `q8_0`.
+    #[arg(long = "kv-type", default_value = "f16", value_parser = str::parse::<KvType>, value_name = "TYPE")]
+    pub kv_type: KvType,
+    /// CPU threads [default: every core].
+    #[arg(short = 't', long, value_name = "N")]
+    pub threads: Option<usize>,
+}
+
+/// Sampling and stopping.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SampleArgs {
+    /// Tokens to generate (-1: until an end-of-generation token or a full context).
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256, allow_negative_numbers = true, value_name = "N")]
+    pub n_predict: i64,
+    /// Temperature (0: greedy).
+    #[arg(long, default_value_t = 0.8, value_name = "T")]
+    pub temp: f32,
+    /// Keep the K most likely tokens (0: all).
+    #[arg(long = "top-k", default_value_t = 40, value_name = "K")]
+    pub top_k: usize,
+    /// Nucleus sampling (1: off).
+    #[arg(long = "top-p", default_value_t = 0.95, value_name = "P")]
+    pub top_p: f32,
+    /// Drop tokens below P times the most likely one's probability (0: off).
+    #[arg(long = "min-p", default_value_t = 0.05, value_name = "P")]
+    pub min_p: f32,
+    /// Penalize repeated tokens (1: off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_name = "X")]
+    pub repeat_penalty: f32,
+    /// Recent tokens the penalties look at.
+    #[arg(long = "repeat-last-n", default_value_t = 64, value_name = "N")]
+    pub repeat_last_n: usize,
+    /// Subtracted once from the logit of every recent token (0: off).
+    #[arg(long = "presence-penalty", default_value_t = 0.0, value_name = "X")]
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence from the logit of recent tokens (0: off).
+    #[arg(long = "frequency-penalty", default_value_t = 0.0, value_name = "X")]
+    pub frequency_penalty: f32,
+    /// Seed of the sampler (-1: a random one, printed in the stats line).
+    #[arg(short = 's', long, default_value_t = -1, allow_negative_numbers = true, value_name = "SEED")]
+    pub seed: i64,
+    /// Stop when the text contains STR (never printed); may be given several times.
+    #[arg(long, value_name = "STR")]
+    pub stop: Vec<String>,
+    /// Keep generating through end-of-generation tokens (they are never chosen).
+    #[arg(long = "ignore-eos")]
+    pub ignore_eos: bool,
+}
+
+impl SampleArgs {
+    /// The generation options (a random seed for `-s -1`).
+    pub fn opts(&self) -> GenerateOpts {
+        let seed = u64::try_from(self.seed).unwrap_or_else(|_| std::collections::hash_map::RandomState::new().build_hasher().finish() >> 1);
+        GenerateOpts {
+            max_tokens: usize::try_from(self.n_predict).unwrap_or(usize::MAX),
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed,
+            stop: self.stop.clone(),
+            stop_tokens: Vec::new(),
+            ignore_eos: self.ignore_eos,
+            top_logprobs: 0,
+        }
+    }
+}
+
+/// Resolves (fetching if needed) and loads the model, with a progress bar on a terminal.
+pub fn load(args: &ModelArgs) -> Result<Engine, CliError> {
+    let path = resolve_model(&args.model)?;
+    let opts = LoadOptions { device: args.device, n_ctx: args.ctx_size, ubatch: args.batch_size, kv: args.kv_type, threads: args.threads };
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let bar = LoadBar::new(format!("loading {name}"));
+    let engine = Engine::load(&path, &opts, Some(&|p| bar.update(p)));
+    bar.finish();
+    engine.map_err(CliError::from_err)
+}
+
+/// A generation error for the user (with the flag to change for a prompt over the context).
+pub fn engine_error(e: EngineError) -> CliError {
+    match e {
+        EngineError::ContextOverflow { .. } => CliError::Message(format!("{e} (a longer context: -c/--ctx-size)")),
+        e => CliError::from_err(e),
+    }
+}
+
+/// Streams text pieces to standard output, flushing each. When the output is closed, it
+/// remembers the error and cancels the generation.
+pub struct TextSink<'o> {
+    out: &'o mut Output,
+    cancel: CancelToken,
+    /// The first write error.
+    pub error: Option<CliError>,
+    /// Whether the last text written ended with a newline (or nothing was written).
+    pub at_line_start: bool,
+}
+
+impl<'o> TextSink<'o> {
+    /// A sink writing to `out`, cancelling through `cancel` on a write error.
+    pub fn new(out: &'o mut Output, cancel: CancelToken) -> TextSink<'o> {
+        TextSink { out, cancel, error: None, at_line_start: true }
+    }
+
+    /// Ends the reply's line; returns the first write error, if any.
+    pub fn finish(mut self) -> Result<(), CliError> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        if !self.at_line_start {
+            writeln!(self.out)?;
+        }
+        self.out.flush()
+    }
+}
+
+impl Sink for TextSink<'_> {
+    fn token(&mut self, ev: &TokenEvent<'_>) {
+        if self.error.is_some() || ev.text.is_empty() {
+            return;
+        }
+        match self.out.write_str(ev.text).and_then(|()| self.out.flush()) {
+            Ok(()) => self.at_line_start = ev.text.ends_with('\n'),
+            Err(e) => {
+                self.error = Some(e);
+                self.cancel.cancel();
+            }
+        }
+    }
+}
+
+/// The stats line: load time, prompt tokens (reused ones) and speed, generated tokens and speed,
+/// the finish reason, the seed and the device.
+pub fn stats_line(engine: &Engine, g: &Generation, seed: Option<u64>, with_load: bool) -> String {
+    let mut s = String::new();
+    if with_load {
+        s.push_str(&format!("load {:.2} s | ", engine.load_time().as_secs_f64()));
+    }
+    s.push_str(&format!("prompt {} tokens", g.prompt_tokens));
+    if g.reused > 0 {
+        s.push_str(&format!(" ({} reused)", g.reused));
+    }
+    s.push_str(&format!(", {} run at {:.1} tok/s | ", g.prefilled, g.timings.prefill_tok_s()));
+    s.push_str(&format!("generated {} tokens at {:.1} tok/s | {}", g.ids.len(), g.timings.decode_tok_s(), g.finish.name()));
+    if let Some(seed) = seed {
+        s.push_str(&format!(" | seed {seed}"));
+    }
+    s.push_str(&format!(" | {}", engine.device_name()));
+    s
+}
+
+/// Writes a line to standard error (nothing to do if it is closed too).
+pub fn note(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}

@@ -1,0 +1,121 @@
+//! `cera run [-m MODEL] [-p PROMPT | PROMPT]`: generate text from one prompt.
+//!
+//! The prompt is one user turn of the model's chat template (`--system` adds a system turn);
+//! `--raw` sends it as it is, with the model's default BOS, control tokens written in it parsed
+//! as llama.cpp parses them. The text streams to standard output, a stats line goes to standard
+//! error; `--json` prints one JSON object instead of the text.
+
+use serde_json::{Value, json};
+
+use super::generation::{ModelArgs, SampleArgs, TextSink, engine_error, load, note, stats_line};
+use super::{CliError, Output};
+use crate::chat_template::ChatMessage;
+use crate::engine::{Engine, Generation, TokenEvent};
+
+/// Arguments of `cera run`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Flags follow llama.cpp's names and defaults. Example: cera run -n 64 --temp 0 \"Why is the sky blue?\"")]
+pub struct Args {
+    /// The prompt.
+    #[arg(required_unless_present = "prompt_flag", conflicts_with = "prompt_flag", value_name = "PROMPT")]
+    pub prompt: Option<String>,
+    /// The prompt (as a flag).
+    #[arg(short = 'p', long = "prompt", id = "prompt_flag", value_name = "PROMPT")]
+    pub prompt_flag: Option<String>,
+    /// The model and the device.
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Sampling and stopping.
+    #[command(flatten)]
+    pub sample: SampleArgs,
+    /// A system message before the prompt (not with --raw).
+    #[arg(long, value_name = "TEXT", conflicts_with = "raw")]
+    pub system: Option<String>,
+    /// Send the prompt as it is (no chat template), with the model's default BOS.
+    #[arg(long)]
+    pub raw: bool,
+    /// Report the N most likely tokens with their log-probabilities at each step (with --json).
+    #[arg(long = "top-logprobs", default_value_t = 0, value_name = "N")]
+    pub top_logprobs: usize,
+    /// Print one JSON object (prompt_ids, generated_ids, text, finish_reason, timings,
+    /// top_logprobs) instead of the text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The prompt text as the model sees it.
+fn prompt_text(engine: &Engine, args: &Args, prompt: &str) -> Result<String, CliError> {
+    if args.raw {
+        return Ok(prompt.to_string());
+    }
+    let mut msgs = Vec::new();
+    if let Some(s) = &args.system {
+        msgs.push(ChatMessage::new("system", s.clone()));
+    }
+    msgs.push(ChatMessage::new("user", prompt));
+    engine.chat_template().render(&msgs, true).map_err(CliError::from_err)
+}
+
+/// Milliseconds to 3 decimals, speeds to 2: what a script needs, without float noise.
+fn ms(d: std::time::Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+fn rate(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+fn json_output(engine: &Engine, prompt_ids: &[u32], g: &Generation, seed: u64, top_logprobs: bool) -> Value {
+    let t = &g.timings;
+    let mut v = json!({
+        "prompt_ids": prompt_ids,
+        "generated_ids": g.ids,
+        "text": g.text,
+        "finish_reason": g.finish.name(),
+        "timings": {
+            "load_ms": ms(engine.load_time()),
+            "prompt_tokens": g.prompt_tokens,
+            "prefill_tokens": g.prefilled,
+            "prefill_ms": ms(t.prefill),
+            "prefill_tok_s": rate(t.prefill_tok_s()),
+            "generated_tokens": g.ids.len(),
+            "decode_ms": ms(t.decode),
+            "decode_tok_s": rate(t.decode_tok_s()),
+        },
+        "seed": seed,
+        "device": engine.device_name(),
+    });
+    if top_logprobs {
+        let lists: Vec<Value> =
+            g.top_logprobs.iter().map(|step| Value::Array(step.iter().map(|&(id, lp)| json!({"id": id, "logprob": lp})).collect())).collect();
+        v["top_logprobs"] = Value::Array(lists);
+    }
+    v
+}
+
+/// Runs `cera run`.
+pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
+    let prompt = args.prompt.clone().or_else(|| args.prompt_flag.clone()).ok_or_else(|| CliError::Message("give a prompt".into()))?;
+    let engine = load(&args.model)?;
+    let text = prompt_text(&engine, &args, &prompt)?;
+    let mut session = engine.session().map_err(CliError::from_err)?;
+    session.append_text(&text).map_err(CliError::from_err)?;
+    let prompt_ids = session.tokens().to_vec();
+    let mut opts = args.sample.opts();
+    opts.top_logprobs = args.top_logprobs;
+    let g = if args.json {
+        session.generate(&opts, &mut |_: &TokenEvent| {}).map_err(engine_error)?
+    } else {
+        let mut sink = TextSink::new(out, session.cancel_token());
+        let g = session.generate(&opts, &mut sink);
+        // A closed output ends quietly (the generation was cancelled by the sink).
+        sink.finish()?;
+        g.map_err(engine_error)?
+    };
+    if args.json {
+        writeln!(out, "{}", json_output(&engine, &prompt_ids, &g, opts.seed, args.top_logprobs > 0))?;
+        out.flush()?;
+    }
+    note(&stats_line(&engine, &g, (opts.temperature > 0.0).then_some(opts.seed), true));
+    Ok(())
+}

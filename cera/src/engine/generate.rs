@@ -1,0 +1,489 @@
+//! The generation loop of a [`Session`]: prefix reuse, chunked prefill, what each step reads
+//! back, sampling, stop conditions and streaming text.
+//!
+//! What a step asks the executor for ([`Want`]):
+//! - greedy decoding without penalties and without `top_logprobs`: [`Want::Argmax`], and the next
+//!   step's input is [`StepInput::LastArgmax`] (on the GPU the id never leaves the device; 4
+//!   bytes are read back to check the stop conditions);
+//! - sampling with `1 <= top_k <= 128`, no penalties, no `top_logprobs`: [`Want::TopK`], and the
+//!   CPU sampler draws from those candidates (the same draw as over the whole row: top-k comes
+//!   first in the sampler's order);
+//! - `ignore_eos`: the end-of-generation ids are masked out, never chosen, so greedy reads the
+//!   top `1 + n_eog` (and top-k sampling `top_k + n_eog`) candidates instead of the argmax;
+//! - anything else (penalties, `top_k` 0 or over 128, `top_logprobs`): the whole
+//!   [`Want::Logits`] row. `top_logprobs` are a log-softmax over the raw row, before penalties,
+//!   the mask and every sampling transform.
+
+use std::time::{Duration, Instant};
+
+use crate::tokenizer::{DecodeOptions, StreamDecoder};
+
+use super::EngineError;
+use super::backend::{MAX_TOP_K, StepInput, StepOutput, Want};
+use super::options::{FinishReason, GenerateOpts};
+use super::sampler::{self, SamplerOpts};
+use super::session::Session;
+use super::stop::StopMatcher;
+
+/// One generated token, as [`Session::generate`] streams it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TokenEvent<'a> {
+    /// The token id.
+    pub id: u32,
+    /// The text that became safe to show with this token: possibly empty (part of a UTF-8
+    /// character, or text held back because it may start a stop string), possibly including
+    /// text of earlier tokens that was held back. Never half a character, never part of a stop
+    /// string.
+    pub text: &'a str,
+    /// The `top_logprobs` most likely ids at this step with their log-probabilities under the
+    /// raw distribution (empty unless asked for).
+    pub top_logprobs: &'a [(u32, f32)],
+}
+
+/// Receives the generated tokens. Implemented for every `FnMut(&TokenEvent)` closure.
+///
+/// Events come in token order, one per generated token. A token whose text is held back at the
+/// time (a possible start of a stop string, an unfinished UTF-8 character) is delivered when the
+/// next token is chosen or when generation ends, so that the text released by the end of the
+/// generation reaches the sink with the last event. To stop early from the sink (a closed
+/// output), cancel through the session's [`CancelToken`](super::CancelToken).
+pub trait Sink {
+    /// One generated token.
+    fn token(&mut self, ev: &TokenEvent<'_>);
+}
+
+impl<F: FnMut(&TokenEvent<'_>)> Sink for F {
+    fn token(&mut self, ev: &TokenEvent<'_>) {
+        self(ev)
+    }
+}
+
+/// Where the time of one generation went (loading the model not included).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Timings {
+    /// Running the prompt tokens that were not cached, through the first token's distribution.
+    pub prefill: Duration,
+    /// Tokens run in the prefill.
+    pub prefill_tokens: usize,
+    /// After the first token: decode steps, sampling and streaming.
+    pub decode: Duration,
+    /// Decode steps run (each generated token but the last, and the first, is run once).
+    pub decode_steps: usize,
+}
+
+fn rate(n: usize, d: Duration) -> f64 {
+    if n == 0 || d.is_zero() { 0.0 } else { n as f64 / d.as_secs_f64() }
+}
+
+impl Timings {
+    /// Prefill speed in tokens per second (0 when nothing was prefilled).
+    pub fn prefill_tok_s(&self) -> f64 {
+        rate(self.prefill_tokens, self.prefill)
+    }
+
+    /// Decode speed in tokens per second (0 without decode steps).
+    pub fn decode_tok_s(&self) -> f64 {
+        rate(self.decode_steps, self.decode)
+    }
+}
+
+/// The result of [`Session::generate`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Generation {
+    /// The generated ids (without the end-of-generation or stop token that ended it; a stop
+    /// string's tokens are included).
+    pub ids: Vec<u32>,
+    /// The generated text (stop strings and what follows them cut off).
+    pub text: String,
+    /// Why generation ended.
+    pub finish: FinishReason,
+    /// The end-of-generation or stop token that ended generation (it is in the session's
+    /// sequence, not in `ids`).
+    pub stop_token: Option<u32>,
+    /// Per generated token: the `top_logprobs` most likely ids with their log-probabilities
+    /// (empty lists unless asked for).
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
+    /// Tokens of the sequence before generation (the prompt, all turns).
+    pub prompt_tokens: usize,
+    /// Of those, tokens whose cached keys and values were reused.
+    pub reused: usize,
+    /// Tokens run in the prefill (`prompt_tokens - reused`, or 1 when everything was cached: the
+    /// last token is run again for its distribution).
+    pub prefilled: usize,
+    /// Timings.
+    pub timings: Timings,
+}
+
+/// What each step asks the executor for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Argmax,
+    TopK(usize),
+    Logits,
+}
+
+impl Mode {
+    fn want(self) -> Want {
+        match self {
+            Mode::Argmax => Want::Argmax,
+            Mode::TopK(k) => Want::TopK(k),
+            Mode::Logits => Want::Logits,
+        }
+    }
+}
+
+fn sampler_opts(o: &GenerateOpts) -> SamplerOpts {
+    SamplerOpts {
+        temperature: o.temperature,
+        top_k: o.top_k,
+        top_p: o.top_p,
+        min_p: o.min_p,
+        repeat_penalty: o.repeat_penalty,
+        presence_penalty: o.presence_penalty,
+        frequency_penalty: o.frequency_penalty,
+        repeat_last_n: o.repeat_last_n,
+        seed: o.seed,
+    }
+}
+
+fn mode(o: &GenerateOpts, s: &SamplerOpts, n_masked: usize) -> Mode {
+    if o.top_logprobs > 0 || s.has_penalties() {
+        return Mode::Logits;
+    }
+    let k = if s.temperature <= 0.0 {
+        if n_masked == 0 {
+            return Mode::Argmax;
+        }
+        1
+    } else {
+        o.top_k
+    };
+    if k >= 1 && k + n_masked <= MAX_TOP_K { Mode::TopK(k + n_masked) } else { Mode::Logits }
+}
+
+/// Descending logit, then ascending id: the sampler's order.
+fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// `(id, logprob)` of the `n` most likely ids of a raw logits row (log-softmax in f64), most
+/// likely first, ties to the lower id: [`sampler::top_logprobs`] without sorting the whole row.
+pub fn row_top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let lse = m as f64 + logits.iter().map(|&l| ((l - m) as f64).exp()).sum::<f64>().ln();
+    let mut v: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+    let n = n.min(v.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    if n < v.len() {
+        v.select_nth_unstable_by(n - 1, by_logit_desc);
+        v.truncate(n);
+    }
+    v.sort_by(by_logit_desc);
+    v.into_iter().map(|(i, l)| (i, (l as f64 - lse) as f32)).collect()
+}
+
+/// Chooses tokens from step outputs under one generation's options.
+struct Chooser<'a> {
+    opts: &'a GenerateOpts,
+    sampler: SamplerOpts,
+    /// The same without penalties (applied before the candidates are cut).
+    plain: SamplerOpts,
+    masked: &'a [u32],
+    mode: Mode,
+    device: String,
+}
+
+impl Chooser<'_> {
+    fn unexpected(&self, out: &StepOutput) -> EngineError {
+        let got = match out {
+            StepOutput::Nothing => "nothing",
+            StepOutput::Argmax(_) => "an argmax",
+            StepOutput::TopK(_) => "top-k candidates",
+            StepOutput::Logits(_) => "logits",
+        };
+        EngineError::Device { device: self.device.clone(), reason: format!("the executor returned {got} for {:?}", self.mode.want()) }
+    }
+
+    fn keep(&self, id: u32) -> bool {
+        self.masked.binary_search(&id).is_err()
+    }
+
+    /// The next id and the raw top log-probabilities (if asked for) for the token at `position`.
+    fn choose(&self, out: StepOutput, history: &[u32], position: u64) -> Result<(u32, Vec<(u32, f32)>), EngineError> {
+        let none = || EngineError::Usage("every token is masked: nothing can be generated".into());
+        match (self.mode, out) {
+            (Mode::Argmax, StepOutput::Argmax(id)) => Ok((id, Vec::new())),
+            (Mode::TopK(_), StepOutput::TopK(c)) => {
+                let mut c: Vec<(u32, f32)> = c.into_iter().filter(|&(id, _)| self.keep(id)).collect();
+                if self.sampler.temperature <= 0.0 {
+                    return c.iter().copied().min_by(by_logit_desc).map(|x| (x.0, Vec::new())).ok_or_else(none);
+                }
+                c.sort_by(by_logit_desc);
+                c.truncate(self.opts.top_k);
+                sampler::sample(&c, history, position, &self.plain).map(|id| (id, Vec::new())).ok_or_else(none)
+            }
+            (Mode::Logits, StepOutput::Logits(row)) => {
+                let top = if self.opts.top_logprobs > 0 { row_top_logprobs(&row, self.opts.top_logprobs) } else { Vec::new() };
+                let mut c: Vec<(u32, f32)> = row.iter().enumerate().map(|(i, &l)| (i as u32, l)).filter(|&(id, _)| self.keep(id)).collect();
+                sampler::apply_penalties(&mut c, history, &self.sampler);
+                if self.sampler.temperature <= 0.0 {
+                    return c.iter().copied().min_by(by_logit_desc).map(|x| (x.0, top)).ok_or_else(none);
+                }
+                let k = self.opts.top_k;
+                if k > 0 && k < c.len() {
+                    c.select_nth_unstable_by(k - 1, by_logit_desc);
+                    c.truncate(k);
+                }
+                sampler::sample(&c, history, position, &self.plain).map(|id| (id, top)).ok_or_else(none)
+            }
+            (_, out) => Err(self.unexpected(&out)),
+        }
+    }
+}
+
+/// A token's event, held while its text may still be extended by the end of the generation.
+struct Held {
+    id: u32,
+    text: String,
+    top: Vec<(u32, f32)>,
+}
+
+/// Streams text: detokenizes, holds back possible stop strings, and delivers events.
+struct Stream<'t, 's, S: Sink + ?Sized> {
+    decoder: StreamDecoder<'t>,
+    matcher: StopMatcher,
+    held: Option<Held>,
+    text: String,
+    sink: &'s mut S,
+}
+
+impl<S: Sink + ?Sized> Stream<'_, '_, S> {
+    fn deliver(&mut self, h: Held) {
+        self.text.push_str(&h.text);
+        self.sink.token(&TokenEvent { id: h.id, text: &h.text, top_logprobs: &h.top });
+    }
+
+    /// Text still held back at the end: an unfinished character (as U+FFFD) and an unfinished
+    /// stop-string prefix.
+    fn release(&mut self) -> String {
+        let rest = self.decoder.finish();
+        let step = self.matcher.push(&rest);
+        if step.stopped { step.emit } else { step.emit + &self.matcher.finish() }
+    }
+
+    /// A generated token; `last`: generation ends after it. Returns whether a stop string was
+    /// completed (generation ends).
+    fn token(&mut self, id: u32, top: Vec<(u32, f32)>, last: bool) -> Result<bool, EngineError> {
+        let piece = self.decoder.push(id)?;
+        let step = self.matcher.push(&piece);
+        if let Some(h) = self.held.take() {
+            self.deliver(h);
+        }
+        let mut ev = Held { id, text: step.emit, top };
+        if step.stopped {
+            self.deliver(ev);
+            return Ok(true);
+        }
+        if last {
+            ev.text.push_str(&self.release());
+            self.deliver(ev);
+        } else if !self.matcher.held().is_empty() || !self.decoder.pending_bytes().is_empty() {
+            self.held = Some(ev);
+        } else {
+            self.deliver(ev);
+        }
+        Ok(false)
+    }
+
+    /// Generation ended for a reason other than the last token itself.
+    fn end(&mut self) {
+        let rest = self.release();
+        if let Some(mut h) = self.held.take() {
+            h.text.push_str(&rest);
+            self.deliver(h);
+        }
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl Session {
+    /// Generates from the session's sequence, streaming each token to `sink`, and appends the
+    /// generated tokens to the sequence.
+    ///
+    /// The cached positions whose tokens match the sequence are kept, the rest of the sequence
+    /// is run in chunks of the engine's ubatch (when everything is cached, the last token is run
+    /// again for its distribution). A sequence longer than the context is
+    /// [`EngineError::ContextOverflow`] before anything runs; it is never truncated.
+    ///
+    /// Ends with [`FinishReason::Stop`] at an end-of-generation token (unless
+    /// `opts.ignore_eos`), a stop token or a stop string; [`FinishReason::MaxTokens`] after
+    /// `opts.max_tokens` tokens (0: the prompt is only run into the cache);
+    /// [`FinishReason::ContextFull`] when the sequence fills the context;
+    /// [`FinishReason::Cancelled`] when the [`CancelToken`](super::CancelToken) was triggered.
+    /// The same options (seed included) on the same device give the same output.
+    pub fn generate<S: Sink + ?Sized>(&mut self, opts: &GenerateOpts, sink: &mut S) -> Result<Generation, EngineError> {
+        let start = Instant::now();
+        self.cancel.clear();
+        let engine = self.engine.clone();
+        let inner = &engine.inner;
+        let (n_ctx, ubatch) = (inner.state.n_ctx, inner.state.ubatch);
+        let prompt_tokens = self.seq.len();
+        if prompt_tokens > n_ctx {
+            return Err(EngineError::ContextOverflow { tokens: prompt_tokens, n_ctx });
+        }
+        if prompt_tokens == 0 {
+            return Err(EngineError::Usage("the session has no tokens to generate from (append a prompt first)".into()));
+        }
+        let sampler = sampler_opts(opts);
+        let plain = SamplerOpts { repeat_penalty: 1.0, presence_penalty: 0.0, frequency_penalty: 0.0, ..sampler.clone() };
+        let masked: &[u32] = if opts.ignore_eos { &inner.eog } else { &[] };
+        let chooser = Chooser { opts, mode: mode(opts, &sampler, masked.len()), sampler, plain, masked, device: inner.backend.device_name() };
+        let mut res = Generation {
+            ids: Vec::new(),
+            text: String::new(),
+            finish: FinishReason::MaxTokens,
+            stop_token: None,
+            top_logprobs: Vec::new(),
+            prompt_tokens,
+            reused: 0,
+            prefilled: 0,
+            timings: Timings::default(),
+        };
+        if prompt_tokens == n_ctx && opts.max_tokens > 0 {
+            res.finish = FinishReason::ContextFull;
+            return Ok(res);
+        }
+
+        // Prefix reuse, then the prefill.
+        let mut reused = common_prefix(&self.cached, &self.seq);
+        if reused == prompt_tokens && opts.max_tokens > 0 {
+            reused -= 1;
+        }
+        if reused == 0 && !self.cached.is_empty() {
+            self.state.reset()?;
+        }
+        self.cached.truncate(reused);
+        res.reused = reused;
+        let first_want = if opts.max_tokens == 0 { Want::Nothing } else { chooser.mode.want() };
+        let mut out = StepOutput::Nothing;
+        let mut pos = reused;
+        while pos < prompt_tokens {
+            if self.cancel.is_cancelled() {
+                res.finish = FinishReason::Cancelled;
+                res.timings.prefill = start.elapsed();
+                return Ok(res);
+            }
+            let end = (pos + ubatch).min(prompt_tokens);
+            let want = if end == prompt_tokens { first_want } else { Want::Nothing };
+            out = self.state.step(StepInput::Tokens(&self.seq[pos..end]), pos, want)?;
+            self.cached.extend_from_slice(&self.seq[pos..end]);
+            res.prefilled += end - pos;
+            pos = end;
+        }
+        res.timings.prefill = start.elapsed();
+        res.timings.prefill_tokens = res.prefilled;
+        if opts.max_tokens == 0 {
+            return Ok(res);
+        }
+
+        // Decoding.
+        let decode_start = Instant::now();
+        let tok = &inner.tokenizer;
+        let mut stream = Stream {
+            decoder: StreamDecoder::with_options(tok, DecodeOptions { render_special: false, strip_space_prefix: false }),
+            matcher: StopMatcher::new(&opts.stop),
+            held: None,
+            text: String::new(),
+            sink,
+        };
+        let result = loop {
+            let position = self.seq.len();
+            let (id, top) = match chooser.choose(std::mem::replace(&mut out, StepOutput::Nothing), &self.seq, position as u64) {
+                Ok(x) => x,
+                Err(e) => break Err(e),
+            };
+            if (id as usize) >= inner.config.vocab {
+                break Err(EngineError::Device { device: chooser.device.clone(), reason: format!("the executor chose id {id} outside the vocabulary") });
+            }
+            self.seq.push(id);
+            if (!opts.ignore_eos && inner.eog.binary_search(&id).is_ok()) || opts.stop_tokens.contains(&id) {
+                res.stop_token = Some(id);
+                stream.end();
+                break Ok(FinishReason::Stop);
+            }
+            res.ids.push(id);
+            if opts.top_logprobs > 0 {
+                res.top_logprobs.push(top.clone());
+            }
+            let finish = if res.ids.len() >= opts.max_tokens {
+                Some(FinishReason::MaxTokens)
+            } else if self.seq.len() >= n_ctx {
+                Some(FinishReason::ContextFull)
+            } else {
+                None
+            };
+            match stream.token(id, top, finish.is_some()) {
+                Ok(true) => break Ok(FinishReason::Stop),
+                Ok(false) => {}
+                Err(e) => break Err(e),
+            }
+            if let Some(f) = finish {
+                break Ok(f);
+            }
+            if self.cancel.is_cancelled() {
+                stream.end();
+                break Ok(FinishReason::Cancelled);
+            }
+            // Run the new token at its position.
+            let pos = self.seq.len() - 1;
+            let input = if chooser.mode == Mode::Argmax { StepInput::LastArgmax } else { StepInput::Tokens(&self.seq[pos..]) };
+            match self.state.step(input, pos, chooser.mode.want()) {
+                Ok(o) => out = o,
+                Err(e) => break Err(e),
+            }
+            self.cached.push(id);
+            res.timings.decode_steps += 1;
+        };
+        res.text = std::mem::take(&mut stream.text);
+        res.finish = result?;
+        res.timings.decode = decode_start.elapsed();
+        Ok(res)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_follow_the_options() {
+        let g = GenerateOpts::greedy(8);
+        let s = sampler_opts(&g);
+        assert_eq!(mode(&g, &s, 0), Mode::Argmax);
+        assert_eq!(mode(&g, &s, 3), Mode::TopK(4));
+        let t = GenerateOpts { top_logprobs: 5, ..GenerateOpts::greedy(8) };
+        assert_eq!(mode(&t, &sampler_opts(&t), 0), Mode::Logits);
+        let d = GenerateOpts::default();
+        assert_eq!(mode(&d, &sampler_opts(&d), 0), Mode::TopK(40));
+        assert_eq!(mode(&d, &sampler_opts(&d), 3), Mode::TopK(43));
+        let p = GenerateOpts { repeat_penalty: 1.1, ..GenerateOpts::default() };
+        assert_eq!(mode(&p, &sampler_opts(&p), 0), Mode::Logits);
+        let all = GenerateOpts { top_k: 0, ..GenerateOpts::default() };
+        assert_eq!(mode(&all, &sampler_opts(&all), 0), Mode::Logits);
+        let wide = GenerateOpts { top_k: 127, ..GenerateOpts::default() };
+        assert_eq!(mode(&wide, &sampler_opts(&wide), 2), Mode::Logits);
+    }
+
+    #[test]
+    fn row_top_logprobs_equal_the_sampler_s() {
+        let row: Vec<f32> = (0..1000).map(|i| ((i * 7919) % 1009) as f32 / 100.0 - 3.0).collect();
+        let cands: Vec<(u32, f32)> = row.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        assert_eq!(row_top_logprobs(&row, 7), sampler::top_logprobs(&cands, 7));
+        assert_eq!(row_top_logprobs(&row[..3], 7).len(), 3);
+    }
+}

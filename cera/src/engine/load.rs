@@ -1,0 +1,125 @@
+//! [`Engine::load`]: a GGUF file to a model on a device.
+//!
+//! The file is checked completely before anything is uploaded (architecture, hyperparameters,
+//! every tensor's presence, shape and type), so a bad file fails at once with the first problem
+//! named. Then the device is chosen ([`DeviceChoice`]) and the executor prepares the weights,
+//! reporting progress in bytes.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use numr::gpu::GpuContext;
+
+use crate::chat_template::ChatTemplate;
+use crate::gguf::GgufFile;
+use crate::tokenizer::Tokenizer;
+
+use super::arch::{self, FileFacts};
+use super::backend::{Backend, ProgressFn};
+use super::config::ModelConfig;
+use super::cpu::CpuBackend;
+use super::gpu::GpuBackend;
+use super::graph::ModelGraph;
+use super::model::{Engine, EngineParts, end_of_generation_ids};
+use super::options::{DeviceChoice, LoadOptions};
+use super::{EngineError, weights};
+
+/// The context length used when [`LoadOptions::n_ctx`] is `None` and the model was trained on
+/// more.
+pub const DEFAULT_MAX_CTX: usize = 4096;
+
+/// Whether numr's adapter is a real GPU (not a software rasterizer such as lavapipe or
+/// SwiftShader, which report themselves as CPU devices).
+pub fn is_hardware_gpu(ctx: &GpuContext) -> bool {
+    let caps = ctx.capabilities();
+    let name = caps.adapter_name.to_ascii_lowercase();
+    let software = ["llvmpipe", "lavapipe", "swiftshader", "software", "warp"].iter().any(|s| name.contains(s));
+    matches!(caps.device_type.as_str(), "DiscreteGpu" | "IntegratedGpu" | "VirtualGpu") && !software
+}
+
+fn gpu_context() -> Result<GpuContext, EngineError> {
+    GpuContext::new().map_err(|e| EngineError::Device { device: "GPU".into(), reason: e.to_string() })
+}
+
+fn in_file(path: &Path) -> impl Fn(EngineError) -> EngineError + '_ {
+    move |e| EngineError::InFile { path: path.to_path_buf(), source: Box::new(e) }
+}
+
+/// Everything about the file, checked, before a device is touched.
+struct Checked {
+    file: GgufFile,
+    graph: ModelGraph,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    eog: Vec<u32>,
+    name: Option<String>,
+}
+
+fn check_file(path: &Path) -> Result<Checked, EngineError> {
+    // GGUF errors name the file already.
+    let file = GgufFile::open(path).map_err(|e| EngineError::File { reason: e.to_string() })?;
+    let wrap = in_file(path);
+    let hp = file.hparams().map_err(|e| wrap(EngineError::File { reason: e.to_string() }))?;
+    let rows = file.tensor("token_embd.weight").and_then(|t| t.dims.get(1)).map(|&d| d as usize);
+    let config = ModelConfig::from_hparams(&hp, rows).map_err(&wrap)?;
+    let facts = FileFacts { has_output: file.tensor("output.weight").is_some(), has_rope_freqs: file.tensor("rope_freqs.weight").is_some() };
+    let graph = arch::build(&config, &facts);
+    weights::check_all(&graph, &file).map_err(&wrap)?;
+    let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| wrap(e.into()))?;
+    let template = ChatTemplate::from_gguf(&file, &tokenizer).map_err(|e| wrap(e.into()))?;
+    let eog = end_of_generation_ids(&tokenizer);
+    let name = file.metadata().get_str("general.name").ok().map(str::to_string);
+    Ok(Checked { file, graph, tokenizer, template, eog, name })
+}
+
+fn cpu(graph: &ModelGraph, file: &GgufFile, opts: &LoadOptions, progress: Option<ProgressFn<'_>>) -> Result<Arc<dyn Backend>, EngineError> {
+    let threads = opts.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
+    Ok(Arc::new(CpuBackend::load(graph, file, threads, progress)?))
+}
+
+fn gpu(ctx: GpuContext, graph: &ModelGraph, file: &GgufFile, progress: Option<ProgressFn<'_>>) -> Result<Arc<dyn Backend>, EngineError> {
+    Ok(Arc::new(GpuBackend::load(Arc::new(ctx), graph, file, progress)?))
+}
+
+impl Engine {
+    /// Loads a GGUF model onto the device `opts.device` chooses:
+    /// - [`DeviceChoice::Cpu`]: the CPU executor, `opts.threads` workers (default: every core);
+    /// - [`DeviceChoice::Gpu`]: the adapter numr picks (`NUMR_ADAPTER` / `NUMR_BACKEND` choose;
+    ///   lavapipe counts);
+    /// - [`DeviceChoice::Auto`]: that adapter when it is a real GPU ([`is_hardware_gpu`]), else the
+    ///   CPU executor.
+    ///
+    /// The context length is `opts.n_ctx`, else the model's trained context or
+    /// [`DEFAULT_MAX_CTX`], whichever is smaller. A context longer than the trained one is
+    /// allowed (the model's output past its trained length is usually poor). `progress` is
+    /// called as the weights are prepared (bytes done, out of all).
+    ///
+    /// Errors about the file's content ([`EngineError::UnknownArchitecture`],
+    /// [`EngineError::MissingTensor`], [`EngineError::TensorShape`], [`EngineError::TensorType`],
+    /// tokenizer and template errors, ...) come as [`EngineError::InFile`] naming the file
+    /// ([`EngineError::inner`] gives the error itself); device errors as
+    /// [`EngineError::Device`].
+    pub fn load(path: impl AsRef<Path>, opts: &LoadOptions, progress: Option<ProgressFn<'_>>) -> Result<Engine, EngineError> {
+        let start = Instant::now();
+        let path = path.as_ref();
+        let Checked { file, graph, tokenizer, template, eog, name } = check_file(path)?;
+        let n_ctx = opts.n_ctx.unwrap_or(graph.cfg.context_length.min(DEFAULT_MAX_CTX));
+        if n_ctx == 0 {
+            return Err(EngineError::Usage("the context length must be at least 1".into()));
+        }
+        if opts.ubatch == 0 {
+            return Err(EngineError::Usage("the batch size (ubatch) must be at least 1".into()));
+        }
+        let backend = match opts.device {
+            DeviceChoice::Cpu => cpu(&graph, &file, opts, progress)?,
+            DeviceChoice::Gpu => gpu(gpu_context()?, &graph, &file, progress)?,
+            DeviceChoice::Auto => match GpuContext::new() {
+                Ok(ctx) if is_hardware_gpu(&ctx) => gpu(ctx, &graph, &file, progress)?,
+                _ => cpu(&graph, &file, opts, progress)?,
+            },
+        };
+        let parts = EngineParts { backend, tokenizer, template, config: graph.cfg, eog, n_ctx, ubatch: opts.ubatch, kv: opts.kv };
+        Engine::assemble(parts, Some(path.to_path_buf()), name, start.elapsed()).map_err(in_file(path))
+    }
+}

@@ -1,0 +1,141 @@
+//! [`Session`]: one token sequence on a shared [`Engine`], with its own KV cache.
+//!
+//! The session holds the sequence (what was appended and generated) apart from what the cache
+//! holds: [`Session::generate`] keeps the cached positions whose tokens match the sequence and
+//! runs only the rest (prefix reuse). So a chat can re-render the whole conversation each turn
+//! ([`Session::reset`], then [`Session::append_text`]) and pay only for the new tokens.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::tokenizer::EncodeOptions;
+
+use super::EngineError;
+use super::backend::{BackendState, StepCounters};
+use super::model::Engine;
+
+/// Stops a running [`Session::generate`] from any thread. Cloning gives another handle to the
+/// same flag; the session checks it between tokens (and between prefill chunks), and clears it
+/// when a generation starts.
+#[derive(Clone, Debug, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    /// A token that is not cancelled.
+    pub fn new() -> CancelToken {
+        CancelToken::default()
+    }
+
+    /// Asks the generation to stop; it ends with
+    /// [`FinishReason::Cancelled`](super::FinishReason::Cancelled) before its next token.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`CancelToken::cancel`] was called since the generation started.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn clear(&self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+/// One sequence on an [`Engine`]: its tokens, its KV cache and its cancellation token.
+pub struct Session {
+    pub(crate) engine: Engine,
+    pub(crate) state: Box<dyn BackendState>,
+    /// The sequence: appended tokens and generated ones.
+    pub(crate) seq: Vec<u32>,
+    /// The tokens whose keys and values are in the cache, at positions `0..cached.len()`.
+    pub(crate) cached: Vec<u32>,
+    pub(crate) cancel: CancelToken,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("tokens", &self.seq.len()).field("cached", &self.cached.len()).finish()
+    }
+}
+
+impl Session {
+    pub(crate) fn new(engine: Engine) -> Result<Session, EngineError> {
+        let state = engine.inner.backend.new_state(&engine.inner.state)?;
+        Ok(Session { engine, state, seq: Vec::new(), cached: Vec::new(), cancel: CancelToken::new() })
+    }
+
+    /// The engine this session runs on.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Tokenizes `text` and appends it; returns the number of tokens appended. Control tokens
+    /// written in the text (`<|im_start|>`, `<start_of_turn>`) are parsed as such, as llama.cpp
+    /// does for prompts. At the start of the sequence the model's default BOS is put first
+    /// (when its metadata asks for one, and not twice when the text itself starts with it).
+    pub fn append_text(&mut self, text: &str) -> Result<usize, EngineError> {
+        let tok = &self.engine.inner.tokenizer;
+        let first = self.seq.is_empty();
+        let mut ids = tok.encode(text, EncodeOptions { add_special: first, parse_special: true })?;
+        let bos = tok.special().bos;
+        if first && tok.special().add_bos && bos.is_some() && ids.len() >= 2 && ids[0] == ids[1] && Some(ids[0]) == bos {
+            ids.remove(0);
+        }
+        self.append_tokens(&ids)?;
+        Ok(ids.len())
+    }
+
+    /// Appends token ids as they are ([`EngineError::TokenOutOfRange`] for an id outside the
+    /// model's vocabulary; nothing is appended then).
+    pub fn append_tokens(&mut self, ids: &[u32]) -> Result<(), EngineError> {
+        let vocab = self.engine.inner.config.vocab;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::TokenOutOfRange { id, vocab });
+        }
+        self.seq.extend_from_slice(ids);
+        Ok(())
+    }
+
+    /// The sequence: every appended token and every generated one (the end-of-generation or
+    /// stop token that ended a generation included, so that a following turn continues after
+    /// it).
+    pub fn tokens(&self) -> &[u32] {
+        &self.seq
+    }
+
+    /// How many leading tokens of the sequence are in the KV cache now.
+    pub fn cached_tokens(&self) -> usize {
+        self.cached.iter().zip(&self.seq).take_while(|(a, b)| a == b).count()
+    }
+
+    /// Empties the sequence. The cache keeps its contents, so a sequence appended afterwards
+    /// reuses whatever prefix it shares with them; the output is the same as on a fresh
+    /// session.
+    pub fn reset(&mut self) {
+        self.seq.clear();
+    }
+
+    /// Shortens the sequence to its first `len` tokens (nothing happens when it is shorter).
+    pub fn truncate(&mut self, len: usize) {
+        self.seq.truncate(len);
+    }
+
+    /// Empties the sequence and forgets the cache's contents: the next generation runs every
+    /// token again.
+    pub fn clear_cache(&mut self) -> Result<(), EngineError> {
+        self.seq.clear();
+        self.cached.clear();
+        self.state.reset()
+    }
+
+    /// A handle that cancels this session's generations from any thread.
+    pub fn cancel_token(&self) -> CancelToken {
+        self.cancel.clone()
+    }
+
+    /// The executor's counters of the last decode step.
+    pub fn last_step_counters(&self) -> StepCounters {
+        self.state.last_step_counters()
+    }
+}

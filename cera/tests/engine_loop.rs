@@ -1,0 +1,563 @@
+//! The session's generation loop on a scripted executor: a mock `Backend` whose logits are a
+//! function of the tokens in its cache, with a checked cache (a step at a position past what
+//! was written, over the ubatch or past the context is an error) and a log of every step. No
+//! model file and no device: what is tested is the loop itself (prefix reuse, chunked prefill,
+//! what each step asks for, stop conditions, streaming text, cancellation, seeds).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cera::chat_template::{BuiltinTemplate, ChatTemplate};
+use cera::engine::{
+    Arch, Backend, BackendState, CancelToken, Engine, EngineError, EngineParts, FinishReason, GateAct, GenerateOpts, KvType, LayerRope, ModelConfig, StateOpts,
+    StepCounters, StepInput, StepOutput, TokenEvent, Want, end_of_generation_ids,
+};
+use cera::gguf::{Metadata, MetadataArray, MetadataValue};
+use cera::tokenizer::Tokenizer;
+
+/// The vocabulary: a SentencePiece model with byte fallback. `€` is `<0xE2><0x82><0xAC>`.
+const TOKENS: [&str; 20] =
+    ["<unk>", "<s>", "</s>", "<|im_end|>", "▁Hello", "▁world", "!", "E", "N", "D", "<0xE2>", "<0x82>", "<0xAC>", "▁", "a", "b", "c", "x", "y", "z"];
+const TYPES: [i32; 20] = [2, 3, 3, 3, 1, 1, 1, 1, 1, 1, 6, 6, 6, 1, 1, 1, 1, 1, 1, 1];
+const VOCAB: usize = TOKENS.len();
+const HELLO: u32 = 4;
+const WORLD: u32 = 5;
+const BANG: u32 = 6;
+const E: u32 = 7;
+const N: u32 = 8;
+const D: u32 = 9;
+const B0: u32 = 10;
+const B1: u32 = 11;
+const B2: u32 = 12;
+const A: u32 = 14;
+const B: u32 = 15;
+const C: u32 = 16;
+const X: u32 = 17;
+const Y: u32 = 18;
+const Z: u32 = 19;
+const IM_END: u32 = 3;
+const EOS: u32 = 2;
+
+fn tokenizer() -> Tokenizer {
+    let mut md = Metadata::default();
+    md.set("tokenizer.ggml.model", MetadataValue::String("llama".into()));
+    md.set("tokenizer.ggml.tokens", MetadataValue::Array(MetadataArray::String(TOKENS.iter().map(|s| s.to_string()).collect())));
+    md.set("tokenizer.ggml.scores", MetadataValue::Array(MetadataArray::F32((0..VOCAB).map(|i| -(i as f32)).collect())));
+    md.set("tokenizer.ggml.token_type", MetadataValue::Array(MetadataArray::I32(TYPES.to_vec())));
+    md.set("tokenizer.ggml.add_space_prefix", MetadataValue::Bool(false));
+    Tokenizer::from_gguf_metadata(&md).unwrap()
+}
+
+fn config() -> ModelConfig {
+    ModelConfig {
+        arch: Arch::Llama,
+        n_layers: 1,
+        dim: 8,
+        n_heads: 1,
+        n_kv_heads: 1,
+        head_dim: 8,
+        ffn_dim: 8,
+        vocab: VOCAB,
+        norm_eps: 1e-5,
+        rope_dim: 8,
+        rope: vec![LayerRope { base: 10_000.0, linear_factor: 1.0 }],
+        window: vec![None],
+        context_length: 64,
+        embed_scale: 1.0,
+        gate_act: GateAct::Silu,
+        qk_norm: false,
+        post_norms: false,
+        attn_scale: 1.0,
+        final_softcap: None,
+        attn_softcap: None,
+    }
+}
+
+type Rule = Arc<dyn Fn(&[u32]) -> Vec<f32> + Send + Sync>;
+
+/// One step as the mock saw it.
+#[derive(Clone, Debug, PartialEq)]
+struct Step {
+    pos: usize,
+    tokens: Vec<u32>,
+    last_argmax: bool,
+    want: Want,
+}
+
+struct Mock {
+    rule: Rule,
+    log: Arc<Mutex<Vec<Step>>>,
+    delay: Duration,
+}
+
+struct MockState {
+    rule: Rule,
+    log: Arc<Mutex<Vec<Step>>>,
+    delay: Duration,
+    opts: StateOpts,
+    cache: Vec<u32>,
+    argmax: Option<u32>,
+}
+
+fn bad(what: String) -> EngineError {
+    EngineError::Device { device: "mock".into(), reason: what }
+}
+
+impl Backend for Mock {
+    fn new_state(&self, opts: &StateOpts) -> Result<Box<dyn BackendState>, EngineError> {
+        Ok(Box::new(MockState { rule: self.rule.clone(), log: self.log.clone(), delay: self.delay, opts: *opts, cache: Vec::new(), argmax: None }))
+    }
+    fn device_name(&self) -> String {
+        "mock".into()
+    }
+    fn is_gpu(&self) -> bool {
+        false
+    }
+}
+
+fn sorted_desc(row: &[f32]) -> Vec<(u32, f32)> {
+    let mut v: Vec<(u32, f32)> = row.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    v
+}
+
+impl BackendState for MockState {
+    fn step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<StepOutput, EngineError> {
+        let (tokens, last_argmax) = match input {
+            StepInput::Tokens(t) => (t.to_vec(), false),
+            StepInput::LastArgmax => (vec![self.argmax.ok_or_else(|| bad("LastArgmax without a previous argmax".into()))?], true),
+        };
+        self.argmax = None;
+        if tokens.is_empty() || tokens.len() > self.opts.ubatch {
+            return Err(bad(format!("{} tokens in a step (ubatch {})", tokens.len(), self.opts.ubatch)));
+        }
+        if pos > self.cache.len() || pos + tokens.len() > self.opts.n_ctx {
+            return Err(bad(format!("step at {pos} of {} tokens: cache holds {}, context {}", tokens.len(), self.cache.len(), self.opts.n_ctx)));
+        }
+        self.cache.truncate(pos);
+        self.cache.extend_from_slice(&tokens);
+        self.log.lock().unwrap().push(Step { pos, tokens, last_argmax, want });
+        std::thread::sleep(self.delay);
+        let row = (self.rule)(&self.cache);
+        Ok(match want {
+            Want::Nothing => StepOutput::Nothing,
+            Want::Argmax => {
+                let id = sorted_desc(&row)[0].0;
+                self.argmax = Some(id);
+                StepOutput::Argmax(id)
+            }
+            Want::TopK(k) => StepOutput::TopK(sorted_desc(&row).into_iter().take(k).collect()),
+            Want::Logits => StepOutput::Logits(row),
+        })
+    }
+    fn reset(&mut self) -> Result<(), EngineError> {
+        Ok(())
+    }
+    fn last_step_counters(&self) -> StepCounters {
+        StepCounters::default()
+    }
+}
+
+/// The best next token is `next[last]` (logit 10), the second best `second[last]` (logit 9),
+/// every other token a logit under 1 that depends on the whole history.
+fn chain(next: &'static [(u32, u32)], second: &'static [(u32, u32)]) -> Rule {
+    Arc::new(move |h: &[u32]| {
+        let last = *h.last().unwrap();
+        let salt = h.iter().fold(0u32, |a, &t| a.wrapping_mul(31).wrapping_add(t));
+        let mut row: Vec<f32> = (0..VOCAB as u32).map(|i| ((i.wrapping_mul(7).wrapping_add(salt)) % 10) as f32 / 10.0).collect();
+        if let Some(&(_, s)) = second.iter().find(|p| p.0 == last) {
+            row[s as usize] = 9.0;
+        }
+        if let Some(&(_, n)) = next.iter().find(|p| p.0 == last) {
+            row[n as usize] = 10.0;
+        }
+        row
+    })
+}
+
+/// A flat distribution for sampling: every token's logit depends on the history.
+fn flat() -> Rule {
+    Arc::new(|h: &[u32]| {
+        let salt = h.iter().fold(7u32, |a, &t| a.wrapping_mul(131).wrapping_add(t + 1));
+        (0..VOCAB as u32).map(|i| ((i.wrapping_mul(2654435761).wrapping_add(salt) >> 7) % 1000) as f32 / 400.0).collect()
+    })
+}
+
+struct Setup {
+    engine: Engine,
+    log: Arc<Mutex<Vec<Step>>>,
+}
+
+impl Setup {
+    fn steps(&self) -> Vec<Step> {
+        std::mem::take(&mut *self.log.lock().unwrap())
+    }
+}
+
+fn setup(rule: Rule, n_ctx: usize, ubatch: usize) -> Setup {
+    setup_with_delay(rule, n_ctx, ubatch, Duration::ZERO)
+}
+
+fn setup_with_delay(rule: Rule, n_ctx: usize, ubatch: usize, delay: Duration) -> Setup {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let tok = tokenizer();
+    let eog = end_of_generation_ids(&tok);
+    let parts = EngineParts {
+        backend: Arc::new(Mock { rule, log: log.clone(), delay }),
+        tokenizer: tok,
+        template: ChatTemplate::builtin(BuiltinTemplate::ChatMl),
+        config: config(),
+        eog,
+        n_ctx,
+        ubatch,
+        kv: KvType::F16,
+    };
+    Setup { engine: Engine::from_parts(parts).unwrap(), log }
+}
+
+/// Greedy generation collecting every event's id and text.
+fn run(s: &mut cera::engine::Session, opts: &GenerateOpts) -> (cera::engine::Generation, Vec<(u32, String)>) {
+    let mut events = Vec::new();
+    let g = s.generate(opts, &mut |ev: &TokenEvent| events.push((ev.id, ev.text.to_string()))).unwrap();
+    (g, events)
+}
+
+const HELLO_CHAIN: &[(u32, u32)] = &[(HELLO, WORLD), (WORLD, E), (E, N), (N, D), (D, BANG), (BANG, IM_END)];
+
+#[test]
+fn end_of_generation_ids_come_from_the_vocabulary() {
+    let tok = tokenizer();
+    assert_eq!(end_of_generation_ids(&tok), vec![EOS, IM_END]);
+}
+
+#[test]
+fn greedy_runs_argmax_on_the_device_and_stops_at_end_of_turn() {
+    let t = setup(chain(HELLO_CHAIN, &[]), 64, 512);
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    assert_eq!(s.tokens(), &[1, HELLO]);
+    let (g, events) = run(&mut s, &GenerateOpts::greedy(100));
+    assert_eq!(g.ids, vec![WORLD, E, N, D, BANG]);
+    assert_eq!(g.text, " worldEND!");
+    assert_eq!(g.finish, FinishReason::Stop);
+    assert_eq!(g.stop_token, Some(IM_END));
+    assert_eq!(events.iter().map(|e| e.0).collect::<Vec<_>>(), g.ids);
+    assert_eq!(events.iter().map(|e| e.1.as_str()).collect::<String>(), g.text);
+    // The stop token is in the sequence, not in the output.
+    assert_eq!(s.tokens(), &[1, HELLO, WORLD, E, N, D, BANG, IM_END]);
+    let steps = t.steps();
+    assert_eq!(steps[0], Step { pos: 0, tokens: vec![1, HELLO], last_argmax: false, want: Want::Argmax });
+    // Every decode step feeds the previous argmax back without reading it in as input.
+    assert!(steps[1..].iter().enumerate().all(|(i, st)| st.last_argmax && st.pos == 2 + i && st.want == Want::Argmax), "{steps:?}");
+    assert_eq!(steps.len(), 1 + 5);
+    assert_eq!((g.prompt_tokens, g.reused, g.prefilled, g.timings.prefill_tokens, g.timings.decode_steps), (2, 0, 2, 2, 5));
+}
+
+#[test]
+fn stop_strings_across_tokens_are_never_emitted() {
+    let t = setup(chain(HELLO_CHAIN, &[]), 64, 512);
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    let opts = GenerateOpts { stop: vec!["END".into()], ..GenerateOpts::greedy(100) };
+    let (g, events) = run(&mut s, &opts);
+    assert_eq!(g.text, " world");
+    assert_eq!(g.finish, FinishReason::Stop);
+    assert_eq!(g.ids, vec![WORLD, E, N, D], "the tokens of the stop string are generated ids");
+    assert!(events.iter().all(|e| !e.1.contains('E') && !e.1.contains('N')), "{events:?}");
+    assert_eq!(events.iter().map(|e| e.1.as_str()).collect::<String>(), " world");
+    // A held prefix that does not complete is released, in order.
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    let (g, events) = run(&mut s, &GenerateOpts { stop: vec!["ENX".into()], ..GenerateOpts::greedy(100) });
+    assert_eq!((g.text.as_str(), g.finish), (" worldEND!", FinishReason::Stop));
+    assert_eq!(events.iter().map(|e| e.0).collect::<Vec<_>>(), vec![WORLD, E, N, D, BANG]);
+    assert_eq!(events.iter().map(|e| e.1.as_str()).collect::<Vec<_>>(), vec![" world", "", "", "END", "!"]);
+    // Text held back when an end-of-generation token arrives is released with the last event.
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    let (g, events) = run(&mut s, &GenerateOpts { stop: vec!["!?".into()], ..GenerateOpts::greedy(100) });
+    assert_eq!((g.text.as_str(), g.finish), (" worldEND!", FinishReason::Stop));
+    assert_eq!(events.last().unwrap(), &(BANG, "!".to_string()));
+    // A stop string inside one token.
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    let (g, _) = run(&mut s, &GenerateOpts { stop: vec!["orl".into()], ..GenerateOpts::greedy(100) });
+    assert_eq!((g.text.as_str(), g.ids.as_slice()), (" w", &[WORLD][..]));
+}
+
+#[test]
+fn max_tokens_and_stop_tokens() {
+    const LOOP: &[(u32, u32)] = &[(HELLO, A), (A, B), (B, C), (C, A)];
+    let t = setup(chain(LOOP, &[]), 64, 512);
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    let (g, _) = run(&mut s, &GenerateOpts::greedy(7));
+    assert_eq!(g.ids, vec![A, B, C, A, B, C, A]);
+    assert_eq!((g.finish, g.text.as_str(), g.timings.decode_steps), (FinishReason::MaxTokens, "abcabca", 6));
+    assert_eq!(s.tokens().len(), 2 + 7);
+    assert_eq!(s.cached_tokens(), 2 + 6, "the last token is not run");
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    let (g, _) = run(&mut s, &GenerateOpts { stop_tokens: vec![C], ..GenerateOpts::greedy(100) });
+    assert_eq!((g.ids.as_slice(), g.text.as_str(), g.finish, g.stop_token), (&[A, B][..], "ab", FinishReason::Stop, Some(C)));
+    // max_tokens 0 runs the prompt into the cache and generates nothing.
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    t.steps();
+    let (g, _) = run(&mut s, &GenerateOpts::greedy(0));
+    assert_eq!((g.ids.len(), g.finish, g.prefilled, s.cached_tokens()), (0, FinishReason::MaxTokens, 2, 2));
+    assert_eq!(t.steps()[0].want, Want::Nothing);
+}
+
+#[test]
+fn ignore_eos_masks_the_end_of_generation_tokens() {
+    const SECOND: &[(u32, u32)] = &[(BANG, X), (X, Y)];
+    const NEXT: &[(u32, u32)] = &[(HELLO, BANG), (BANG, IM_END), (X, EOS), (Y, IM_END)];
+    let t = setup(chain(NEXT, SECOND), 64, 512);
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    let (g, _) = run(&mut s, &GenerateOpts::greedy(10));
+    assert_eq!((g.ids.as_slice(), g.finish), (&[BANG][..], FinishReason::Stop));
+    t.steps();
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    let (g, _) = run(&mut s, &GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(3) });
+    assert_eq!((g.ids.as_slice(), g.finish), (&[BANG, X, Y][..], FinishReason::MaxTokens));
+    assert!(g.ids.iter().all(|id| !t.engine.eog_ids().contains(id)));
+    // Greedy with the mask reads the top 1 + 2 candidates, never the argmax.
+    assert!(t.steps().iter().all(|st| st.want == Want::TopK(3) && !st.last_argmax));
+    // Sampling (top-k 5) with the mask: never an end-of-generation token.
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    let opts = GenerateOpts { ignore_eos: true, temperature: 1.5, top_k: 5, top_p: 1.0, min_p: 0.0, seed: 3, ..GenerateOpts::greedy(40) };
+    let (g, _) = run(&mut s, &opts);
+    assert_eq!(g.ids.len(), 40);
+    assert!(g.ids.iter().all(|id| !t.engine.eog_ids().contains(id)));
+    assert!(t.steps().iter().all(|st| st.want == Want::TopK(7)));
+}
+
+#[test]
+fn utf8_pieces_are_never_broken() {
+    const NEXT: &[(u32, u32)] = &[(HELLO, B0), (B0, B1), (B1, B2), (B2, BANG), (BANG, IM_END)];
+    let t = setup(chain(NEXT, &[]), 64, 512);
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    let (g, events) = run(&mut s, &GenerateOpts::greedy(10));
+    assert_eq!(g.text, "€!");
+    assert_eq!(events, vec![(B0, String::new()), (B1, String::new()), (B2, "€".to_string()), (BANG, "!".to_string())]);
+    // Ending inside a character gives U+FFFD once, in the last event, never a broken string.
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    let (g, events) = run(&mut s, &GenerateOpts::greedy(2));
+    assert_eq!((g.text.as_str(), g.finish), ("\u{FFFD}", FinishReason::MaxTokens));
+    assert_eq!(events.last().unwrap().1, "\u{FFFD}");
+}
+
+#[test]
+fn prompt_over_the_context_is_an_error_before_anything_runs() {
+    let t = setup(chain(HELLO_CHAIN, &[]), 8, 512);
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, A, B, C, A, B, C, A, B]).unwrap();
+    let e = s.generate(&GenerateOpts::greedy(4), &mut |_: &TokenEvent| panic!("no token expected")).unwrap_err();
+    assert!(matches!(e, EngineError::ContextOverflow { tokens: 9, n_ctx: 8 }), "{e}");
+    assert!(t.steps().is_empty(), "nothing may run");
+    assert!(matches!(s.append_tokens(&[VOCAB as u32]), Err(EngineError::TokenOutOfRange { id, vocab: VOCAB }) if id == VOCAB as u32));
+    let mut empty = t.engine.session().unwrap();
+    assert!(matches!(empty.generate(&GenerateOpts::greedy(4), &mut |_: &TokenEvent| {}), Err(EngineError::Usage(_))));
+}
+
+#[test]
+fn a_full_context_ends_generation() {
+    const LOOP: &[(u32, u32)] = &[(A, B), (B, C), (C, A)];
+    let t = setup(chain(LOOP, &[]), 8, 512);
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, A, B, C, A]).unwrap();
+    let (g, _) = run(&mut s, &GenerateOpts::greedy(100));
+    assert_eq!((g.ids.as_slice(), g.finish), (&[B, C, A][..], FinishReason::ContextFull));
+    assert_eq!(s.tokens().len(), 8);
+    // Every step fitted the 8 positions (the mock refuses others); the last token is not run.
+    let steps = t.steps();
+    assert!(steps.iter().all(|st| st.pos + st.tokens.len() <= 8));
+    assert_eq!(steps.last().unwrap().pos, 6);
+    // A full sequence generates nothing more, without running anything.
+    let (g, _) = run(&mut s, &GenerateOpts::greedy(100));
+    assert_eq!((g.ids.len(), g.finish), (0, FinishReason::ContextFull));
+    assert!(t.steps().is_empty());
+}
+
+#[test]
+fn prefill_runs_in_ubatch_chunks() {
+    let t = setup(flat(), 64, 4);
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, A, B, C, X, Y, Z, A, B, C]).unwrap();
+    let (g, _) = run(&mut s, &GenerateOpts::greedy(2));
+    let steps = t.steps();
+    let chunks: Vec<(usize, usize, Want)> = steps.iter().map(|st| (st.pos, st.tokens.len(), st.want)).collect();
+    assert_eq!(chunks, vec![(0, 4, Want::Nothing), (4, 4, Want::Nothing), (8, 2, Want::Argmax), (10, 1, Want::Argmax)]);
+    assert_eq!(g.prefilled, 10);
+}
+
+#[test]
+fn a_second_turn_reuses_the_cached_prefix() {
+    const LOOP: &[(u32, u32)] = &[(HELLO, A), (A, B), (B, C), (C, A), (WORLD, X), (X, Y), (Y, Z), (Z, X)];
+    let t = setup(chain(LOOP, &[]), 64, 512);
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    let (g1, _) = run(&mut s, &GenerateOpts::greedy(5));
+    assert_eq!((g1.reused, g1.prefilled), (0, 2));
+    s.append_tokens(&[WORLD]).unwrap();
+    t.steps();
+    let (g2, _) = run(&mut s, &GenerateOpts::greedy(4));
+    // The 5th generated token was never run: it and the new token are the only prefill.
+    assert_eq!((g2.prompt_tokens, g2.reused, g2.prefilled), (8, 6, 2));
+    assert_eq!(t.steps()[0], Step { pos: 6, tokens: vec![g1.ids[4], WORLD], last_argmax: false, want: Want::Argmax });
+    // The same tokens as a fresh session given the whole conversation.
+    let mut fresh = t.engine.session().unwrap();
+    fresh.append_tokens(&s.tokens()[..8]).unwrap();
+    let (g3, _) = run(&mut fresh, &GenerateOpts::greedy(4));
+    assert_eq!(g3.ids, g2.ids);
+    assert_eq!((g3.reused, g3.prefilled), (0, 8));
+    // Re-rendering the whole conversation after reset() reuses everything that matches.
+    let all = s.tokens().to_vec();
+    s.reset();
+    s.append_tokens(&all[..10]).unwrap();
+    s.append_tokens(&[HELLO]).unwrap();
+    let (g4, _) = run(&mut s, &GenerateOpts::greedy(1));
+    assert_eq!((g4.reused, g4.prefilled, g4.ids.as_slice()), (10, 1, &[A][..]));
+    // Nothing new: the last token is run again for its distribution.
+    s.truncate(11);
+    let (g5, _) = run(&mut s, &GenerateOpts::greedy(1));
+    assert_eq!((g5.reused, g5.prefilled, g5.ids.as_slice()), (10, 1, &[A][..]));
+    // A diverging history keeps only the common prefix.
+    s.reset();
+    s.append_tokens(&[1, HELLO, WORLD]).unwrap();
+    let (g6, _) = run(&mut s, &GenerateOpts::greedy(1));
+    assert_eq!((g6.reused, g6.prefilled, g6.ids.as_slice()), (2, 1, &[X][..]));
+    // clear_cache forgets everything.
+    s.clear_cache().unwrap();
+    s.append_tokens(&[1, HELLO, WORLD]).unwrap();
+    let (g7, _) = run(&mut s, &GenerateOpts::greedy(1));
+    assert_eq!((g7.reused, g7.prefilled), (0, 3));
+}
+
+#[test]
+fn same_seed_same_output_from_candidates_or_the_whole_row() {
+    let t = setup(flat(), 256, 512);
+    let sample = |opts: &GenerateOpts| {
+        let mut s = t.engine.session().unwrap();
+        s.append_tokens(&[1, HELLO, WORLD]).unwrap();
+        run(&mut s, opts).0
+    };
+    let opts = GenerateOpts { temperature: 1.0, top_k: 12, top_p: 0.9, min_p: 0.02, seed: 42, ignore_eos: true, ..GenerateOpts::greedy(60) };
+    let a = sample(&opts);
+    let b = sample(&opts);
+    assert_eq!(a.ids, b.ids);
+    assert_eq!(a.ids.len(), 60);
+    assert!(t.steps().iter().all(|st| matches!(st.want, Want::TopK(14))));
+    // top_logprobs needs the whole row; the draw is the same.
+    let c = sample(&GenerateOpts { top_logprobs: 3, ..opts.clone() });
+    assert!(t.steps().iter().all(|st| st.want == Want::Logits));
+    assert_eq!(c.ids, a.ids);
+    let d = sample(&GenerateOpts { seed: 43, ..opts.clone() });
+    assert_ne!(d.ids, a.ids, "another seed draws other tokens");
+    let distinct: std::collections::HashSet<u32> = a.ids.iter().copied().collect();
+    assert!(distinct.len() > 5, "sampling, not greedy: {:?}", a.ids);
+    // Penalties run on the whole row, and reproduce too.
+    let p = GenerateOpts { repeat_penalty: 1.3, frequency_penalty: 0.2, ..opts.clone() };
+    assert_eq!(sample(&p).ids, sample(&p).ids);
+}
+
+#[test]
+fn top_logprobs_are_the_raw_distribution() {
+    let rule = flat();
+    let t = setup(rule.clone(), 64, 512);
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    let prompt = s.tokens().to_vec();
+    let (g, _) = run(&mut s, &GenerateOpts { top_logprobs: 4, ..GenerateOpts::greedy(5) });
+    assert_eq!(g.top_logprobs.len(), 5);
+    let mut history = prompt;
+    for (i, top) in g.top_logprobs.iter().enumerate() {
+        let row = rule(&history);
+        let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = m + row.iter().map(|&l| (l as f64 - m).exp()).sum::<f64>().ln();
+        assert_eq!(top.len(), 4);
+        assert_eq!(top[0].0, g.ids[i], "greedy picks the most likely");
+        for &(id, lp) in top {
+            assert!((lp as f64 - (row[id as usize] as f64 - lse)).abs() < 1e-6);
+        }
+        assert!(top.windows(2).all(|w| w[0].1 >= w[1].1));
+        history.push(g.ids[i]);
+    }
+}
+
+#[test]
+fn cancellation_from_another_thread() {
+    const LOOP: &[(u32, u32)] = &[(HELLO, A), (A, B), (B, A)];
+    let t = setup_with_delay(chain(LOOP, &[]), 100_000, 512, Duration::from_millis(2));
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    let cancel: CancelToken = s.cancel_token();
+    cancel.cancel();
+    // A cancellation before the generation starts is cleared by it.
+    let (g, _) = run(&mut s, &GenerateOpts::greedy(3));
+    assert_eq!(g.finish, FinishReason::MaxTokens);
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        cancel.cancel();
+    });
+    let (g, events) = run(&mut s, &GenerateOpts::greedy(50_000));
+    canceller.join().unwrap();
+    assert_eq!(g.finish, FinishReason::Cancelled);
+    assert!(!g.ids.is_empty() && g.ids.len() < 50_000, "{}", g.ids.len());
+    assert_eq!(events.len(), g.ids.len());
+}
+
+#[test]
+fn sessions_share_one_engine_across_threads() {
+    let t = setup(flat(), 128, 512);
+    let opts = GenerateOpts { temperature: 0.9, top_k: 8, top_p: 1.0, min_p: 0.0, seed: 5, ..GenerateOpts::greedy(30) };
+    let handles: Vec<_> = (0..3)
+        .map(|_| {
+            let engine = t.engine.clone();
+            let opts = opts.clone();
+            std::thread::spawn(move || {
+                let mut s = engine.session().unwrap();
+                s.append_tokens(&[1, HELLO, WORLD]).unwrap();
+                s.generate(&opts, &mut |_: &TokenEvent| {}).unwrap().ids
+            })
+        })
+        .collect();
+    let outs: Vec<Vec<u32>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(outs.windows(2).all(|w| w[0] == w[1]));
+}
+
+#[test]
+fn bos_is_added_once_at_the_start() {
+    let t = setup(flat(), 64, 512);
+    let mut s = t.engine.session().unwrap();
+    assert_eq!(s.append_text("ab").unwrap(), 3);
+    assert_eq!(s.tokens(), &[1, A, B]);
+    assert_eq!(s.append_text("c<|im_end|>").unwrap(), 2);
+    assert_eq!(s.tokens(), &[1, A, B, C, IM_END], "control tokens are parsed, BOS only at the start");
+    let mut s = t.engine.session().unwrap();
+    s.append_text("<s>ab").unwrap();
+    assert_eq!(s.tokens(), &[1, A, B], "not twice when the text starts with it");
+}
+
+#[test]
+fn bad_parts_are_typed_errors() {
+    let parts = |n_ctx, ubatch, eog: Vec<u32>| EngineParts {
+        backend: Arc::new(Mock { rule: flat(), log: Arc::default(), delay: Duration::ZERO }),
+        tokenizer: tokenizer(),
+        template: ChatTemplate::builtin(BuiltinTemplate::ChatMl),
+        config: config(),
+        eog,
+        n_ctx,
+        ubatch,
+        kv: KvType::F16,
+    };
+    assert!(matches!(Engine::from_parts(parts(0, 512, vec![])), Err(EngineError::Usage(_))));
+    assert!(matches!(Engine::from_parts(parts(8, 0, vec![])), Err(EngineError::Usage(_))));
+    assert!(matches!(Engine::from_parts(parts(8, 8, vec![99])), Err(EngineError::TokenOutOfRange { id: 99, .. })));
+}
