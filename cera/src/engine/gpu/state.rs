@@ -79,7 +79,19 @@ impl GpuState {
         let logits = GpuView::whole(dec_slots.buf(Slot::Logits));
         let argmax = ArgmaxPlan::new(ctx, &logits, c.vocab, Some(GpuView::new(Binding::whole(&ids), ubatch)), 1).map_err(ops_err)?;
         let topk = TopKPlan::new(ctx, &logits, c.vocab, MAX_TOP_K.min(c.vocab), 1.0, 1, None).map_err(ops_err)?;
-        ctx.flush().map_err(|e| dev_err(ctx, e))?;
+        // The readback buffers of every kind of step, made now so that no step allocates.
+        let mut rec = ctx.recorder();
+        let (iv, vv) = (topk.ids().clone(), topk.values().clone());
+        let reads = [
+            rec.read(&ids, 0, 4),
+            rec.read(dec_slots.buf(Slot::Logits), 0, 4 * c.vocab as u64),
+            rec.read(iv.buffer(), iv.byte_offset(), 4 * topk.k() as u64),
+            rec.read(vv.buffer(), vv.byte_offset(), 4 * topk.k() as u64),
+        ];
+        rec.submit().map_err(|e| dev_err(ctx, e))?;
+        for r in reads {
+            r.map_err(|e| dev_err(ctx, e))?.wait().map_err(|e| dev_err(ctx, e))?;
+        }
         Ok(GpuState {
             ctx: ctx.clone(),
             graph: g.clone(),
