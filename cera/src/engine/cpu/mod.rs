@@ -21,6 +21,8 @@ mod matmul;
 mod ops;
 mod pool;
 mod state;
+#[cfg(test)]
+mod tests;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -142,6 +144,17 @@ impl CpuBackend {
     /// Prepares every weight the graph names; `threads` workers (at least 1) split each mat-mul
     /// by rows. `progress` is told the source bytes prepared so far.
     pub fn load(graph: &ModelGraph, src: &dyn WeightSource, threads: usize, progress: Option<ProgressFn<'_>>) -> Result<CpuBackend, EngineError> {
+        CpuBackend::load_with(graph, src, threads, progress, Kernels::detect())
+    }
+
+    /// [`CpuBackend::load`] with the given inner loops.
+    fn load_with(
+        graph: &ModelGraph,
+        src: &dyn WeightSource,
+        threads: usize,
+        progress: Option<ProgressFn<'_>>,
+        kernels: Kernels,
+    ) -> Result<CpuBackend, EngineError> {
         let c = &graph.cfg;
         let total = total_bytes(graph, src)?;
         let mut ld = Loader { src, mats: HashMap::new(), done: 0, total, progress };
@@ -199,7 +212,7 @@ impl CpuBackend {
         }
         let threads = threads.max(1);
         let widths = state::SLOTS.iter().map(|&s| graph.width(s)).collect();
-        let model = Model { cfg: c.clone(), widths, ops, kernels: Kernels::detect(), pool: Mutex::new(Pool::new(threads)?), threads };
+        let model = Model { cfg: c.clone(), widths, ops, kernels, pool: Mutex::new(Pool::new(threads)?), threads };
         Ok(CpuBackend { model: Arc::new(model) })
     }
 }

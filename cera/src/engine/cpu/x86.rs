@@ -116,7 +116,7 @@ impl Avx2 {
         // slice above checked it).
         unsafe {
             let s = self.decode(r, row, Dot1 { x: x.as_ptr(), acc: [_mm256_setzero_ps(); 4] });
-            hsum(_mm256_add_ps(_mm256_add_ps(s.acc[0], s.acc[1]), _mm256_add_ps(s.acc[2], s.acc[3])))
+            sum4(s.acc[0], s.acc[1], s.acc[2], s.acc[3])
         }
     }
 
@@ -126,7 +126,7 @@ impl Avx2 {
         // SAFETY: as above.
         unsafe {
             let s = self.decode(r, row, Dot2 { x0: x0.as_ptr(), x1: x1.as_ptr(), acc: [_mm256_setzero_ps(); 4] });
-            [hsum(_mm256_add_ps(s.acc[0], s.acc[2])), hsum(_mm256_add_ps(s.acc[1], s.acc[3]))]
+            [sum4(s.acc[0], s.acc[2], _mm256_setzero_ps(), _mm256_setzero_ps()), sum4(s.acc[1], s.acc[3], _mm256_setzero_ps(), _mm256_setzero_ps())]
         }
     }
 
@@ -269,6 +269,12 @@ fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+}
+
+/// `hsum((a + b) + (c + d))`.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn sum4(a: __m256, b: __m256, c: __m256, d: __m256) -> f32 {
+    hsum(_mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d)))
 }
 
 /// [`hsum`], then the scalar tail `n8..n`.
