@@ -144,11 +144,11 @@ fn a_decode_step_allocates_nothing_and_keeps_the_dispatch_budget() {
     let StepOutput::Argmax(_) = state.step(StepInput::Tokens(&prompt), 0, Want::Argmax).unwrap() else { panic!("argmax") };
     state.step(StepInput::LastArgmax, prompt.len(), Want::Argmax).unwrap();
     let before = (ctx.pool_stats().created, ctx.bind_groups_created());
-    let mut pos = prompt.len() + 1;
-    for want in [Want::Argmax, Want::Argmax, Want::Logits, Want::TopK(40), Want::Argmax] {
-        let input = if matches!(want, Want::Argmax) && pos % 2 == 0 { StepInput::LastArgmax } else { StepInput::Tokens(&[42]) };
+    let wants = [Want::Argmax, Want::Argmax, Want::Logits, Want::TopK(40), Want::Argmax];
+    for (pos, want) in (prompt.len() + 1..).zip(wants) {
+        // The greedy id stays on the GPU after an argmax step; other steps get an explicit id.
+        let input = if want == Want::Argmax && pos.is_multiple_of(2) { StepInput::LastArgmax } else { StepInput::Tokens(&[42]) };
         state.step(input, pos, want).unwrap();
-        pos += 1;
         if want == Want::Argmax {
             let c = state.last_step_counters();
             let per_layer = c.dispatches as f64 / g.cfg.n_layers as f64;
