@@ -23,9 +23,11 @@ use std::sync::Arc;
 const F64_TOL: f64 = 2e-2;
 const LLAMA_CPP_TOL: f64 = 0.5;
 const LLAMA_CPP_MARGIN: f64 = 0.6;
-/// Teacher-forced steps per SmolLM2 case (of the goldens' 48; lavapipe runs about a step a
-/// second on CI's two cores).
-const SMOL_STEPS: usize = 32;
+/// Teacher-forced steps per SmolLM2 case on the GPU: the float64 golden's 8 (of llama.cpp's 48).
+/// lavapipe runs a SmolLM2 step in about a second on CI's two cores, so the 32-token
+/// continuations of every case are checked on the CPU path (`engine_cpu.rs`) and on the H200
+/// (README); here the GPU's numerics are pinned to float64 at every prompt length.
+const SMOL_STEPS: usize = 8;
 
 fn json(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(format!("{}/../tests/golden/generation/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()).unwrap()
@@ -101,7 +103,8 @@ fn teacher_force(state: &mut dyn BackendState, case: &Value, f64_steps: Option<&
             worst_llama = worst_llama.max(dll);
             assert!(dll <= tol_llama, "{name} step {i} id {id}: {} vs llama.cpp {}", lp[id as usize], case["top_logprobs"][i][j]);
         }
-        if let Some(st) = f64_steps.map(|s| &s[i]) {
+        // The float64 golden holds the first steps of each case only.
+        if let Some(st) = f64_steps.and_then(|s| s.as_array()).and_then(|s| s.get(i)) {
             for (j, id) in ids(&st["ids"]).into_iter().enumerate() {
                 let d64 = (lp[id as usize] - st["logprobs"][j].as_f64().unwrap()).abs();
                 worst_f64 = worst_f64.max(d64);
@@ -135,7 +138,12 @@ const GEMMA_LLAMA_CPP_TOL: f64 = 0.5;
 
 #[test]
 fn a_decode_step_allocates_nothing_and_keeps_the_dispatch_budget() {
-    let Some(ctx) = test_gpu() else { return };
+    if test_gpu().is_none() {
+        return;
+    }
+    // A context of its own: the other tests of this binary run in parallel on the shared one and
+    // would move its pool and bind-group counters.
+    let ctx = numr::gpu::GpuContext::new().expect("a second context on the test adapter");
     let file = GgufFile::open(ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2")).unwrap();
     let g = graph(&file);
     let backend = GpuBackend::load(Arc::new(ctx.clone()), &g, &file, None).unwrap();
