@@ -187,9 +187,11 @@ fn chunked_prefill_gives_the_same_logits() {
     }
 }
 
+/// Prints the GPU time per kernel of a 16-token prompt step (run by hand:
+/// `cargo test -p cera --test engine_gpu -- --ignored --nocapture kernel_profile`).
 #[test]
 #[ignore]
-fn timing_probe() {
+fn kernel_profile_of_a_prompt_step() {
     let ctx = test_gpu().unwrap();
     let file = GgufFile::open(ensure_model(ModelId::SmolLM2_135M).unwrap()).unwrap();
     let g = graph(&file);
