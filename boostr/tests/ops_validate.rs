@@ -7,7 +7,7 @@ use boostr::conv::ShortConv;
 use boostr::embedding::Embedding;
 use boostr::norm::Norm;
 use boostr::rope::QkvRope;
-use boostr::sampling::{Argmax, Penalty, TopK};
+use boostr::sampling::{Argmax, Mask, Penalty, TopK};
 use numr::gpu::{KernelEnv, KernelSource};
 use numr::testing::validate_wgsl;
 
@@ -28,6 +28,7 @@ fn sources(env: &KernelEnv) -> Vec<KernelSource> {
     v.extend([true, false].map(|first| Argmax { first }.source(env)));
     v.extend([true, false].map(|first| TopK { first }.source(env)));
     v.push(Penalty.source(env));
+    v.push(Mask.source(env));
     v
 }
 

@@ -13,7 +13,7 @@ use boostr::embedding::{EmbeddingPlan, GpuEmbedding, embedding_ref, embedding_re
 use boostr::formats::{GgmlType, PackedWeights, repack};
 use boostr::norm::{Norm, NormIo, NormKind, NormPlan};
 use boostr::ops_common::{GpuView, OpsError, pseudo_random as rnd};
-use boostr::sampling::{self, ArgmaxPlan, Penalties, PenaltyPlan, TopKPlan};
+use boostr::sampling::{self, ArgmaxPlan, MaskPlan, Penalties, PenaltyPlan, TopKPlan};
 use numr::gpu::{GpuBuffer, GpuContext, Recorder, StepValues};
 use numr::testing::{check_close, test_gpu};
 use numr::{DType, Device, Tensor};
@@ -354,6 +354,31 @@ fn top_k_plan_writes_slots() {
             close(&eager.iter().map(|e| e.1).collect::<Vec<_>>(), &vals[slot * k..(slot + 1) * k], &format!("eager n {n} k {k}"));
         }
     }
+}
+
+#[test]
+fn mask_plan_hides_listed_ids_from_argmax() {
+    let Some((ctx, _serial)) = gpu() else { return };
+    let n = 5000;
+    let mut l0 = rnd(n, 67, 4.0);
+    // The two largest logits are masked (one id twice), one id is past the vocabulary.
+    l0[4321] = 50.0;
+    l0[17] = 40.0;
+    l0[300] = 30.0;
+    let mask = [4321u32, 17, 99_999, 4321];
+    let (lb, mb) = (f32_buf(&ctx, &l0), u32_buf(&ctx, &mask));
+    let plan = MaskPlan::new(&ctx, &(&lb).into(), n, &(&mb).into(), mask.len()).unwrap();
+    let argmax = ArgmaxPlan::new(&ctx, &(&lb).into(), n, None, 1).unwrap();
+    let mut rec = ctx.recorder();
+    plan.record(&mut rec, &StepValues::decode(0)).unwrap();
+    argmax.record(&mut rec, &StepValues::decode(0)).unwrap();
+    rec.submit().unwrap();
+    let mut want = l0.clone();
+    sampling::mask_ref(&mut want, &mask);
+    assert_eq!(read_f32(&ctx, &lb, n), want);
+    assert_eq!(read_u32(&ctx, argmax.ids().buffer(), 1)[0], 300);
+    assert!(MaskPlan::new(&ctx, &(&lb).into(), n, &(&mb).into(), 0).is_err());
+    assert!(MaskPlan::new(&ctx, &(&lb).into(), n, &(&mb).into(), 5).is_err());
 }
 
 #[test]

@@ -9,6 +9,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod chat_template;
 pub mod cli;
 pub mod engine;

@@ -97,6 +97,8 @@ struct MockState {
     opts: StateOpts,
     cache: Vec<u32>,
     argmax: Option<u32>,
+    mask: Vec<u32>,
+    done: std::collections::VecDeque<StepOutput>,
 }
 
 fn bad(what: String) -> EngineError {
@@ -105,7 +107,16 @@ fn bad(what: String) -> EngineError {
 
 impl Backend for Mock {
     fn new_state(&self, opts: &StateOpts) -> Result<Box<dyn BackendState>, EngineError> {
-        Ok(Box::new(MockState { rule: self.rule.clone(), log: self.log.clone(), delay: self.delay, opts: *opts, cache: Vec::new(), argmax: None }))
+        Ok(Box::new(MockState {
+            rule: self.rule.clone(),
+            log: self.log.clone(),
+            delay: self.delay,
+            opts: *opts,
+            cache: Vec::new(),
+            argmax: None,
+            mask: Vec::new(),
+            done: Default::default(),
+        }))
     }
     fn device_name(&self) -> String {
         "mock".into()
@@ -121,8 +132,8 @@ fn sorted_desc(row: &[f32]) -> Vec<(u32, f32)> {
     v
 }
 
-impl BackendState for MockState {
-    fn step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<StepOutput, EngineError> {
+impl MockState {
+    fn run_step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<StepOutput, EngineError> {
         let (tokens, last_argmax) = match input {
             StepInput::Tokens(t) => (t.to_vec(), false),
             StepInput::LastArgmax => (vec![self.argmax.ok_or_else(|| bad("LastArgmax without a previous argmax".into()))?], true),
@@ -142,7 +153,7 @@ impl BackendState for MockState {
         Ok(match want {
             Want::Nothing => StepOutput::Nothing,
             Want::Argmax => {
-                let id = sorted_desc(&row)[0].0;
+                let id = sorted_desc(&row).into_iter().map(|c| c.0).find(|id| !self.mask.contains(id)).unwrap();
                 self.argmax = Some(id);
                 StepOutput::Argmax(id)
             }
@@ -150,7 +161,29 @@ impl BackendState for MockState {
             Want::Logits => StepOutput::Logits(row),
         })
     }
+}
+
+impl BackendState for MockState {
+    fn submit(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<(), EngineError> {
+        if self.done.len() >= cera::engine::MAX_IN_FLIGHT {
+            return Err(bad(format!("a step submitted with {} outstanding", self.done.len())));
+        }
+        let out = self.run_step(input, pos, want)?;
+        self.done.push_back(out);
+        Ok(())
+    }
+    fn collect(&mut self) -> Result<StepOutput, EngineError> {
+        self.done.pop_front().ok_or_else(|| bad("collect without a submitted step".into()))
+    }
+    fn in_flight(&self) -> usize {
+        self.done.len()
+    }
+    fn set_argmax_mask(&mut self, ids: &[u32]) -> Result<(), EngineError> {
+        self.mask = ids.to_vec();
+        Ok(())
+    }
     fn reset(&mut self) -> Result<(), EngineError> {
+        self.done.clear();
         Ok(())
     }
     fn last_step_counters(&self) -> StepCounters {
@@ -249,8 +282,16 @@ fn greedy_runs_argmax_on_the_device_and_stops_at_end_of_turn() {
     assert_eq!(steps[0], Step { pos: 0, tokens: vec![1, HELLO], last_argmax: false, want: Want::Argmax });
     // Every decode step feeds the previous argmax back without reading it in as input.
     assert!(steps[1..].iter().enumerate().all(|(i, st)| st.last_argmax && st.pos == 2 + i && st.want == Want::Argmax), "{steps:?}");
-    assert_eq!(steps.len(), 1 + 5);
+    // Pipelined: the step of the end-of-turn token ran before its id was seen, and was dropped.
+    assert_eq!(steps.len(), 1 + 5 + 1);
     assert_eq!((g.prompt_tokens, g.reused, g.prefilled, g.timings.prefill_tokens, g.timings.decode_steps), (2, 0, 2, 2, 5));
+    assert_eq!(s.cached_tokens(), 2 + 5, "the dropped step's position is not cached");
+    // One token at a time: exactly the steps needed.
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    let (g2, _) = run(&mut s, &GenerateOpts { pipeline: false, ..GenerateOpts::greedy(100) });
+    assert_eq!((g2.ids, g2.text, s.cached_tokens()), (g.ids, g.text, 2 + 5));
+    assert_eq!(t.steps().len(), 1 + 5);
 }
 
 #[test]
@@ -324,8 +365,10 @@ fn ignore_eos_masks_the_end_of_generation_tokens() {
     let (g, _) = run(&mut s, &GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(3) });
     assert_eq!((g.ids.as_slice(), g.finish), (&[BANG, X, Y][..], FinishReason::MaxTokens));
     assert!(g.ids.iter().all(|id| !t.engine.eog_ids().contains(id)));
-    // Greedy with the mask reads the top 1 + 2 candidates, never the argmax.
-    assert!(t.steps().iter().all(|st| st.want == Want::TopK(3) && !st.last_argmax));
+    // Greedy masks the end-of-generation ids on the device and stays on the argmax path.
+    let steps = t.steps();
+    assert!(steps.iter().all(|st| st.want == Want::Argmax), "{steps:?}");
+    assert!(steps[1..].iter().all(|st| st.last_argmax), "{steps:?}");
     // Sampling (top-k 5) with the mask: never an end-of-generation token.
     let mut s = t.engine.session().unwrap();
     s.append_tokens(&[1, HELLO]).unwrap();
@@ -560,4 +603,40 @@ fn bad_parts_are_typed_errors() {
     assert!(matches!(Engine::from_parts(parts(0, 512, vec![])), Err(EngineError::Usage(_))));
     assert!(matches!(Engine::from_parts(parts(8, 0, vec![])), Err(EngineError::Usage(_))));
     assert!(matches!(Engine::from_parts(parts(8, 8, vec![99])), Err(EngineError::TokenOutOfRange { id: 99, .. })));
+}
+
+#[test]
+fn pipelined_decoding_gives_the_same_result_as_one_token_at_a_time() {
+    const SECOND: &[(u32, u32)] = &[(BANG, X), (X, Y)];
+    const NEXT: &[(u32, u32)] = &[(HELLO, WORLD), (WORLD, E), (E, N), (N, D), (D, BANG), (BANG, IM_END), (X, EOS), (Y, A), (A, B), (B, C), (C, A)];
+    let cases: Vec<(&str, usize, GenerateOpts)> = vec![
+        ("end of turn", 64, GenerateOpts::greedy(100)),
+        ("stop string", 64, GenerateOpts { stop: vec!["ND".into()], ..GenerateOpts::greedy(100) }),
+        ("stop string in one token", 64, GenerateOpts { stop: vec!["orl".into()], ..GenerateOpts::greedy(100) }),
+        ("stop token", 64, GenerateOpts { stop_tokens: vec![N], ..GenerateOpts::greedy(100) }),
+        ("max tokens", 64, GenerateOpts::greedy(3)),
+        ("one token", 64, GenerateOpts::greedy(1)),
+        ("ignore eos", 64, GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(12) }),
+        ("ignore eos, full context", 12, GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(100) }),
+    ];
+    for (name, n_ctx, opts) in cases {
+        let t = setup(chain(NEXT, SECOND), n_ctx, 4);
+        let mut results = Vec::new();
+        for pipeline in [false, true] {
+            let opts = GenerateOpts { pipeline, ..opts.clone() };
+            let mut s = t.engine.session().unwrap();
+            s.append_tokens(&[1, HELLO]).unwrap();
+            let (g, events) = run(&mut s, &opts);
+            // A second turn on top: the dropped step must not have left a stale cache behind.
+            let second = if s.tokens().len() + 2 < n_ctx {
+                s.append_tokens(&[X]).unwrap();
+                let (g2, _) = run(&mut s, &GenerateOpts { max_tokens: 3, ..opts.clone() });
+                Some((g2.ids, g2.reused, g2.prefilled))
+            } else {
+                None
+            };
+            results.push((g.ids, g.text, g.finish, g.stop_token, events, s.tokens().to_vec(), s.cached_tokens(), second));
+        }
+        assert_eq!(results[0], results[1], "{name}: sequential vs pipelined");
+    }
 }

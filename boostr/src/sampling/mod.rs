@@ -2,7 +2,7 @@
 //! samples from the short list), and the logit transforms applied first: llama.cpp's penalties
 //! (repetition: positive logits divided by the penalty, negative multiplied; frequency and
 //! presence: `logit -= count * frequency + (count > 0) * presence`) over a window of a GPU id
-//! history, and the temperature.
+//! history, the temperature, and masking listed ids out ([`MaskPlan`]).
 //!
 //! Every op is a plan built once and recorded per step ([`ArgmaxPlan`], [`TopKPlan`],
 //! [`PenaltyPlan`]), writing into GPU buffers at the step's token slot, so a decode loop feeds
@@ -15,9 +15,11 @@
 //! logits rank as `-f32::MAX` (below every finite logit, above nothing), in the kernels and in the
 //! CPU references alike, as far as the adapter keeps NaN (WGSL lets it assume none).
 
+mod mask;
 mod penalty;
 mod plan;
 
+pub use mask::{Mask, MaskPlan, mask_ref};
 pub use penalty::{Penalties, Penalty, PenaltyPlan, penalties, penalties_ref, repetition_penalty, repetition_penalty_ref};
 pub use plan::{ArgmaxPlan, TopKPlan};
 

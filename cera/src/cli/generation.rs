@@ -73,6 +73,10 @@ pub struct SampleArgs {
     /// Keep generating through end-of-generation tokens (they are never chosen).
     #[arg(long = "ignore-eos")]
     pub ignore_eos: bool,
+    /// Decode one token at a time: wait for each greedy id before recording the next step
+    /// (pipelining is on by default; the output is the same).
+    #[arg(long = "no-pipeline")]
+    pub no_pipeline: bool,
 }
 
 impl SampleArgs {
@@ -94,6 +98,7 @@ impl SampleArgs {
             stop_tokens: Vec::new(),
             ignore_eos: self.ignore_eos,
             top_logprobs: 0,
+            pipeline: !self.no_pipeline,
         }
     }
 }

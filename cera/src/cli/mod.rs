@@ -11,6 +11,7 @@
 
 #![deny(clippy::print_stdout, clippy::print_stderr)]
 
+mod bench;
 mod chat;
 mod fetch;
 mod generation;
@@ -116,6 +117,8 @@ pub enum Command {
     Run(run::Args),
     /// Chat with a model on standard input, turn by turn.
     Chat(chat::Args),
+    /// Measure prompt and generation speed, like llama-bench (and llama.cpp beside it).
+    Bench(bench::Args),
     /// Show a model's architecture, hyperparameters, tokenizer, chat template and tensors.
     Inspect(inspect::Args),
     /// Turn text into token ids (and pieces).
@@ -132,6 +135,7 @@ pub fn dispatch(cli: Cli, matches: &ArgMatches, out: &mut Output) -> Result<(), 
     match cli.command {
         Command::Run(a) => run::run(a, out),
         Command::Chat(a) => chat::run(a, out),
+        Command::Bench(a) => bench::run(a, out),
         Command::Inspect(a) => inspect::run(a, out),
         Command::Tokenize(a) => tokenize::run(a, out),
         Command::Template(a) => {

@@ -69,6 +69,9 @@ pub enum Want {
     Logits,
 }
 
+/// The most steps [`BackendState::submit`] keeps outstanding.
+pub const MAX_IN_FLIGHT: usize = 2;
+
 /// The most candidates [`Want::TopK`] returns.
 pub const MAX_TOP_K: usize = 128;
 
@@ -94,6 +97,8 @@ pub struct StepCounters {
     pub passes: usize,
     /// Queue submits.
     pub submits: usize,
+    /// Host nanoseconds spent recording and submitting the step.
+    pub host_ns: u64,
 }
 
 /// GPU time of one kernel label over a profiled step.
@@ -122,14 +127,37 @@ pub trait BackendState: Send {
     /// Runs a step at cache positions `pos .. pos + n` (`n` = the input's tokens, at most the
     /// ubatch) and returns `want` about the distribution after the last token. Positions at and
     /// after `pos` are overwritten: truncating the sequence is running at a smaller `pos`.
-    fn step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<StepOutput, EngineError>;
+    fn step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<StepOutput, EngineError> {
+        if self.in_flight() > 0 {
+            return Err(EngineError::Usage(format!("a step with {} submitted steps not collected", self.in_flight())));
+        }
+        self.submit(input, pos, want)?;
+        self.collect()
+    }
+    /// Starts a step (as [`Self::step`] runs it) without waiting for its output, which
+    /// [`Self::collect`] returns later; outputs come in submission order, and at most
+    /// [`MAX_IN_FLIGHT`] steps are outstanding. A GPU records and submits the step and returns
+    /// while it runs, so the CPU records the next step (input [`StepInput::LastArgmax`]) while the
+    /// GPU runs this one: pipelined decoding. Executors without a queue (the CPU) run the step
+    /// here and keep its output.
+    fn submit(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<(), EngineError>;
+    /// Waits for the oldest submitted step and returns its output ([`EngineError::Usage`] when
+    /// none is outstanding).
+    fn collect(&mut self) -> Result<StepOutput, EngineError>;
+    /// Steps submitted and not yet collected.
+    fn in_flight(&self) -> usize;
+    /// The ids [`Want::Argmax`] (and so [`StepInput::LastArgmax`]) never chooses, until changed
+    /// (generation with `ignore_eos` masks the end-of-generation ids; empty: none). Applies to
+    /// steps submitted after the call.
+    fn set_argmax_mask(&mut self, ids: &[u32]) -> Result<(), EngineError>;
     /// [`Self::step`] with device timestamps around every kernel: GPU time per kernel label.
     /// Devices without timestamps (and the CPU) give [`EngineError::Unsupported`].
     fn profile_step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<(StepOutput, Vec<KernelTime>), EngineError> {
         let _ = (input, pos, want);
         Err(EngineError::Unsupported { what: "profiling on this device".into() })
     }
-    /// Clears per-sequence state other than the cache (recurrent state of later architectures).
+    /// Clears per-sequence state other than the cache (recurrent state of later architectures),
+    /// after waiting for the outstanding steps, whose outputs are dropped.
     fn reset(&mut self) -> Result<(), EngineError>;
     /// The counters of the last decode step (one token).
     fn last_step_counters(&self) -> StepCounters;

@@ -4,12 +4,16 @@
 //! What a step asks the executor for ([`Want`]):
 //! - greedy decoding without penalties and without `top_logprobs`: [`Want::Argmax`], and the next
 //!   step's input is [`StepInput::LastArgmax`] (on the GPU the id never leaves the device; 4
-//!   bytes are read back to check the stop conditions);
+//!   bytes are read back to check the stop conditions). These steps are pipelined
+//!   (`GenerateOpts::pipeline`): step t+1 is submitted before step t's id is read back, so stop
+//!   conditions are seen one step late; the step run past a stop is collected and dropped, and
+//!   its token is not added to the cached prefix;
 //! - sampling with `1 <= top_k <= 128`, no penalties, no `top_logprobs`: [`Want::TopK`], and the
 //!   CPU sampler draws from those candidates (the same draw as over the whole row: top-k comes
 //!   first in the sampler's order);
-//! - `ignore_eos`: the end-of-generation ids are masked out, never chosen, so greedy reads the
-//!   top `1 + n_eog` (and top-k sampling `top_k + n_eog`) candidates instead of the argmax;
+//! - `ignore_eos`: the end-of-generation ids are masked out, never chosen: greedy masks them on
+//!   the device before the argmax ([`BackendState::set_argmax_mask`]), top-k sampling reads
+//!   `top_k + n_eog` candidates;
 //! - anything else (penalties, `top_k` 0 or over 128, `top_logprobs`): the whole
 //!   [`Want::Logits`] row. `top_logprobs` are a log-softmax over the raw row, before penalties,
 //!   the mask and every sampling transform.
@@ -19,7 +23,7 @@ use std::time::{Duration, Instant};
 use crate::tokenizer::{DecodeOptions, StreamDecoder};
 
 use super::EngineError;
-use super::backend::{MAX_TOP_K, StepInput, StepOutput, Want};
+use super::backend::{BackendState, MAX_TOP_K, StepInput, StepOutput, Want};
 use super::options::{FinishReason, GenerateOpts};
 use super::sampler::{self, SamplerOpts};
 use super::session::Session;
@@ -150,14 +154,10 @@ fn mode(o: &GenerateOpts, s: &SamplerOpts, n_masked: usize) -> Mode {
     if o.top_logprobs > 0 || s.has_penalties() {
         return Mode::Logits;
     }
-    let k = if s.temperature <= 0.0 {
-        if n_masked == 0 {
-            return Mode::Argmax;
-        }
-        1
-    } else {
-        o.top_k
-    };
+    if s.temperature <= 0.0 {
+        return Mode::Argmax;
+    }
+    let k = o.top_k;
     if k >= 1 && k + n_masked <= MAX_TOP_K { Mode::TopK(k + n_masked) } else { Mode::Logits }
 }
 
@@ -307,6 +307,15 @@ impl<S: Sink + ?Sized> Stream<'_, '_, S> {
     }
 }
 
+/// Collects and drops the outstanding steps (after an error or a stop seen one step late).
+fn drain(state: &mut dyn BackendState) {
+    while state.in_flight() > 0 {
+        if state.collect().is_err() {
+            break;
+        }
+    }
+}
+
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
@@ -369,8 +378,13 @@ impl Session {
         }
         self.cached.truncate(reused);
         res.reused = reused;
+        let mut first_out = StepOutput::Nothing;
         let first_want = if opts.max_tokens == 0 { Want::Nothing } else { chooser.mode.want() };
-        let mut out = StepOutput::Nothing;
+        self.state.set_argmax_mask(if chooser.mode == Mode::Argmax { masked } else { &[] })?;
+        let pipelined = opts.pipeline && chooser.mode == Mode::Argmax;
+        // Whether the step running the `nth` generated token (1-based) at `pos` can be needed:
+        // that token does not end the generation by the token or context limit.
+        let may_run = |nth: usize, pos: usize| nth < opts.max_tokens && pos + 1 < n_ctx;
         let mut pos = reused;
         while pos < prompt_tokens {
             if self.cancel.is_cancelled() {
@@ -380,10 +394,27 @@ impl Session {
             }
             let end = (pos + ubatch).min(prompt_tokens);
             let want = if end == prompt_tokens { first_want } else { Want::Nothing };
-            out = self.state.step(StepInput::Tokens(&self.seq[pos..end]), pos, want)?;
+            self.state.submit(StepInput::Tokens(&self.seq[pos..end]), pos, want)?;
+            // The first generated token's step, submitted before the prompt's argmax is read.
+            if end == prompt_tokens && pipelined && may_run(1, end) {
+                if let Err(e) = self.state.submit(StepInput::LastArgmax, end, Want::Argmax) {
+                    drain(self.state.as_mut());
+                    return Err(e);
+                }
+            }
+            let out = match self.state.collect() {
+                Ok(o) => o,
+                Err(e) => {
+                    drain(self.state.as_mut());
+                    return Err(e);
+                }
+            };
             self.cached.extend_from_slice(&self.seq[pos..end]);
             res.prefilled += end - pos;
             pos = end;
+            if pos == prompt_tokens {
+                first_out = out;
+            }
         }
         res.timings.prefill = start.elapsed();
         res.timings.prefill_tokens = res.prefilled;
@@ -401,6 +432,7 @@ impl Session {
             text: String::new(),
             sink,
         };
+        let mut out = first_out;
         let result = loop {
             let position = self.seq.len();
             let (id, top) = match chooser.choose(std::mem::replace(&mut out, StepOutput::Nothing), &self.seq, position as u64) {
@@ -439,16 +471,29 @@ impl Session {
                 stream.end();
                 break Ok(FinishReason::Cancelled);
             }
-            // Run the new token at its position.
+            // Run the new token at its position: already submitted when pipelined; then the
+            // next token's step goes in before this one's output is read.
             let pos = self.seq.len() - 1;
-            let input = if chooser.mode == Mode::Argmax { StepInput::LastArgmax } else { StepInput::Tokens(&self.seq[pos..]) };
-            match self.state.step(input, pos, chooser.mode.want()) {
+            if self.state.in_flight() == 0 {
+                let input = if chooser.mode == Mode::Argmax { StepInput::LastArgmax } else { StepInput::Tokens(&self.seq[pos..]) };
+                if let Err(e) = self.state.submit(input, pos, chooser.mode.want()) {
+                    break Err(e);
+                }
+            }
+            if pipelined && may_run(res.ids.len() + 1, pos + 1) {
+                if let Err(e) = self.state.submit(StepInput::LastArgmax, pos + 1, Want::Argmax) {
+                    break Err(e);
+                }
+            }
+            match self.state.collect() {
                 Ok(o) => out = o,
                 Err(e) => break Err(e),
             }
             self.cached.push(id);
             res.timings.decode_steps += 1;
         };
+        // A step run past the end (pipelined): its output and its cache position are dropped.
+        drain(self.state.as_mut());
         res.text = std::mem::take(&mut stream.text);
         res.finish = result?;
         res.timings.decode = decode_start.elapsed();
@@ -465,7 +510,7 @@ mod tests {
         let g = GenerateOpts::greedy(8);
         let s = sampler_opts(&g);
         assert_eq!(mode(&g, &s, 0), Mode::Argmax);
-        assert_eq!(mode(&g, &s, 3), Mode::TopK(4));
+        assert_eq!(mode(&g, &s, 3), Mode::Argmax);
         let t = GenerateOpts { top_logprobs: 5, ..GenerateOpts::greedy(8) };
         assert_eq!(mode(&t, &sampler_opts(&t), 0), Mode::Logits);
         let d = GenerateOpts::default();

@@ -8,7 +8,9 @@
 //! Every slot holds `n_tok` rows of its width (see [`ModelGraph::width`]) for the tokens of the
 //! current step. [`Slot::Hidden`] is the residual stream.
 
+use super::EngineError;
 use super::config::{GateAct, LayerRope, ModelConfig};
+use super::weights::WeightSource;
 
 /// An activation buffer of the step (rows = the step's tokens).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -151,6 +153,22 @@ impl Op {
     }
 }
 
+/// What a decode step reads of the weights ([`ModelGraph::decode_traffic`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DecodeTraffic {
+    /// Bytes per token.
+    pub bytes: u64,
+    /// Bytes per matrix format (`("Q4_0", bytes)`), largest first.
+    pub formats: Vec<(String, u64)>,
+}
+
+impl DecodeTraffic {
+    /// The format holding most of the bytes (`Q4_0`), or `-`.
+    pub fn main_format(&self) -> &str {
+        self.formats.first().map_or("-", |f| f.0.as_str())
+    }
+}
+
 /// The whole model: the ops in order (embedding, every layer, final norm, LM head).
 #[derive(Clone, Debug)]
 pub struct ModelGraph {
@@ -172,6 +190,39 @@ impl ModelGraph {
             Slot::Glu => c.ffn_dim,
             Slot::Logits => c.vocab,
         }
+    }
+
+    /// The weights one decode step reads, in the source's bytes, each tensor once: every
+    /// matrix of the linear ops and the LM head, and every vector. An embedding table is
+    /// counted only where the LM head reads it (a tied head); the embedding gathers one row.
+    /// With the formats of the matrices, largest share first (`Q4_0: 0.93`...).
+    pub fn decode_traffic(&self, src: &dyn WeightSource) -> Result<DecodeTraffic, EngineError> {
+        let mut seen = std::collections::HashSet::new();
+        let mut t = DecodeTraffic::default();
+        for op in &self.ops {
+            let mats = match op {
+                Op::Linear { .. } | Op::LmHead { .. } => op.mats(),
+                _ => Vec::new(),
+            };
+            for m in mats {
+                if seen.insert(m.name.as_str()) {
+                    let raw = src.mat(m)?;
+                    let n = raw.bytes.len() as u64;
+                    t.bytes += n;
+                    match t.formats.iter_mut().find(|f| f.0 == raw.ty.name()) {
+                        Some(f) => f.1 += n,
+                        None => t.formats.push((raw.ty.name().to_string(), n)),
+                    }
+                }
+            }
+            for v in op.vecs() {
+                if seen.insert(v.name.as_str()) {
+                    t.bytes += 4 * v.len as u64;
+                }
+            }
+        }
+        t.formats.sort_by_key(|f| std::cmp::Reverse(f.1));
+        Ok(t)
     }
 
     /// The slots the ops use.

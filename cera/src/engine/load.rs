@@ -15,9 +15,7 @@ use crate::chat_template::ChatTemplate;
 use crate::gguf::GgufFile;
 use crate::tokenizer::Tokenizer;
 
-use super::arch::{self, FileFacts};
 use super::backend::{Backend, ProgressFn};
-use super::config::ModelConfig;
 use super::cpu::CpuBackend;
 use super::gpu::GpuBackend;
 use super::graph::ModelGraph;
@@ -60,11 +58,7 @@ fn check_file(path: &Path) -> Result<Checked, EngineError> {
     // GGUF errors name the file already.
     let file = GgufFile::open(path).map_err(|e| EngineError::File { reason: e.to_string() })?;
     let wrap = in_file(path);
-    let hp = file.hparams().map_err(|e| wrap(EngineError::File { reason: e.to_string() }))?;
-    let rows = file.tensor("token_embd.weight").and_then(|t| t.dims.get(1)).map(|&d| d as usize);
-    let config = ModelConfig::from_hparams(&hp, rows).map_err(&wrap)?;
-    let facts = FileFacts { has_output: file.tensor("output.weight").is_some(), has_rope_freqs: file.tensor("rope_freqs.weight").is_some() };
-    let graph = arch::build(&config, &facts);
+    let graph = ModelGraph::from_gguf(&file).map_err(&wrap)?;
     weights::check_all(&graph, &file).map_err(&wrap)?;
     let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| wrap(e.into()))?;
     let template = ChatTemplate::from_gguf(&file, &tokenizer).map_err(|e| wrap(e.into()))?;

@@ -39,10 +39,10 @@ mod session;
 pub mod stop;
 pub mod weights;
 
-pub use backend::{Backend, BackendState, KernelTime, KvType, LoadProgress, StateOpts, StepCounters, StepInput, StepOutput, Want};
+pub use backend::{Backend, BackendState, KernelTime, KvType, LoadProgress, MAX_IN_FLIGHT, StateOpts, StepCounters, StepInput, StepOutput, Want};
 pub use config::{Arch, GateAct, LayerRope, ModelConfig};
 pub use generate::{Generation, Sink, Timings, TokenEvent, row_top_logprobs};
-pub use graph::{ModelGraph, Op, Slot};
+pub use graph::{DecodeTraffic, ModelGraph, Op, Slot};
 pub use load::{DEFAULT_MAX_CTX, is_hardware_gpu};
 pub use model::{Engine, EngineParts, end_of_generation_ids};
 pub use options::{DeviceChoice, FinishReason, GenerateOpts, LoadOptions};

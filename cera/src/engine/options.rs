@@ -79,6 +79,12 @@ pub struct GenerateOpts {
     pub ignore_eos: bool,
     /// Report the N most likely ids with their log-probabilities at each step (0: off).
     pub top_logprobs: usize,
+    /// Pipelined decoding (default on): greedy steps whose id stays on the device (no
+    /// penalties, no `top_logprobs`) are recorded and submitted one token ahead, before the
+    /// previous id is read back, so the device never waits for the host. Stop conditions are
+    /// checked one token late; the step run past a stop is discarded and its cache position
+    /// is not counted. The output is the same either way.
+    pub pipeline: bool,
 }
 
 impl Default for GenerateOpts {
@@ -98,6 +104,7 @@ impl Default for GenerateOpts {
             stop_tokens: Vec::new(),
             ignore_eos: false,
             top_logprobs: 0,
+            pipeline: true,
         }
     }
 }

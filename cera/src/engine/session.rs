@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::tokenizer::EncodeOptions;
 
 use super::EngineError;
-use super::backend::{BackendState, StepCounters};
+use super::backend::{BackendState, KernelTime, StepCounters, StepInput, Want};
 use super::model::Engine;
 
 /// Stops a running [`Session::generate`] from any thread. Cloning gives another handle to the
@@ -132,6 +132,22 @@ impl Session {
     /// A handle that cancels this session's generations from any thread.
     pub fn cancel_token(&self) -> CancelToken {
         self.cancel.clone()
+    }
+
+    /// Runs the last `n` tokens of the sequence again in one step (they must be cached; 1: a
+    /// decode step, more: a prompt step of `n` tokens) with device timestamps around every
+    /// kernel, and returns the GPU time per kernel label. The cache's contents do not change
+    /// (the same tokens are written at the same positions). [`EngineError::Unsupported`] on
+    /// executors without timestamps (the CPU).
+    pub fn profile_step(&mut self, n: usize) -> Result<Vec<KernelTime>, EngineError> {
+        let cached = self.cached_tokens();
+        if n == 0 || n > cached || n > self.engine.inner.state.ubatch {
+            return Err(EngineError::Usage(format!("profiling a step of {n} tokens with {cached} cached (ubatch {})", self.engine.inner.state.ubatch)));
+        }
+        let pos = cached - n;
+        let tokens = self.seq[pos..cached].to_vec();
+        let (_, times) = self.state.profile_step(StepInput::Tokens(&tokens), pos, Want::Argmax)?;
+        Ok(times)
     }
 
     /// The executor's counters of the last decode step.

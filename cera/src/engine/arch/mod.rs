@@ -4,8 +4,10 @@
 mod gemma3;
 mod llama;
 
+use super::EngineError;
 use super::config::{Arch, ModelConfig};
 use super::graph::ModelGraph;
+use crate::gguf::GgufFile;
 
 /// What the graph needs to know about the file besides the configuration.
 #[derive(Clone, Debug, Default)]
@@ -23,4 +25,17 @@ pub fn build(cfg: &ModelConfig, facts: &FileFacts) -> ModelGraph {
         Arch::Gemma3 => gemma3::ops(cfg, facts),
     };
     ModelGraph { cfg: cfg.clone(), ops }
+}
+
+impl ModelGraph {
+    /// The graph of a GGUF file: its hyperparameters resolved into a [`ModelConfig`] (the
+    /// vocabulary from `token_embd.weight`'s rows), and the tensors the file has. The tensors
+    /// themselves are not checked here ([`super::weights::check_all`] does).
+    pub fn from_gguf(file: &GgufFile) -> Result<ModelGraph, EngineError> {
+        let hp = file.hparams().map_err(|e| EngineError::File { reason: e.to_string() })?;
+        let rows = file.tensor("token_embd.weight").and_then(|t| t.dims.get(1)).map(|&d| d as usize);
+        let cfg = ModelConfig::from_hparams(&hp, rows)?;
+        let facts = FileFacts { has_output: file.tensor("output.weight").is_some(), has_rope_freqs: file.tensor("rope_freqs.weight").is_some() };
+        Ok(build(&cfg, &facts))
+    }
 }

@@ -13,7 +13,7 @@ use super::matmul::linear;
 use super::ops::{Heads, qkv_rope};
 use super::{CpuOp, Model};
 use crate::engine::EngineError;
-use crate::engine::backend::{BackendState, KvType, MAX_TOP_K, StateOpts, StepCounters, StepInput, StepOutput, Want};
+use crate::engine::backend::{BackendState, KvType, MAX_IN_FLIGHT, MAX_TOP_K, StateOpts, StepCounters, StepInput, StepOutput, Want};
 use crate::engine::graph::Slot;
 
 /// Every slot, in [`slot_index`] order.
@@ -97,6 +97,10 @@ pub(super) struct CpuState {
     /// Positions `0 .. len` hold valid K/V.
     len: usize,
     last_argmax: Option<u32>,
+    /// Ids argmax never chooses (sorted).
+    mask: Vec<u32>,
+    /// Outputs of submitted steps (run at submission), oldest first.
+    done: std::collections::VecDeque<StepOutput>,
 }
 
 impl CpuState {
@@ -127,7 +131,7 @@ impl CpuState {
             keys.push(zeros(per_layer, "the KV cache")?);
             values.push(zeros(per_layer, "the KV cache")?);
         }
-        Ok(CpuState { model, opts: *opts, kv, slots, keys, values, len: 0, last_argmax: None })
+        Ok(CpuState { model, opts: *opts, kv, slots, keys, values, len: 0, last_argmax: None, mask: Vec::new(), done: Default::default() })
     }
 
     fn check(&self, ids: &[u32], pos: usize, want: Want) -> Result<(), EngineError> {
@@ -226,8 +230,8 @@ impl CpuState {
     }
 }
 
-impl BackendState for CpuState {
-    fn step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<StepOutput, EngineError> {
+impl CpuState {
+    fn run_step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<StepOutput, EngineError> {
         let last;
         let ids = match input {
             StepInput::Tokens(t) => t,
@@ -251,7 +255,8 @@ impl BackendState for CpuState {
         Ok(match want {
             Want::Nothing => StepOutput::Nothing,
             Want::Argmax => {
-                let id = top_k(logits, 1)[0].0;
+                let mask = &self.mask;
+                let id = top_k(logits, 1 + mask.len()).into_iter().map(|c| c.0).find(|id| mask.binary_search(id).is_err()).unwrap_or(0);
                 self.last_argmax = Some(id);
                 StepOutput::Argmax(id)
             }
@@ -259,8 +264,35 @@ impl BackendState for CpuState {
             Want::Logits => StepOutput::Logits(logits.to_vec()),
         })
     }
+}
+
+impl BackendState for CpuState {
+    fn submit(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<(), EngineError> {
+        if self.done.len() >= MAX_IN_FLIGHT {
+            return Err(EngineError::Usage(format!("a step submitted with {MAX_IN_FLIGHT} outstanding (collect one first)")));
+        }
+        let out = self.run_step(input, pos, want)?;
+        self.done.push_back(out);
+        Ok(())
+    }
+
+    fn collect(&mut self) -> Result<StepOutput, EngineError> {
+        self.done.pop_front().ok_or_else(|| EngineError::Usage("collecting a step that was not submitted".into()))
+    }
+
+    fn in_flight(&self) -> usize {
+        self.done.len()
+    }
+
+    fn set_argmax_mask(&mut self, ids: &[u32]) -> Result<(), EngineError> {
+        self.mask = ids.to_vec();
+        self.mask.sort_unstable();
+        self.mask.dedup();
+        Ok(())
+    }
 
     fn reset(&mut self) -> Result<(), EngineError> {
+        self.done.clear();
         self.last_argmax = None;
         Ok(())
     }

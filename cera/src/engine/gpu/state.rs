@@ -4,17 +4,20 @@
 //! A step is ONE recording and ONE submit: the prefill plan for all but the last token (when the
 //! step wants a distribution; all tokens otherwise), the decode plan for the last token, then
 //! argmax / top-k / nothing, and one readback of what the sampler needs (4 bytes for greedy).
-//! Greedy decoding leaves the id in the argmax slot, where the next step's embedding reads it.
+//! Greedy decoding leaves the id in the argmax slot, where the next step's embedding reads it,
+//! so the next step can be recorded and submitted before this one's id is read back (up to
+//! `MAX_IN_FLIGHT` steps outstanding, their readbacks queued in order).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use boostr::kv_cache::{KvCache, KvCacheConfig};
 use boostr::ops_common::{GpuView, OpPlan};
-use boostr::sampling::{ArgmaxPlan, TopKPlan};
+use boostr::sampling::{ArgmaxPlan, MaskPlan, TopKPlan};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, PendingRead, Plan, Recorder, StepValues};
 
 use super::super::EngineError;
-use super::super::backend::{BackendState, KernelTime, MAX_TOP_K, StateOpts, StepCounters, StepInput, StepOutput, Want};
+use super::super::backend::{BackendState, KernelTime, MAX_IN_FLIGHT, MAX_TOP_K, StateOpts, StepCounters, StepInput, StepOutput, Want};
 use super::super::graph::{ModelGraph, Slot};
 use super::plans::{Mode, PlanInputs, Slots, build, inv_freqs, kv_dtype};
 use super::weights::GpuWeights;
@@ -35,7 +38,12 @@ pub(crate) struct GpuState {
     _pre_slots: Slots,
     argmax: ArgmaxPlan,
     topk: TopKPlan,
+    /// The ids argmax never chooses, the buffer holding them and the plan masking them.
+    mask: Option<(Vec<u32>, Arc<GpuBuffer>, MaskPlan)>,
+    /// An argmax step was submitted last: its id is in the argmax slot.
     has_last: bool,
+    /// Submitted steps' readbacks, oldest first.
+    pending: VecDeque<Reads>,
     counters: StepCounters,
 }
 
@@ -79,16 +87,20 @@ impl GpuState {
         let logits = GpuView::whole(dec_slots.buf(Slot::Logits));
         let argmax = ArgmaxPlan::new(ctx, &logits, c.vocab, Some(GpuView::new(Binding::whole(&ids), ubatch)), 1).map_err(ops_err)?;
         let topk = TopKPlan::new(ctx, &logits, c.vocab, MAX_TOP_K.min(c.vocab), 1.0, 1, None).map_err(ops_err)?;
-        // The readback buffers of every kind of step, made now so that no step allocates.
-        let mut rec = ctx.recorder();
-        let (iv, vv) = (topk.ids().clone(), topk.values().clone());
-        let reads = [
-            rec.read(&ids, 0, 4),
-            rec.read(dec_slots.buf(Slot::Logits), 0, 4 * c.vocab as u64),
-            rec.read(iv.buffer(), iv.byte_offset(), 4 * topk.k() as u64),
-            rec.read(vv.buffer(), vv.byte_offset(), 4 * topk.k() as u64),
-        ];
-        rec.submit().map_err(|e| dev_err(ctx, e))?;
+        // The readback buffers of every kind of step, for as many steps as can be in flight,
+        // made now so that no step allocates.
+        let mut reads = Vec::new();
+        for _ in 0..MAX_IN_FLIGHT {
+            let mut rec = ctx.recorder();
+            let (iv, vv) = (topk.ids().clone(), topk.values().clone());
+            reads.extend([
+                rec.read(&ids, 0, 4),
+                rec.read(dec_slots.buf(Slot::Logits), 0, 4 * c.vocab as u64),
+                rec.read(iv.buffer(), iv.byte_offset(), 4 * topk.k() as u64),
+                rec.read(vv.buffer(), vv.byte_offset(), 4 * topk.k() as u64),
+            ]);
+            rec.submit().map_err(|e| dev_err(ctx, e))?;
+        }
         for r in reads {
             r.map_err(|e| dev_err(ctx, e))?.wait().map_err(|e| dev_err(ctx, e))?;
         }
@@ -107,7 +119,9 @@ impl GpuState {
             _pre_slots: pre_slots,
             argmax,
             topk,
+            mask: None,
             has_last: false,
+            pending: VecDeque::new(),
             counters: StepCounters::default(),
         })
     }
@@ -159,7 +173,7 @@ impl GpuState {
                 self.ubatch
             }
         };
-        self.has_last = false;
+        self.has_last = want == Want::Argmax;
         let pre = if want == Want::Nothing { n } else { n - 1 };
         if pre > 0 {
             self.prefill.record(rec, &StepValues::chunk(word("position", pos)?, word("tokens", pre)?).with_token(0)).map_err(|e| self.err(e))?;
@@ -171,6 +185,9 @@ impl GpuState {
         self.decode.record(rec, &step.with_token(word("slot", last_slot)?)).map_err(|e| self.err(e))?;
         Ok(match want {
             Want::Argmax => {
+                if let Some((_, _, mask)) = &self.mask {
+                    mask.record(rec, &step).map_err(ops_err)?;
+                }
                 self.argmax.record(rec, &step.with_token(0)).map_err(ops_err)?;
                 Reads::Argmax(rec.read(&self.ids, 4 * self.ubatch as u64, 4).map_err(|e| self.err(e))?)
             }
@@ -186,14 +203,10 @@ impl GpuState {
         })
     }
 
-    fn collect(&mut self, reads: Reads) -> Result<StepOutput, EngineError> {
+    fn collect_reads(&mut self, reads: Reads) -> Result<StepOutput, EngineError> {
         Ok(match reads {
             Reads::Nothing => StepOutput::Nothing,
-            Reads::Argmax(r) => {
-                let id = r.wait_u32().map_err(|e| self.err(e))?[0];
-                self.has_last = true;
-                StepOutput::Argmax(id)
-            }
+            Reads::Argmax(r) => StepOutput::Argmax(r.wait_u32().map_err(|e| self.err(e))?[0]),
             Reads::TopK(ids, vals, k) => {
                 let ids = ids.wait_u32().map_err(|e| self.err(e))?;
                 let vals = vals.wait().map_err(|e| self.err(e))?;
@@ -206,23 +219,59 @@ impl GpuState {
 }
 
 impl BackendState for GpuState {
-    fn step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<StepOutput, EngineError> {
+    fn submit(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<(), EngineError> {
+        if self.pending.len() >= MAX_IN_FLIGHT {
+            return Err(EngineError::Usage(format!("a step submitted with {MAX_IN_FLIGHT} outstanding (collect one first)")));
+        }
+        let start = std::time::Instant::now();
         let mut rec = self.ctx.recorder();
         let reads = self.record(&mut rec, input, pos, want)?;
-        self.counters = StepCounters { dispatches: rec.dispatch_count(), passes: rec.pass_count(), submits: 1 };
+        let (dispatches, passes) = (rec.dispatch_count(), rec.pass_count());
         rec.submit().map_err(|e| self.err(e))?;
-        self.collect(reads)
+        self.counters = StepCounters { dispatches, passes, submits: 1, host_ns: start.elapsed().as_nanos() as u64 };
+        self.pending.push_back(reads);
+        Ok(())
+    }
+
+    fn collect(&mut self) -> Result<StepOutput, EngineError> {
+        let reads = self.pending.pop_front().ok_or_else(|| EngineError::Usage("collecting a step that was not submitted".into()))?;
+        self.collect_reads(reads)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn set_argmax_mask(&mut self, ids: &[u32]) -> Result<(), EngineError> {
+        if self.mask.as_ref().map(|m| m.0.as_slice()).unwrap_or(&[]) == ids {
+            return Ok(());
+        }
+        self.mask = if ids.is_empty() {
+            None
+        } else {
+            let buf = self.ctx.upload(bytemuck::cast_slice(ids)).map_err(|e| self.err(e))?;
+            let logits = GpuView::whole(self.dec_slots.buf(Slot::Logits));
+            let plan = MaskPlan::new(&self.ctx, &logits, self.graph.cfg.vocab, &GpuView::whole(&buf), ids.len()).map_err(ops_err)?;
+            Some((ids.to_vec(), buf, plan))
+        };
+        Ok(())
     }
 
     fn profile_step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<(StepOutput, Vec<KernelTime>), EngineError> {
+        if !self.pending.is_empty() {
+            return Err(EngineError::Usage("a profiled step with steps outstanding (collect them first)".into()));
+        }
         let mut rec = self.ctx.recorder();
         let reads = self.record(&mut rec, input, pos, want)?;
         let profile = rec.submit_profiled().map_err(|e| self.err(e))?;
         let times = profile.by_label().into_iter().map(|(label, (ns, count))| KernelTime { label, ns, count }).collect();
-        Ok((self.collect(reads)?, times))
+        Ok((self.collect_reads(reads)?, times))
     }
 
     fn reset(&mut self) -> Result<(), EngineError> {
+        while let Some(r) = self.pending.pop_front() {
+            self.collect_reads(r)?;
+        }
         self.has_last = false;
         Ok(())
     }

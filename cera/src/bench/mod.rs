@@ -1,0 +1,374 @@
+//! End-to-end speed, as llama-bench measures it: `cera bench` and `cargo xtask bench --model`.
+//!
+//! For each model file and each test:
+//! - `ppN`: a prompt of N tokens run into an empty cache (one generation of one token, timed
+//!   through the prompt's distribution), tokens per second;
+//! - `tgN`: N greedy tokens decoded after a 12-token prompt, through end-of-generation tokens
+//!   (`ignore_eos`, masked on the device), with the session's pipelining; tokens per second of
+//!   the decode steps.
+//!
+//! Each figure is the median of `reps` runs after a warm-up, with the spread (min to max). A tg
+//! row also gives what one decode step does: dispatches, compute passes and submits, the host
+//! time recording it, the weight bytes it reads ([`ModelGraph::decode_traffic`]), the achieved
+//! GB/s, and that as a fraction of the streaming-read roofline measured in the same run
+//! ([`roofline::stream_read_bps`]). `--profile` adds the GPU time per kernel of a decode step
+//! and of a prompt step, from timestamps; `--vs-llama-cpp DIR` runs the same files through a
+//! llama.cpp server ([`llama_cpp`]) and gives the ratio beside each row.
+
+pub mod llama_cpp;
+mod report;
+pub mod roofline;
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+pub use report::{print_json, print_table};
+
+use crate::engine::{Engine, EngineError, GenerateOpts, KernelTime, LoadOptions, ModelGraph};
+use crate::gguf::GgufFile;
+
+/// Why a bench stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BenchError {
+    /// Loading or running the model.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// Measuring the roofline.
+    #[error("measuring the roofline: {0}")]
+    Roofline(String),
+    /// The llama.cpp side.
+    #[error("llama.cpp: {0}")]
+    LlamaCpp(String),
+    /// Bad options.
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct BenchOpts {
+    /// Prompt lengths (`-p`; 0 entries skip pp).
+    pub prompts: Vec<usize>,
+    /// Generation lengths (`-n`; 0 entries skip tg).
+    pub gens: Vec<usize>,
+    /// Timed runs per test (`-r`), after one warm-up.
+    pub reps: usize,
+    /// How to load each model.
+    pub load: LoadOptions,
+    /// Pipelined decoding (on by default).
+    pub pipeline: bool,
+    /// GPU time per kernel (`--profile`).
+    pub profile: bool,
+    /// Kernels listed per profile.
+    pub profile_top: usize,
+    /// A llama.cpp server directory to compare with (`--vs-llama-cpp`).
+    pub llama_cpp: Option<PathBuf>,
+    /// The port llama-server listens on.
+    pub llama_cpp_port: u16,
+}
+
+impl Default for BenchOpts {
+    fn default() -> Self {
+        BenchOpts {
+            prompts: vec![512],
+            gens: vec![128],
+            reps: 5,
+            load: LoadOptions::default(),
+            pipeline: true,
+            profile: false,
+            profile_top: 15,
+            llama_cpp: None,
+            llama_cpp_port: 8097,
+        }
+    }
+}
+
+/// A median with its spread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Spread {
+    /// The median.
+    pub median: f64,
+    /// The smallest sample.
+    pub min: f64,
+    /// The largest sample.
+    pub max: f64,
+}
+
+impl Spread {
+    /// Of some samples (none: zeros).
+    pub fn of(mut v: Vec<f64>) -> Spread {
+        if v.is_empty() {
+            return Spread::default();
+        }
+        v.sort_by(f64::total_cmp);
+        Spread { median: v[v.len() / 2], min: v[0], max: v[v.len() - 1] }
+    }
+}
+
+/// One decode step's work (tg rows).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct StepWork {
+    /// Compute dispatches.
+    pub dispatches: usize,
+    /// Compute passes.
+    pub passes: usize,
+    /// Queue submits.
+    pub submits: usize,
+    /// Host microseconds recording and submitting it.
+    pub host_us: f64,
+    /// Weight bytes read.
+    pub weight_bytes: u64,
+    /// Achieved weight bandwidth at the median speed.
+    pub gb_s: f64,
+    /// `gb_s` over the roofline of the run (0 when none was measured).
+    pub roofline_fraction: f64,
+}
+
+/// GPU time of one kernel per token.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KernelShare {
+    /// The kernel's label.
+    pub kernel: String,
+    /// Microseconds per token.
+    pub us_per_token: f64,
+    /// Dispatches per step.
+    pub dispatches: usize,
+    /// Share of the step's GPU time.
+    pub fraction: f64,
+}
+
+/// One row of the table.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BenchRow {
+    /// The file name.
+    pub model: String,
+    /// The format of most of the weights (`Q4_0`).
+    pub quant: String,
+    /// The file's size.
+    pub file_bytes: u64,
+    /// `ppN` / `tgN`.
+    pub test: String,
+    /// Tokens per second.
+    pub tok_s: Spread,
+    /// Milliseconds per token at the median.
+    pub ms_per_token: f64,
+    /// tg rows.
+    pub step: Option<StepWork>,
+    /// llama.cpp's tokens per second on the same test.
+    pub llama_cpp: Option<Spread>,
+    /// GPU time per kernel (with `--profile`): per decode token on tg rows, per prompt token
+    /// on pp rows.
+    pub profile: Vec<KernelShare>,
+}
+
+/// Everything a run measured.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BenchReport {
+    /// The device cera ran on.
+    pub device: String,
+    /// The streaming-read roofline of the run in GB/s (GPU runs).
+    pub roofline_gb_s: Option<f64>,
+    /// llama.cpp's device line, when compared.
+    pub llama_cpp_device: Option<String>,
+    /// One row per model and test.
+    pub rows: Vec<BenchRow>,
+    /// The command's options, for the record.
+    pub reps: usize,
+    /// Whether decoding was pipelined.
+    pub pipeline: bool,
+}
+
+/// Deterministic prompt ids over the vocabulary (a fixed LCG; ids 0..vocab).
+fn prompt_ids(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ salt;
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((x >> 33) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn shares(times: &[KernelTime], per: f64, top: usize) -> Vec<KernelShare> {
+    let total: f64 = times.iter().map(|t| t.ns).sum();
+    let mut v: Vec<KernelShare> = times
+        .iter()
+        .map(|t| KernelShare {
+            kernel: t.label.clone(),
+            us_per_token: t.ns / 1e3 / per,
+            dispatches: t.count,
+            fraction: if total > 0.0 { t.ns / total } else { 0.0 },
+        })
+        .collect();
+    v.sort_by(|a, b| b.us_per_token.total_cmp(&a.us_per_token));
+    v.truncate(top);
+    v
+}
+
+/// Sums several profiles of the same step, label by label, divided by their number.
+fn mean_profile(runs: Vec<Vec<KernelTime>>) -> Vec<KernelTime> {
+    let n = runs.len().max(1) as f64;
+    let mut acc: Vec<KernelTime> = Vec::new();
+    for run in runs {
+        for t in run {
+            match acc.iter_mut().find(|a| a.label == t.label) {
+                Some(a) => a.ns += t.ns,
+                None => acc.push(t),
+            }
+        }
+    }
+    acc.iter_mut().for_each(|a| a.ns /= n);
+    acc
+}
+
+const TG_PROMPT: usize = 12;
+
+/// Measures one model file (see the module docs). `roofline_bps`: the run's roofline, for the
+/// fraction column.
+pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> Result<(Engine, Vec<BenchRow>), BenchError> {
+    if opts.reps == 0 {
+        return Err(BenchError::Usage("-r must be at least 1".into()));
+    }
+    let longest = opts.prompts.iter().copied().max().unwrap_or(0).max(TG_PROMPT + opts.gens.iter().copied().max().unwrap_or(0) + 1);
+    let load = LoadOptions { n_ctx: Some(opts.load.n_ctx.unwrap_or(0).max(longest)), ..opts.load.clone() };
+    let engine = Engine::load(path, &load, None)?;
+    let file = GgufFile::open(path).map_err(|e| EngineError::File { reason: e.to_string() })?;
+    let traffic = ModelGraph::from_gguf(&file)?.decode_traffic(&file)?;
+    let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let model = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let vocab = engine.config().vocab;
+    let row = |test: String, tok_s: Spread| BenchRow {
+        model: model.clone(),
+        quant: traffic.main_format().to_string(),
+        file_bytes,
+        test,
+        ms_per_token: if tok_s.median > 0.0 { 1e3 / tok_s.median } else { 0.0 },
+        tok_s,
+        step: None,
+        llama_cpp: None,
+        profile: Vec::new(),
+    };
+    let mut rows = Vec::new();
+    let mut s = engine.session()?;
+    for &p in opts.prompts.iter().filter(|&&p| p > 0) {
+        let ids = prompt_ids(p, vocab, p as u64);
+        let mut speeds = Vec::new();
+        for rep in 0..=opts.reps {
+            s.clear_cache()?;
+            s.append_tokens(&ids)?;
+            let g = s.generate(&GenerateOpts { pipeline: opts.pipeline, ..GenerateOpts::greedy(1) }, &mut |_: &crate::engine::TokenEvent| {})?;
+            if rep > 0 {
+                speeds.push(g.timings.prefill_tok_s());
+            }
+        }
+        let mut r = row(format!("pp{p}"), Spread::of(speeds));
+        if opts.profile && engine.is_gpu() {
+            let n = p.min(engine.ubatch());
+            let runs = (0..3).map(|_| s.profile_step(n)).collect::<Result<Vec<_>, _>>()?;
+            r.profile = shares(&mean_profile(runs), n as f64, opts.profile_top);
+        }
+        rows.push(r);
+    }
+    for &n in opts.gens.iter().filter(|&&n| n > 0) {
+        let ids = prompt_ids(TG_PROMPT, vocab, 7);
+        let opts_tg = GenerateOpts { ignore_eos: true, pipeline: opts.pipeline, ..GenerateOpts::greedy(n + 1) };
+        let mut speeds = Vec::new();
+        let mut work = StepWork::default();
+        let mut host = Vec::new();
+        for rep in 0..=opts.reps {
+            s.clear_cache()?;
+            s.append_tokens(&ids)?;
+            let g = s.generate(&opts_tg, &mut |_: &crate::engine::TokenEvent| {})?;
+            if g.timings.decode_steps != n {
+                return Err(BenchError::Usage(format!("tg{n}: {} decode steps ran ({:?})", g.timings.decode_steps, g.finish)));
+            }
+            if rep > 0 {
+                speeds.push(g.timings.decode_tok_s());
+                let c = s.last_step_counters();
+                (work.dispatches, work.passes, work.submits) = (c.dispatches, c.passes, c.submits);
+                host.push(c.host_ns as f64 / 1e3);
+            }
+        }
+        let tok_s = Spread::of(speeds);
+        work.host_us = Spread::of(host).median;
+        work.weight_bytes = traffic.bytes;
+        work.gb_s = traffic.bytes as f64 * tok_s.median / 1e9;
+        work.roofline_fraction = roofline_bps.map_or(0.0, |r| work.gb_s * 1e9 / r);
+        let mut r = row(format!("tg{n}"), tok_s);
+        r.step = Some(work);
+        if opts.profile && engine.is_gpu() {
+            let runs = (0..5).map(|_| s.profile_step(1)).collect::<Result<Vec<_>, _>>()?;
+            r.profile = shares(&mean_profile(runs), 1.0, opts.profile_top);
+        }
+        rows.push(r);
+    }
+    Ok((engine, rows))
+}
+
+/// The llama.cpp figures for `rows` of one model (the same tests, `reps` runs after a warm-up).
+fn llama_cpp_rows(server: &llama_cpp::LlamaServer, rows: &mut [BenchRow], vocab: usize, reps: usize) -> Result<(), BenchError> {
+    for r in rows.iter_mut() {
+        let mut v = Vec::new();
+        for rep in 0..=reps {
+            let speed = if let Some(p) = r.test.strip_prefix("pp") {
+                let p: usize = p.parse().map_err(|_| BenchError::Usage(r.test.clone()))?;
+                server.prompt_speed(&prompt_ids(p, vocab, p as u64))?
+            } else {
+                let n: usize = r.test[2..].parse().map_err(|_| BenchError::Usage(r.test.clone()))?;
+                server.generation_speed(&prompt_ids(TG_PROMPT, vocab, 7), n)?
+            };
+            if rep > 0 {
+                v.push(speed);
+            }
+        }
+        r.llama_cpp = Some(Spread::of(v));
+    }
+    Ok(())
+}
+
+/// Measures every model: the roofline first (on a GPU run), then each file through cera and,
+/// when asked, through llama.cpp (one model on the GPU at a time). `progress` is told what runs.
+pub fn run(models: &[PathBuf], opts: &BenchOpts, progress: &mut dyn FnMut(&str)) -> Result<BenchReport, BenchError> {
+    if models.is_empty() {
+        return Err(BenchError::Usage("no model to bench".into()));
+    }
+    let mut report =
+        BenchReport { device: String::new(), roofline_gb_s: None, llama_cpp_device: None, rows: Vec::new(), reps: opts.reps, pipeline: opts.pipeline };
+    let mut roofline = None;
+    for (i, path) in models.iter().enumerate() {
+        progress(&format!("cera: {}", path.display()));
+        let (engine, mut rows) = {
+            let first = bench_model(path, opts, roofline)?;
+            if i == 0 && first.0.is_gpu() {
+                // The roofline on the device the model runs on, in the same run.
+                progress("roofline: streaming read");
+                let ctx = numr::gpu::GpuContext::new().map_err(|e| BenchError::Roofline(e.to_string()))?;
+                let bps = roofline::stream_read_bps(&ctx, 1 << 30, 20).map_err(|e| BenchError::Roofline(e.to_string()))?;
+                roofline = Some(bps);
+                report.roofline_gb_s = Some(bps / 1e9);
+                let mut rows = first.1;
+                for r in rows.iter_mut() {
+                    if let Some(w) = r.step.as_mut() {
+                        w.roofline_fraction = w.gb_s * 1e9 / bps;
+                    }
+                }
+                (first.0, rows)
+            } else {
+                first
+            }
+        };
+        report.device = engine.device_name();
+        let vocab = engine.config().vocab;
+        drop(engine);
+        if let Some(dir) = &opts.llama_cpp {
+            progress(&format!("llama.cpp: {}", path.display()));
+            let server = llama_cpp::LlamaServer::start(dir, path, opts.llama_cpp_port)?;
+            report.llama_cpp_device = server.device().or(report.llama_cpp_device.take());
+            llama_cpp_rows(&server, &mut rows, vocab, opts.reps)?;
+        }
+        report.rows.extend(rows);
+    }
+    Ok(report)
+}
