@@ -29,7 +29,7 @@ pub use hparams::{HyperParams, PerLayer};
 pub use metadata::{Metadata, MetadataArray, MetadataValue, ValueType};
 pub use reader::{DEFAULT_ALIGNMENT, MAX_DIMS, MAX_NESTING, TensorInfo};
 pub use types::{BlockLayout, GgmlType};
-pub use writer::GgufBuilder;
+pub use writer::{GgufBuilder, GgufWriter, TensorDesc};
 
 use crate::storage::Storage;
 
