@@ -166,6 +166,7 @@ pub fn plan(arch: Arch, p: &Preset, q: QType) -> Vec<Planned> {
 
 /// The type the rule gives a tensor of `plan`'s output, from its name and row length (for the
 /// tests, which check the file against it independently of [`plan`]'s bookkeeping).
+#[cfg(test)]
 pub fn expected_type(q: QType, name: &str, tied: bool, n_layers: u64, cols: u64) -> GgmlType {
     if !name.ends_with(".weight") || name.contains("norm") {
         return GgmlType::F32;

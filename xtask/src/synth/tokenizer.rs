@@ -96,7 +96,7 @@ fn kv(k: &str, v: MetadataValue) -> (String, MetadataValue) {
 /// The `tokenizer.*` keys of a byte-level BPE of exactly `vocab` tokens (at least 261).
 pub fn bpe_metadata(vocab: usize) -> Vec<(String, MetadataValue)> {
     const SPECIAL: [&str; 4] = ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"];
-    assert!(vocab >= 256 + SPECIAL.len() + 1, "a BPE vocabulary needs at least 261 tokens");
+    assert!(vocab > 256 + SPECIAL.len(), "a BPE vocabulary needs at least 261 tokens");
     let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_char(b).to_string()).collect();
     let space = byte_char(b' ').to_string();
     let ms = merges(&space, vocab - 256 - SPECIAL.len());
