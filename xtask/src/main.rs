@@ -6,6 +6,13 @@
 //!   shapes, GEMM at M = 512), each figure beside the streaming-read roofline of the same run.
 //! - `bench --attention [--quick]`: decode attention GB/s of KV read at 4K/32K context (fraction
 //!   of the roofline of the same run) and prefill attention TFLOP/s at 2K tokens.
+//! - `synth --arch llama|gemma3 --preset smol-135m|llama-1b|llama-8b|gemma3-270m|tiny
+//!   --qtype q4_0|q4_1|q8_0|q4_k|q6_k --out FILE [--seed N]`: a synthetic GGUF model with random
+//!   weights in a real model's shapes, quant types chosen as `llama-quantize` chooses them, and a
+//!   generated tokenizer of the exact vocabulary size, which cera and llama.cpp both load (see
+//!   [`synth`] for the rules).
+
+mod synth;
 
 use clap::{Parser, Subcommand};
 
@@ -38,6 +45,27 @@ enum Cmd {
         #[arg(long)]
         attention: bool,
     },
+    /// Write a synthetic GGUF model (random weights, real shapes) that cera and llama.cpp load.
+    Synth {
+        /// Tensor set, metadata keys and tokenizer: `llama` or `gemma3`.
+        #[arg(long, default_value = "llama")]
+        arch: synth::Arch,
+        /// Shapes: smol-135m, llama-1b, llama-8b, gemma3-270m, tiny.
+        #[arg(long)]
+        preset: String,
+        /// File type: q4_0, q4_1, q8_0, q4_k (Q4_K_M), q6_k.
+        #[arg(long)]
+        qtype: synth::QType,
+        /// The file to write.
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// PRNG seed (the same seed gives the same bytes).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Generator threads (default: every core).
+        #[arg(long)]
+        threads: Option<usize>,
+    },
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -56,6 +84,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 benches::core_table(&ctx, quick)?
             };
             benches::print_table(&ctx, &rows);
+        }
+        Cmd::Synth { arch, preset, qtype, out, seed, threads } => {
+            let preset = synth::Preset::by_name(&preset)?;
+            let opts = synth::SynthOptions { arch, preset, qtype, seed, threads };
+            let w = synth::synth(&opts, &out)?;
+            let secs = w.elapsed.as_secs_f64();
+            println!(
+                "wrote {} ({} tensors, {:.1} MB) in {secs:.2} s ({:.0} MB/s)",
+                w.path.display(),
+                w.tensors,
+                w.bytes as f64 / 1e6,
+                w.bytes as f64 / 1e6 / secs.max(1e-9)
+            );
         }
     }
     Ok(())

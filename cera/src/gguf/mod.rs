@@ -29,7 +29,7 @@ pub use hparams::{HyperParams, PerLayer};
 pub use metadata::{Metadata, MetadataArray, MetadataValue, ValueType};
 pub use reader::{DEFAULT_ALIGNMENT, MAX_DIMS, MAX_NESTING, TensorInfo};
 pub use types::{BlockLayout, GgmlType};
-pub use writer::GgufBuilder;
+pub use writer::{GgufBuilder, GgufWriter, TensorDesc};
 
 use crate::storage::Storage;
 
@@ -184,6 +184,32 @@ mod tests {
         assert!(matches!(f.tensor_data("c"), Err(GgufError::UnsupportedType { ty: GgmlType::IQ4_NL, .. })));
         assert_eq!(f.tensor_data_raw("c").unwrap().len(), 18);
         assert!(matches!(f.tensor_data("zz"), Err(GgufError::TensorNotFound { .. })));
+    }
+
+    #[test]
+    fn streaming_writer_checks_sizes_and_matches_the_builder() {
+        let kvs = vec![("general.alignment".to_string(), MetadataValue::U32(64))];
+        let descs = [TensorDesc::new("a", &[32, 2], GgmlType::Q8_0), TensorDesc::new("b", &[3], GgmlType::F32)];
+        let mut w = GgufWriter::new(Vec::new(), 3, &kvs, &descs).unwrap();
+        assert_eq!((w.alignment(), w.next_tensor()), (64, Some("a")));
+        w.write_tensor_data(&[1u8; 34]).unwrap();
+        assert!(w.write_tensor_data(&[1u8; 35]).is_err(), "past the end of a");
+        w.write_tensor_data(&[1u8; 34]).unwrap();
+        assert_eq!(w.next_tensor(), Some("b"));
+        w.write_tensor_data(&[2u8; 8]).unwrap();
+        let mut early = GgufWriter::new(Vec::new(), 3, &kvs, &descs).unwrap();
+        early.write_tensor_data(&[1u8; 68]).unwrap();
+        assert!(early.finish().is_err(), "b is incomplete");
+        w.write_tensor_data(&[2u8; 4]).unwrap();
+        assert!(w.write_tensor_data(&[0u8; 1]).is_err(), "after the last tensor");
+        let streamed = w.finish().unwrap();
+        let mut b = GgufBuilder::new(3);
+        b.kv("general.alignment", MetadataValue::U32(64));
+        b.tensor("a", &[32, 2], GgmlType::Q8_0, vec![1u8; 68]).tensor("b", &[3], GgmlType::F32, vec![2u8; 12]);
+        assert_eq!(streamed, b.build());
+        let f = GgufFile::from_bytes(streamed).unwrap();
+        assert_eq!(f.tensor_data("b").unwrap(), &[2u8; 12][..]);
+        assert!(GgufWriter::new(Vec::new(), 3, &[], &[TensorDesc::new("bad", &[33], GgmlType::Q8_0)]).is_err(), "not whole blocks");
     }
 
     #[test]

@@ -1,8 +1,82 @@
-//! A small GGUF writer, for tests, fuzzing seeds and synthetic models.
+//! GGUF writers: [`GgufBuilder`] builds a whole file in memory (tests, fuzzing seeds);
+//! [`GgufWriter`] streams one to any [`Write`] with the tensor bytes given in order, so a
+//! multi-gigabyte file never has to be held in memory (synthetic models). Both write the header
+//! (metadata, tensor infos, padding to the data section) with the same code.
+
+use std::io::{self, Write};
 
 use super::metadata::{MetadataArray, MetadataValue};
 use super::reader::DEFAULT_ALIGNMENT;
 use super::types::GgmlType;
+
+/// A tensor as the header describes it: name, dims in ggml order (innermost first), type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorDesc {
+    /// Tensor name.
+    pub name: String,
+    /// Dimensions, innermost first.
+    pub dims: Vec<u64>,
+    /// Storage type.
+    pub ty: GgmlType,
+}
+
+impl TensorDesc {
+    /// A descriptor.
+    pub fn new(name: impl Into<String>, dims: &[u64], ty: GgmlType) -> TensorDesc {
+        TensorDesc { name: name.into(), dims: dims.to_vec(), ty }
+    }
+
+    /// The tensor's size in bytes, or `None` if the shape is not whole blocks of the type.
+    pub fn n_bytes(&self) -> Option<u64> {
+        let n = self.dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d))?;
+        self.ty.bytes_for(n)
+    }
+}
+
+/// The data alignment the keys ask for: `general.alignment` if set as a power-of-two `u32`,
+/// else 32.
+fn alignment_of(kvs: &[(String, MetadataValue)]) -> u64 {
+    kvs.iter()
+        .find_map(|(k, v)| match (k.as_str(), v) {
+            ("general.alignment", MetadataValue::U32(a)) if a.is_power_of_two() => Some(*a as u64),
+            _ => None,
+        })
+        .unwrap_or(DEFAULT_ALIGNMENT)
+}
+
+fn bad_input(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, msg)
+}
+
+/// The header up to the data section (padded to `align`), and each tensor's size in bytes.
+fn header(version: u32, kvs: &[(String, MetadataValue)], tensors: &[TensorDesc], align: u64) -> io::Result<(Vec<u8>, Vec<u64>)> {
+    let mut out = Vec::new();
+    out.extend_from_slice(b"GGUF");
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(kvs.len() as u64).to_le_bytes());
+    for (k, v) in kvs {
+        write_str(&mut out, k);
+        out.extend_from_slice(&type_id(v).to_le_bytes());
+        write_value(&mut out, v);
+    }
+    let mut sizes = Vec::with_capacity(tensors.len());
+    let mut offset = 0u64;
+    for t in tensors {
+        let size = t.n_bytes().ok_or_else(|| bad_input(format!("tensor {}: dims {:?} are not whole blocks of {}", t.name, t.dims, t.ty)))?;
+        write_str(&mut out, &t.name);
+        out.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
+        for d in &t.dims {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        out.extend_from_slice(&t.ty.id().to_le_bytes());
+        out.extend_from_slice(&offset.to_le_bytes());
+        offset += size.div_ceil(align) * align;
+        sizes.push(size);
+    }
+    out.resize((out.len() as u64).div_ceil(align) as usize * align as usize, 0);
+    Ok((out, sizes))
+}
 
 /// Builds a valid GGUF file in memory.
 ///
@@ -12,7 +86,7 @@ use super::types::GgmlType;
 pub struct GgufBuilder {
     version: u32,
     kvs: Vec<(String, MetadataValue)>,
-    tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>,
+    tensors: Vec<(TensorDesc, Vec<u8>)>,
 }
 
 impl GgufBuilder {
@@ -30,50 +104,113 @@ impl GgufBuilder {
     /// Adds a tensor; `dims` are in ggml order (innermost first) and `data` must have the size
     /// the type and shape imply.
     pub fn tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> &mut Self {
-        self.tensors.push((name.to_string(), dims.to_vec(), ty, data));
+        self.tensors.push((TensorDesc::new(name, dims, ty), data));
         self
     }
 
-    fn alignment(&self) -> u64 {
-        self.kvs
-            .iter()
-            .find_map(|(k, v)| match (k.as_str(), v) {
-                ("general.alignment", MetadataValue::U32(a)) if a.is_power_of_two() => Some(*a as u64),
-                _ => None,
-            })
-            .unwrap_or(DEFAULT_ALIGNMENT)
+    /// Serialises the file.
+    ///
+    /// # Panics
+    /// If a tensor's data does not have the size its type and shape imply.
+    pub fn build(&self) -> Vec<u8> {
+        let descs: Vec<TensorDesc> = self.tensors.iter().map(|(d, _)| d.clone()).collect();
+        let mut w = GgufWriter::new(Vec::new(), self.version, &self.kvs, &descs).expect("GgufBuilder: tensor shapes");
+        for (_, data) in &self.tensors {
+            w.write_tensor_data(data).expect("GgufBuilder: tensor data size");
+        }
+        w.finish().expect("GgufBuilder: all tensors written")
+    }
+}
+
+/// Streams a GGUF file: the header is written when the writer is made (from the metadata and
+/// every tensor's descriptor, so each tensor's aligned offset is known up front), then each
+/// tensor's bytes are given in descriptor order, in one call or several.
+///
+/// A tensor's bytes are checked against the size its type and shape imply: more than that is an
+/// error, and when it is complete the padding to the alignment (`general.alignment` if set as a
+/// `u32` key, else 32) is written. [`GgufWriter::finish`] checks that every tensor is complete.
+///
+/// ```
+/// use cera::gguf::{GgmlType, GgufFile, GgufWriter, MetadataValue, TensorDesc};
+/// let kvs = vec![("general.architecture".to_string(), MetadataValue::String("llama".into()))];
+/// let tensors = [TensorDesc::new("a", &[32, 2], GgmlType::Q8_0), TensorDesc::new("b", &[3], GgmlType::F32)];
+/// let mut w = GgufWriter::new(Vec::new(), 3, &kvs, &tensors)?;
+/// w.write_tensor_data(&[0u8; 34])?; // the first row of `a`,
+/// w.write_tensor_data(&[0u8; 34])?; // then the second
+/// w.write_tensor_data(&[0u8; 12])?;
+/// let f = GgufFile::from_bytes(w.finish()?).unwrap();
+/// assert_eq!(f.tensor_data("b").unwrap().len(), 12);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct GgufWriter<W: Write> {
+    out: W,
+    align: u64,
+    names: Vec<String>,
+    sizes: Vec<u64>,
+    /// The tensor being written and how many of its bytes have been.
+    current: usize,
+    done: u64,
+}
+
+impl<W: Write> GgufWriter<W> {
+    /// Writes the header of a file of `version` (2 or 3) with these keys and tensors.
+    ///
+    /// An error if a tensor's dims are not whole blocks of its type, or if writing fails.
+    pub fn new(mut out: W, version: u32, kvs: &[(String, MetadataValue)], tensors: &[TensorDesc]) -> io::Result<GgufWriter<W>> {
+        let align = alignment_of(kvs);
+        let (head, sizes) = header(version, kvs, tensors, align)?;
+        out.write_all(&head)?;
+        let names = tensors.iter().map(|t| t.name.clone()).collect();
+        let mut w = GgufWriter { out, align, names, sizes, current: 0, done: 0 };
+        w.skip_empty()?;
+        Ok(w)
     }
 
-    /// Serialises the file.
-    pub fn build(&self) -> Vec<u8> {
-        let align = self.alignment() as usize;
-        let mut out = Vec::new();
-        out.extend_from_slice(b"GGUF");
-        out.extend_from_slice(&self.version.to_le_bytes());
-        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
-        out.extend_from_slice(&(self.kvs.len() as u64).to_le_bytes());
-        for (k, v) in &self.kvs {
-            write_str(&mut out, k);
-            out.extend_from_slice(&type_id(v).to_le_bytes());
-            write_value(&mut out, v);
+    /// The data alignment in use.
+    pub fn alignment(&self) -> u64 {
+        self.align
+    }
+
+    /// The name of the tensor whose bytes come next, or `None` when all are written.
+    pub fn next_tensor(&self) -> Option<&str> {
+        self.names.get(self.current).map(String::as_str)
+    }
+
+    /// Zero-byte tensors are complete from the start.
+    fn skip_empty(&mut self) -> io::Result<()> {
+        while self.current < self.sizes.len() && self.done == self.sizes[self.current] {
+            let pad = self.done.div_ceil(self.align) * self.align - self.done;
+            self.out.write_all(&vec![0u8; pad as usize])?;
+            self.current += 1;
+            self.done = 0;
         }
-        let mut offset = 0usize;
-        for (name, dims, ty, data) in &self.tensors {
-            write_str(&mut out, name);
-            out.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-            for d in dims {
-                out.extend_from_slice(&d.to_le_bytes());
-            }
-            out.extend_from_slice(&ty.id().to_le_bytes());
-            out.extend_from_slice(&(offset as u64).to_le_bytes());
-            offset += data.len().div_ceil(align) * align;
+        Ok(())
+    }
+
+    /// Writes the next `data.len()` bytes of the current tensor (moving on to the next tensor
+    /// once it is complete). An error if `data` runs past the end of the current tensor or if
+    /// every tensor is already written.
+    pub fn write_tensor_data(&mut self, data: &[u8]) -> io::Result<()> {
+        let Some(&size) = self.sizes.get(self.current) else {
+            return Err(bad_input(format!("{} bytes of tensor data after the last tensor", data.len())));
+        };
+        if self.done + data.len() as u64 > size {
+            let name = &self.names[self.current];
+            return Err(bad_input(format!("tensor {name}: {} bytes given where {} remain", data.len(), size - self.done)));
         }
-        out.resize(out.len().div_ceil(align) * align, 0);
-        for (_, _, _, data) in &self.tensors {
-            out.extend_from_slice(data);
-            out.resize(out.len().div_ceil(align) * align, 0);
+        self.out.write_all(data)?;
+        self.done += data.len() as u64;
+        self.skip_empty()
+    }
+
+    /// Flushes and returns the output; an error if a tensor is incomplete.
+    pub fn finish(mut self) -> io::Result<W> {
+        if let Some(name) = self.names.get(self.current) {
+            return Err(bad_input(format!("tensor {name}: {} of {} bytes written", self.done, self.sizes[self.current])));
         }
-        out
+        self.out.flush()?;
+        Ok(self.out)
     }
 }
 

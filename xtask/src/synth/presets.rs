@@ -1,0 +1,193 @@
+//! Model shapes: the published configurations the synthetic files imitate, and the
+//! architecture that decides the tensor set and the metadata keys.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// `general.architecture` of the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama (SmolLM2, Llama 3.x): pre-norm blocks, tied or untied LM head, a byte-level BPE.
+    Llama,
+    /// Gemma 3: QK-norm, post-attention/post-FFN norms, sliding-window layers, SentencePiece.
+    Gemma3,
+}
+
+impl Arch {
+    /// The `general.architecture` value (also the metadata key prefix).
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Gemma3 => "gemma3",
+        }
+    }
+}
+
+impl FromStr for Arch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Arch, String> {
+        match s {
+            "llama" => Ok(Arch::Llama),
+            "gemma3" => Ok(Arch::Gemma3),
+            _ => Err(format!("unknown architecture {s:?} (llama, gemma3)")),
+        }
+    }
+}
+
+impl fmt::Display for Arch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The shape of a model. The gemma3-only fields (window, global-layer period, local RoPE base)
+/// are written only for `--arch gemma3`; `head_dim` is written as `key_length`/`value_length`
+/// for both.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Preset {
+    /// The preset's name on the command line.
+    pub name: &'static str,
+    /// Hidden size.
+    pub dim: u64,
+    /// Decoder blocks.
+    pub n_layers: u64,
+    /// FFN hidden size.
+    pub ffn: u64,
+    /// Query heads.
+    pub n_heads: u64,
+    /// Key/value heads.
+    pub n_kv_heads: u64,
+    /// Elements per head (`dim / n_heads` for the llama presets).
+    pub head_dim: u64,
+    /// Vocabulary size (the tokenizer is built to exactly this many tokens).
+    pub vocab: u64,
+    /// RoPE base (of the global layers, for gemma3).
+    pub rope_theta: f32,
+    /// RoPE base of gemma3's sliding-window layers.
+    pub rope_local_theta: f32,
+    /// Trained context length.
+    pub ctx: u64,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// The LM head is the token embedding (no `output.weight`).
+    pub tied: bool,
+    /// gemma3: the sliding window of the local layers.
+    pub sliding_window: u64,
+    /// gemma3: every `global_every`-th layer attends globally.
+    pub global_every: u64,
+}
+
+/// Every preset name, for messages.
+pub const NAMES: &[&str] = &["smol-135m", "llama-1b", "llama-8b", "gemma3-270m", "tiny"];
+
+impl Preset {
+    /// The preset called `name`.
+    pub fn by_name(name: &str) -> Result<Preset, String> {
+        let base = Preset {
+            name: "",
+            dim: 0,
+            n_layers: 0,
+            ffn: 0,
+            n_heads: 0,
+            n_kv_heads: 0,
+            head_dim: 0,
+            vocab: 0,
+            rope_theta: 10_000.0,
+            rope_local_theta: 10_000.0,
+            ctx: 4096,
+            rms_eps: 1e-5,
+            tied: true,
+            sliding_window: 512,
+            global_every: 6,
+        };
+        let p = match name {
+            // SmolLM2-135M.
+            "smol-135m" => Preset {
+                name: "smol-135m",
+                dim: 576,
+                n_layers: 30,
+                ffn: 1536,
+                n_heads: 9,
+                n_kv_heads: 3,
+                head_dim: 64,
+                vocab: 49152,
+                rope_theta: 100_000.0,
+                ctx: 8192,
+                ..base
+            },
+            // Llama-3.2-1B (Llama 3's 128256-token vocabulary).
+            "llama-1b" => Preset {
+                name: "llama-1b",
+                dim: 2048,
+                n_layers: 16,
+                ffn: 8192,
+                n_heads: 32,
+                n_kv_heads: 8,
+                head_dim: 64,
+                vocab: 128_256,
+                rope_theta: 500_000.0,
+                ctx: 131_072,
+                ..base
+            },
+            // Llama-3-8B, untied output.
+            "llama-8b" => Preset {
+                name: "llama-8b",
+                dim: 4096,
+                n_layers: 32,
+                ffn: 14336,
+                n_heads: 32,
+                n_kv_heads: 8,
+                head_dim: 128,
+                vocab: 128_256,
+                rope_theta: 500_000.0,
+                ctx: 8192,
+                tied: false,
+                ..base
+            },
+            // Gemma 3 270M.
+            "gemma3-270m" => Preset {
+                name: "gemma3-270m",
+                dim: 640,
+                n_layers: 18,
+                ffn: 2048,
+                n_heads: 4,
+                n_kv_heads: 1,
+                head_dim: 256,
+                vocab: 262_144,
+                rope_theta: 1_000_000.0,
+                ctx: 32768,
+                rms_eps: 1e-6,
+                ..base
+            },
+            // For tests: every row length a multiple of 256, so each qtype applies unchanged.
+            "tiny" => Preset { name: "tiny", dim: 256, n_layers: 2, ffn: 512, n_heads: 4, n_kv_heads: 2, head_dim: 64, vocab: 1024, ctx: 512, ..base },
+            _ => return Err(format!("unknown preset {name:?} ({})", NAMES.join(", "))),
+        };
+        Ok(p)
+    }
+
+    /// Query width (`n_heads * head_dim`).
+    pub fn q_dim(&self) -> u64 {
+        self.n_heads * self.head_dim
+    }
+
+    /// Key/value width (`n_kv_heads * head_dim`).
+    pub fn kv_dim(&self) -> u64 {
+        self.n_kv_heads * self.head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_are_consistent() {
+        for n in NAMES {
+            let p = Preset::by_name(n).unwrap();
+            assert_eq!(p.name, *n);
+            assert!(p.n_heads.is_multiple_of(p.n_kv_heads) && p.dim.is_multiple_of(32) && p.ffn.is_multiple_of(32), "{n}");
+        }
+        assert!(Preset::by_name("huge").is_err());
+    }
+}
