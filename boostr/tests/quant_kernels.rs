@@ -184,6 +184,50 @@ fn fused_rmsnorm_gemv_matches_unfused() {
 }
 
 #[test]
+fn fused_glu_and_residual_gemv_match_unfused() {
+    let Some(ctx) = test_gpu() else { return };
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let mut rng = Rng(11);
+    let (rows, cols) = (21, 1024);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q6_K, GgmlType::F16] {
+        let p = random_ggml(&mut rng, ty, rows, cols);
+        let w = QuantMatrix::upload(&ctx, "w", &p).unwrap();
+        for act in [boostr::act::ActKind::Silu, boostr::act::ActKind::GeluTanh] {
+            let gate_up: Vec<f32> = (0..2 * cols).map(|_| rng.f32_in(-3.0, 3.0)).collect();
+            let glu: Vec<f32> = (0..cols).map(|i| (act.apply(gate_up[i] as f64) * gate_up[cols + i] as f64) as f32).collect();
+            let y0: Vec<f32> = (0..rows).map(|_| rng.f32_in(-1.0, 1.0)).collect();
+            let prod = matmul_ref(&p, &glu, 1).unwrap();
+            let want: Vec<f64> = prod.iter().zip(&y0).map(|(a, b)| *a as f64 + *b as f64).collect();
+            for unchecked in [false, true] {
+                let cfg = QuantGemv { prologue: Prologue::Glu { act }, accumulate: true, unchecked, ..QuantGemv::new(WeightKind::of(p.format()), &env, 1) };
+                let (xb, y) = (upload_f32(&ctx, &gate_up), upload_f32(&ctx, &y0));
+                let plan = GemvPlan::new(&ctx, &cfg, &w, &GemvIo::new(Binding::whole(&xb), Binding::whole(&y))).unwrap();
+                let mut rec = ctx.recorder();
+                plan.record(&mut rec, &StepValues::decode(0)).unwrap();
+                rec.submit().unwrap();
+                check_close_rtol(&read_f32(&ctx, &y, rows), &want, RTOL_F32).unwrap_or_else(|e| panic!("{ty} {act:?}: {e}"));
+            }
+            // The packed [gate | up] row must hold 2 K activations.
+            let short = upload_f32(&ctx, &gate_up[..cols]);
+            let y = upload_f32(&ctx, &y0);
+            let cfg = QuantGemv { prologue: Prologue::Glu { act }, ..QuantGemv::new(WeightKind::of(p.format()), &env, 1) };
+            assert!(GemvPlan::new(&ctx, &cfg, &w, &GemvIo::new(Binding::whole(&short), Binding::whole(&y))).is_err());
+        }
+        // The residual add alone.
+        let x = random_x(&mut rng, cols);
+        let y0: Vec<f32> = (0..rows).map(|_| rng.f32_in(-1.0, 1.0)).collect();
+        let want: Vec<f64> = matmul_ref(&p, &x, 1).unwrap().iter().zip(&y0).map(|(a, b)| *a as f64 + *b as f64).collect();
+        let cfg = QuantGemv { accumulate: true, ..QuantGemv::new(WeightKind::of(p.format()), &env, 1) };
+        let (xb, y) = (upload_f32(&ctx, &x), upload_f32(&ctx, &y0));
+        let plan = GemvPlan::new(&ctx, &cfg, &w, &GemvIo::new(Binding::whole(&xb), Binding::whole(&y))).unwrap();
+        let mut rec = ctx.recorder();
+        plan.record(&mut rec, &StepValues::decode(0)).unwrap();
+        rec.submit().unwrap();
+        check_close_rtol(&read_f32(&ctx, &y, rows), &want, RTOL_F32).unwrap_or_else(|e| panic!("{ty} accumulate: {e}"));
+    }
+}
+
+#[test]
 fn fused_qkv_matches_separate_projections() {
     let Some(ctx) = test_gpu() else { return };
     let env = KernelEnv::from_caps(ctx.capabilities());

@@ -6,6 +6,8 @@
 //!   shapes, GEMM at M = 512), each figure beside the streaming-read roofline of the same run.
 //! - `bench --attention [--quick]`: decode attention GB/s of KV read at 4K/32K context (fraction
 //!   of the roofline of the same run) and prefill attention TFLOP/s at 2K tokens.
+//! - `bench --model FILE... [-p 512] [-n 128] [-r 5] [--profile] [--json] [--vs-llama-cpp DIR]`:
+//!   the end-to-end table of `cera bench` (see `cera::bench`).
 //! - `synth --arch llama|gemma3 --preset smol-135m|llama-1b|llama-8b|gemma3-270m|tiny
 //!   --qtype q4_0|q4_1|q8_0|q4_k|q6_k --out FILE [--seed N]`: a synthetic GGUF model with random
 //!   weights in a real model's shapes, quant types chosen as `llama-quantize` chooses them, and a
@@ -44,6 +46,28 @@ enum Cmd {
         /// the same run, prefill TFLOP/s at 2K tokens).
         #[arg(long)]
         attention: bool,
+        /// The end-to-end table instead (`cera bench`): pp and tg tokens per second of these
+        /// model files, the work of a decode step, GB/s against the roofline of the same run.
+        #[arg(short = 'm', long = "model", value_name = "FILE")]
+        models: Vec<std::path::PathBuf>,
+        /// With --model: prompt lengths (comma-separated).
+        #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+        n_prompt: Vec<usize>,
+        /// With --model: generation lengths (comma-separated).
+        #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
+        n_gen: Vec<usize>,
+        /// With --model: timed runs per test.
+        #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+        reps: usize,
+        /// With --model: GPU time per kernel of a decode and a prompt step.
+        #[arg(long)]
+        profile: bool,
+        /// With --model: JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// With --model: llama-server's directory, to run the same files through llama.cpp.
+        #[arg(long = "vs-llama-cpp", value_name = "DIR")]
+        vs_llama_cpp: Option<std::path::PathBuf>,
     },
     /// Write a synthetic GGUF model (random weights, real shapes) that cera and llama.cpp load.
     Synth {
@@ -70,7 +94,12 @@ enum Cmd {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     match Cli::parse().cmd {
-        Cmd::Bench { quick, kernels, only, attention } => {
+        Cmd::Bench { models, n_prompt, n_gen, reps, profile, json, vs_llama_cpp, .. } if !models.is_empty() => {
+            let opts = cera::bench::BenchOpts { prompts: n_prompt, gens: n_gen, reps, profile, llama_cpp: vs_llama_cpp, ..Default::default() };
+            let report = cera::bench::run(&models, &opts, &mut |what| eprintln!("bench: {what}"))?;
+            println!("{}", if json { cera::bench::print_json(&report) } else { cera::bench::print_table(&report) });
+        }
+        Cmd::Bench { quick, kernels, only, attention, .. } => {
             let ctx = numr::GpuContext::new()?;
             let rows = if attention {
                 benches::attention::attention_table(&ctx, quick)?

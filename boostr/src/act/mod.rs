@@ -51,6 +51,14 @@ impl ActKind {
         }
     }
 
+    /// `silu` / `gelu_tanh` (for kernel names).
+    pub fn name(self) -> &'static str {
+        match self {
+            ActKind::Silu => "silu",
+            ActKind::GeluTanh => "gelu_tanh",
+        }
+    }
+
     /// WGSL `fn act(x: f32) -> f32` (needs [`SAFE_TANH`]).
     pub fn wgsl(self) -> &'static str {
         match self {

@@ -17,6 +17,10 @@
 //! - [`Prologue::RmsNorm`]: the fused RMSNorm. Each workgroup first reduces `sum(x^2)` of its
 //!   activation rows (phase 1), then either stages `x * inv_rms * w` in workgroup memory
 //!   (`stage_k >= K`) or applies the scale on the fly while loading (any K: no size cap).
+//! - [`Prologue::Glu`]: the GLU fused in: the activations are `[gate | up]` rows and the
+//!   mat-vec runs on `act(gate) * up`, computed while loading (the down projection of an FFN
+//!   without the separate activation dispatch).
+//! - `accumulate`: `y += x Wᵀ` (the residual add fused into the output projection).
 //! - `split_qkv`: three outputs; rows `[0, nq)` go to `yq`, `[nq, nq + nk)` to `yk`, the rest to
 //!   `yv` (Q/K/V packed into one matrix at upload by [`super::upload::concat_rows`]), which
 //!   keeps the kernel at 6 or 7 storage bindings.
@@ -44,6 +48,11 @@ pub enum Prologue {
         gemma: bool,
         stage_k: u32,
     },
+    /// The gated activation of the GLU: the activations are packed `[gate | up]` rows of
+    /// `2 K` f32, and the mat-vec runs on `act(gate) * up` (computed while loading).
+    Glu {
+        act: crate::act::ActKind,
+    },
 }
 
 /// A GEMV kernel configuration.
@@ -62,6 +71,9 @@ pub struct QuantGemv {
     pub activation_rows: u32,
     pub prologue: Prologue,
     pub split_qkv: bool,
+    /// `y += x Wᵀ`: each output is read and written by the one invocation that stores it (a
+    /// residual add fused into the projection that produces the delta).
+    pub accumulate: bool,
     pub unchecked: bool,
 }
 
@@ -77,6 +89,7 @@ impl QuantGemv {
             activation_rows: m,
             prologue: Prologue::None,
             split_qkv: false,
+            accumulate: false,
             unchecked: false,
         }
     }
@@ -95,6 +108,10 @@ impl QuantGemv {
                     v.push(QuantGemv { prologue: Prologue::RmsNorm { gemma: false, stage_k: 4096 }, ..base });
                     v.push(QuantGemv { prologue: Prologue::RmsNorm { gemma: true, stage_k: 0 }, split_qkv: true, ..base });
                     v.push(QuantGemv { split_qkv: true, rows_per_workgroup: 8, ..base });
+                    v.push(QuantGemv { accumulate: true, ..base });
+                    for act in [crate::act::ActKind::Silu, crate::act::ActKind::GeluTanh] {
+                        v.push(QuantGemv { prologue: Prologue::Glu { act }, accumulate: true, ..base });
+                    }
                 }
             }
         }
@@ -103,7 +120,7 @@ impl QuantGemv {
 
     fn name(&self) -> String {
         format!(
-            "quant_gemv_{}_r{}_t{}_m{}{}{}{}{}",
+            "quant_gemv_{}_r{}_t{}_m{}{}{}{}{}{}",
             self.kind.name().to_lowercase(),
             self.rows_per_workgroup,
             self.threads,
@@ -113,8 +130,10 @@ impl QuantGemv {
             match self.prologue {
                 Prologue::None => String::new(),
                 Prologue::RmsNorm { gemma, stage_k } => format!("_rms{}{}", if gemma { "g" } else { "" }, stage_k),
+                Prologue::Glu { act } => format!("_glu{}", act.name()),
             },
             if self.split_qkv { "_qkv" } else { "" },
+            if self.accumulate { "_acc" } else { "" },
         )
     }
 
@@ -135,11 +154,24 @@ impl QuantGemv {
         }
         // Activation loads.
         let (norm, stage) = match self.prologue {
-            Prologue::None => (None, 0),
+            Prologue::None | Prologue::Glu { .. } => (None, 0),
             Prologue::RmsNorm { gemma, stage_k } => (Some(gemma), stage_k / 4),
         };
         match norm {
-            None => pre.push_str("fn ld_x(m: u32, i: u32) -> vec4<f32> { return x[m * p.k4 + i]; }\n"),
+            None => match self.prologue {
+                Prologue::Glu { act } => {
+                    pre.push_str(crate::ops_common::SAFE_TANH);
+                    pre.push_str(act.wgsl());
+                    pre.push_str(
+                        "fn ld_x(m: u32, i: u32) -> vec4<f32> {
+    let g = x[m * 2u * p.k4 + i];
+    return vec4<f32>(act(g.x), act(g.y), act(g.z), act(g.w)) * x[m * 2u * p.k4 + p.k4 + i];
+}
+",
+                    );
+                }
+                _ => pre.push_str("fn ld_x(m: u32, i: u32) -> vec4<f32> { return x[m * p.k4 + i]; }\n"),
+            },
             Some(gemma) => {
                 pre.push_str(&format!("var<workgroup> inv_rms: array<f32, {mm}>;\n"));
                 let wexpr = if gemma { "(vec4<f32>(1.0) + nw[i])" } else { "nw[i]" };
@@ -233,7 +265,11 @@ impl QuantGemv {
 ",
             );
         } else {
-            b.push_str("            y[m * p.n_out + g] = tot;\n");
+            b.push_str(if self.accumulate {
+                "            y[m * p.n_out + g] = y[m * p.n_out + g] + tot;\n"
+            } else {
+                "            y[m * p.n_out + g] = tot;\n"
+            });
         }
         b.push_str("        }\n    }\n");
 
@@ -450,7 +486,11 @@ impl GemvPlan {
         }
         let caps = ctx.capabilities();
         check_threads(OP, caps, cfg.threads, cfg.rows_per_workgroup * cfg.activation_rows)?;
-        check_binding(OP, "x", &io.x, mul("x elements", m, w.cols)?, 4)?;
+        let x_cols = if matches!(cfg.prologue, Prologue::Glu { .. }) { mul("x elements", 2, w.cols)? } else { w.cols };
+        check_binding(OP, "x", &io.x, mul("x elements", m, x_cols)?, 4)?;
+        if cfg.accumulate && cfg.split_qkv {
+            return Err(QuantError::Config { what: OP, reason: "accumulate with split_qkv".into() });
+        }
         let norm = matches!(cfg.prologue, Prologue::RmsNorm { .. });
         match (norm, &io.norm_weight) {
             (true, Some(nw)) => check_binding(OP, "norm weight", nw, w.cols, 4)?,
@@ -464,7 +504,8 @@ impl GemvPlan {
             // SAFETY: the GEMV's indices are bounded as follows, by what was validated above.
             // - `x[m * k4 + i]` (vec4): `m < activation_rows`, `i < k4 = K / 4` (the phase-1 loop
             //   bound, and `kc * 8 + e` with `kc < cpr = K / 32`, `e < 8`); `x` holds
-            //   `activation_rows * K` f32. `nw[i]`, `i < k4`: the norm weight holds `K` f32.
+            //   `activation_rows * K` f32. With the GLU prologue `x[m * 2 k4 + i]` and
+            //   `x[m * 2 k4 + k4 + i]`: `x` holds `activation_rows * 2 K` f32 (checked). `nw[i]`, `i < k4`: the norm weight holds `K` f32.
             //   The staged `xs[m * stage + i]` is used only when `k4 <= stage` (`i < k4`).
             // - Weight chunk `c = min(row0 + r, rows - 1) * cpr + kc` (`rows >= 1`, `kc < cpr`) is
             //   below the part's `rows * cpr` chunks, and `w.validate()` checked that the part's

@@ -84,11 +84,20 @@ impl LlamaServer {
         s.lines().find(|l| l.contains("using device")).map(|l| l.trim().to_string())
     }
 
-    fn completion(&self, body: Value) -> Result<Value, BenchError> {
+    /// A streamed `/completion` (the server refuses to return some random-weight outputs as one
+    /// JSON answer, but streams them): its last event, the one with the timings.
+    fn completion(&self, mut body: Value) -> Result<Value, BenchError> {
+        body["stream"] = Value::Bool(true);
         let mut r = ureq::post(&format!("{}/completion", self.url))
             .send_json(body)
             .map_err(|e| BenchError::LlamaCpp(format!("/completion: {e}\n{}", self.log_tail())))?;
-        r.body_mut().read_json::<Value>().map_err(|e| BenchError::LlamaCpp(format!("/completion answer: {e}")))
+        let text = r.body_mut().with_config().limit(64 << 20).read_to_string().map_err(|e| BenchError::LlamaCpp(format!("/completion answer: {e}")))?;
+        text.lines()
+            .rev()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|v| v.get("timings").is_some())
+            .ok_or_else(|| BenchError::LlamaCpp(format!("no event with timings in the stream: {}", &text[..text.len().min(500)])))
     }
 
     fn timing(v: &Value, key: &str) -> Result<f64, BenchError> {

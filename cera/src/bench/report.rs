@@ -69,6 +69,9 @@ pub fn print_table(report: &BenchReport) -> String {
         s.push_str(&row_line(r, compare));
         s.push('\n');
     }
+    for n in &report.notes {
+        let _ = writeln!(s, "\nnote: {n}");
+    }
     for r in report.rows.iter().filter(|r| !r.profile.is_empty()) {
         let per = if r.test.starts_with("tg") { "decode token" } else { "prompt token" };
         let total: f64 = r.profile.iter().map(|k| k.us_per_token).sum();

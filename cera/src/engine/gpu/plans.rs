@@ -3,6 +3,11 @@
 //! cooperative-matrix where the adapter has them; no LM head). Both bind the sequence's own
 //! activation buffers and KV cache; everything is made here, so recording a step creates
 //! nothing.
+//!
+//! The decode plan fuses what the graph writes as separate ops ([`super::fuse`]): the residual
+//! add goes into the GEMV producing the delta (`accumulate`), the RMSNorm into the GEMV
+//! consuming it (`Prologue::RmsNorm`, reading the residual stream), and the GLU into the down
+//! projection (`Prologue::Glu`), so a llama layer is 6 dispatches.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,13 +18,14 @@ use boostr::embedding::EmbeddingPlan;
 use boostr::kv_cache::{KvCache, KvDtype};
 use boostr::norm::{Norm, NormIo, NormPlan};
 use boostr::ops_common::{GpuView, OpPlan};
-use boostr::quant::{GemmPlan, GemvIo, GemvOutput, GemvPlan, QuantGemm, QuantGemv, WeightKind};
+use boostr::quant::{GemmPlan, GemvIo, GemvOutput, GemvPlan, Prologue, QuantGemm, QuantGemv, WeightKind};
 use boostr::rope::{QkvLayout, QkvRope, QkvRopeInputs, QkvRopePlan, RopeParams, RopePositions, RopeScaling, RopeStyle};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, Plan};
 
 use super::super::EngineError;
 use super::super::config::GateAct;
 use super::super::graph::{ModelGraph, Op, Slot};
+use super::fuse::{Allow, Fusions, Input, fuse_decode};
 use super::weights::GpuWeights;
 use super::{dev_err, ops_err, quant_err};
 
@@ -112,13 +118,65 @@ pub(crate) fn kv_dtype(kv: super::super::KvType) -> KvDtype {
     }
 }
 
+/// The decode fusions to make. Diagnostic switches, to measure what each fusion gives:
+/// `CERA_DECODE_FUSION` = `none`, or a comma list of `norm`, `residual`, `glu` (default: all);
+/// `CERA_NORM_FUSE_MAX_K`: the RMSNorm goes into GEMVs of at most this many input features
+/// (default [`NORM_FUSE_MAX_K`]).
+fn decode_fusions() -> Allow {
+    let list = std::env::var("CERA_DECODE_FUSION").unwrap_or_else(|_| "norm,residual,glu".into());
+    let has = |f: &str| list.split(',').any(|x| x.trim() == f);
+    let max_k = std::env::var("CERA_NORM_FUSE_MAX_K").ok().and_then(|v| v.parse().ok()).unwrap_or(NORM_FUSE_MAX_K);
+    Allow { norm_max_k: if has("norm") { max_k } else { 0 }, residual: has("residual"), glu: has("glu") }
+}
+
+/// A diagnostic override (`CERA_GEMV_ROWS`, `CERA_GEMV_THREADS`: the decode GEMV's rows per
+/// workgroup and invocations).
+fn env_u32(name: &str) -> Option<u32> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// Input features up to which the RMSNorm runs inside the consuming GEMV.
+const NORM_FUSE_MAX_K: usize = usize::MAX;
+
+/// Activations staged in workgroup memory by the RMSNorm prologue up to this many features
+/// (`CERA_NORM_STAGE_K`; default 0: normalised while loading, which measured faster on the
+/// H200 at every size: staging 4096 features cost llama-8b 20% of its decode speed).
+fn norm_stage_k() -> u32 {
+    env_u32("CERA_NORM_STAGE_K").unwrap_or(0)
+}
+
+/// Decode GEMVs over at least this many input features take 8 rows per workgroup (each
+/// activation load shared by twice the rows): +24% decode on llama-8b, neutral on llama-1b,
+/// -20% on SmolLM2's 576 (H200, README).
+const WIDE_K: usize = 2048;
+
 /// Builds the plan of `mode` over `slots`.
 pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mode) -> Result<Plan, EngineError> {
     let (g, c) = (inp.graph, &inp.graph.cfg);
     let rows = mode.rows();
     let env = KernelEnv::from_caps(ctx.capabilities());
     let mut plan = Plan::new();
+    let k_of = |i: usize| match &g.ops[i] {
+        Op::Linear { ws, .. } => ws.first().map_or(0, |w| w.cols),
+        Op::LmHead { w, .. } => w.cols,
+        _ => 0,
+    };
+    let fused = if mode == Mode::Decode { fuse_decode(&g.ops, decode_fusions(), &k_of) } else { Fusions::none(g.ops.len()) };
     for (i, op) in g.ops.iter().enumerate() {
+        let f = &fused.ops[i];
+        if f.skip {
+            continue;
+        }
+        let gemv = |x: Slot, out: Slot| -> GemvFusion {
+            // Accumulating GEMVs add into the residual stream instead of writing their slot.
+            let out = slots.bind(if f.accumulate { Slot::Hidden } else { out });
+            let accumulate = f.accumulate;
+            match &f.input {
+                Input::Norm(w) => GemvFusion { x: slots.bind(Slot::Hidden), out, norm: Some(w.clone()), glu: None, accumulate },
+                Input::Glu(act, src) => GemvFusion { x: slots.bind(*src), out, norm: None, glu: Some(*act), accumulate },
+                Input::Plain => GemvFusion { x: slots.bind(x), out, norm: None, glu: None, accumulate },
+            }
+        };
         match op {
             Op::Embed { scale, .. } => {
                 let table = &inp.weights.embed[&i];
@@ -126,6 +184,15 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
                 let ids = GpuView::whole(inp.ids);
                 let p = EmbeddingPlan::new(ctx, table, &ids, rows, *scale, Some(slots.view(Slot::Hidden))).map_err(ops_err)?;
                 plan.append(p.plan());
+            }
+            Op::Norm { w, out, .. } if f.materialize => {
+                let io = NormIo { x: slots.view(Slot::Hidden), w: inp.weights.vecs[&w.name].clone(), b: None, residual: None, out: Some(slots.view(*out)) };
+                plan.append(NormPlan::new(ctx, &Norm::rms(), &io, w.len, rows, c.norm_eps).map_err(ops_err)?.plan());
+            }
+            Op::AddNorm { w, out, .. } if f.materialize => {
+                // The residual add went into the producing GEMV: only the norm of Hidden is left.
+                let io = NormIo { x: slots.view(Slot::Hidden), w: inp.weights.vecs[&w.name].clone(), b: None, residual: None, out: Some(slots.view(*out)) };
+                plan.append(NormPlan::new(ctx, &Norm::rms(), &io, w.len, rows, c.norm_eps).map_err(ops_err)?.plan());
             }
             Op::Norm { x, w, out } => {
                 let io = NormIo { x: slots.view(*x), w: inp.weights.vecs[&w.name].clone(), b: None, residual: None, out: Some(slots.view(*out)) };
@@ -141,13 +208,13 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
                 };
                 plan.append(NormPlan::new(ctx, &Norm { residual: true, ..Norm::rms() }, &io, w.len, rows, c.norm_eps).map_err(ops_err)?.plan());
             }
-            Op::Linear { x, out, .. } => linear(ctx, &env, &mut plan, inp, i, slots.bind(*x), slots.bind(*out), g.width(*out), mode)?,
+            Op::Linear { x, out, .. } => linear(ctx, &env, &mut plan, inp, i, gemv(*x, *out), g.width(*out), c.norm_eps, mode)?,
             Op::LmHead { softcap, .. } => {
                 if let Some(cap) = softcap {
                     return Err(EngineError::Unsupported { what: format!("final logit soft-capping ({cap}) on the GPU") });
                 }
                 if mode == Mode::Decode {
-                    linear(ctx, &env, &mut plan, inp, i, slots.bind(Slot::Normed), slots.bind(Slot::Logits), c.vocab, mode)?;
+                    linear(ctx, &env, &mut plan, inp, i, gemv(Slot::Normed, Slot::Logits), c.vocab, c.norm_eps, mode)?;
                 }
             }
             Op::QkvRope { layer, qk_norm, rope, neox, .. } => {
@@ -193,16 +260,32 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
                 }
             }
             Op::Glu { act, x, out } => {
-                let kind = match act {
-                    GateAct::Silu => ActKind::Silu,
-                    GateAct::GeluTanh => ActKind::GeluTanh,
-                };
+                let kind = act_kind(*act);
                 let io = ActIo { a: slots.view(*x), b: None, out: Some(slots.view(*out)) };
                 plan.append(ActPlan::new(ctx, &Act { kind, input: GluInput::Packed }, &io, c.ffn_dim, rows).map_err(ops_err)?.plan());
             }
         }
     }
     Ok(plan)
+}
+
+fn act_kind(act: GateAct) -> ActKind {
+    match act {
+        GateAct::Silu => ActKind::Silu,
+        GateAct::GeluTanh => ActKind::GeluTanh,
+    }
+}
+
+/// The bindings of one linear op and what its GEMV fuses (decode).
+struct GemvFusion {
+    x: Binding,
+    out: Binding,
+    /// The RMSNorm prologue's weight (x is then the residual stream).
+    norm: Option<String>,
+    /// The GLU prologue (x is then the packed `[gate | up]` rows).
+    glu: Option<ActKind>,
+    /// `out += x Wᵀ` (out is then the residual stream).
+    accumulate: bool,
 }
 
 /// One GEMV (decode) or GEMM (prefill) per part of the op's weights, each writing its columns.
@@ -213,11 +296,12 @@ fn linear(
     plan: &mut Plan,
     inp: &PlanInputs,
     op: usize,
-    x: Binding,
-    y: Binding,
+    f: GemvFusion,
     width: usize,
+    eps: f32,
     mode: Mode,
 ) -> Result<(), EngineError> {
+    let (x, y) = (f.x, f.out);
     let parts = &inp.weights.linear[&op];
     for part in parts {
         let w = &part.w;
@@ -230,8 +314,22 @@ fn linear(
         match mode {
             Mode::Decode => {
                 // Bounds are validated by the plan before it drops the runtime checks.
-                let cfg = QuantGemv { unchecked: true, ..QuantGemv::new(kind, env, 1) };
-                let io = GemvIo { x: x.clone(), norm_weight: None, eps: 0.0, output };
+                let prologue = match (&f.norm, f.glu) {
+                    (Some(_), _) => Prologue::RmsNorm { gemma: false, stage_k: norm_stage_k() },
+                    (None, Some(act)) => Prologue::Glu { act },
+                    (None, None) => Prologue::None,
+                };
+                let base = QuantGemv::new(kind, env, 1);
+                let cfg = QuantGemv {
+                    unchecked: true,
+                    prologue,
+                    accumulate: f.accumulate,
+                    rows_per_workgroup: env_u32("CERA_GEMV_ROWS").unwrap_or(if w.cols >= WIDE_K { 8 } else { base.rows_per_workgroup }),
+                    threads: env_u32("CERA_GEMV_THREADS").unwrap_or(base.threads),
+                    ..base
+                };
+                let norm_weight = f.norm.as_ref().map(|n| inp.weights.vecs[n].binding.clone());
+                let io = GemvIo { x: x.clone(), norm_weight, eps, output };
                 plan.append(GemvPlan::new(ctx, &cfg, w, &io).map_err(|e| quant_err(ctx, &w.name, e))?.plan());
             }
             Mode::Prefill { max_tok } => {

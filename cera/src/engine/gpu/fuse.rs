@@ -1,0 +1,243 @@
+//! Which ops of the graph the decode plan fuses (see `plans.rs`), decided on the op list alone:
+//! - `Linear { out: d }` then `AddNorm { x: d, w, out: o }`: the GEMV adds into the residual
+//!   stream (`accumulate`); the norm of the stream is left pending for `o`;
+//! - `Norm { x: Hidden, w, out: o }`: pending for `o` likewise;
+//! - a pending norm is taken by the next op when it is a `Linear`/`LmHead` reading `o`
+//!   (`Prologue::RmsNorm` over the stream), else it runs as a norm of the stream;
+//! - `Glu { x: gu, out: h }` then `Linear { x: h }`: the GEMV runs on the GLU of `gu`.
+//!
+//! A fusion that skips writing a slot (the delta, the normed or the GLU output) is made only when
+//! no later op reads that slot before writing it.
+
+use super::super::config::GateAct;
+use super::super::graph::{Op, Slot};
+use boostr::act::ActKind;
+
+/// What a linear op reads.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Input {
+    /// Its own input slot.
+    Plain,
+    /// The RMSNorm (weight name) of the residual stream.
+    Norm(String),
+    /// The GLU of this packed `[gate | up]` slot.
+    Glu(ActKind, Slot),
+}
+
+/// One op's part in the fused plan.
+#[derive(Clone, Debug)]
+pub(crate) struct Fused {
+    /// Nothing to record: folded into a neighbour.
+    pub(crate) skip: bool,
+    /// A `Norm`/`AddNorm` recorded as a norm of the residual stream (its add, if any, was fused
+    /// into the previous GEMV).
+    pub(crate) materialize: bool,
+    /// A linear op's input.
+    pub(crate) input: Input,
+    /// A linear op adds into the residual stream.
+    pub(crate) accumulate: bool,
+}
+
+/// Per op.
+pub(crate) struct Fusions {
+    pub(crate) ops: Vec<Fused>,
+}
+
+impl Fusions {
+    /// Every op as it is.
+    pub(crate) fn none(n: usize) -> Fusions {
+        Fusions { ops: vec![Fused { skip: false, materialize: false, input: Input::Plain, accumulate: false }; n] }
+    }
+}
+
+fn reads(op: &Op) -> Vec<Slot> {
+    match op {
+        Op::Embed { .. } => vec![],
+        Op::Norm { x, .. } | Op::Linear { x, .. } | Op::Glu { x, .. } => vec![*x],
+        Op::AddNorm { x, .. } => vec![*x, Slot::Hidden],
+        Op::QkvRope { .. } => vec![Slot::Qkv],
+        Op::Attention { .. } => vec![Slot::Qkv],
+        Op::LmHead { .. } => vec![Slot::Normed],
+    }
+}
+
+fn writes(op: &Op) -> Vec<Slot> {
+    match op {
+        Op::Embed { .. } => vec![Slot::Hidden],
+        Op::Norm { out, .. } | Op::Linear { out, .. } | Op::Glu { out, .. } => vec![*out],
+        Op::AddNorm { out, .. } => vec![Slot::Hidden, *out],
+        Op::QkvRope { .. } => vec![Slot::Qkv],
+        Op::Attention { .. } => vec![Slot::Attn],
+        Op::LmHead { .. } => vec![Slot::Logits],
+    }
+}
+
+/// Whether an op from `from` on reads `slot` before one writes it.
+fn read_later(ops: &[Op], from: usize, slot: Slot) -> bool {
+    for op in &ops[from..] {
+        if reads(op).contains(&slot) {
+            return true;
+        }
+        if writes(op).contains(&slot) {
+            return false;
+        }
+    }
+    false
+}
+
+fn act_kind(a: GateAct) -> ActKind {
+    match a {
+        GateAct::Silu => ActKind::Silu,
+        GateAct::GeluTanh => ActKind::GeluTanh,
+    }
+}
+
+/// Which fusions [`fuse_decode`] may make.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Allow {
+    /// RMSNorm into the consuming GEMV, when its input has at most this many features.
+    pub(crate) norm_max_k: usize,
+    /// The residual add into the producing GEMV.
+    pub(crate) residual: bool,
+    /// The GLU into the down projection.
+    pub(crate) glu: bool,
+}
+
+impl Allow {
+    /// Every fusion.
+    #[cfg(test)]
+    pub(crate) const ALL: Allow = Allow { norm_max_k: usize::MAX, residual: true, glu: true };
+}
+
+/// The decode fusions of `ops`; `k_of(i)`: the input features of linear op `i`.
+pub(crate) fn fuse_decode(ops: &[Op], allow: Allow, k_of: &dyn Fn(usize) -> usize) -> Fusions {
+    let mut f = Fusions::none(ops.len());
+    // A norm of the residual stream into `o` (its op index and weight) not yet recorded.
+    let mut pending: Option<(usize, Slot, String)> = None;
+    for i in 0..ops.len() {
+        if f.ops[i].skip {
+            continue;
+        }
+        // A pending norm goes into this op, or is recorded as a norm now.
+        if let Some((at, o, w)) = pending.take() {
+            let takes = match &ops[i] {
+                Op::Linear { x, .. } => *x == o,
+                Op::LmHead { .. } => o == Slot::Normed,
+                _ => false,
+            };
+            if takes && k_of(i) <= allow.norm_max_k && !read_later(ops, i + 1, o) {
+                f.ops[i].input = Input::Norm(w);
+            } else {
+                f.ops[at].skip = false;
+                f.ops[at].materialize = true;
+            }
+        }
+        match &ops[i] {
+            Op::Norm { x: Slot::Hidden, w, out } => {
+                f.ops[i].skip = true;
+                pending = Some((i, *out, w.name.clone()));
+            }
+            Op::Linear { out, .. } => {
+                if let Some(Op::AddNorm { x, w, out: o }) = ops.get(i + 1)
+                    && allow.residual
+                    && x == out
+                    && !read_later(ops, i + 2, *out)
+                    && !matches!(f.ops[i].input, Input::Norm(_))
+                {
+                    f.ops[i].accumulate = true;
+                    f.ops[i + 1].skip = true;
+                    pending = Some((i + 1, *o, w.name.clone()));
+                }
+            }
+            Op::Glu { act, x, out } => {
+                if let Some(Op::Linear { x: lx, .. }) = ops.get(i + 1)
+                    && allow.glu
+                    && lx == out
+                    && !read_later(ops, i + 2, *out)
+                {
+                    f.ops[i].skip = true;
+                    f.ops[i + 1].input = Input::Glu(act_kind(*act), *x);
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some((at, ..)) = pending {
+        f.ops[at].skip = false;
+        f.ops[at].materialize = true;
+    }
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::arch::{FileFacts, build};
+    use crate::engine::config::{Arch, LayerRope, ModelConfig};
+
+    fn config(arch: Arch, n_layers: usize) -> ModelConfig {
+        ModelConfig {
+            arch,
+            n_layers,
+            dim: 64,
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 32,
+            ffn_dim: 128,
+            vocab: 100,
+            norm_eps: 1e-5,
+            rope_dim: 32,
+            rope: vec![LayerRope { base: 10_000.0, linear_factor: 1.0 }; n_layers],
+            window: vec![None; n_layers],
+            context_length: 64,
+            embed_scale: 1.0,
+            gate_act: GateAct::Silu,
+            qk_norm: arch == Arch::Gemma3,
+            post_norms: arch == Arch::Gemma3,
+            attn_scale: 1.0,
+            final_softcap: None,
+            attn_softcap: None,
+        }
+    }
+
+    fn recorded(f: &Fusions) -> usize {
+        f.ops.iter().filter(|o| !o.skip).count()
+    }
+
+    #[test]
+    fn a_llama_layer_is_six_ops_and_nothing_reads_a_skipped_slot() {
+        let g = build(&config(Arch::Llama, 3), &FileFacts::default());
+        let f = fuse_decode(&g.ops, Allow::ALL, &|_| 64);
+        // Embedding, 6 per layer, the LM head (with the final norm in it).
+        assert_eq!(recorded(&f), 2 + 6 * 3);
+        let acc = f.ops.iter().filter(|o| o.accumulate).count();
+        let norm = f.ops.iter().filter(|o| matches!(o.input, Input::Norm(_))).count();
+        let glu = f.ops.iter().filter(|o| matches!(o.input, Input::Glu(..))).count();
+        assert_eq!((acc, norm, glu), (6, 7, 3));
+        assert!(f.ops.iter().all(|o| !(o.accumulate && matches!(o.input, Input::Norm(_)))), "a GEMV may not read and add into the stream");
+        // Without fusions every op is recorded as it is.
+        let none = fuse_decode(&g.ops, Allow { norm_max_k: 0, residual: false, glu: false }, &|_| 64);
+        assert_eq!(recorded(&none), g.ops.len());
+        assert!(none.ops.iter().all(|o| o.input == Input::Plain && !o.accumulate));
+        // (Only the first norm, of the stream itself, is recorded as a norm of the stream.)
+        assert_eq!(none.ops.iter().filter(|o| o.materialize).count(), 1);
+        // Norms over wider inputs than allowed run on their own (the residual add stays fused).
+        let wide = fuse_decode(&g.ops, Allow { norm_max_k: 32, ..Allow::ALL }, &|_| 64);
+        assert_eq!(recorded(&wide), 2 + 8 * 3 + 1);
+        assert!(wide.ops.iter().all(|o| !matches!(o.input, Input::Norm(_))));
+    }
+
+    #[test]
+    fn gemma_post_norms_keep_their_residual_adds() {
+        let g = build(&config(Arch::Gemma3, 2), &FileFacts::default());
+        let f = fuse_decode(&g.ops, Allow::ALL, &|_| 64);
+        // The deltas are normed before they are added: no GEMV adds into the stream.
+        assert!(f.ops.iter().all(|o| !o.accumulate));
+        assert!(f.ops.iter().any(|o| matches!(o.input, Input::Glu(..))));
+        for (op, fu) in g.ops.iter().zip(&f.ops) {
+            if matches!(op, Op::AddNorm { .. }) {
+                assert!(!fu.skip && !fu.materialize, "{op:?}");
+            }
+        }
+    }
+}
