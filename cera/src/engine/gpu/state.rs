@@ -2,7 +2,8 @@
 //! over them, the sampling plans, and the id buffer `[ubatch prompt slots | argmax slot]`.
 //!
 //! A step is ONE recording and ONE submit: the prefill plan for all but the last token (when the
-//! step wants a distribution; all tokens otherwise), the decode plan for the last token, then
+//! step wants a distribution, or is one token; all tokens otherwise), the decode plan for the
+//! last token, then
 //! argmax / top-k / nothing, and one readback of what the sampler needs (4 bytes for greedy).
 //! Greedy decoding leaves the id in the argmax slot, where the next step's embedding reads it,
 //! so the next step can be recorded and submitted before this one's id is read back (up to
@@ -174,15 +175,19 @@ impl GpuState {
             }
         };
         self.has_last = want == Want::Argmax;
-        let pre = if want == Want::Nothing { n } else { n - 1 };
+        // A single token runs the decode plan (GEMV) even when nothing is wanted of it.
+        let pre = if want == Want::Nothing && n > 1 { n } else { n - 1 };
         if pre > 0 {
             self.prefill.record(rec, &StepValues::chunk(word("position", pos)?, word("tokens", pre)?).with_token(0)).map_err(|e| self.err(e))?;
         }
-        if want == Want::Nothing {
+        if pre == n {
             return Ok(Reads::Nothing);
         }
         let step = StepValues::decode(word("position", pos + n - 1)?);
         self.decode.record(rec, &step.with_token(word("slot", last_slot)?)).map_err(|e| self.err(e))?;
+        if want == Want::Nothing {
+            return Ok(Reads::Nothing);
+        }
         Ok(match want {
             Want::Argmax => {
                 if let Some((_, _, mask)) = &self.mask {
