@@ -85,7 +85,8 @@ fn read_later(ops: &[Op], from: usize, slot: Slot) -> bool {
     false
 }
 
-fn act_kind(a: GateAct) -> ActKind {
+/// boostr's activation for the graph's gate activation.
+pub(crate) fn act_kind(a: GateAct) -> ActKind {
     match a {
         GateAct::Silu => ActKind::Silu,
         GateAct::GeluTanh => ActKind::GeluTanh,

@@ -23,9 +23,8 @@ use boostr::rope::{QkvLayout, QkvRope, QkvRopeInputs, QkvRopePlan, RopeParams, R
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, Plan};
 
 use super::super::EngineError;
-use super::super::config::GateAct;
 use super::super::graph::{ModelGraph, Op, Slot};
-use super::fuse::{Allow, Fusions, Input, fuse_decode};
+use super::fuse::{Allow, Fusions, Input, act_kind, fuse_decode};
 use super::weights::GpuWeights;
 use super::{dev_err, ops_err, quant_err};
 
@@ -267,13 +266,6 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
         }
     }
     Ok(plan)
-}
-
-fn act_kind(act: GateAct) -> ActKind {
-    match act {
-        GateAct::Silu => ActKind::Silu,
-        GateAct::GeluTanh => ActKind::GeluTanh,
-    }
 }
 
 /// The bindings of one linear op and what its GEMV fuses (decode).
