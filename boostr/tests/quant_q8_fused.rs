@@ -6,14 +6,17 @@
 //! normalised values (the GPU's f32 normalisation may differ by a few ulps, so 1e-5 of the
 //! block's max is allowed on top of `d / 2`); the GEMV on top against `matmul_ref` of the CPU's
 //! normalised activations at 2e-2 (the int8 rounding, as in `quant_gemv_q8.rs`); the fused QKV
-//! against separate integer-dot GEMVs on the same int8 activations at 1e-5.
+//! against separate integer-dot GEMVs on the same int8 activations at 1e-5. The GLU quantizer
+//! (`GluQuantizeQ8`) is checked like the fused norm, and the accumulating GEMV on top against
+//! `y0 + matmul_ref` of the GPU's own dequantized activations at 1e-5.
 
 #[path = "formats_util.rs"]
 mod util;
 
+use boostr::act::ActKind;
 use boostr::formats::{GgmlType, matmul_ref};
 use boostr::quant::upload::concat_rows;
-use boostr::quant::{GemvOutput, Q8Activations, Q8GemvPlan, QuantGemvQ8, QuantMatrix, RmsNormQuantizeQ8, WeightKind};
+use boostr::quant::{GemvOutput, GluQuantizeQ8, Q8Activations, Q8GemvPlan, QuantGemvQ8, QuantMatrix, RmsNormQuantizeQ8, WeightKind};
 use numr::gpu::{Binding, BufferKind, KernelEnv, StepValues};
 use numr::testing::{check_close_rtol, test_gpu, validate_wgsl};
 use util::{Rng, check_q8, random_ggml, rmsnorm_cpu};
@@ -29,6 +32,56 @@ fn fused_q8_variants_validate_with_naga() {
             let src = RmsNormQuantizeQ8 { gemma }.source(&env);
             validate_wgsl(&src.wgsl).unwrap_or_else(|e| panic!("{}: {e}\n{}", src.name, src.wgsl));
         }
+        for act in [ActKind::Silu, ActKind::GeluTanh] {
+            let src = GluQuantizeQ8 { act }.source(&env);
+            validate_wgsl(&src.wgsl).unwrap_or_else(|e| panic!("{}: {e}\n{}", src.name, src.wgsl));
+        }
+    }
+}
+
+/// The down projection of a decode step on the integer-dot path: GLU + quantize in one
+/// dispatch, then the GEMV adding into the residual stream, for one and two activation rows
+/// and both subgroup modes.
+#[test]
+fn glu_quantize_and_accumulating_gemv_match_cpu() {
+    let Some(ctx) = test_gpu() else { return };
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let mut rng = Rng(47);
+    let (rows, k) = (37usize, 1024usize);
+    for (ty, act, m) in [(GgmlType::Q4_0, ActKind::Silu, 1usize), (GgmlType::Q6_K, ActKind::GeluTanh, 2), (GgmlType::Q4_1, ActKind::Silu, 2)] {
+        let gate_up: Vec<f32> = (0..m * 2 * k).map(|_| rng.f32_in(-3.0, 3.0)).collect();
+        let glu: Vec<f32> =
+            (0..m * k).map(|i| (i / k, i % k)).map(|(r, j)| (act.apply(gate_up[r * 2 * k + j] as f64) * gate_up[r * 2 * k + k + j] as f64) as f32).collect();
+        let p = random_ggml(&mut rng, ty, rows, k);
+        let w = QuantMatrix::upload(&ctx, "down", &p).unwrap();
+        let gub = ctx.upload(bytemuck::cast_slice(&gate_up)).unwrap();
+        let xa = Q8Activations::with_glu(&ctx, &Binding::whole(&gub), act, m, k).unwrap();
+        let base = QuantGemvQ8 { accumulate: true, ..QuantGemvQ8::new(WeightKind::Ggml(ty), &env, m as u32) };
+        for cfg in [base, QuantGemvQ8 { subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base }] {
+            let y0: Vec<f32> = (0..m * rows).map(|_| rng.f32_in(-1.0, 1.0)).collect();
+            let y = ctx.upload(bytemuck::cast_slice(&y0)).unwrap();
+            let plan = Q8GemvPlan::new(&ctx, &cfg, &w, &xa, &GemvOutput::Single(Binding::whole(&y))).unwrap();
+            let mut rec = ctx.recorder();
+            let step = StepValues::chunk(0, m as u32);
+            xa.record(&mut rec, &step).unwrap();
+            plan.record(&mut rec, &step).unwrap();
+            assert_eq!(rec.dispatch_count(), 2);
+            rec.submit().unwrap();
+            let nb = m * k / 32;
+            let q: Vec<i8> = ctx.read_bytes(xa.xq(), 0, (nb * 32) as u64).unwrap().into_iter().map(|b| b as i8).collect();
+            let s: Vec<f32> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(xa.xs(), 0, (nb * 16) as u64).unwrap());
+            let deq = check_q8(&glu, &q, &s, 1e-5);
+            let got: Vec<f64> =
+                bytemuck::pod_collect_to_vec::<u8, f32>(&ctx.read_bytes(&y, 0, (4 * m * rows) as u64).unwrap()).into_iter().map(|v| v as f64).collect();
+            let want: Vec<f64> = matmul_ref(&p, &deq, m).unwrap().iter().zip(&y0).map(|(a, b)| *a as f64 + *b as f64).collect();
+            check_close_rtol(&got, &want, 1e-5).unwrap_or_else(|e| panic!("{} {act:?} m={m} {cfg:?}: {e}", ty.name()));
+        }
+        // The packed rows must hold 2 K values each; accumulate with split_qkv is a typed error.
+        let short = ctx.upload(bytemuck::cast_slice(&gate_up[..m * k])).unwrap();
+        assert!(Q8Activations::with_glu(&ctx, &Binding::whole(&short), act, m, k).is_err());
+        let y = Binding::whole(&ctx.alloc((4 * m * rows) as u64, BufferKind::Storage).unwrap());
+        let bad = QuantGemvQ8 { split_qkv: true, ..base };
+        assert!(Q8GemvPlan::new_qkv(&ctx, &bad, &w, &xa, [&y, &y, &y], [rows - 2, 1, 1]).is_err());
     }
 }
 

@@ -15,8 +15,9 @@
 //!    affine map `w = a * q + b` per 16 elements). The steps past the row end are clamped and
 //!    weighted by zero, so the inner loop has no branches. The partial sums are reduced like the
 //!    f32 GEMV's ([`super::gemv`]). Options: `subgroup_rows` (each subgroup owns whole rows and
-//!    reduces them alone with `subgroupAdd`, no workgroup barrier) and `prefetch` (each step
-//!    loads the next step's chunks before its own dot products).
+//!    reduces them alone with `subgroupAdd`, no workgroup barrier), `prefetch` (each step
+//!    loads the next step's chunks before its own dot products) and `accumulate` (`y += x Wᵀ`,
+//!    the residual add of a decode step fused into the projection producing the delta).
 //!
 //! Accuracy: the products are exact integers; the only error beyond f32 rounding is the int8
 //! rounding of the activations (at most `d / 2` per element, the scheme of llama.cpp's Q8_1 path).
@@ -62,6 +63,9 @@ pub struct QuantGemvQ8 {
     /// Three outputs: rows `[0, nq)` go to `y`, `[nq, nq + nk)` to `yk`, the rest to `yv` (Q/K/V
     /// packed into one matrix at upload), seven storage bindings in all.
     pub split_qkv: bool,
+    /// `y += x Wᵀ`: each output is read and written by the one invocation that stores it (a
+    /// residual add fused into the projection that produces the delta).
+    pub accumulate: bool,
     /// Activation rows (1..=8).
     pub activation_rows: u32,
     pub unchecked: bool,
@@ -90,6 +94,7 @@ impl QuantGemvQ8 {
             subgroup_rows: 0,
             prefetch: false,
             split_qkv: false,
+            accumulate: false,
             activation_rows: m,
             unchecked: false,
         }
@@ -122,6 +127,8 @@ impl QuantGemvQ8 {
                 v.push(QuantGemvQ8 { prefetch: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base });
                 v.push(QuantGemvQ8 { split_qkv: true, ..base });
                 v.push(QuantGemvQ8 { split_qkv: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base });
+                v.push(QuantGemvQ8 { accumulate: true, ..base });
+                v.push(QuantGemvQ8 { accumulate: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base });
             }
         }
         v
@@ -129,7 +136,7 @@ impl QuantGemvQ8 {
 
     fn name(&self) -> String {
         format!(
-            "quant_gemv_q8_{}_r{}_t{}_u{}{}{}_m{}{}{}",
+            "quant_gemv_q8_{}_r{}_t{}_u{}{}{}_m{}{}{}{}",
             self.kind.name().to_lowercase(),
             self.rows_per_workgroup,
             self.threads,
@@ -143,6 +150,7 @@ impl QuantGemvQ8 {
                 (true, n) => format!("_sgrows{n}"),
             },
             if self.split_qkv { "_qkv" } else { "" },
+            if self.accumulate { "_acc" } else { "" },
         )
     }
 
@@ -223,6 +231,8 @@ impl QuantGemvQ8 {
             format!(
                 "let g = {g}; if (g < p.nq) {{ y[{m} * p.nq + g] = {val}; }} else if (g < p.nq + p.nk) {{ yk[{m} * p.nk + g - p.nq] = {val}; }} else {{ yv[{m} * p.nv + g - p.nq - p.nk] = {val}; }}"
             )
+        } else if self.accumulate {
+            format!("let o = {m} * p.n_out + {g}; y[o] = y[o] + {val};")
         } else {
             format!("y[{m} * p.n_out + {g}] = {val};")
         }
@@ -336,6 +346,9 @@ impl Q8GemvPlan {
         let blocks = mul("activation blocks", m, cpr)?;
         check_binding(OP, "xq", &xa.xq_binding(), mul("xq words", blocks, 2)?, 16)?;
         check_binding(OP, "xs", &xa.xs_binding(), blocks, 16)?;
+        if cfg.accumulate && cfg.split_qkv {
+            return Err(QuantError::Config { what: OP, reason: "accumulate with split_qkv".into() });
+        }
         let (outputs, qkv) = output.checked(OP, cfg.split_qkv, m, w.rows)?;
         let src = cfg.source(&env);
         let src = if cfg.unchecked {

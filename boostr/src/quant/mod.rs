@@ -45,7 +45,7 @@ use crate::formats::{FormatError, GgmlType, PackedFormat};
 pub use gemm::{GemmPlan, QuantGemm};
 pub use gemv::{GemvIo, GemvOutput, GemvPlan, Prologue, QuantGemv};
 pub use gemv_q8::{Q8GemvPlan, QuantGemvQ8};
-pub use q8_activations::{Q8Activations, QuantizeQ8, RmsNormQuantizeQ8};
+pub use q8_activations::{GluQuantizeQ8, Q8Activations, QuantizeQ8, RmsNormQuantizeQ8};
 pub use upload::{QuantMatrix, QuantPart};
 
 /// The decoder a kernel needs: a GGUF type, or the int4 layout shared by AWQ and GPTQ (whose

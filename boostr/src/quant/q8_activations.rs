@@ -3,6 +3,8 @@
 //! and `vec4(d, d * sum(q[0..16]), d * sum(q[16..32]), 0)` (`xs`).
 //!
 //! - [`QuantizeQ8`]: quantizes `x` as it is (one invocation per block, 64 per workgroup).
+//! - [`GluQuantizeQ8`]: quantizes `act(gate) * up` of packed `[gate | up]` rows (the input of
+//!   an FFN's down projection; the GLU and the quantization in one dispatch).
 //! - [`RmsNormQuantizeQ8`]: the fused RMSNorm + quantize: one workgroup per activation row
 //!   reduces `sum(x^2)`, then quantizes `x / sqrt(mean(x^2) + eps) * w` (or `* (1 + w)`,
 //!   Gemma's form). One dispatch replaces the norm and the quantization, and every projection
@@ -65,13 +67,48 @@ impl QuantizeQ8 {
             .storage("x", Access::Read, "array<vec4<f32>>")
             .storage("xq", Access::ReadWrite, "array<vec4<u32>>")
             .storage("xs", Access::ReadWrite, "array<vec4<f32>>")
-            .params(&["nb"])
+            // `k4` is unused here; the GLU quantizer shares the plan builder that sets it.
+            .params(&["nb", "k4"])
             .prelude(QUANT_BLOCK)
             .body(
                 "    let b = wg_linear * 64u + lidx;
     if (b >= p.nb) { return; }
     var v: array<vec4<f32>, 8>;
     for (var i = 0u; i < 8u; i++) { v[i] = x[b * 8u + i]; }
+    quant_block(v, b);
+",
+            )
+            .build()
+    }
+}
+
+/// The fused GLU + quantizer: block `b` of row `r` quantizes `act(gate) * up` of the packed
+/// `[gate | up]` row `r` (`2 k` f32), one invocation per block, 64 per workgroup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GluQuantizeQ8 {
+    pub act: crate::act::ActKind,
+}
+
+impl GluQuantizeQ8 {
+    pub fn source(&self, env: &KernelEnv) -> KernelSource {
+        KernelBuilder::new(format!("glu_quantize_q8_{}", self.act.name()), *env)
+            .workgroup(QuantizeQ8::BLOCKS_PER_WORKGROUP, 1, 1)
+            .storage("x", Access::Read, "array<vec4<f32>>")
+            .storage("xq", Access::ReadWrite, "array<vec4<u32>>")
+            .storage("xs", Access::ReadWrite, "array<vec4<f32>>")
+            .params(&["nb", "k4"])
+            .prelude(&format!("{}{}{QUANT_BLOCK}", crate::ops_common::SAFE_TANH, self.act.wgsl()))
+            .body(
+                "    let b = wg_linear * 64u + lidx;
+    if (b >= p.nb) { return; }
+    let bpr = p.k4 / 8u;
+    let row = b / bpr;
+    let g0 = row * 2u * p.k4 + (b % bpr) * 8u;
+    var v: array<vec4<f32>, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        let g = x[g0 + i];
+        v[i] = vec4<f32>(act(g.x), act(g.y), act(g.z), act(g.w)) * x[g0 + p.k4 + i];
+    }
     quant_block(v, b);
 ",
             )
@@ -138,13 +175,20 @@ pub struct Q8Activations {
 }
 
 impl Q8Activations {
-    /// Checks the shape and `x` (`max_rows * k` f32) and allocates the scratch.
-    fn scratch(ctx: &GpuContext, op: &'static str, x: &Binding, max_rows: usize, k: usize) -> Result<(Arc<GpuBuffer>, Arc<GpuBuffer>, usize)> {
+    /// Checks the shape and `x` (`max_rows * k * x_per_elem` f32) and allocates the scratch.
+    fn scratch(
+        ctx: &GpuContext,
+        op: &'static str,
+        x: &Binding,
+        max_rows: usize,
+        k: usize,
+        x_per_elem: usize,
+    ) -> Result<(Arc<GpuBuffer>, Arc<GpuBuffer>, usize)> {
         if !k.is_multiple_of(32) || k == 0 || max_rows == 0 {
             return Err(QuantError::Shape { what: op, reason: format!("{max_rows} x {k} (k must be a positive multiple of 32, rows at least 1)") });
         }
         let elems = mul("activation elements", max_rows, k)?;
-        check_binding(op, "x", x, elems, 4)?;
+        check_binding(op, "x", x, mul("x elements", elems, x_per_elem)?, 4)?;
         let nb = elems / 32;
         // xq: two vec4 words per block (32 bytes); xs: one vec4 (16 bytes); indices fit u32.
         to_u32("xq words", mul("xq words", nb, 8)?)?;
@@ -155,10 +199,22 @@ impl Q8Activations {
     /// Scratch for up to `max_rows x k` activations read from `x` (f32, `k % 32 == 0`),
     /// quantized as they are.
     pub fn new(ctx: &GpuContext, x: &Binding, max_rows: usize, k: usize) -> Result<Q8Activations> {
-        const OP: &str = "quantize_q8";
-        let (xq, xs, nb) = Self::scratch(ctx, OP, x, max_rows, k)?;
         let env = KernelEnv::from_caps(ctx.capabilities());
-        let kernel = ctx.kernel(&QuantizeQ8.source(&env))?;
+        Self::per_block(ctx, "quantize_q8", &QuantizeQ8.source(&env), x, max_rows, k, 1)
+    }
+
+    /// Scratch for the GLU of up to `max_rows` packed `[gate | up]` rows of `x` (`2 k` f32
+    /// each): `act(gate) * up` quantized in one dispatch (the input of a down projection).
+    pub fn with_glu(ctx: &GpuContext, x: &Binding, act: crate::act::ActKind, max_rows: usize, k: usize) -> Result<Q8Activations> {
+        let env = KernelEnv::from_caps(ctx.capabilities());
+        Self::per_block(ctx, "glu_quantize_q8", &GluQuantizeQ8 { act }.source(&env), x, max_rows, k, 2)
+    }
+
+    /// A one-invocation-per-block quantizer (`nb` blocks of the step, `k4` set) reading
+    /// `x_per_elem` f32 of `x` per activation.
+    fn per_block(ctx: &GpuContext, op: &'static str, src: &KernelSource, x: &Binding, max_rows: usize, k: usize, x_per_elem: usize) -> Result<Q8Activations> {
+        let (xq, xs, nb) = Self::scratch(ctx, op, x, max_rows, k, x_per_elem)?;
+        let kernel = ctx.kernel(src)?;
         let (bpr, wpg) = (to_u32("blocks per row", k / 32)?, QuantizeQ8::BLOCKS_PER_WORKGROUP);
         let max = to_u32("activation rows", max_rows)?;
         // The grid of the largest step must fit; smaller ones then do too.
@@ -166,6 +222,7 @@ impl Q8Activations {
         let limit = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
         let group = ctx.bind(&kernel, &[x.clone(), Binding::whole(&xq), Binding::whole(&xs)])?;
         let d = PlanDispatch::new(&kernel, group, [0, 1, 1])?
+            .set_usize("k4", k / 4)?
             .per_step("nb", move |s| step_rows(s, max) * bpr)?
             .grid_per_step(move |s| grid_2d((step_rows(s, max) * bpr).div_ceil(wpg) as u64, limit).unwrap_or([0, 0, 0]));
         Ok(Q8Activations { xq, xs, plan: Plan::from(d), max_rows, k })
@@ -175,7 +232,7 @@ impl Q8Activations {
     /// `norm_weight` (`k` f32), quantized in the same dispatch; `gemma` scales by `1 + w`.
     pub fn with_rms_norm(ctx: &GpuContext, x: &Binding, norm_weight: &Binding, max_rows: usize, k: usize, eps: f32, gemma: bool) -> Result<Q8Activations> {
         const OP: &str = "rmsnorm_quantize_q8";
-        let (xq, xs, _) = Self::scratch(ctx, OP, x, max_rows, k)?;
+        let (xq, xs, _) = Self::scratch(ctx, OP, x, max_rows, k, 1)?;
         check_binding(OP, "norm weight", norm_weight, k, 4)?;
         let env = KernelEnv::from_caps(ctx.capabilities());
         let kernel = ctx.kernel(&RmsNormQuantizeQ8 { gemma }.source(&env))?;

@@ -178,6 +178,8 @@ pub struct BenchReport {
     pub reps: usize,
     /// Whether decoding was pipelined.
     pub pipeline: bool,
+    /// The decode GEMVs' activations (`auto`, `f32`, `int8`).
+    pub decode_gemv: String,
     /// What went wrong on the way (a llama.cpp run that failed).
     pub notes: Vec<String>,
 }
@@ -364,6 +366,7 @@ pub fn run(models: &[PathBuf], opts: &BenchOpts, progress: &mut dyn FnMut(&str))
         rows: Vec::new(),
         reps: opts.reps,
         pipeline: opts.pipeline,
+        decode_gemv: opts.load.decode_gemv.name().to_string(),
         notes: Vec::new(),
     };
     let mut roofline = None;

@@ -53,7 +53,13 @@ pub fn print_table(report: &BenchReport) -> String {
     if let Some(d) = &report.llama_cpp_device {
         let _ = writeln!(s, "llama.cpp: {d}");
     }
-    let _ = writeln!(s, "median of {} runs after a warm-up (min–max); pipelined decoding {}", report.reps, if report.pipeline { "on" } else { "off" });
+    let _ = writeln!(
+        s,
+        "median of {} runs after a warm-up (min–max); pipelined decoding {}; decode GEMV activations {}",
+        report.reps,
+        if report.pipeline { "on" } else { "off" },
+        report.decode_gemv
+    );
     s.push('\n');
     s.push_str("| model | quant | size | test | tok/s | ms/tok | dispatches / passes / submits per token | host µs/tok | weights/tok | GB/s | roofline |");
     if compare {

@@ -5,9 +5,9 @@
 
 use std::path::PathBuf;
 
+use super::generation::LoadArgs;
 use super::{CliError, Output, resolve_model};
 use crate::bench::{self, BenchOpts};
-use crate::engine::{DeviceChoice, KvType, LoadOptions};
 
 /// Arguments of `cera bench`.
 #[derive(Debug, clap::Args)]
@@ -25,18 +25,8 @@ pub struct Args {
     /// Timed runs per test (after one warm-up).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_name = "N")]
     pub reps: usize,
-    /// Where to run: `auto`, `gpu` or `cpu`.
-    #[arg(long, default_value = "auto", value_parser = str::parse::<DeviceChoice>, value_name = "DEVICE")]
-    pub device: DeviceChoice,
-    /// Most prompt tokens one prefill step runs (the ubatch).
-    #[arg(short = 'b', long = "batch-size", visible_alias = "ubatch-size", default_value_t = 512, value_name = "N")]
-    pub batch_size: usize,
-    /// KV cache type: `f16` or `q8_0`.
-    #[arg(long = "kv-type", default_value = "f16", value_parser = str::parse::<KvType>, value_name = "TYPE")]
-    pub kv_type: KvType,
-    /// CPU threads [default: every core].
-    #[arg(short = 't', long, value_name = "N")]
-    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub load: LoadArgs,
     /// Decode one token at a time (no pipelining), to see what pipelining gives.
     #[arg(long = "no-pipeline")]
     pub no_pipeline: bool,
@@ -61,7 +51,7 @@ pub fn run(a: Args, out: &mut Output) -> Result<(), CliError> {
         prompts: a.n_prompt,
         gens: a.n_gen,
         reps: a.reps,
-        load: LoadOptions { device: a.device, n_ctx: None, ubatch: a.batch_size, kv: a.kv_type, threads: a.threads },
+        load: a.load.options(None),
         pipeline: !a.no_pipeline,
         profile: a.profile,
         llama_cpp: a.vs_llama_cpp,

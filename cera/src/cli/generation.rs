@@ -7,7 +7,7 @@ use std::io::Write;
 
 use super::progress::LoadBar;
 use super::{CliError, Output, resolve_model};
-use crate::engine::{CancelToken, DeviceChoice, Engine, EngineError, GenerateOpts, Generation, KvType, LoadOptions, Sink, TokenEvent};
+use crate::engine::{CancelToken, DecodeGemv, DeviceChoice, Engine, EngineError, GenerateOpts, Generation, KvType, LoadOptions, Sink, TokenEvent};
 
 /// The model and how to load it.
 #[derive(Debug, Clone, clap::Args)]
@@ -16,13 +16,20 @@ pub struct ModelArgs {
     /// cache when missing.
     #[arg(short = 'm', long, default_value = "smollm2-135m", value_name = "MODEL")]
     pub model: String,
+    /// Context length [default: the model's trained context or 4096, whichever is smaller].
+    #[arg(short = 'c', long = "ctx-size", value_name = "N")]
+    pub ctx_size: Option<usize>,
+    #[command(flatten)]
+    pub load: LoadArgs,
+}
+
+/// How to load a model, shared by `run`, `chat` and `bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LoadArgs {
     /// Where to run: `auto` (a real GPU when there is one, else the CPU), `gpu` (the adapter numr
     /// picks; `NUMR_ADAPTER` chooses, lavapipe counts) or `cpu`.
     #[arg(long, default_value = "auto", value_parser = str::parse::<DeviceChoice>, value_name = "DEVICE")]
     pub device: DeviceChoice,
-    /// Context length [default: the model's trained context or 4096, whichever is smaller].
-    #[arg(short = 'c', long = "ctx-size", value_name = "N")]
-    pub ctx_size: Option<usize>,
     /// Most prompt tokens one prefill step runs (the ubatch).
     #[arg(short = 'b', long = "batch-size", visible_alias = "ubatch-size", default_value_t = 512, value_name = "N")]
     pub batch_size: usize,
@@ -32,6 +39,17 @@ pub struct ModelArgs {
     /// CPU threads [default: every core].
     #[arg(short = 't', long, value_name = "N")]
     pub threads: Option<usize>,
+    /// The GPU decode GEMVs' activations: `auto` (int8 for projections of 2048 or more inputs),
+    /// `f32` or `int8`.
+    #[arg(long = "decode-gemv", default_value = "auto", value_parser = str::parse::<DecodeGemv>, value_name = "KIND")]
+    pub decode_gemv: DecodeGemv,
+}
+
+impl LoadArgs {
+    /// The load options, with context length `n_ctx`.
+    pub fn options(&self, n_ctx: Option<usize>) -> LoadOptions {
+        LoadOptions { device: self.device, n_ctx, ubatch: self.batch_size, kv: self.kv_type, threads: self.threads, decode_gemv: self.decode_gemv }
+    }
 }
 
 /// Sampling and stopping.
@@ -106,7 +124,7 @@ impl SampleArgs {
 /// Resolves (fetching if needed) and loads the model, with a progress bar on a terminal.
 pub fn load(args: &ModelArgs) -> Result<Engine, CliError> {
     let path = resolve_model(&args.model)?;
-    let opts = LoadOptions { device: args.device, n_ctx: args.ctx_size, ubatch: args.batch_size, kv: args.kv_type, threads: args.threads };
+    let opts = args.load.options(args.ctx_size);
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     let bar = LoadBar::new(format!("loading {name}"));
     let engine = Engine::load(&path, &opts, Some(&|p| bar.update(p)));

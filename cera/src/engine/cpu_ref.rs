@@ -5,6 +5,10 @@
 //!
 //! Not the engine's CPU path (that runs the shared layer description); gemma3 is not covered
 //! here yet.
+//!
+//! [`CpuRefModel::set_int8_activations`] rounds every projection's input to int8 per block of
+//! 32 first (`d = max|x| / 127`, `q = round(x / d)`, ties away from zero: llama.cpp's Q8 scheme
+//! and the GPU's int8 decode path), so that path has an oracle of its own.
 
 use boostr::formats::{GgmlType, dequantize};
 
@@ -36,6 +40,19 @@ pub struct CpuRefModel {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
     pos: usize,
+    int8: bool,
+}
+
+/// `x` rounded through int8 per block of 32 (the activations of an integer-dot GEMV).
+pub fn int8_round(x: &[f32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.len());
+    for blk in x.chunks(32) {
+        let am = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = am / 127.0;
+        let inv = if am > 0.0 { 127.0 / am } else { 0.0 };
+        out.extend(blk.iter().map(|v| (v * inv).round() * d));
+    }
+    out
 }
 
 fn tensor(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, EngineError> {
@@ -113,8 +130,20 @@ impl CpuRefModel {
             k: vec![Vec::new(); cfg.n_layers],
             v: vec![Vec::new(); cfg.n_layers],
             pos: 0,
+            int8: false,
             cfg,
         })
+    }
+
+    /// Rounds the input of every projection from the next step on through int8 (see the module
+    /// documentation).
+    pub fn set_int8_activations(&mut self, on: bool) {
+        self.int8 = on;
+    }
+
+    /// `y = W x`, with `x` rounded through int8 when that is on.
+    fn project(&self, w: &[f32], x: &[f32], rows: usize) -> Vec<f32> {
+        if self.int8 { matvec(w, &int8_round(x), rows) } else { matvec(w, x, rows) }
     }
 
     /// The resolved configuration.
@@ -152,9 +181,9 @@ impl CpuRefModel {
         for l in 0..c.n_layers {
             let ly = &self.layers[l];
             let n = rmsnorm(&h, &ly.attn_norm, c.norm_eps);
-            let mut q = matvec(&ly.wq, &n, c.n_heads * hd);
-            let mut k = matvec(&ly.wk, &n, c.n_kv_heads * hd);
-            let v = matvec(&ly.wv, &n, c.n_kv_heads * hd);
+            let mut q = self.project(&ly.wq, &n, c.n_heads * hd);
+            let mut k = self.project(&ly.wk, &n, c.n_kv_heads * hd);
+            let v = self.project(&ly.wv, &n, c.n_kv_heads * hd);
             self.rope(&mut q, pos);
             self.rope(&mut k, pos);
             self.k[l].extend_from_slice(&k);
@@ -180,17 +209,17 @@ impl CpuRefModel {
                     }
                 }
             }
-            let o = matvec(&ly.wo, &att, d);
+            let o = self.project(&ly.wo, &att, d);
             h.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             let n = rmsnorm(&h, &ly.ffn_norm, c.norm_eps);
-            let gate = matvec(&ly.gate, &n, c.ffn_dim);
-            let up = matvec(&ly.up, &n, c.ffn_dim);
+            let gate = self.project(&ly.gate, &n, c.ffn_dim);
+            let up = self.project(&ly.up, &n, c.ffn_dim);
             let act: Vec<f32> = gate.iter().zip(&up).map(|(&gv, &u)| gv / (1.0 + (-gv).exp()) * u).collect();
-            let dn = matvec(&ly.down, &act, d);
+            let dn = self.project(&ly.down, &act, d);
             h.iter_mut().zip(&dn).for_each(|(a, b)| *a += b);
         }
         self.pos += 1;
         let n = rmsnorm(&h, &self.out_norm, self.cfg.norm_eps);
-        Ok(matvec(self.output.as_deref().unwrap_or(&self.embd), &n, self.cfg.vocab))
+        Ok(self.project(self.output.as_deref().unwrap_or(&self.embd), &n, self.cfg.vocab))
     }
 }

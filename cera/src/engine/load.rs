@@ -72,8 +72,8 @@ fn cpu(graph: &ModelGraph, file: &GgufFile, opts: &LoadOptions, progress: Option
     Ok(Arc::new(CpuBackend::load(graph, file, threads, progress)?))
 }
 
-fn gpu(ctx: GpuContext, graph: &ModelGraph, file: &GgufFile, progress: Option<ProgressFn<'_>>) -> Result<Arc<dyn Backend>, EngineError> {
-    Ok(Arc::new(GpuBackend::load(Arc::new(ctx), graph, file, progress)?))
+fn gpu(ctx: GpuContext, graph: &ModelGraph, file: &GgufFile, opts: &LoadOptions, progress: Option<ProgressFn<'_>>) -> Result<Arc<dyn Backend>, EngineError> {
+    Ok(Arc::new(GpuBackend::load(Arc::new(ctx), graph, file, progress)?.with_decode_gemv(opts.decode_gemv)))
 }
 
 impl Engine {
@@ -107,9 +107,9 @@ impl Engine {
         }
         let backend = match opts.device {
             DeviceChoice::Cpu => cpu(&graph, &file, opts, progress)?,
-            DeviceChoice::Gpu => gpu(gpu_context()?, &graph, &file, progress)?,
+            DeviceChoice::Gpu => gpu(gpu_context()?, &graph, &file, opts, progress)?,
             DeviceChoice::Auto => match GpuContext::new() {
-                Ok(ctx) if is_hardware_gpu(&ctx) => gpu(ctx, &graph, &file, progress)?,
+                Ok(ctx) if is_hardware_gpu(&ctx) => gpu(ctx, &graph, &file, opts, progress)?,
                 _ => cpu(&graph, &file, opts, progress)?,
             },
         };

@@ -45,7 +45,7 @@ pub use generate::{Generation, Sink, Timings, TokenEvent, row_top_logprobs};
 pub use graph::{DecodeTraffic, ModelGraph, Op, Slot};
 pub use load::{DEFAULT_MAX_CTX, is_hardware_gpu};
 pub use model::{Engine, EngineParts, end_of_generation_ids};
-pub use options::{DeviceChoice, FinishReason, GenerateOpts, LoadOptions};
+pub use options::{DecodeGemv, DeviceChoice, FinishReason, GenerateOpts, LoadOptions};
 pub use sampler::SamplerOpts;
 pub use session::{CancelToken, Session};
 pub use stop::StopMatcher;

@@ -26,6 +26,56 @@ impl std::str::FromStr for DeviceChoice {
     }
 }
 
+/// The activations of the decode step's matrix-vector products on the GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DecodeGemv {
+    /// int8 where a projection has at least [`DecodeGemv::INT8_MIN_K`] inputs and a quantized
+    /// format, f32 elsewhere.
+    #[default]
+    Auto,
+    /// f32 activations everywhere, the RMSNorm and GLU fused into the GEMV (fewest dispatches;
+    /// best where dispatch latency, not bandwidth, bounds the step).
+    F32,
+    /// Activations quantized to int8 per 32 (llama.cpp's Q8_1 scheme) by the dispatch before, and
+    /// integer dot products, for every projection with a quantized format.
+    Int8,
+}
+
+impl DecodeGemv {
+    /// The input width from which `Auto` takes the int8 path.
+    pub const INT8_MIN_K: usize = 2048;
+
+    /// `auto` / `f32` / `int8`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DecodeGemv::Auto => "auto",
+            DecodeGemv::F32 => "f32",
+            DecodeGemv::Int8 => "int8",
+        }
+    }
+
+    /// Whether a quantized projection of `k` inputs takes the int8 path.
+    pub fn int8_for(self, k: usize) -> bool {
+        match self {
+            DecodeGemv::Auto => k >= Self::INT8_MIN_K,
+            DecodeGemv::F32 => false,
+            DecodeGemv::Int8 => true,
+        }
+    }
+}
+
+impl std::str::FromStr for DecodeGemv {
+    type Err = String;
+    fn from_str(s: &str) -> Result<DecodeGemv, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(DecodeGemv::Auto),
+            "f32" => Ok(DecodeGemv::F32),
+            "int8" | "q8" => Ok(DecodeGemv::Int8),
+            other => Err(format!("unknown decode GEMV `{other}` (auto, f32, int8)")),
+        }
+    }
+}
+
 /// How to load a model.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoadOptions {
@@ -39,11 +89,13 @@ pub struct LoadOptions {
     pub kv: KvType,
     /// CPU threads; `None`: all available cores.
     pub threads: Option<usize>,
+    /// The GPU decode step's GEMV activations; default [`DecodeGemv::Auto`].
+    pub decode_gemv: DecodeGemv,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { device: DeviceChoice::Auto, n_ctx: None, ubatch: 512, kv: KvType::F16, threads: None }
+        LoadOptions { device: DeviceChoice::Auto, n_ctx: None, ubatch: 512, kv: KvType::F16, threads: None, decode_gemv: DecodeGemv::Auto }
     }
 }
 

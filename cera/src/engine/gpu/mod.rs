@@ -14,6 +14,7 @@ use numr::gpu::GpuContext;
 use super::EngineError;
 use super::backend::{Backend, BackendState, ProgressFn, StateOpts};
 use super::graph::ModelGraph;
+use super::options::DecodeGemv;
 use super::weights::WeightSource;
 
 /// The model uploaded to one GPU.
@@ -22,6 +23,7 @@ pub struct GpuBackend {
     graph: Arc<ModelGraph>,
     weights: Arc<weights::GpuWeights>,
     device: String,
+    decode_gemv: DecodeGemv,
 }
 
 pub(crate) fn device_name(ctx: &GpuContext) -> String {
@@ -51,7 +53,13 @@ impl GpuBackend {
         let weights = weights::GpuWeights::upload(&ctx, graph, src, progress)?;
         ctx.flush().map_err(|e| dev_err(&ctx, e))?;
         let device = device_name(&ctx);
-        Ok(GpuBackend { ctx, graph: Arc::new(graph.clone()), weights: Arc::new(weights), device })
+        Ok(GpuBackend { ctx, graph: Arc::new(graph.clone()), weights: Arc::new(weights), device, decode_gemv: DecodeGemv::Auto })
+    }
+
+    /// The decode step's GEMV activations for the sequences made from now on.
+    pub fn with_decode_gemv(mut self, d: DecodeGemv) -> GpuBackend {
+        self.decode_gemv = d;
+        self
     }
 
     /// The context the model lives on.

@@ -8,6 +8,13 @@
 //! add goes into the GEMV producing the delta (`accumulate`), the RMSNorm into the GEMV
 //! consuming it (`Prologue::RmsNorm`, reading the residual stream), and the GLU into the down
 //! projection (`Prologue::Glu`), so a llama layer is 6 dispatches.
+//!
+//! On the int8 path ([`DecodeGemv`]) each projection instead reads activations quantized to
+//! int8 by the dispatch before it, which takes the same fusions: the RMSNorm
+//! (`Q8Activations::with_rms_norm`), the GLU (`Q8Activations::with_glu`), or nothing
+//! (`Q8Activations::new`); the integer-dot GEMV adds into the residual stream as the f32 one
+//! does. A llama layer is then 9 dispatches, each GEMV reading a quarter of the activation
+//! bytes with a quarter of the instructions.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,12 +25,13 @@ use boostr::embedding::EmbeddingPlan;
 use boostr::kv_cache::{KvCache, KvDtype};
 use boostr::norm::{Norm, NormIo, NormPlan};
 use boostr::ops_common::{GpuView, OpPlan};
-use boostr::quant::{GemmPlan, GemvIo, GemvOutput, GemvPlan, Prologue, QuantGemm, QuantGemv, WeightKind};
+use boostr::quant::{GemmPlan, GemvIo, GemvOutput, GemvPlan, Prologue, Q8Activations, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, WeightKind};
 use boostr::rope::{QkvLayout, QkvRope, QkvRopeInputs, QkvRopePlan, RopeParams, RopePositions, RopeScaling, RopeStyle};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, Plan};
 
 use super::super::EngineError;
 use super::super::graph::{ModelGraph, Op, Slot};
+use super::super::options::DecodeGemv;
 use super::fuse::{Allow, Fusions, Input, act_kind, fuse_decode};
 use super::weights::GpuWeights;
 use super::{dev_err, ops_err, quant_err};
@@ -83,6 +91,8 @@ pub(crate) struct PlanInputs<'a> {
     pub(crate) ids: &'a Arc<GpuBuffer>,
     /// Per layer: the inverse frequencies on the GPU.
     pub(crate) freqs: &'a [Arc<GpuBuffer>],
+    /// The decode GEMVs' activations (f32, or int8 for wide quantized projections).
+    pub(crate) decode_gemv: DecodeGemv,
 }
 
 /// The inverse RoPE frequencies of a layer's op (frequency factors folded in).
@@ -128,8 +138,9 @@ fn decode_fusions() -> Allow {
     Allow { norm_max_k: if has("norm") { max_k } else { 0 }, residual: has("residual"), glu: has("glu") }
 }
 
-/// A diagnostic override (`CERA_GEMV_ROWS`, `CERA_GEMV_THREADS`: the decode GEMV's rows per
-/// workgroup and invocations).
+/// A diagnostic override (`CERA_GEMV_ROWS`, `CERA_GEMV_THREADS`: the f32 decode GEMV's rows per
+/// workgroup and invocations; `CERA_Q8_ROWS`, `CERA_Q8_THREADS`, `CERA_Q8_UNROLL`,
+/// `CERA_Q8_SG_ROWS`, `CERA_Q8_PREFETCH`: the integer-dot GEMV's).
 fn env_u32(name: &str) -> Option<u32> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
@@ -143,6 +154,12 @@ const NORM_FUSE_MAX_K: usize = usize::MAX;
 fn norm_stage_k() -> u32 {
     env_u32("CERA_NORM_STAGE_K").unwrap_or(0)
 }
+
+/// Rows per workgroup of the decode step's integer-dot GEMVs, at least. Two (boostr's default
+/// takes one for most shapes) measured 331 -> 340 tok/s on llama-8b and 848 -> 860 on llama-1b
+/// (tg128, H200, 2026-12-01); 4 or 8 rows per workgroup with one row per subgroup, unroll 4 and
+/// prefetching were all slower.
+const Q8_ROWS: u32 = 2;
 
 /// Decode GEMVs over at least this many input features take 8 rows per workgroup (each
 /// activation load shared by twice the rows): +24% decode on llama-8b, neutral on llama-1b,
@@ -295,6 +312,22 @@ fn linear(
 ) -> Result<(), EngineError> {
     let (x, y) = (f.x, f.out);
     let parts = &inp.weights.linear[&op];
+    let k = parts.first().map_or(0, |p| p.w.cols);
+    let int8 = mode == Mode::Decode && inp.decode_gemv.int8_for(k) && parts.iter().all(|p| QuantGemvQ8::supports(WeightKind::of(p.w.format)));
+    // The int8 activations all parts read (quantized once, in the dispatch before them).
+    let xa = if int8 {
+        let name = &parts[0].w.name;
+        let xa = match (&f.norm, f.glu) {
+            (Some(n), _) => Q8Activations::with_rms_norm(ctx, &x, &inp.weights.vecs[n].binding, 1, k, eps, false),
+            (None, Some(act)) => Q8Activations::with_glu(ctx, &x, act, 1, k),
+            (None, None) => Q8Activations::new(ctx, &x, 1, k),
+        }
+        .map_err(|e| quant_err(ctx, name, e))?;
+        plan.append(xa.plan());
+        Some(xa)
+    } else {
+        None
+    };
     for part in parts {
         let w = &part.w;
         let output = if parts.len() == 1 && w.rows == width {
@@ -303,8 +336,22 @@ fn linear(
             GemvOutput::Columns { y: y.clone(), stride: width, offset: part.col0 }
         };
         let kind = WeightKind::of(w.format);
-        match mode {
-            Mode::Decode => {
+        match (mode, &xa) {
+            (Mode::Decode, Some(xa)) => {
+                let base = QuantGemvQ8::for_matrix(kind, env, 1, w.rows, w.cols);
+                let cfg = QuantGemvQ8 {
+                    unchecked: true,
+                    accumulate: f.accumulate,
+                    rows_per_workgroup: env_u32("CERA_Q8_ROWS").unwrap_or(Q8_ROWS.max(base.rows_per_workgroup)),
+                    threads: env_u32("CERA_Q8_THREADS").unwrap_or(base.threads),
+                    unroll: env_u32("CERA_Q8_UNROLL").unwrap_or(base.unroll),
+                    subgroup_rows: env_u32("CERA_Q8_SG_ROWS").unwrap_or(base.subgroup_rows),
+                    prefetch: env_u32("CERA_Q8_PREFETCH").map_or(base.prefetch, |v| v != 0),
+                    ..base
+                };
+                plan.append(Q8GemvPlan::new(ctx, &cfg, w, xa, &output).map_err(|e| quant_err(ctx, &w.name, e))?.plan());
+            }
+            (Mode::Decode, None) => {
                 // Bounds are validated by the plan before it drops the runtime checks.
                 let prologue = match (&f.norm, f.glu) {
                     (Some(_), _) => Prologue::RmsNorm { gemma: false, stage_k: norm_stage_k() },
@@ -324,7 +371,7 @@ fn linear(
                 let io = GemvIo { x: x.clone(), norm_weight, eps, output };
                 plan.append(GemvPlan::new(ctx, &cfg, w, &io).map_err(|e| quant_err(ctx, &w.name, e))?.plan());
             }
-            Mode::Prefill { max_tok } => {
+            (Mode::Prefill { max_tok }, _) => {
                 let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
                 plan.append(GemmPlan::with_output(ctx, &cfg, w, &x, &output, max_tok).map_err(|e| quant_err(ctx, &w.name, e))?.plan());
             }

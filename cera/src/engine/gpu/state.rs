@@ -80,7 +80,7 @@ impl GpuState {
         }
         let dummy = ctx.alloc(16, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
         let freqs: Vec<Arc<GpuBuffer>> = freqs.into_iter().map(|f| f.unwrap_or_else(|| dummy.clone())).collect();
-        let inp = PlanInputs { graph: g, weights: &b.weights, cache: &cache, ids: &ids, freqs: &freqs };
+        let inp = PlanInputs { graph: g, weights: &b.weights, cache: &cache, ids: &ids, freqs: &freqs, decode_gemv: b.decode_gemv };
         let dec_slots = Slots::new(ctx, g, 1)?;
         let pre_slots = Slots::new(ctx, g, ubatch)?;
         let decode = build(ctx, &inp, &dec_slots, Mode::Decode)?;
