@@ -73,6 +73,25 @@ MODELS = [
         "server_args": ["--no-jinja", "--chat-template", "gemma"],
         "chat_template": "builtin gemma",
     },
+    {
+        # A synthetic Qwen3 (random weights, cera's byte-level BPE of 1024 tokens with the qwen2
+        # pre-tokenizer, ChatML): made by `cargo xtask synth` with these arguments, which are
+        # deterministic (the same bytes on every machine and thread count), so no weights are
+        # committed. Its trained context is 512, so only the short cases run.
+        "name": "qwen3-tiny",
+        "file": "synth-qwen3-tiny-q8_0.gguf",
+        "synth": ["--arch", "qwen3", "--preset", "tiny", "--qtype", "q8_0", "--seed", "7"],
+        "server_args": [],
+        "chat_template": "from file (jinja)",
+        "cases": ["raw_short", "chat_single", "code", "chat_multi_turn"],
+        "ctx": 512,
+        # Never chosen: the lone bytes 0x80..0xff (ids 128..255 of the synthetic vocabulary), which
+        # a random model would emit as invalid UTF-8 that llama-server refuses to return (HTTP
+        # 500, "does not match the expected Content-only format"). Like ignore_eos's ids, they
+        # are a logit bias: the recorded distributions still hold them, and the file lists them
+        # among `ignore_eos_masked_ids`.
+        "banned": list(range(128, 256)),
+    },
 ]
 
 LIGHTHOUSES = (
@@ -174,8 +193,11 @@ def post(port, path, body, timeout=60):
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"{path}: HTTP {e.code}: {e.read()[:500]!r}") from None
 
 
 def get(port, path):
@@ -207,7 +229,7 @@ def compact_json(value, indent=0):
     return json.dumps(value, ensure_ascii=False)
 
 
-def completion(port, ids):
+def completion(port, ids, banned=()):
     body = {
         "prompt": ids,
         "n_predict": N_PREDICT,
@@ -221,6 +243,8 @@ def completion(port, ids):
         "return_tokens": True,
         "stream": False,
     }
+    if banned:
+        body["logit_bias"] = [[i, False] for i in banned]
     return post(port, "/completion", body, timeout=1800)
 
 
@@ -275,11 +299,15 @@ def wait_ready(proc, port, log_path):
 
 def make(model, cache, threads):
     path = cache / model["file"]
+    if "synth" in model and not path.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cargo", "xtask", "synth", *model["synth"], "--out", str(path)], cwd=ROOT, check=True)
     if not path.is_file():
         sys.exit(f"missing {path}; fetch it first (cargo run -p cera -- fetch {model['name']})")
     binary, env = server_binary()
     port = free_port()
-    flags = ["-ngl", "0", "-c", str(CTX), "-b", str(BATCH), "-ub", str(UBATCH), "-np", "1", "-t", str(threads)]
+    ctx = model.get("ctx", CTX)
+    flags = ["-ngl", "0", "-c", str(ctx), "-b", str(BATCH), "-ub", str(UBATCH), "-np", "1", "-t", str(threads)]
     flags += model["server_args"]
     args = [binary, "-m", str(path), "--host", "127.0.0.1", "--port", str(port), "-lv", "4"] + flags
     log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log", delete=False)
@@ -287,7 +315,7 @@ def make(model, cache, threads):
     try:
         wait_ready(proc, port, log.name)
         props = get(port, "/props")
-        assert props["default_generation_settings"]["n_ctx"] == CTX
+        assert props["default_generation_settings"]["n_ctx"] == ctx, props["default_generation_settings"]["n_ctx"]
         log_text = pathlib.Path(log.name).read_text(errors="replace")
         system_info = re.search(r"system_info: (.*)", log_text)
         fa_lines = re.findall(r"(flash_attn\s*=.*|Flash Attention \w+.*)", log_text)
@@ -295,6 +323,8 @@ def make(model, cache, threads):
         masked = None
         cases = []
         for name, kind, payload, min_tokens in CASES:
+            if "cases" in model and name not in model["cases"]:
+                continue
             entry = {"name": name, "kind": kind}
             if kind == "chat":
                 text = post(port, "/apply-template", {"messages": payload, "add_generation_prompt": True})["prompt"]
@@ -307,12 +337,12 @@ def make(model, cache, threads):
             if bos:
                 assert ids[: len(bos)] == bos and ids[len(bos): 2 * len(bos)] != bos, f"{name}: BOS missing or doubled"
             t0 = time.time()
-            r = completion(port, ids)
+            r = completion(port, ids, model.get("banned", ()))
             dt = time.time() - t0
             if masked is None:
                 masked = sorted(b["token"] for b in r["generation_settings"]["logit_bias"] if b["bias"] is None)
             gen, top_ids, top_lps, margins = check_and_extract(r, ids, set(masked))
-            r2 = completion(port, ids)
+            r2 = completion(port, ids, model.get("banned", ()))
             gen2, _, top_lps2, _ = check_and_extract(r2, ids, set(masked))
             assert gen2 == gen, f"{name}: second greedy run differs"
             drift = max(abs(a - b) for x, y in zip(top_lps, top_lps2) for a, b in zip(x, y))
@@ -345,10 +375,11 @@ def make(model, cache, threads):
             "threads": threads,
             "system_info": system_info.group(1).strip() if system_info else None,
             "flash_attn": [line.strip() for line in fa_lines],
-            "n_ctx": CTX,
+            "n_ctx": ctx,
             "n_batch": BATCH,
             "n_ubatch": UBATCH,
             "chat_template": model["chat_template"],
+            "synth_args": model.get("synth"),
             "bos_ids": bos,
             "request": {
                 "n_predict": N_PREDICT, "temperature": 0.0, "top_k": 1, "seed": SEED, "ignore_eos": True,

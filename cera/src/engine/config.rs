@@ -3,12 +3,14 @@
 //!
 //! Defaults (used only when the key is absent; each is the value the architecture's reference
 //! implementation uses):
-//! - RMSNorm epsilon: llama 1e-5, gemma3 1e-6.
-//! - RoPE base: llama 10000, gemma3 1000000 for global layers; gemma3's sliding-window layers
-//!   always use 10000 (llama.cpp and transformers hard-code it as `rope_local_base_freq`).
+//! - RMSNorm epsilon: llama 1e-5, gemma3 and qwen3 1e-6.
+//! - RoPE base: llama 10000, qwen3 1000000, gemma3 1000000 for global layers; gemma3's
+//!   sliding-window layers always use 10000 (llama.cpp and transformers hard-code it as
+//!   `rope_local_base_freq`).
 //! - RoPE dimensions: the head dimension.
 //! - gemma3 sliding window: 512; one global layer every 6 (layers `5, 11, 17, ...` are global).
-//! - Context: the file's `{arch}.context_length`, else 4096 (llama) / 32768 (gemma3).
+//! - Context: the file's `{arch}.context_length`, else 4096 (llama) / 32768 (gemma3) / 40960
+//!   (qwen3).
 
 use crate::gguf::HyperParams;
 
@@ -22,6 +24,8 @@ pub enum Arch {
     Llama,
     /// Gemma 3 (`gemma3`).
     Gemma3,
+    /// Qwen3 dense models (`qwen3`): llama's block with per-head QK-norm and NeoX RoPE.
+    Qwen3,
 }
 
 impl Arch {
@@ -30,6 +34,7 @@ impl Arch {
         match name {
             "llama" | "mistral" => Ok(Arch::Llama),
             "gemma3" => Ok(Arch::Gemma3),
+            "qwen3" => Ok(Arch::Qwen3),
             other => Err(EngineError::UnknownArchitecture { name: other.to_string() }),
         }
     }
@@ -39,6 +44,7 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen3 => "qwen3",
         }
     }
 }
@@ -94,7 +100,7 @@ pub struct ModelConfig {
     pub embed_scale: f32,
     /// The FFN's gate activation.
     pub gate_act: GateAct,
-    /// Per-head RMSNorm of q and k before RoPE (gemma3).
+    /// Per-head RMSNorm of q and k before RoPE (gemma3, qwen3).
     pub qk_norm: bool,
     /// RMSNorm after attention and after the FFN, before the residual add (gemma3).
     pub post_norms: bool,
@@ -148,6 +154,7 @@ impl ModelConfig {
         let (eps_default, base_default, ctx_default) = match arch {
             Arch::Llama => (1e-5, 10_000.0, 4096),
             Arch::Gemma3 => (1e-6, 1_000_000.0, 32_768),
+            Arch::Qwen3 => (1e-6, 1_000_000.0, 40_960),
         };
         let base = hp.rope_freq_base.unwrap_or(base_default);
         let mut rope = vec![LayerRope { base, linear_factor }; n_layers];
@@ -180,7 +187,7 @@ impl ModelConfig {
             context_length: if hp.context_length > 0 { hp.context_length as usize } else { ctx_default },
             embed_scale: if gemma { (dim as f32).sqrt() } else { 1.0 },
             gate_act: if gemma { GateAct::GeluTanh } else { GateAct::Silu },
-            qk_norm: gemma,
+            qk_norm: gemma || arch == Arch::Qwen3,
             post_norms: gemma,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             final_softcap: hp.final_logit_softcapping.filter(|&c| c > 0.0),

@@ -3,13 +3,14 @@
 //! downloading anything.
 //!
 //! ```text
-//! cargo xtask synth --arch llama|gemma3 --preset smol-135m|llama-1b|llama-8b|gemma3-270m|tiny \
+//! cargo xtask synth --arch llama|gemma3|qwen3 --preset smol-135m|llama-1b|llama-8b|gemma3-270m|qwen3-0.6b|tiny \
 //!     --qtype q4_0|q4_1|q8_0|q4_k|q6_k --out FILE [--seed N]
 //! ```
 //!
 //! - Shapes: [`presets`]. `--arch` decides the tensor set, the metadata keys and the tokenizer
-//!   (llama: byte-level BPE; gemma3: SentencePiece, see [`tokenizer`]); any preset goes with
-//!   either.
+//!   (llama and qwen3: byte-level BPE, pre-tokenizer `llama-bpe` / `qwen2`; gemma3:
+//!   SentencePiece, see [`tokenizer`]; qwen3 adds the per-head `attn_q_norm`/`attn_k_norm`);
+//!   any preset goes with any arch.
 //! - Storage types, as `llama-quantize` picks them for the file type:
 //!   - every 2-D weight is `--qtype`, except
 //!   - the LM head (`output.weight`, or the tied `token_embd.weight` when there is no
@@ -36,6 +37,8 @@ pub mod tensors;
 pub mod tokenizer;
 pub mod write;
 
+#[cfg(test)]
+mod golden_tests;
 #[cfg(test)]
 mod tests;
 
@@ -92,7 +95,8 @@ pub fn metadata(o: &SynthOptions) -> Vec<(String, MetadataValue)> {
         kvs.push((k("rope.freq_base_swa"), F32(p.rope_local_theta)));
     }
     kvs.extend(match o.arch {
-        Arch::Llama => tokenizer::bpe_metadata(p.vocab as usize),
+        Arch::Llama => tokenizer::bpe_metadata(p.vocab as usize, "llama-bpe"),
+        Arch::Qwen3 => tokenizer::bpe_metadata(p.vocab as usize, "qwen2"),
         Arch::Gemma3 => tokenizer::spm_metadata(p.vocab as usize),
     });
     kvs

@@ -11,6 +11,8 @@ pub enum Arch {
     Llama,
     /// Gemma 3: QK-norm, post-attention/post-FFN norms, sliding-window layers, SentencePiece.
     Gemma3,
+    /// Qwen3 (dense): llama's tensors plus per-head QK-norm weights, a byte-level BPE.
+    Qwen3,
 }
 
 impl Arch {
@@ -19,6 +21,7 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen3 => "qwen3",
         }
     }
 }
@@ -29,7 +32,8 @@ impl FromStr for Arch {
         match s {
             "llama" => Ok(Arch::Llama),
             "gemma3" => Ok(Arch::Gemma3),
-            _ => Err(format!("unknown architecture {s:?} (llama, gemma3)")),
+            "qwen3" => Ok(Arch::Qwen3),
+            _ => Err(format!("unknown architecture {s:?} (llama, gemma3, qwen3)")),
         }
     }
 }
@@ -78,7 +82,7 @@ pub struct Preset {
 }
 
 /// Every preset name, for messages.
-pub const NAMES: &[&str] = &["smol-135m", "llama-1b", "llama-8b", "gemma3-270m", "tiny"];
+pub const NAMES: &[&str] = &["smol-135m", "llama-1b", "llama-8b", "gemma3-270m", "qwen3-0.6b", "tiny"];
 
 impl Preset {
     /// The preset called `name`.
@@ -156,6 +160,21 @@ impl Preset {
                 vocab: 262_144,
                 rope_theta: 1_000_000.0,
                 ctx: 32768,
+                rms_eps: 1e-6,
+                ..base
+            },
+            // Qwen3-0.6B: a head dimension of 128 over a hidden size of 1024, tied LM head.
+            "qwen3-0.6b" => Preset {
+                name: "qwen3-0.6b",
+                dim: 1024,
+                n_layers: 28,
+                ffn: 3072,
+                n_heads: 16,
+                n_kv_heads: 8,
+                head_dim: 128,
+                vocab: 151_936,
+                rope_theta: 1_000_000.0,
+                ctx: 40_960,
                 rms_eps: 1e-6,
                 ..base
             },

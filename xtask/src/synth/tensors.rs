@@ -134,6 +134,7 @@ pub fn plan(arch: Arch, p: &Preset, q: QType) -> Vec<Planned> {
         out.push(Planned { desc: TensorDesc::new(name, &[len], GgmlType::F32), random: false });
     };
     let gemma = arch == Arch::Gemma3;
+    let qk_norm = gemma || arch == Arch::Qwen3;
     mat(&mut out, "token_embd.weight".into(), p.dim, p.vocab, if p.tied { Role::Output } else { Role::Matrix });
     for l in 0..n {
         let b = |s: &str| format!("blk.{l}.{s}.weight");
@@ -141,7 +142,7 @@ pub fn plan(arch: Arch, p: &Preset, q: QType) -> Vec<Planned> {
         mat(&mut out, b("attn_q"), p.dim, p.q_dim(), Role::Matrix);
         mat(&mut out, b("attn_k"), p.dim, p.kv_dim(), Role::Matrix);
         mat(&mut out, b("attn_v"), p.dim, p.kv_dim(), Role::MoreBits(l));
-        if gemma {
+        if qk_norm {
             norm(&mut out, b("attn_q_norm"), p.head_dim);
             norm(&mut out, b("attn_k_norm"), p.head_dim);
         }

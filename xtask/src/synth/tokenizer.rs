@@ -93,8 +93,9 @@ fn kv(k: &str, v: MetadataValue) -> (String, MetadataValue) {
     (k.to_string(), v)
 }
 
-/// The `tokenizer.*` keys of a byte-level BPE of exactly `vocab` tokens (at least 261).
-pub fn bpe_metadata(vocab: usize) -> Vec<(String, MetadataValue)> {
+/// The `tokenizer.*` keys of a byte-level BPE of exactly `vocab` tokens (at least 261), split by
+/// the pre-tokenizer `pre` (`tokenizer.ggml.pre`).
+pub fn bpe_metadata(vocab: usize, pre: &str) -> Vec<(String, MetadataValue)> {
     const SPECIAL: [&str; 4] = ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>"];
     assert!(vocab > 256 + SPECIAL.len(), "a BPE vocabulary needs at least 261 tokens");
     let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_char(b).to_string()).collect();
@@ -114,7 +115,7 @@ pub fn bpe_metadata(vocab: usize) -> Vec<(String, MetadataValue)> {
     debug_assert_eq!(tokens.len(), vocab);
     vec![
         kv("tokenizer.ggml.model", MetadataValue::String("gpt2".into())),
-        kv("tokenizer.ggml.pre", MetadataValue::String("llama-bpe".into())),
+        kv("tokenizer.ggml.pre", MetadataValue::String(pre.into())),
         kv("tokenizer.ggml.tokens", strings(tokens)),
         kv("tokenizer.ggml.token_type", MetadataValue::Array(MetadataArray::I32(types))),
         kv("tokenizer.ggml.merges", strings(merge_texts)),
@@ -201,7 +202,7 @@ mod tests {
     #[test]
     fn bpe_round_trips_and_merges_are_consistent() {
         for vocab in [1024, 49152] {
-            let kvs = bpe_metadata(vocab);
+            let kvs = bpe_metadata(vocab, "llama-bpe");
             let tok = tokenizer(kvs.clone());
             round_trips(&tok, vocab);
             let ids = tok.encode("Hello the world", EncodeOptions { add_special: false, parse_special: false }).unwrap();

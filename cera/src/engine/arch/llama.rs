@@ -6,6 +6,12 @@ use crate::engine::config::{GateAct, ModelConfig};
 use crate::engine::graph::{GraphBuilder, MatRef, Op, Slot, VecRef, blk_mat, blk_vec};
 
 pub(super) fn ops(c: &ModelConfig, facts: &FileFacts) -> Vec<Op> {
+    ops_with(c, facts, &|_| None, false)
+}
+
+/// Llama's graph with `qk_norm(layer)`'s per-head norms of q and k before RoPE, and NeoX RoPE
+/// when `neox` (the llama-like architectures: qwen3).
+pub(super) fn ops_with(c: &ModelConfig, facts: &FileFacts, qk_norm: &dyn Fn(usize) -> Option<(VecRef, VecRef)>, neox: bool) -> Vec<Op> {
     let (d, hd, f) = (c.dim, c.head_dim, c.ffn_dim);
     let embd = MatRef { name: "token_embd.weight".into(), rows: c.vocab, cols: d };
     let freq_factors = facts.has_rope_freqs.then(|| VecRef { name: "rope_freqs.weight".into(), len: c.rope_dim / 2 });
@@ -15,7 +21,7 @@ pub(super) fn ops(c: &ModelConfig, facts: &FileFacts) -> Vec<Op> {
         g.norm_residual(blk_vec(l, "attn_norm", d), Slot::Normed);
         let (q, kv) = (c.n_heads * hd, c.n_kv_heads * hd);
         g.push(Op::Linear { ws: vec![blk_mat(l, "attn_q", q, d), blk_mat(l, "attn_k", kv, d), blk_mat(l, "attn_v", kv, d)], x: Slot::Normed, out: Slot::Qkv });
-        g.push(Op::QkvRope { layer: l, qk_norm: None, rope: c.rope[l], neox: false, freq_factors: freq_factors.clone() });
+        g.push(Op::QkvRope { layer: l, qk_norm: qk_norm(l), rope: c.rope[l], neox, freq_factors: freq_factors.clone() });
         g.push(Op::Attention { layer: l, window: c.window[l] });
         g.push(Op::Linear { ws: vec![blk_mat(l, "attn_output", d, q)], x: Slot::Attn, out: Slot::Delta });
         g.residual(Slot::Delta);
