@@ -27,3 +27,8 @@ pub use shape::Layout;
 pub use tensor::Tensor;
 pub mod kernels;
 pub mod testing;
+
+/// The README's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
