@@ -39,7 +39,7 @@ pub struct LoadArgs {
     /// CPU threads [default: every core].
     #[arg(short = 't', long, value_name = "N")]
     pub threads: Option<usize>,
-    /// The GPU decode GEMVs' activations: `auto` (int8 for projections of 2048 or more inputs),
+    /// The GPU decode GEMVs' activations: `auto` (int8 for models of hidden size 2048 or more),
     /// `f32` or `int8`.
     #[arg(long = "decode-gemv", default_value = "auto", value_parser = str::parse::<DecodeGemv>, value_name = "KIND")]
     pub decode_gemv: DecodeGemv,

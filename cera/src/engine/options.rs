@@ -29,8 +29,9 @@ impl std::str::FromStr for DeviceChoice {
 /// The activations of the decode step's matrix-vector products on the GPU.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum DecodeGemv {
-    /// int8 where a projection has at least [`DecodeGemv::INT8_MIN_K`] inputs and a quantized
-    /// format, f32 elsewhere.
+    /// int8 for the quantized projections of models with a hidden size of at least
+    /// [`DecodeGemv::INT8_MIN_DIM`], f32 for smaller models (which dispatch latency, not
+    /// bandwidth, bounds, and which int8 rounding disturbs more).
     #[default]
     Auto,
     /// f32 activations everywhere, the RMSNorm and GLU fused into the GEMV (fewest dispatches;
@@ -42,8 +43,8 @@ pub enum DecodeGemv {
 }
 
 impl DecodeGemv {
-    /// The input width from which `Auto` takes the int8 path.
-    pub const INT8_MIN_K: usize = 2048;
+    /// The hidden size from which `Auto` takes the int8 path.
+    pub const INT8_MIN_DIM: usize = 2048;
 
     /// `auto` / `f32` / `int8`.
     pub fn name(self) -> &'static str {
@@ -54,10 +55,10 @@ impl DecodeGemv {
         }
     }
 
-    /// Whether a quantized projection of `k` inputs takes the int8 path.
-    pub fn int8_for(self, k: usize) -> bool {
+    /// Whether the quantized projections of a model of hidden size `dim` take the int8 path.
+    pub fn int8_for(self, dim: usize) -> bool {
         match self {
-            DecodeGemv::Auto => k >= Self::INT8_MIN_K,
+            DecodeGemv::Auto => dim >= Self::INT8_MIN_DIM,
             DecodeGemv::F32 => false,
             DecodeGemv::Int8 => true,
         }

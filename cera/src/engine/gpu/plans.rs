@@ -313,7 +313,7 @@ fn linear(
     let (x, y) = (f.x, f.out);
     let parts = &inp.weights.linear[&op];
     let k = parts.first().map_or(0, |p| p.w.cols);
-    let int8 = mode == Mode::Decode && inp.decode_gemv.int8_for(k) && parts.iter().all(|p| QuantGemvQ8::supports(WeightKind::of(p.w.format)));
+    let int8 = mode == Mode::Decode && inp.decode_gemv.int8_for(inp.graph.cfg.dim) && parts.iter().all(|p| QuantGemvQ8::supports(WeightKind::of(p.w.format)));
     // The int8 activations all parts read (quantized once, in the dispatch before them).
     let xa = if int8 {
         let name = &parts[0].w.name;
