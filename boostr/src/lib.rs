@@ -1,3 +1,7 @@
+//! boostr: ML ops on numr. Every GPU kernel is WGSL generated from a typed config, with a plain CPU
+//! reference beside it: weight formats, quantized GEMV/GEMM, norms, activations, RoPE, attention,
+//! the KV cache, short convolution, embedding and sampling, each as a plan built once and
+//! recorded per step.
 pub mod act;
 pub mod attention;
 pub mod conv;
