@@ -4,6 +4,7 @@
 //! recorded per step.
 pub mod act;
 pub mod attention;
+pub mod bias;
 pub mod conv;
 pub mod embedding;
 pub mod formats;

@@ -29,6 +29,7 @@ fn sources(env: &KernelEnv) -> Vec<KernelSource> {
     v.extend([true, false].map(|first| TopK { first }.source(env)));
     v.push(Penalty.source(env));
     v.push(Mask.source(env));
+    v.push(boostr::bias::bias_source(env));
     v
 }
 

@@ -560,3 +560,27 @@ fn bad_inputs_are_typed_errors() {
     assert!(matches!(r, Err(OpsError::ContextOverflow { needed: 11, capacity: 10 })), "{r:?}");
     assert_eq!(rec.dispatch_count(), 0);
 }
+
+/// The bias add, recorded for 3 then 1 of at most 4 rows into one recorder, against the CPU
+/// reference; a short bias is a typed error.
+#[test]
+fn bias_plan_adds_per_step_rows() {
+    use boostr::bias::{BiasPlan, bias_reference};
+    let Some((ctx, _g)) = gpu() else { return };
+    let (n, rows) = (37usize, 4usize);
+    let (x, b) = (rnd(n * rows, 3, 1.0), rnd(n, 5, 1.0));
+    let (xb, bb) = (f32_buf(&ctx, &x), f32_buf(&ctx, &b));
+    let plan = BiasPlan::new(&ctx, &GpuView::whole(&xb), &GpuView::whole(&bb), n, rows).unwrap();
+    let before = Counters::now(&ctx);
+    let mut rec = ctx.recorder();
+    plan.record(&mut rec, &StepValues::chunk(0, 3)).unwrap();
+    plan.record(&mut rec, &StepValues::chunk(3, 1)).unwrap();
+    rec.submit().unwrap();
+    before.unchanged(&ctx, "bias");
+    let mut want = x.clone();
+    bias_reference(&mut want[..3 * n], &b);
+    bias_reference(&mut want[..n], &b);
+    close(&read_f32(&ctx, &xb, n * rows), &want, "bias");
+    assert!(BiasPlan::new(&ctx, &GpuView::whole(&xb), &GpuView::whole(&f32_buf(&ctx, &b[..n - 1])), n, rows).is_err());
+    assert!(plan.record(&mut ctx.recorder(), &StepValues::chunk(0, 5)).is_err());
+}

@@ -3,14 +3,14 @@
 //!
 //! Defaults (used only when the key is absent; each is the value the architecture's reference
 //! implementation uses):
-//! - RMSNorm epsilon: llama 1e-5, gemma3 and qwen3 1e-6.
-//! - RoPE base: llama 10000, qwen3 1000000, gemma3 1000000 for global layers; gemma3's
+//! - RMSNorm epsilon: llama 1e-5, gemma3, qwen2 and qwen3 1e-6.
+//! - RoPE base: llama 10000, qwen2 and qwen3 1000000, gemma3 1000000 for global layers; gemma3's
 //!   sliding-window layers always use 10000 (llama.cpp and transformers hard-code it as
 //!   `rope_local_base_freq`).
 //! - RoPE dimensions: the head dimension.
 //! - gemma3 sliding window: 512; one global layer every 6 (layers `5, 11, 17, ...` are global).
-//! - Context: the file's `{arch}.context_length`, else 4096 (llama) / 32768 (gemma3) / 40960
-//!   (qwen3).
+//! - Context: the file's `{arch}.context_length`, else 4096 (llama) / 32768 (gemma3, qwen2) /
+//!   40960 (qwen3).
 
 use crate::gguf::HyperParams;
 
@@ -24,6 +24,8 @@ pub enum Arch {
     Llama,
     /// Gemma 3 (`gemma3`).
     Gemma3,
+    /// Qwen2 and Qwen2.5 (`qwen2`): llama's block with Q/K/V biases and NeoX RoPE.
+    Qwen2,
     /// Qwen3 dense models (`qwen3`): llama's block with per-head QK-norm and NeoX RoPE.
     Qwen3,
 }
@@ -34,6 +36,7 @@ impl Arch {
         match name {
             "llama" | "mistral" => Ok(Arch::Llama),
             "gemma3" => Ok(Arch::Gemma3),
+            "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
             other => Err(EngineError::UnknownArchitecture { name: other.to_string() }),
         }
@@ -44,6 +47,7 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
         }
     }
@@ -154,6 +158,7 @@ impl ModelConfig {
         let (eps_default, base_default, ctx_default) = match arch {
             Arch::Llama => (1e-5, 10_000.0, 4096),
             Arch::Gemma3 => (1e-6, 1_000_000.0, 32_768),
+            Arch::Qwen2 => (1e-6, 1_000_000.0, 32_768),
             Arch::Qwen3 => (1e-6, 1_000_000.0, 40_960),
         };
         let base = hp.rope_freq_base.unwrap_or(base_default);

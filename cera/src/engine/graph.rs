@@ -114,6 +114,14 @@ pub enum Op {
         /// Sliding window (`None`: global).
         window: Option<usize>,
     },
+    /// `x += b` per row, in place, with `b` the vectors concatenated (Qwen2's Q/K/V bias on
+    /// [`Slot::Qkv`]).
+    Bias {
+        /// The rows (their width is the vectors' total length).
+        x: Slot,
+        /// The bias vectors, in the order of the row's columns.
+        bs: Vec<VecRef>,
+    },
     /// `out = act(gate) * up` from packed `[gate | up]` rows of `x`.
     Glu {
         /// The gate activation.
@@ -148,6 +156,7 @@ impl Op {
         match self {
             Op::Norm { w, .. } | Op::AddNorm { w, .. } => vec![w],
             Op::QkvRope { qk_norm, freq_factors, .. } => qk_norm.iter().flat_map(|(q, k)| [q, k]).chain(freq_factors).collect(),
+            Op::Bias { bs, .. } => bs.iter().collect(),
             _ => vec![],
         }
     }
@@ -233,6 +242,7 @@ impl ModelGraph {
                 Op::Norm { x, out, .. } | Op::Linear { x, out, .. } | Op::Glu { x, out, .. } => s.extend([*x, *out]),
                 Op::AddNorm { x, out, .. } => s.extend([*x, *out]),
                 Op::QkvRope { .. } => s.push(Slot::Qkv),
+                Op::Bias { x, .. } => s.push(*x),
                 Op::Attention { .. } => s.extend([Slot::Qkv, Slot::Attn]),
                 Op::Embed { .. } | Op::LmHead { .. } => s.push(Slot::Normed),
             }

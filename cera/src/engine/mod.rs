@@ -55,7 +55,7 @@ pub use stop::StopMatcher;
 #[non_exhaustive]
 pub enum EngineError {
     /// `general.architecture` names an architecture the engine does not assemble.
-    #[error("unknown architecture `{name}` (supported: llama, gemma3, qwen3)")]
+    #[error("unknown architecture `{name}` (supported: llama, gemma3, qwen2, qwen3)")]
     UnknownArchitecture {
         /// The name found.
         name: String,

@@ -3,7 +3,7 @@
 //! downloading anything.
 //!
 //! ```text
-//! cargo xtask synth --arch llama|gemma3|qwen3 --preset smol-135m|llama-1b|llama-8b|gemma3-270m|qwen3-0.6b|tiny \
+//! cargo xtask synth --arch llama|gemma3|qwen2|qwen3 --preset smol-135m|llama-1b|llama-8b|gemma3-270m|qwen3-0.6b|tiny \
 //!     --qtype q4_0|q4_1|q8_0|q4_k|q6_k --out FILE [--seed N]
 //! ```
 //!
@@ -96,7 +96,7 @@ pub fn metadata(o: &SynthOptions) -> Vec<(String, MetadataValue)> {
     }
     kvs.extend(match o.arch {
         Arch::Llama => tokenizer::bpe_metadata(p.vocab as usize, "llama-bpe"),
-        Arch::Qwen3 => tokenizer::bpe_metadata(p.vocab as usize, "qwen2"),
+        Arch::Qwen2 | Arch::Qwen3 => tokenizer::bpe_metadata(p.vocab as usize, "qwen2"),
         Arch::Gemma3 => tokenizer::spm_metadata(p.vocab as usize),
     });
     kvs

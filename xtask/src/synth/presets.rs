@@ -11,6 +11,8 @@ pub enum Arch {
     Llama,
     /// Gemma 3: QK-norm, post-attention/post-FFN norms, sliding-window layers, SentencePiece.
     Gemma3,
+    /// Qwen2 / Qwen2.5: llama's tensors plus Q/K/V biases, a byte-level BPE.
+    Qwen2,
     /// Qwen3 (dense): llama's tensors plus per-head QK-norm weights, a byte-level BPE.
     Qwen3,
 }
@@ -21,6 +23,7 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
         }
     }
@@ -32,8 +35,9 @@ impl FromStr for Arch {
         match s {
             "llama" => Ok(Arch::Llama),
             "gemma3" => Ok(Arch::Gemma3),
+            "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
-            _ => Err(format!("unknown architecture {s:?} (llama, gemma3, qwen3)")),
+            _ => Err(format!("unknown architecture {s:?} (llama, gemma3, qwen2, qwen3)")),
         }
     }
 }

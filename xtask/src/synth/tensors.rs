@@ -142,6 +142,11 @@ pub fn plan(arch: Arch, p: &Preset, q: QType) -> Vec<Planned> {
         mat(&mut out, b("attn_q"), p.dim, p.q_dim(), Role::Matrix);
         mat(&mut out, b("attn_k"), p.dim, p.kv_dim(), Role::Matrix);
         mat(&mut out, b("attn_v"), p.dim, p.kv_dim(), Role::MoreBits(l));
+        if arch == Arch::Qwen2 {
+            for (s, n) in [("attn_q", p.q_dim()), ("attn_k", p.kv_dim()), ("attn_v", p.kv_dim())] {
+                out.push(Planned { desc: TensorDesc::new(format!("blk.{l}.{s}.bias"), &[n], GgmlType::F32), random: true });
+            }
+        }
         if qk_norm {
             norm(&mut out, b("attn_q_norm"), p.head_dim);
             norm(&mut out, b("attn_k_norm"), p.head_dim);

@@ -62,7 +62,7 @@ fn generate(path: &std::path::Path, o: &SynthOptions) {
 
 #[test]
 fn every_arch_and_qtype_loads_and_generates() {
-    for arch in [Arch::Llama, Arch::Gemma3, Arch::Qwen3] {
+    for arch in [Arch::Llama, Arch::Gemma3, Arch::Qwen2, Arch::Qwen3] {
         for qtype in QType::ALL {
             let o = opts(arch, qtype, 0);
             let tmp = Temp::new(&format!("{arch}-{qtype}"));

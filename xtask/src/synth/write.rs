@@ -30,11 +30,25 @@ fn fill_chunk(t: &Planned, index: u64, seed: u64, first_row: u64, out: &mut [u8]
             s.spawn(move || {
                 for (r, row) in part.chunks_exact_mut(row_bytes).enumerate() {
                     let row_index = first_row + (k * per + r) as u64;
-                    fill_row(ty, cols, &mut Rng::for_row(seed, index, row_index), row);
+                    let mut rng = Rng::for_row(seed, index, row_index);
+                    if t.desc.dims.len() == 1 && ty == boostr::formats::GgmlType::F32 {
+                        // A vector (a bias): unit RMS, so that it matters as much as the product.
+                        fill_unit_f32(&mut rng, row);
+                    } else {
+                        fill_row(ty, cols, &mut rng, row);
+                    }
                 }
             });
         }
     });
+}
+
+/// Random F32 values of unit RMS (uniform in `±sqrt(3)`).
+fn fill_unit_f32(rng: &mut Rng, out: &mut [u8]) {
+    for c in out.chunks_exact_mut(4) {
+        let x = (rng.unit() * 2.0 - 1.0) * 3f32.sqrt();
+        c.copy_from_slice(&x.to_le_bytes());
+    }
 }
 
 /// The bytes of an all-ones F32 vector.

@@ -6,12 +6,13 @@ use crate::engine::config::{GateAct, ModelConfig};
 use crate::engine::graph::{GraphBuilder, MatRef, Op, Slot, VecRef, blk_mat, blk_vec};
 
 pub(super) fn ops(c: &ModelConfig, facts: &FileFacts) -> Vec<Op> {
-    ops_with(c, facts, &|_| None, false)
+    ops_with(c, facts, &|_| None, false, false)
 }
 
-/// Llama's graph with `qk_norm(layer)`'s per-head norms of q and k before RoPE, and NeoX RoPE
-/// when `neox` (the llama-like architectures: qwen3).
-pub(super) fn ops_with(c: &ModelConfig, facts: &FileFacts, qk_norm: &dyn Fn(usize) -> Option<(VecRef, VecRef)>, neox: bool) -> Vec<Op> {
+/// Llama's graph with `qk_norm(layer)`'s per-head norms of q and k before RoPE, NeoX RoPE when
+/// `neox`, and the Q/K/V biases (`attn_{q,k,v}.bias`) added after the projection when `bias`
+/// (the llama-like architectures: qwen2, qwen3).
+pub(super) fn ops_with(c: &ModelConfig, facts: &FileFacts, qk_norm: &dyn Fn(usize) -> Option<(VecRef, VecRef)>, neox: bool, bias: bool) -> Vec<Op> {
     let (d, hd, f) = (c.dim, c.head_dim, c.ffn_dim);
     let embd = MatRef { name: "token_embd.weight".into(), rows: c.vocab, cols: d };
     let freq_factors = facts.has_rope_freqs.then(|| VecRef { name: "rope_freqs.weight".into(), len: c.rope_dim / 2 });
@@ -21,6 +22,10 @@ pub(super) fn ops_with(c: &ModelConfig, facts: &FileFacts, qk_norm: &dyn Fn(usiz
         g.norm_residual(blk_vec(l, "attn_norm", d), Slot::Normed);
         let (q, kv) = (c.n_heads * hd, c.n_kv_heads * hd);
         g.push(Op::Linear { ws: vec![blk_mat(l, "attn_q", q, d), blk_mat(l, "attn_k", kv, d), blk_mat(l, "attn_v", kv, d)], x: Slot::Normed, out: Slot::Qkv });
+        if bias {
+            let b = |s: &str, n: usize| VecRef { name: format!("blk.{l}.{s}.bias"), len: n };
+            g.push(Op::Bias { x: Slot::Qkv, bs: vec![b("attn_q", q), b("attn_k", kv), b("attn_v", kv)] });
+        }
         g.push(Op::QkvRope { layer: l, qk_norm: qk_norm(l), rope: c.rope[l], neox, freq_factors: freq_factors.clone() });
         g.push(Op::Attention { layer: l, window: c.window[l] });
         g.push(Op::Linear { ws: vec![blk_mat(l, "attn_output", d, q)], x: Slot::Attn, out: Slot::Delta });

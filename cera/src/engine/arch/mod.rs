@@ -3,6 +3,7 @@
 
 mod gemma3;
 mod llama;
+mod qwen2;
 mod qwen3;
 
 use super::EngineError;
@@ -24,6 +25,7 @@ pub fn build(cfg: &ModelConfig, facts: &FileFacts) -> ModelGraph {
     let ops = match cfg.arch {
         Arch::Llama => llama::ops(cfg, facts),
         Arch::Gemma3 => gemma3::ops(cfg, facts),
+        Arch::Qwen2 => qwen2::ops(cfg, facts),
         Arch::Qwen3 => qwen3::ops(cfg, facts),
     };
     ModelGraph { cfg: cfg.clone(), ops }

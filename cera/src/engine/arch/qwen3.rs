@@ -9,5 +9,5 @@ use crate::engine::graph::{Op, blk_vec};
 
 pub(super) fn ops(c: &ModelConfig, facts: &FileFacts) -> Vec<Op> {
     let hd = c.head_dim;
-    ops_with(c, facts, &|l| Some((blk_vec(l, "attn_q_norm", hd), blk_vec(l, "attn_k_norm", hd))), true)
+    ops_with(c, facts, &|l| Some((blk_vec(l, "attn_q_norm", hd), blk_vec(l, "attn_k_norm", hd))), true, false)
 }

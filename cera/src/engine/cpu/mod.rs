@@ -51,6 +51,7 @@ enum CpuOp {
     QkvRope { layer: usize, qk_norm: Option<(Vec<f32>, Vec<f32>)>, rope: RopeParams, freqs: Vec<f32> },
     Attention { layer: usize, window: Option<usize> },
     Glu { act: ActKind, x: Slot, out: Slot },
+    Bias { x: Slot, b: Vec<f32> },
     LmHead { g: Arc<MatGroup>, softcap: Option<f32> },
 }
 
@@ -198,6 +199,16 @@ impl CpuBackend {
                         return Err(bad(format!("GLU from {x:?} ({}) into {out:?} ({})", w(*x), w(*out))));
                     }
                     CpuOp::Glu { act, x: *x, out: *out }
+                }
+                Op::Bias { x, bs } => {
+                    let mut b = Vec::new();
+                    for v in bs {
+                        b.extend(ld.vec(v, v.len)?);
+                    }
+                    if b.len() != w(*x) {
+                        return Err(bad(format!("a bias of {} values for {x:?} ({})", b.len(), w(*x))));
+                    }
+                    CpuOp::Bias { x: *x, b }
                 }
                 Op::LmHead { w: head, softcap } => CpuOp::LmHead { g: ld.group(std::slice::from_ref(head), c.dim, c.vocab, "LM head")?, softcap: *softcap },
             });

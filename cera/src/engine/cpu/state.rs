@@ -209,6 +209,10 @@ impl CpuState {
                 let o = Arc::make_mut(&mut self.slots[slot_index(Slot::Attn)]);
                 attention(pool, k, s, &qkv, &self.keys[*layer], &self.values[*layer], pos, n, o)?;
             }
+            CpuOp::Bias { x, b } => {
+                let rows = &mut Arc::make_mut(&mut self.slots[slot_index(*x)])[..n * b.len()];
+                boostr::bias::bias_reference(rows, b);
+            }
             CpuOp::Glu { act, x, out } => {
                 let f = width(*out);
                 let (xs, o) = io(&mut self.slots, *x, *out);

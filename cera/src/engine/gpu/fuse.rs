@@ -56,6 +56,7 @@ fn reads(op: &Op) -> Vec<Slot> {
         Op::Norm { x, .. } | Op::Linear { x, .. } | Op::Glu { x, .. } => vec![*x],
         Op::AddNorm { x, .. } => vec![*x, Slot::Hidden],
         Op::QkvRope { .. } => vec![Slot::Qkv],
+        Op::Bias { x, .. } => vec![*x],
         Op::Attention { .. } => vec![Slot::Qkv],
         Op::LmHead { .. } => vec![Slot::Normed],
     }
@@ -67,6 +68,7 @@ fn writes(op: &Op) -> Vec<Slot> {
         Op::Norm { out, .. } | Op::Linear { out, .. } | Op::Glu { out, .. } => vec![*out],
         Op::AddNorm { out, .. } => vec![Slot::Hidden, *out],
         Op::QkvRope { .. } => vec![Slot::Qkv],
+        Op::Bias { x, .. } => vec![*x],
         Op::Attention { .. } => vec![Slot::Attn],
         Op::LmHead { .. } => vec![Slot::Logits],
     }

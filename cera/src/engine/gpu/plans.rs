@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use boostr::act::{Act, ActIo, ActKind, ActPlan, GluInput};
 use boostr::attention::{AttnOptions, DecodePlan, PrefillPlan, QueryLayout};
+use boostr::bias::BiasPlan;
 use boostr::embedding::EmbeddingPlan;
 use boostr::kv_cache::{KvCache, KvDtype};
 use boostr::norm::{Norm, NormIo, NormPlan};
@@ -274,6 +275,14 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
                         plan.append(p.plan());
                     }
                 }
+            }
+            Op::Bias { x, bs } => {
+                let b: Vec<f32> = bs.iter().flat_map(|v| inp.weights.host_vecs[&v.name].iter().copied()).collect();
+                if b.len() != g.width(*x) {
+                    return Err(EngineError::BadConfig { reason: format!("a bias of {} values for {x:?} ({} wide)", b.len(), g.width(*x)) });
+                }
+                let bb = ctx.upload(bytemuck::cast_slice(&b)).map_err(|e| dev_err(ctx, e))?;
+                plan.append(BiasPlan::new(ctx, &slots.view(*x), &GpuView::whole(&bb), b.len(), rows).map_err(ops_err)?.plan());
             }
             Op::Glu { act, x, out } => {
                 let kind = act_kind(*act);
