@@ -59,6 +59,28 @@ CTX = 4096
 BATCH = 512
 UBATCH = 512
 
+def synth_model(arch):
+    """A synthetic model (random weights, cera's byte-level BPE of 1024 tokens with the qwen2
+    pre-tokenizer, ChatML), made by `cargo xtask synth` with these arguments, which are
+    deterministic (the same bytes on every machine and thread count), so no weights are
+    committed. Its trained context is 512, so only the short cases run."""
+    return {
+        "name": f"{arch}-tiny",
+        "file": f"synth-{arch}-tiny-q8_0.gguf",
+        "synth": ["--arch", arch, "--preset", "tiny", "--qtype", "q8_0", "--seed", "7"],
+        "server_args": [],
+        "chat_template": "from file (jinja)",
+        "cases": ["raw_short", "chat_single", "code", "chat_multi_turn"],
+        "ctx": 512,
+        # Never chosen: the lone bytes 0x80..0xff (ids 128..255 of the synthetic vocabulary),
+        # which a random model would emit as invalid UTF-8 that llama-server refuses to return
+        # (HTTP 500, "does not match the expected Content-only format"). Like ignore_eos's ids,
+        # they are a logit bias: the recorded distributions still hold them, and the file lists
+        # them among `ignore_eos_masked_ids`.
+        "banned": list(range(128, 256)),
+    }
+
+
 MODELS = [
     {
         "name": "smollm2-135m",
@@ -73,44 +95,9 @@ MODELS = [
         "server_args": ["--no-jinja", "--chat-template", "gemma"],
         "chat_template": "builtin gemma",
     },
-    {
-        # A synthetic Qwen3 (random weights, cera's byte-level BPE of 1024 tokens with the qwen2
-        # pre-tokenizer, ChatML): made by `cargo xtask synth` with these arguments, which are
-        # deterministic (the same bytes on every machine and thread count), so no weights are
-        # committed. Its trained context is 512, so only the short cases run.
-        "name": "qwen3-tiny",
-        "file": "synth-qwen3-tiny-q8_0.gguf",
-        "synth": ["--arch", "qwen3", "--preset", "tiny", "--qtype", "q8_0", "--seed", "7"],
-        "server_args": [],
-        "chat_template": "from file (jinja)",
-        "cases": ["raw_short", "chat_single", "code", "chat_multi_turn"],
-        "ctx": 512,
-        # Never chosen: the lone bytes 0x80..0xff (ids 128..255 of the synthetic vocabulary), which
-        # a random model would emit as invalid UTF-8 that llama-server refuses to return (HTTP
-        # 500, "does not match the expected Content-only format"). Like ignore_eos's ids, they
-        # are a logit bias: the recorded distributions still hold them, and the file lists them
-        # among `ignore_eos_masked_ids`.
-        "banned": list(range(128, 256)),
-    },
-    {
-        # A synthetic Qwen2 (Q/K/V biases of unit RMS; otherwise as qwen3-tiny below; random weights, cera's byte-level BPE of 1024 tokens with the qwen2
-        # pre-tokenizer, ChatML): made by `cargo xtask synth` with these arguments, which are
-        # deterministic (the same bytes on every machine and thread count), so no weights are
-        # committed. Its trained context is 512, so only the short cases run.
-        "name": "qwen2-tiny",
-        "file": "synth-qwen2-tiny-q8_0.gguf",
-        "synth": ["--arch", "qwen2", "--preset", "tiny", "--qtype", "q8_0", "--seed", "7"],
-        "server_args": [],
-        "chat_template": "from file (jinja)",
-        "cases": ["raw_short", "chat_single", "code", "chat_multi_turn"],
-        "ctx": 512,
-        # Never chosen: the lone bytes 0x80..0xff (ids 128..255 of the synthetic vocabulary), which
-        # a random model would emit as invalid UTF-8 that llama-server refuses to return (HTTP
-        # 500, "does not match the expected Content-only format"). Like ignore_eos's ids, they
-        # are a logit bias: the recorded distributions still hold them, and the file lists them
-        # among `ignore_eos_masked_ids`.
-        "banned": list(range(128, 256)),
-    },
+    synth_model("qwen3"),
+    # Q/K/V biases of unit RMS (the rest as qwen3-tiny).
+    synth_model("qwen2"),
 ]
 
 LIGHTHOUSES = (

@@ -21,6 +21,20 @@ use numr::gpu::{Binding, BufferKind, KernelEnv, StepValues};
 use numr::testing::{check_close_rtol, test_gpu, validate_wgsl};
 use util::{Rng, check_q8, random_ggml, rmsnorm_cpu};
 
+/// Records the quantizer and the GEMV (two dispatches, one submit) for `m` rows of `k`, and
+/// returns the int8 activations (`q`, `xs` words) the GEMV read.
+fn quantize_then_gemv(ctx: &numr::gpu::GpuContext, xa: &Q8Activations, plan: &Q8GemvPlan, m: usize, k: usize) -> (Vec<i8>, Vec<f32>) {
+    let mut rec = ctx.recorder();
+    let step = StepValues::chunk(0, m as u32);
+    xa.record(&mut rec, &step).unwrap();
+    plan.record(&mut rec, &step).unwrap();
+    assert_eq!(rec.dispatch_count(), 2);
+    rec.submit().unwrap();
+    let nb = m * k / 32;
+    let q = ctx.read_bytes(xa.xq(), 0, (nb * 32) as u64).unwrap().into_iter().map(|b| b as i8).collect();
+    (q, bytemuck::pod_collect_to_vec(&ctx.read_bytes(xa.xs(), 0, (nb * 16) as u64).unwrap()))
+}
+
 fn f64s(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| x as f64).collect()
 }
@@ -61,15 +75,7 @@ fn glu_quantize_and_accumulating_gemv_match_cpu() {
             let y0: Vec<f32> = (0..m * rows).map(|_| rng.f32_in(-1.0, 1.0)).collect();
             let y = ctx.upload(bytemuck::cast_slice(&y0)).unwrap();
             let plan = Q8GemvPlan::new(&ctx, &cfg, &w, &xa, &GemvOutput::Single(Binding::whole(&y))).unwrap();
-            let mut rec = ctx.recorder();
-            let step = StepValues::chunk(0, m as u32);
-            xa.record(&mut rec, &step).unwrap();
-            plan.record(&mut rec, &step).unwrap();
-            assert_eq!(rec.dispatch_count(), 2);
-            rec.submit().unwrap();
-            let nb = m * k / 32;
-            let q: Vec<i8> = ctx.read_bytes(xa.xq(), 0, (nb * 32) as u64).unwrap().into_iter().map(|b| b as i8).collect();
-            let s: Vec<f32> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(xa.xs(), 0, (nb * 16) as u64).unwrap());
+            let (q, s) = quantize_then_gemv(&ctx, &xa, &plan, m, k);
             let deq = check_q8(&glu, &q, &s, 1e-5);
             let got: Vec<f64> =
                 bytemuck::pod_collect_to_vec::<u8, f32>(&ctx.read_bytes(&y, 0, (4 * m * rows) as u64).unwrap()).into_iter().map(|v| v as f64).collect();
@@ -102,15 +108,7 @@ fn rmsnorm_quantize_matches_norm_then_quantize() {
         let xa = Q8Activations::with_rms_norm(&ctx, &Binding::whole(&xb), &Binding::whole(&nwb), m, k, 1e-5, gemma).unwrap();
         let y = ctx.alloc((4 * m * 24) as u64, BufferKind::Storage).unwrap();
         let plan = Q8GemvPlan::new(&ctx, &QuantGemvQ8::new(w.kind(), &env, m as u32), &w, &xa, &GemvOutput::Single(Binding::whole(&y))).unwrap();
-        let mut rec = ctx.recorder();
-        let step = StepValues::chunk(0, m as u32);
-        xa.record(&mut rec, &step).unwrap();
-        plan.record(&mut rec, &step).unwrap();
-        assert_eq!(rec.dispatch_count(), 2);
-        rec.submit().unwrap();
-        let nb = m * k / 32;
-        let q: Vec<i8> = ctx.read_bytes(xa.xq(), 0, (nb * 32) as u64).unwrap().into_iter().map(|b| b as i8).collect();
-        let s: Vec<f32> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(xa.xs(), 0, (nb * 16) as u64).unwrap());
+        let (q, s) = quantize_then_gemv(&ctx, &xa, &plan, m, k);
         let normed = rmsnorm_cpu(&x, &nw, m, 1e-5, gemma);
         check_q8(&normed, &q, &s, 1e-5);
         let got: Vec<f64> =
