@@ -289,15 +289,17 @@ fn short_conv() {
     let conv = ShortConv { kernel: 3 };
     let w = rnd(ch * 3, 3, 1.0);
     let wt = up(&ctx, &w, &[ch, 3]);
-    let mut state = vec![0.0f32; 2 * ch];
-    let s = up(&ctx, &state, &[2, ch]);
-    // A prefill chunk of 9 tokens, then three decode steps of 1 token (the state updated in place).
+    let mut state = vec![0.0f32; 4 * ch];
+    let s = up(&ctx, &state, &[4, ch]);
+    // A prefill chunk of 9 tokens, then three decode steps of 1 token (the ring updated in place).
+    let mut pos = 0;
     for (step, n_tok) in [9usize, 1, 1, 1].into_iter().enumerate() {
         let bcx = rnd(n_tok * 3 * ch, 100 + step as u64, 1.0);
-        let got = conv.run(&ctx, &up(&ctx, &bcx, &[n_tok, 3 * ch]), &wt, &s).unwrap().to_vec::<f32>().unwrap();
-        let want = conv.reference(&bcx, &w, &mut state, n_tok, ch).unwrap();
+        let got = conv.run(&ctx, &up(&ctx, &bcx, &[n_tok, 3 * ch]), &wt, &s, pos).unwrap().to_vec::<f32>().unwrap();
+        let want = conv.reference(&bcx, &w, &mut state, pos, n_tok, ch).unwrap();
         close(&got, &want, None);
         close(&s.to_vec::<f32>().unwrap(), &state, None);
+        pos += n_tok;
     }
 }
 

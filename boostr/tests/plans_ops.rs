@@ -167,20 +167,23 @@ fn act_plan_steps_match_reference_and_eager() {
     let _ = ActKind::GeluTanh;
 }
 
-/// Chunks of 3, 1 and 3 tokens, a reset, then the same 7 tokens in one step: the outputs and the
-/// states agree with each other and with the CPU.
+/// Chunks of 3, 1 and 3 tokens; then the same 7 tokens in one step from position 0 (a new
+/// sequence needs no reset); then positions 5 and 6 run again (a rollback the ring allows). The
+/// outputs and rings agree with each other and with the CPU.
 #[test]
 fn short_conv_plan_chunked_equals_one_pass() {
     let Some((ctx, _serial)) = gpu() else { return };
     let (ch, max_tok) = (77, 7);
     for conv in ShortConv::all() {
         let k = conv.kernel as usize;
+        let ring = k + 2;
         let w = rnd(ch * k, 3, 1.0);
         let all = rnd(max_tok * 3 * ch, 100 + k as u64, 1.0);
         let (wb, allb, bcx) = (f32_buf(&ctx, &w), f32_buf(&ctx, &all), zeros(&ctx, max_tok * 3 * ch));
         let io = ShortConvIo { bcx: (&bcx).into(), w: (&wb).into(), state: None, out: None };
-        let plan = ShortConvPlan::new(&ctx, &conv, &io, ch, max_tok).unwrap();
-        let (outs, states) = (zeros(&ctx, 2 * max_tok * ch), zeros(&ctx, 4 * (k - 1) * ch));
+        let plan = ShortConvPlan::new(&ctx, &conv, &io, ch, max_tok, ring).unwrap();
+        assert_eq!(plan.ring(), ring);
+        let (outs, states) = (zeros(&ctx, (2 * max_tok + 2) * ch), zeros(&ctx, 5 * ring * ch));
         let chunks = [3usize, 1, 3];
         let c = Counters::now(&ctx);
         let mut rec = ctx.recorder();
@@ -189,37 +192,42 @@ fn short_conv_plan_chunked_equals_one_pass() {
             copy_in(&mut rec, &allb, t0 * 3 * ch, &bcx, 0, n_tok * 3 * ch);
             plan.record(&mut rec, &StepValues::chunk(t0 as u32, n_tok as u32)).unwrap();
             copy_out(&mut rec, plan.out(), n_tok * ch, &outs, t0 * ch);
-            copy_out(&mut rec, plan.state(), (k - 1) * ch, &states, i * (k - 1) * ch);
+            copy_out(&mut rec, plan.state(), ring * ch, &states, i * ring * ch);
             t0 += n_tok;
         }
-        plan.record_reset(&mut rec).unwrap();
         copy_in(&mut rec, &allb, 0, &bcx, 0, max_tok * 3 * ch);
         plan.record(&mut rec, &StepValues::chunk(0, max_tok as u32)).unwrap();
         copy_out(&mut rec, plan.out(), max_tok * ch, &outs, max_tok * ch);
-        copy_out(&mut rec, plan.state(), (k - 1) * ch, &states, 3 * (k - 1) * ch);
+        copy_out(&mut rec, plan.state(), ring * ch, &states, 3 * ring * ch);
+        copy_in(&mut rec, &allb, 5 * 3 * ch, &bcx, 0, 2 * 3 * ch);
+        plan.record(&mut rec, &StepValues::chunk(5, 2)).unwrap();
+        copy_out(&mut rec, plan.out(), 2 * ch, &outs, 2 * max_tok * ch);
+        copy_out(&mut rec, plan.state(), ring * ch, &states, 4 * ring * ch);
         rec.submit().unwrap();
         c.unchanged(&ctx, &format!("{conv:?}"));
-        let got = read_f32(&ctx, &outs, 2 * max_tok * ch);
-        let got_s = read_f32(&ctx, &states, 4 * (k - 1) * ch);
-        let mut state = vec![0.0f32; (k - 1) * ch];
+        let got = read_f32(&ctx, &outs, (2 * max_tok + 2) * ch);
+        let got_s = read_f32(&ctx, &states, 5 * ring * ch);
+        let mut state = vec![0.0f32; ring * ch];
         let mut want = Vec::new();
         let mut t0 = 0;
         for (i, &n_tok) in chunks.iter().enumerate() {
-            want.extend(conv.reference(&all[t0 * 3 * ch..(t0 + n_tok) * 3 * ch], &w, &mut state, n_tok, ch).unwrap());
-            close(&got_s[i * (k - 1) * ch..(i + 1) * (k - 1) * ch], &state, &format!("{conv:?} state after chunk {i}"));
+            want.extend(conv.reference(&all[t0 * 3 * ch..(t0 + n_tok) * 3 * ch], &w, &mut state, t0, n_tok, ch).unwrap());
+            close(&got_s[i * ring * ch..(i + 1) * ring * ch], &state, &format!("{conv:?} ring after chunk {i}"));
             t0 += n_tok;
         }
         close(&got[..max_tok * ch], &want, &format!("{conv:?} chunked"));
-        close(&got[max_tok * ch..], &want, &format!("{conv:?} one pass after reset"));
-        close(&got_s[3 * (k - 1) * ch..], &state, &format!("{conv:?} state after one pass"));
-        // Eager, over a given state tensor updated in place.
-        let st = tensor(&ctx, &vec![0.0; (k - 1) * ch], &[k - 1, ch]);
+        close(&got[max_tok * ch..2 * max_tok * ch], &want, &format!("{conv:?} one pass from position 0"));
+        close(&got_s[3 * ring * ch..4 * ring * ch], &state, &format!("{conv:?} ring after one pass"));
+        close(&got[2 * max_tok * ch..], &want[5 * ch..], &format!("{conv:?} positions 5 and 6 again"));
+        close(&got_s[4 * ring * ch..], &state, &format!("{conv:?} ring after the rollback"));
+        // Eager, over a given ring tensor updated in place.
+        let st = tensor(&ctx, &vec![0.0; ring * ch], &[ring, ch]);
         let wt = tensor(&ctx, &w, &[ch, k]);
-        let mut s2 = vec![0.0f32; (k - 1) * ch];
+        let mut s2 = vec![0.0f32; ring * ch];
         for (t0, n_tok) in [(0usize, 4usize), (4, 3)] {
             let part = &all[t0 * 3 * ch..(t0 + n_tok) * 3 * ch];
-            let eager = conv.run(&ctx, &tensor(&ctx, part, &[n_tok, 3 * ch]), &wt, &st).unwrap().to_vec::<f32>().unwrap();
-            close(&eager, &conv.reference(part, &w, &mut s2, n_tok, ch).unwrap(), &format!("{conv:?} eager"));
+            let eager = conv.run(&ctx, &tensor(&ctx, part, &[n_tok, 3 * ch]), &wt, &st, t0).unwrap().to_vec::<f32>().unwrap();
+            close(&eager, &conv.reference(part, &w, &mut s2, t0, n_tok, ch).unwrap(), &format!("{conv:?} eager"));
         }
         close(&st.to_vec::<f32>().unwrap(), &s2, &format!("{conv:?} eager state"));
     }
@@ -502,12 +510,12 @@ fn bad_inputs_are_typed_errors() {
     let conv = ShortConv { kernel: 3 };
     let st = tensor(&ctx, &[0.0; 2 * 4], &[2, 4]);
     let cw = tensor(&ctx, &[0.5; 12], &[4, 3]);
-    is_bad(conv.run(&ctx, &tensor(&ctx, &[1.0; 12], &[12]), &cw, &st), "short conv of a rank-1 input");
-    is_bad(conv.run(&ctx, &Tensor::zeros(&[2, 12], DType::U32, &dev).unwrap(), &cw, &st), "short conv of u32");
+    is_bad(conv.run(&ctx, &tensor(&ctx, &[1.0; 12], &[12]), &cw, &st, 0), "short conv of a rank-1 input");
+    is_bad(conv.run(&ctx, &Tensor::zeros(&[2, 12], DType::U32, &dev).unwrap(), &cw, &st, 0), "short conv of u32");
     let bt = tensor(&ctx, &[1.0; 24], &[12, 2]).transpose(0, 1).unwrap();
-    is_bad(conv.run(&ctx, &bt, &cw, &st), "short conv of a transposed view");
-    is_bad(conv.run(&ctx, &tensor(&ctx, &[1.0; 24], &[2, 12]), &cw, &tensor(&ctx, &[0.0; 4], &[4])), "short conv state size");
-    let r = ShortConv { kernel: 1 }.run(&ctx, &tensor(&ctx, &[1.0; 24], &[2, 12]), &cw, &st);
+    is_bad(conv.run(&ctx, &bt, &cw, &st, 0), "short conv of a transposed view");
+    is_bad(conv.run(&ctx, &tensor(&ctx, &[1.0; 24], &[2, 12]), &cw, &tensor(&ctx, &[0.0; 4], &[4]), 0), "short conv state size");
+    let r = ShortConv { kernel: 1 }.run(&ctx, &tensor(&ctx, &[1.0; 24], &[2, 12]), &cw, &st, 0);
     assert!(matches!(r, Err(OpsError::Unsupported { .. })), "one tap: {r:?}");
     // CPU references with inconsistent lengths.
     is_bad(Norm::rms().reference(&[1.0; 10], &[1.0; 3], None, None, 4, 1e-6), "norm reference, x not whole rows");
@@ -515,8 +523,9 @@ fn bad_inputs_are_typed_errors() {
     is_bad(Norm { residual: true, ..Norm::rms() }.reference(&[1.0; 8], &[1.0; 4], None, Some(&mut [0.0; 3]), 4, 1e-6), "norm reference, residual");
     is_bad(silu.reference(&[1.0; 5], None, 2, 3), "act reference");
     is_bad(Act { input: GluInput::TwoTensors, ..silu }.reference(&[1.0; 6], None, 2, 3), "act reference without up");
-    is_bad(conv.reference(&[1.0; 10], &[1.0; 12], &mut [0.0; 8], 1, 4), "conv reference, bcx");
-    is_bad(conv.reference(&[1.0; 12], &[1.0; 12], &mut [0.0; 7], 1, 4), "conv reference, state");
+    is_bad(conv.reference(&[1.0; 10], &[1.0; 12], &mut [0.0; 8], 0, 1, 4), "conv reference, bcx");
+    is_bad(conv.reference(&[1.0; 12], &[1.0; 12], &mut [0.0; 7], 0, 1, 4), "conv reference, state");
+    is_bad(conv.reference(&[1.0; 12], &[1.0; 12], &mut [0.0; 4], 0, 1, 4), "conv reference, a ring of one row for 3 taps");
     is_bad(sampling::top_k_ref(&[1.0; 3], 4, 1.0), "top_k reference, k > n");
     is_bad(sampling::top_k_ref(&[1.0; 3], 2, 0.0), "top_k reference, temperature 0");
     is_bad(sampling::argmax_ref(&[]), "argmax reference, empty");
@@ -534,9 +543,11 @@ fn bad_inputs_are_typed_errors() {
     let io = ActIo { a: (&big).into(), b: None, out: Some(GpuView::new(numr::gpu::Binding::whole(&big), 4000)) };
     is_bad(ActPlan::new(&ctx, &silu, &io, n, 2), "act plan, out too small at its offset");
     let io = ShortConvIo { bcx: (&big).into(), w: (&big).into(), state: Some((&small).into()), out: None };
-    is_bad(ShortConvPlan::new(&ctx, &conv, &io, 8, 4), "conv plan, state too small");
+    is_bad(ShortConvPlan::new(&ctx, &conv, &io, 8, 4, 2), "conv plan, state too small");
     let io = ShortConvIo { bcx: (&small).into(), w: (&big).into(), state: None, out: None };
-    is_bad(ShortConvPlan::new(&ctx, &conv, &io, 8, 4), "conv plan, bcx too small");
+    is_bad(ShortConvPlan::new(&ctx, &conv, &io, 8, 4, 2), "conv plan, bcx too small");
+    let io = ShortConvIo { bcx: (&big).into(), w: (&big).into(), state: None, out: None };
+    is_bad(ShortConvPlan::new(&ctx, &conv, &io, 8, 4, 1), "conv plan, a ring shorter than the taps");
     let table = tables(37, 64).remove(0);
     let emb = GpuEmbedding::new(&ctx, &table, None).unwrap();
     is_bad(EmbeddingPlan::new(&ctx, &emb, &(&big).into(), 2, 1.0, Some((&small).into())), "embedding plan, out too small");

@@ -4,16 +4,24 @@
 //!
 //! `y[t][c] = C[t][c] * Σ_j w[c][j] * Bx[t - (kernel - 1) + j][c]`
 //!
-//! Positions before the chunk come from a rolling state `[kernel - 1][ch]` of the last `Bx` rows
-//! (zeros for a fresh sequence). One kernel serves prefill (a chunk of tokens) and decode (one
-//! token), and updates the state **in place** in the same dispatch: for each channel one "owner"
-//! invocation computes the chunk's first `kernel - 1` outputs (the only ones that read the state)
-//! and then writes the channel's new state; every other invocation computes one later output from
-//! the chunk alone. So no invocation reads a state word another one writes.
+//! The state is a **ring of `Bx` rows indexed by position**: `ring` rows (at least `kernel - 1`),
+//! the row of position `p` at `p % ring`. A step at `pos` reads positions `pos - kernel + 1 ..
+//! pos - 1` from it (positions below 0 read as zeros, so a sequence starting at 0 needs no reset)
+//! and writes its own last `min(n_tok, ring)` rows. Rolling a sequence back is therefore free:
+//! a step may start at any `pos` whose `kernel - 1` predecessors are still in the ring, which
+//! holds while `pos >= last + kernel - ring`, `last` being the latest position written. An
+//! engine that discards a few speculatively run tokens (pipelined decode) or reuses a prefix
+//! only re-runs from 0 when it backs up further than that.
 //!
-//! [`ShortConvPlan`] owns the state (or takes a given one) and is recorded per step of
-//! `step.n_tok` tokens; chunked prefill then decode gives the same as one pass.
-//! [`ShortConvPlan::record_reset`] starts a new sequence. [`ShortConv::run`] is the eager path.
+//! One kernel serves prefill (a chunk of tokens) and decode (one token), and updates the ring
+//! **in place** in the same dispatch: for each channel one "owner" invocation reads the ring,
+//! computes the chunk's first `kernel - 1` outputs (the only ones that read it) and then writes
+//! the chunk's rows; every other invocation computes one later output from the chunk alone. So
+//! no invocation reads a state word another one writes.
+//!
+//! [`ShortConvPlan`] owns the ring (or takes a given one) and is recorded per step of
+//! `step.n_tok` tokens at `step.pos`; chunked prefill then decode gives the same as one pass.
+//! [`ShortConv::run`] is the eager path, [`ShortConv::reference`] the CPU reference.
 
 mod plan;
 
@@ -48,14 +56,13 @@ impl ShortConv {
         Ok(())
     }
 
-    /// WGSL. Bindings `bcx`, `w` (`[ch][kernel]`), `state` (rw, `[kernel - 1][ch]`), `out` (rw);
-    /// params `n_tok, ch, in_off, in_stride, w_off, s_off, out_off, fresh` (`fresh = 1`: the old
-    /// state reads as zeros; with `n_tok = 0` that is a reset). An unsupported tap count is
-    /// clamped here ([`Self::check`] rejects it where a plan is built).
+    /// WGSL. Bindings `bcx`, `w` (`[ch][kernel]`), `state` (rw, the ring `[ring][ch]`), `out`
+    /// (rw); params `n_tok, ch, pos, ring, in_off, in_stride, w_off, s_off, out_off`. An
+    /// unsupported tap count is clamped here ([`Self::check`] rejects it where a plan is built).
     ///
     /// Bounds: invocations `i < ch * (1 + max(n_tok - (kernel - 1), 0))`; token `t < n_tok` reads
     /// `bcx[in_off + t * in_stride + (0..3) * ch + c]`, writes `out[out_off + t * ch + c]`;
-    /// `w[w_off + c * kernel + j]`, `state[s_off + r * ch + c]` for `c < ch`, `r < kernel - 1`.
+    /// `w[w_off + c * kernel + j]`, `state[s_off + r * ch + c]` for `c < ch`, `r < ring`.
     /// [`ShortConvPlan::new`] checks every binding holds its extent for the largest step.
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let k = self.kernel.clamp(2, MAX_CONV_KERNEL);
@@ -75,10 +82,15 @@ fn y(t: u32, c: u32, acc: f32) {{
         let body = "    let i = wg_linear * 256u + lidx;
     let ch = p.ch;
     if (i < ch) {
-        // Owner of channel c: rows [hist ; chunk] in one index s (s < KM1: the old state).
+        // Owner of channel c: rows [hist ; chunk] in one index s (s < KM1: positions before pos).
         let c = i;
         var hist: array<f32, KM1>;
-        for (var r = 0u; r < KM1; r++) { hist[r] = select(state[p.s_off + r * ch + c], 0.0, p.fresh == 1u); }
+        for (var r = 0u; r < KM1; r++) {
+            // Position pos - KM1 + r; below 0 it reads as zero.
+            var v = 0.0;
+            if (p.pos + r >= KM1) { v = state[p.s_off + ((p.pos + r - KM1) % p.ring) * ch + c]; }
+            hist[r] = v;
+        }
         let head = min(KM1, p.n_tok);
         for (var t = 0u; t < head; t++) {
             var acc = 0.0;
@@ -90,11 +102,9 @@ fn y(t: u32, c: u32, acc: f32) {{
             }
             y(t, c, acc);
         }
-        for (var r = 0u; r < KM1; r++) {
-            let s = p.n_tok + r;
-            var v: f32;
-            if (s < KM1) { v = hist[s]; } else { v = bx(s - KM1, c); }
-            state[p.s_off + r * ch + c] = v;
+        // The chunk's last min(n_tok, ring) rows, each at its position's slot.
+        for (var t = p.n_tok - min(p.n_tok, p.ring); t < p.n_tok; t++) {
+            state[p.s_off + ((p.pos + t) % p.ring) * ch + c] = bx(t, c);
         }
         return;
     }
@@ -112,16 +122,17 @@ fn y(t: u32, c: u32, acc: f32) {{
             .storage("w", Access::Read, "array<f32>")
             .storage("state", Access::ReadWrite, "array<f32>")
             .storage("out", Access::ReadWrite, "array<f32>")
-            .params(&["n_tok", "ch", "in_off", "in_stride", "w_off", "s_off", "out_off", "fresh"])
+            .params(&["n_tok", "ch", "pos", "ring", "in_off", "in_stride", "w_off", "s_off", "out_off"])
             .prelude(&pre)
             .body(body)
             .build()
     }
 
-    /// Runs on GPU tensors (eagerly, through a [`ShortConvPlan`] over the given state): `bcx`
-    /// `[n_tok, 3 * ch]`, `w` `[ch, kernel]`, `state` `[kernel - 1, ch]` (read and updated in
-    /// place), all f32 and contiguous. Returns `y` `[n_tok, ch]`.
-    pub fn run(&self, ctx: &GpuContext, bcx: &Tensor, w: &Tensor, state: &Tensor) -> Result<Tensor> {
+    /// Runs on GPU tensors (eagerly, through a [`ShortConvPlan`] over the given ring) for the
+    /// tokens at positions `pos ..`: `bcx` `[n_tok, 3 * ch]`, `w` `[ch, kernel]`, `state` the ring
+    /// `[ring, ch]` with `ring >= kernel - 1` (read and updated in place), all f32 and contiguous.
+    /// Returns `y` `[n_tok, ch]`.
+    pub fn run(&self, ctx: &GpuContext, bcx: &Tensor, w: &Tensor, state: &Tensor, pos: usize) -> Result<Tensor> {
         const OP: &str = "short_conv";
         self.check()?;
         let &[n_tok, w3] = bcx.shape() else {
@@ -132,8 +143,17 @@ fn y(t: u32, c: u32, acc: f32) {{
         if ch == 0 || w3 != 3 * ch {
             return Err(bad(OP, format!("bcx rows of {w3} (3 * ch, ch > 0 expected)")));
         }
-        if w.numel() != ch * self.kernel as usize || state.numel() != km1 * ch {
-            return Err(bad(OP, format!("weight of {} and state of {} elements for {ch} channels of {} taps", w.numel(), state.numel(), self.kernel)));
+        let ring = state.numel() / ch.max(1);
+        if w.numel() != ch * self.kernel as usize || state.numel() != ring * ch || ring < km1 {
+            return Err(bad(
+                OP,
+                format!(
+                    "weight of {} and state of {} elements for {ch} channels of {} taps (the state holds at least {km1} rows of {ch})",
+                    w.numel(),
+                    state.numel(),
+                    self.kernel
+                ),
+            ));
         }
         let out = Tensor::zeros(&[n_tok, ch], DType::F32, bcx.device())?;
         let io = ShortConvIo {
@@ -145,24 +165,33 @@ fn y(t: u32, c: u32, acc: f32) {{
         if n_tok == 0 {
             return Ok(out);
         }
-        let plan = ShortConvPlan::new(ctx, self, &io, ch, n_tok)?;
-        plan.run(ctx, &StepValues::chunk(0, to_u32(OP, "n_tok", n_tok)?))?;
+        let plan = ShortConvPlan::new(ctx, self, &io, ch, n_tok, ring)?;
+        plan.run(ctx, &StepValues::chunk(to_u32(OP, "pos", pos)?, to_u32(OP, "n_tok", n_tok)?))?;
         Ok(out)
     }
 
-    /// CPU reference: returns `y` (`n_tok x ch`) and updates `state` (`(kernel - 1) x ch`) in
-    /// place. Lengths that disagree are [`OpsError::BadArgs`].
-    pub fn reference(&self, bcx: &[f32], w: &[f32], state: &mut [f32], n_tok: usize, ch: usize) -> Result<Vec<f32>> {
+    /// CPU reference: returns `y` (`n_tok x ch`) of the tokens at positions `pos ..` and updates
+    /// the ring `state` (`ring x ch`, `ring >= kernel - 1`) in place, as the kernel does. Lengths
+    /// that disagree are [`OpsError::BadArgs`].
+    pub fn reference(&self, bcx: &[f32], w: &[f32], state: &mut [f32], pos: usize, n_tok: usize, ch: usize) -> Result<Vec<f32>> {
         const OP: &str = "short_conv reference";
         self.check()?;
-        let k = self.kernel as usize;
-        if bcx.len() != n_tok * 3 * ch || w.len() != ch * k || state.len() != (k - 1) * ch {
+        let (k, km1) = (self.kernel as usize, self.kernel as usize - 1);
+        let ring = state.len() / ch.max(1);
+        if ch == 0 || bcx.len() != n_tok * 3 * ch || w.len() != ch * k || state.len() != ring * ch || ring < km1 {
             return Err(bad(
                 OP,
                 format!("bcx of {}, weight of {} and state of {} elements for {n_tok} tokens of {ch} channels and {k} taps", bcx.len(), w.len(), state.len()),
             ));
         }
-        let mut hist: Vec<f32> = state.to_vec(); // rows of Bx, oldest first
+        // Rows of Bx, oldest first: the kernel - 1 positions before pos, then the chunk.
+        let mut hist = vec![0.0f32; km1 * ch];
+        for r in 0..km1 {
+            if pos + r >= km1 {
+                let slot = (pos + r - km1) % ring;
+                hist[r * ch..(r + 1) * ch].copy_from_slice(&state[slot * ch..(slot + 1) * ch]);
+            }
+        }
         for t in 0..n_tok {
             for c in 0..ch {
                 hist.push(bcx[t * 3 * ch + c] * bcx[t * 3 * ch + 2 * ch + c]);
@@ -175,7 +204,10 @@ fn y(t: u32, c: u32, acc: f32) {{
                 y[t * ch + c] = (bcx[t * 3 * ch + ch + c] as f64 * acc) as f32;
             }
         }
-        state.copy_from_slice(&hist[n_tok * ch..]);
+        for t in n_tok - n_tok.min(ring)..n_tok {
+            let slot = (pos + t) % ring;
+            state[slot * ch..(slot + 1) * ch].copy_from_slice(&hist[(km1 + t) * ch..(km1 + t + 1) * ch]);
+        }
         Ok(y)
     }
 }
