@@ -98,6 +98,8 @@ MODELS = [
     synth_model("qwen3"),
     # Q/K/V biases of unit RMS (the rest as qwen3-tiny).
     synth_model("qwen2"),
+    # Short-conv blocks (layer 0) and a QK-normed attention block (layer 1).
+    synth_model("lfm2"),
 ]
 
 LIGHTHOUSES = (

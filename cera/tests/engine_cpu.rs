@@ -71,7 +71,8 @@ fn open(id: ModelId) -> (GgufFile, ModelGraph) {
     let file = GgufFile::open(ensure_model(id).expect("fetch the model")).unwrap();
     let rows = file.tensor("token_embd.weight").and_then(|t| t.dims.get(1)).map(|&r| r as usize);
     let cfg = ModelConfig::from_hparams(&file.hparams().unwrap(), rows).unwrap();
-    let facts = FileFacts { has_output: file.tensor("output.weight").is_some(), has_rope_freqs: file.tensor("rope_freqs.weight").is_some() };
+    let facts =
+        FileFacts { has_output: file.tensor("output.weight").is_some(), has_rope_freqs: file.tensor("rope_freqs.weight").is_some(), ..Default::default() };
     let graph = build(&cfg, &facts);
     check_all(&graph, &file).unwrap();
     (file, graph)

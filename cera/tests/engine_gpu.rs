@@ -50,7 +50,10 @@ fn log_softmax(x: &[f32]) -> Vec<f64> {
 fn graph(file: &GgufFile) -> ModelGraph {
     let rows = file.tensor("token_embd.weight").and_then(|t| t.dims.get(1)).map(|&r| r as usize);
     let cfg = ModelConfig::from_hparams(&file.hparams().unwrap(), rows).unwrap();
-    build(&cfg, &FileFacts { has_output: file.tensor("output.weight").is_some(), has_rope_freqs: file.tensor("rope_freqs.weight").is_some() })
+    build(
+        &cfg,
+        &FileFacts { has_output: file.tensor("output.weight").is_some(), has_rope_freqs: file.tensor("rope_freqs.weight").is_some(), ..Default::default() },
+    )
 }
 
 fn logits(out: StepOutput) -> Vec<f32> {

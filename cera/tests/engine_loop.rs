@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use cera::chat_template::{BuiltinTemplate, ChatTemplate};
 use cera::engine::{
-    Arch, Backend, BackendState, CancelToken, Engine, EngineError, EngineParts, FinishReason, GateAct, GenerateOpts, KvType, LayerRope, ModelConfig, StateOpts,
-    StepCounters, StepInput, StepOutput, TokenEvent, Want, end_of_generation_ids,
+    Arch, Backend, BackendState, CancelToken, Engine, EngineError, EngineParts, FinishReason, GateAct, GenerateOpts, KvType, LayerKind, LayerRope, ModelConfig,
+    StateOpts, StepCounters, StepInput, StepOutput, TokenEvent, Want, end_of_generation_ids,
 };
 use cera::gguf::{Metadata, MetadataArray, MetadataValue};
 use cera::tokenizer::Tokenizer;
@@ -70,6 +70,8 @@ fn config() -> ModelConfig {
         attn_scale: 1.0,
         final_softcap: None,
         attn_softcap: None,
+        kinds: vec![LayerKind::Attention],
+        conv_kernel: 0,
     }
 }
 

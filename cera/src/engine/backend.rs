@@ -72,6 +72,49 @@ pub enum Want {
 /// The most steps [`BackendState::submit`] keeps outstanding.
 pub const MAX_IN_FLIGHT: usize = 2;
 
+/// Rows of each LFM2 conv layer's ring of `Bx` rows (boostr's position-indexed conv state): a
+/// step may start up to `CONV_RING - (kernel - 1)` positions before the furthest one run, so
+/// discarding pipelined tokens or reusing most of a prefix never re-runs the sequence.
+pub const CONV_RING: usize = 16;
+
+/// Which positions a sequence with recurrent state (LFM2's conv rings of [`CONV_RING`] rows)
+/// may resume at: position 0 always, else a position whose `kernel - 1` predecessors are still
+/// in the ring.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RecurrentWindow {
+    /// `kernel - 1` (0: no recurrent state, every position is fine).
+    km1: usize,
+    /// One past the furthest position run since the sequence last started at 0.
+    end: usize,
+}
+
+impl RecurrentWindow {
+    pub(crate) fn new(conv_kernel: usize) -> RecurrentWindow {
+        RecurrentWindow { km1: conv_kernel.saturating_sub(1), end: 0 }
+    }
+
+    /// The smallest position other than 0 a step may start at.
+    pub(crate) fn floor(&self) -> usize {
+        if self.km1 == 0 { 0 } else { (self.end + self.km1).saturating_sub(CONV_RING) }
+    }
+
+    /// [`EngineError::Usage`] unless a step may start at `pos`.
+    pub(crate) fn check(&self, pos: usize) -> Result<(), EngineError> {
+        if pos != 0 && pos < self.floor() {
+            return Err(EngineError::Usage(format!(
+                "a step at position {pos}: the conv state holds positions from {} on (resume there or later, or start again at 0)",
+                self.floor()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Records a step of `n` tokens at `pos`.
+    pub(crate) fn ran(&mut self, pos: usize, n: usize) {
+        self.end = if pos == 0 { n } else { self.end.max(pos + n) };
+    }
+}
+
 /// The most candidates [`Want::TopK`] returns.
 pub const MAX_TOP_K: usize = 128;
 
@@ -155,6 +198,12 @@ pub trait BackendState: Send {
     fn profile_step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<(StepOutput, Vec<KernelTime>), EngineError> {
         let _ = (input, pos, want);
         Err(EngineError::Unsupported { what: "profiling on this device".into() })
+    }
+    /// The smallest position other than 0 a step may start at (0: any). Models with recurrent
+    /// state (LFM2's conv rings) keep a bounded window of it, so a step that backs up further
+    /// than this must start the sequence again at 0.
+    fn resume_floor(&self) -> usize {
+        0
     }
     /// Clears per-sequence state other than the cache (recurrent state of later architectures),
     /// after waiting for the outstanding steps, whose outputs are dropped.

@@ -3,14 +3,16 @@
 //!
 //! Defaults (used only when the key is absent; each is the value the architecture's reference
 //! implementation uses):
-//! - RMSNorm epsilon: llama 1e-5, gemma3, qwen2 and qwen3 1e-6.
-//! - RoPE base: llama 10000, qwen2 and qwen3 1000000, gemma3 1000000 for global layers; gemma3's
+//! - RMSNorm epsilon: llama and lfm2 1e-5, gemma3, qwen2 and qwen3 1e-6.
+//! - RoPE base: llama 10000, qwen2, qwen3 and lfm2 1000000, gemma3 1000000 for global layers; gemma3's
 //!   sliding-window layers always use 10000 (llama.cpp and transformers hard-code it as
 //!   `rope_local_base_freq`).
 //! - RoPE dimensions: the head dimension.
 //! - gemma3 sliding window: 512; one global layer every 6 (layers `5, 11, 17, ...` are global).
 //! - Context: the file's `{arch}.context_length`, else 4096 (llama) / 32768 (gemma3, qwen2) /
-//!   40960 (qwen3).
+//!   40960 (qwen3) / 128000 (lfm2).
+//! - lfm2: a layer whose `attention.head_count_kv` entry is 0 is a short-conv block; the conv
+//!   has `shortconv.l_cache` taps (default 3).
 
 use crate::gguf::HyperParams;
 
@@ -28,6 +30,17 @@ pub enum Arch {
     Qwen2,
     /// Qwen3 dense models (`qwen3`): llama's block with per-head QK-norm and NeoX RoPE.
     Qwen3,
+    /// Liquid LFM2 (`lfm2`): gated short-conv blocks interleaved with QK-normed GQA blocks.
+    Lfm2,
+}
+
+/// What mixes the tokens in a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LayerKind {
+    /// Causal self-attention over the layer's KV cache.
+    Attention,
+    /// LFM2's gated short convolution over a rolling state.
+    ShortConv,
 }
 
 impl Arch {
@@ -38,6 +51,7 @@ impl Arch {
             "gemma3" => Ok(Arch::Gemma3),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
+            "lfm2" => Ok(Arch::Lfm2),
             other => Err(EngineError::UnknownArchitecture { name: other.to_string() }),
         }
     }
@@ -49,6 +63,7 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Lfm2 => "lfm2",
         }
     }
 }
@@ -114,6 +129,10 @@ pub struct ModelConfig {
     pub final_softcap: Option<f32>,
     /// `cap * tanh(score / cap)` on attention scores.
     pub attn_softcap: Option<f32>,
+    /// Per layer: attention or short conv (lfm2); attention everywhere else.
+    pub kinds: Vec<LayerKind>,
+    /// Taps of the short convolutions (0 without any).
+    pub conv_kernel: usize,
 }
 
 fn need(v: Option<u32>, key: &str, arch: &str) -> Result<usize, EngineError> {
@@ -136,8 +155,15 @@ impl ModelConfig {
         if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
             return Err(EngineError::BadConfig { reason: format!("{a}: {n_heads} heads over {n_kv_heads} KV heads") });
         }
-        if (0..n_layers).any(|l| hp.head_count_kv.get(l) as usize != n_kv_heads) {
+        // LFM2's conv blocks have no KV heads; every attention layer has the same number.
+        let kinds: Vec<LayerKind> =
+            (0..n_layers).map(|l| if arch == Arch::Lfm2 && hp.head_count_kv.get(l) == 0 { LayerKind::ShortConv } else { LayerKind::Attention }).collect();
+        if (0..n_layers).any(|l| kinds[l] == LayerKind::Attention && hp.head_count_kv.get(l) as usize != n_kv_heads) {
             return Err(EngineError::BadConfig { reason: format!("{a}: per-layer KV head counts {} (not supported for this architecture)", hp.head_count_kv) });
+        }
+        let conv_kernel = if kinds.contains(&LayerKind::ShortConv) { hp.shortconv_l_cache.unwrap_or(3) as usize } else { 0 };
+        if conv_kernel != 0 && !(2..=boostr::conv::MAX_CONV_KERNEL as usize).contains(&conv_kernel) {
+            return Err(EngineError::Unsupported { what: format!("{a}.shortconv.l_cache = {conv_kernel} (2 to {})", boostr::conv::MAX_CONV_KERNEL) });
         }
         let head_dim = hp.key_length as usize;
         if head_dim == 0 || hp.value_length != hp.key_length {
@@ -160,6 +186,7 @@ impl ModelConfig {
             Arch::Gemma3 => (1e-6, 1_000_000.0, 32_768),
             Arch::Qwen2 => (1e-6, 1_000_000.0, 32_768),
             Arch::Qwen3 => (1e-6, 1_000_000.0, 40_960),
+            Arch::Lfm2 => (1e-5, 1_000_000.0, 128_000),
         };
         let base = hp.rope_freq_base.unwrap_or(base_default);
         let mut rope = vec![LayerRope { base, linear_factor }; n_layers];
@@ -192,12 +219,24 @@ impl ModelConfig {
             context_length: if hp.context_length > 0 { hp.context_length as usize } else { ctx_default },
             embed_scale: if gemma { (dim as f32).sqrt() } else { 1.0 },
             gate_act: if gemma { GateAct::GeluTanh } else { GateAct::Silu },
-            qk_norm: gemma || arch == Arch::Qwen3,
+            qk_norm: gemma || matches!(arch, Arch::Qwen3 | Arch::Lfm2),
             post_norms: gemma,
             attn_scale: 1.0 / (head_dim as f32).sqrt(),
             final_softcap: hp.final_logit_softcapping.filter(|&c| c > 0.0),
             attn_softcap: hp.attn_logit_softcapping.filter(|&c| c > 0.0),
+            kinds,
+            conv_kernel,
         })
+    }
+
+    /// Attention layers: the KV cache's layer count (cache index `i` is the `i`-th of them).
+    pub fn kv_layers(&self) -> usize {
+        self.kinds.iter().filter(|&&k| k == LayerKind::Attention).count()
+    }
+
+    /// Short-conv layers: the rolling states' count (state `i` is the `i`-th of them).
+    pub fn conv_layers(&self) -> usize {
+        self.kinds.iter().filter(|&&k| k == LayerKind::ShortConv).count()
     }
 
     /// Query heads per KV head.

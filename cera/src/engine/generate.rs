@@ -373,6 +373,11 @@ impl Session {
         if reused == prompt_tokens && opts.max_tokens > 0 {
             reused -= 1;
         }
+        // Recurrent state (LFM2's conv rings) reaches back a bounded window: further back, the
+        // sequence runs again from 0.
+        if reused > 0 && reused < self.state.resume_floor() {
+            reused = 0;
+        }
         if reused == 0 && !self.cached.is_empty() {
             self.state.reset()?;
         }

@@ -33,6 +33,10 @@ pub enum Slot {
     Glu,
     /// Next-token logits, `vocab` wide (only the step's last token is computed).
     Logits,
+    /// LFM2's conv input projection, `[B | C | x]` rows `3 * dim` wide.
+    ConvIn,
+    /// LFM2's conv output `C * conv(B * x)`, `dim` wide.
+    Conv,
 }
 
 /// A weight matrix stored `[rows, cols]` row-major (ggml dims `[cols, rows]`), by tensor name.
@@ -122,6 +126,15 @@ pub enum Op {
         /// The bias vectors, in the order of the row's columns.
         bs: Vec<VecRef>,
     },
+    /// LFM2's gated short convolution: [`Slot::Conv`] `= C * conv(B * x)` from the
+    /// [`Slot::ConvIn`] rows `[B | C | x]`, against the rolling state `state` (the `state`-th
+    /// conv layer), which the op advances to the step's tokens.
+    ShortConv {
+        /// The state (conv-layer index).
+        state: usize,
+        /// The depthwise taps, `[dim, kernel]` (GGUF `shortconv.conv`).
+        w: MatRef,
+    },
     /// `out = act(gate) * up` from packed `[gate | up]` rows of `x`.
     Glu {
         /// The gate activation.
@@ -147,6 +160,7 @@ impl Op {
             Op::Embed { table, .. } => vec![table],
             Op::Linear { ws, .. } => ws.iter().collect(),
             Op::LmHead { w, .. } => vec![w],
+            Op::ShortConv { w, .. } => vec![w],
             _ => vec![],
         }
     }
@@ -192,7 +206,8 @@ impl ModelGraph {
     pub fn width(&self, slot: Slot) -> usize {
         let c = &self.cfg;
         match slot {
-            Slot::Hidden | Slot::Normed | Slot::Delta | Slot::DeltaNormed => c.dim,
+            Slot::Hidden | Slot::Normed | Slot::Delta | Slot::DeltaNormed | Slot::Conv => c.dim,
+            Slot::ConvIn => 3 * c.dim,
             Slot::Qkv => c.qkv_dim(),
             Slot::Attn => c.n_heads * c.head_dim,
             Slot::GateUp => 2 * c.ffn_dim,
@@ -210,7 +225,7 @@ impl ModelGraph {
         let mut t = DecodeTraffic::default();
         for op in &self.ops {
             let mats = match op {
-                Op::Linear { .. } | Op::LmHead { .. } => op.mats(),
+                Op::Linear { .. } | Op::LmHead { .. } | Op::ShortConv { .. } => op.mats(),
                 _ => Vec::new(),
             };
             for m in mats {
@@ -244,6 +259,7 @@ impl ModelGraph {
                 Op::QkvRope { .. } => s.push(Slot::Qkv),
                 Op::Bias { x, .. } => s.push(*x),
                 Op::Attention { .. } => s.extend([Slot::Qkv, Slot::Attn]),
+                Op::ShortConv { .. } => s.extend([Slot::ConvIn, Slot::Conv]),
                 Op::Embed { .. } | Op::LmHead { .. } => s.push(Slot::Normed),
             }
         }

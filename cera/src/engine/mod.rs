@@ -40,7 +40,7 @@ pub mod stop;
 pub mod weights;
 
 pub use backend::{Backend, BackendState, KernelTime, KvType, LoadProgress, MAX_IN_FLIGHT, StateOpts, StepCounters, StepInput, StepOutput, Want};
-pub use config::{Arch, GateAct, LayerRope, ModelConfig};
+pub use config::{Arch, GateAct, LayerKind, LayerRope, ModelConfig};
 pub use generate::{Generation, Sink, Timings, TokenEvent, row_top_logprobs};
 pub use graph::{DecodeTraffic, ModelGraph, Op, Slot};
 pub use load::{DEFAULT_MAX_CTX, is_hardware_gpu};

@@ -39,6 +39,12 @@ pub trait WeightSource: Send + Sync {
     fn vec(&self, v: &VecRef) -> Result<Vec<f32>, EngineError>;
     /// Whether a tensor exists.
     fn has(&self, name: &str) -> bool;
+    /// The matrix `m` as f32 rows (small f32 weights such as LFM2's conv taps).
+    fn mat_f32(&self, m: &MatRef) -> Result<Vec<f32>, EngineError> {
+        let raw = self.mat(m)?;
+        boostr::formats::dequantize(raw.ty, raw.bytes, m.rows * m.cols)
+            .map_err(|e| EngineError::TensorType { name: m.name.clone(), ty: format!("{} ({e})", raw.ty.name()) })
+    }
 }
 
 impl WeightSource for GgufFile {

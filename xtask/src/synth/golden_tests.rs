@@ -1,7 +1,7 @@
-//! The synthetic Qwen3 and Qwen2 (`--arch qwen3|qwen2 --preset tiny --qtype q8_0 --seed 7`)
+//! The synthetic Qwen3, Qwen2 and LFM2 (`--arch qwen3|qwen2|lfm2 --preset tiny --qtype q8_0 --seed 7`)
 //! through cera's CPU and GPU executors against llama.cpp's greedy run of the same file
-//! (`tests/golden/generation/qwen{3,2}-tiny.json`, made by `scripts/make_generation_goldens.py
-//! --only qwen3-tiny|qwen2-tiny`): the file is regenerated here from the golden's `synth_args`
+//! (`tests/golden/generation/{qwen3,qwen2,lfm2}-tiny.json`, made by `scripts/make_generation_goldens.py
+//! --only qwen3-tiny|qwen2-tiny|lfm2-tiny`): the file is regenerated here from the golden's `synth_args`
 //! (the generator is deterministic, so these are the bytes llama.cpp ran), then teacher-forced
 //! over llama.cpp's 48 greedy ids per case:
 //! - the log-probability of each of llama.cpp's top 5 within `TOL` of llama.cpp's;
@@ -108,4 +108,11 @@ fn synthetic_qwen3_matches_llama_cpp_on_the_cpu_and_the_gpu() {
 #[test]
 fn synthetic_qwen2_matches_llama_cpp_on_the_cpu_and_the_gpu() {
     check("qwen2-tiny", Arch::Qwen2);
+}
+
+/// Layer 0 is a short-conv block, layer 1 QK-normed attention: the conv ring is advanced by the
+/// prompt's one step, then by each teacher-forced token.
+#[test]
+fn synthetic_lfm2_matches_llama_cpp_on_the_cpu_and_the_gpu() {
+    check("lfm2-tiny", Arch::Lfm2);
 }

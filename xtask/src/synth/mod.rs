@@ -3,14 +3,17 @@
 //! downloading anything.
 //!
 //! ```text
-//! cargo xtask synth --arch llama|gemma3|qwen2|qwen3 --preset smol-135m|llama-1b|llama-8b|gemma3-270m|qwen3-0.6b|tiny \
+//! cargo xtask synth --arch llama|gemma3|qwen2|qwen3|lfm2 --preset smol-135m|llama-1b|llama-8b|gemma3-270m|qwen3-0.6b|lfm2-1.2b|tiny \
 //!     --qtype q4_0|q4_1|q8_0|q4_k|q6_k --out FILE [--seed N]
 //! ```
 //!
 //! - Shapes: [`presets`]. `--arch` decides the tensor set, the metadata keys and the tokenizer
 //!   (llama and qwen3: byte-level BPE, pre-tokenizer `llama-bpe` / `qwen2`; gemma3:
-//!   SentencePiece, see [`tokenizer`]; qwen3 adds the per-head `attn_q_norm`/`attn_k_norm`);
-//!   any preset goes with any arch.
+//!   SentencePiece, see [`tokenizer`]; qwen3 adds the per-head `attn_q_norm`/`attn_k_norm`;
+//!   lfm2 (pre-tokenizer `lfm2`) writes short-conv blocks with F32 random taps on the layers
+//!   [`Preset::lfm2_attention`] does not pick, `head_count_kv` per layer (0 on conv blocks),
+//!   `shortconv.l_cache = 3` and the final norm as `token_embd_norm`); any preset goes with any
+//!   arch.
 //! - Storage types, as `llama-quantize` picks them for the file type:
 //!   - every 2-D weight is `--qtype`, except
 //!   - the LM head (`output.weight`, or the tied `token_embd.weight` when there is no
@@ -82,7 +85,7 @@ pub fn metadata(o: &SynthOptions) -> Vec<(String, MetadataValue)> {
         (k("block_count"), u(p.n_layers)),
         (k("feed_forward_length"), u(p.ffn)),
         (k("attention.head_count"), u(p.n_heads)),
-        (k("attention.head_count_kv"), u(p.n_kv_heads)),
+        (k("attention.head_count_kv"), head_count_kv(o)),
         (k("attention.key_length"), u(p.head_dim)),
         (k("attention.value_length"), u(p.head_dim)),
         (k("rope.dimension_count"), u(p.head_dim)),
@@ -90,6 +93,9 @@ pub fn metadata(o: &SynthOptions) -> Vec<(String, MetadataValue)> {
         (k("attention.layer_norm_rms_epsilon"), F32(p.rms_eps)),
         (k("vocab_size"), u(p.vocab)),
     ];
+    if o.arch == Arch::Lfm2 {
+        kvs.push((k("shortconv.l_cache"), u(tensors::LFM2_CONV_TAPS)));
+    }
     if o.arch == Arch::Gemma3 {
         kvs.push((k("attention.sliding_window"), u(p.sliding_window)));
         kvs.push((k("rope.freq_base_swa"), F32(p.rope_local_theta)));
@@ -97,9 +103,21 @@ pub fn metadata(o: &SynthOptions) -> Vec<(String, MetadataValue)> {
     kvs.extend(match o.arch {
         Arch::Llama => tokenizer::bpe_metadata(p.vocab as usize, "llama-bpe"),
         Arch::Qwen2 | Arch::Qwen3 => tokenizer::bpe_metadata(p.vocab as usize, "qwen2"),
+        Arch::Lfm2 => tokenizer::bpe_metadata(p.vocab as usize, "lfm2"),
         Arch::Gemma3 => tokenizer::spm_metadata(p.vocab as usize),
     });
     kvs
+}
+
+/// `attention.head_count_kv`: one value, or for lfm2 one per layer (0 on the conv blocks, as
+/// llama.cpp's converter writes it).
+fn head_count_kv(o: &SynthOptions) -> MetadataValue {
+    let p = &o.preset;
+    if o.arch != Arch::Lfm2 {
+        return MetadataValue::U32(p.n_kv_heads as u32);
+    }
+    let per = (0..p.n_layers).map(|l| if p.lfm2_attention(l) { p.n_kv_heads as u32 } else { 0 }).collect();
+    MetadataValue::Array(cera::gguf::MetadataArray::U32(per))
 }
 
 /// What was written.

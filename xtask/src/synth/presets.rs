@@ -15,6 +15,9 @@ pub enum Arch {
     Qwen2,
     /// Qwen3 (dense): llama's tensors plus per-head QK-norm weights, a byte-level BPE.
     Qwen3,
+    /// LFM2: short-conv blocks (`shortconv.{in_proj,conv,out_proj}`) and QK-normed attention
+    /// blocks ([`Preset::attn_layers`]), the final norm as `token_embd_norm`, a byte-level BPE.
+    Lfm2,
 }
 
 impl Arch {
@@ -25,6 +28,7 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Lfm2 => "lfm2",
         }
     }
 }
@@ -37,7 +41,8 @@ impl FromStr for Arch {
             "gemma3" => Ok(Arch::Gemma3),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
-            _ => Err(format!("unknown architecture {s:?} (llama, gemma3, qwen2, qwen3)")),
+            "lfm2" => Ok(Arch::Lfm2),
+            _ => Err(format!("unknown architecture {s:?} (llama, gemma3, qwen2, qwen3, lfm2)")),
         }
     }
 }
@@ -83,10 +88,12 @@ pub struct Preset {
     pub sliding_window: u64,
     /// gemma3: every `global_every`-th layer attends globally.
     pub global_every: u64,
+    /// lfm2: the attention layers (the others are short-conv blocks); empty: the odd layers.
+    pub attn_layers: &'static [u64],
 }
 
 /// Every preset name, for messages.
-pub const NAMES: &[&str] = &["smol-135m", "llama-1b", "llama-8b", "gemma3-270m", "qwen3-0.6b", "tiny"];
+pub const NAMES: &[&str] = &["smol-135m", "llama-1b", "llama-8b", "gemma3-270m", "qwen3-0.6b", "lfm2-1.2b", "tiny"];
 
 impl Preset {
     /// The preset called `name`.
@@ -107,6 +114,7 @@ impl Preset {
             tied: true,
             sliding_window: 512,
             global_every: 6,
+            attn_layers: &[],
         };
         let p = match name {
             // SmolLM2-135M.
@@ -182,6 +190,21 @@ impl Preset {
                 rms_eps: 1e-6,
                 ..base
             },
+            // LFM2-1.2B: 10 short-conv blocks and 6 attention blocks, a 65536-token vocabulary.
+            "lfm2-1.2b" => Preset {
+                name: "lfm2-1.2b",
+                dim: 2048,
+                n_layers: 16,
+                ffn: 8192,
+                n_heads: 32,
+                n_kv_heads: 8,
+                head_dim: 64,
+                vocab: 65_536,
+                rope_theta: 1_000_000.0,
+                ctx: 128_000,
+                attn_layers: &[2, 5, 8, 10, 12, 14],
+                ..base
+            },
             // For tests: every row length a multiple of 256, so each qtype applies unchanged.
             "tiny" => Preset { name: "tiny", dim: 256, n_layers: 2, ffn: 512, n_heads: 4, n_kv_heads: 2, head_dim: 64, vocab: 1024, ctx: 512, ..base },
             _ => return Err(format!("unknown preset {name:?} ({})", NAMES.join(", "))),
@@ -197,6 +220,11 @@ impl Preset {
     /// Key/value width (`n_kv_heads * head_dim`).
     pub fn kv_dim(&self) -> u64 {
         self.n_kv_heads * self.head_dim
+    }
+
+    /// lfm2: whether layer `l` is an attention block ([`Self::attn_layers`], else the odd layers).
+    pub fn lfm2_attention(&self, l: u64) -> bool {
+        if self.attn_layers.is_empty() { l % 2 == 1 } else { self.attn_layers.contains(&l) }
     }
 }
 

@@ -123,6 +123,9 @@ pub struct Planned {
     pub random: bool,
 }
 
+/// Taps of LFM2's short convolutions (`lfm2.shortconv.l_cache`).
+pub const LFM2_CONV_TAPS: u64 = 3;
+
 /// Every tensor of the model, in file order.
 pub fn plan(arch: Arch, p: &Preset, q: QType) -> Vec<Planned> {
     let n = p.n_layers;
@@ -133,12 +136,28 @@ pub fn plan(arch: Arch, p: &Preset, q: QType) -> Vec<Planned> {
     let norm = |out: &mut Vec<Planned>, name: String, len: u64| {
         out.push(Planned { desc: TensorDesc::new(name, &[len], GgmlType::F32), random: false });
     };
+    let ffn = |out: &mut Vec<Planned>, l: u64| {
+        let b = |s: &str| format!("blk.{l}.{s}.weight");
+        norm(out, b("ffn_norm"), p.dim);
+        mat(out, b("ffn_gate"), p.dim, p.ffn, Role::Matrix);
+        mat(out, b("ffn_up"), p.dim, p.ffn, Role::Matrix);
+        mat(out, b("ffn_down"), p.ffn, p.dim, Role::MoreBits(l));
+    };
     let gemma = arch == Arch::Gemma3;
-    let qk_norm = gemma || arch == Arch::Qwen3;
+    let qk_norm = gemma || matches!(arch, Arch::Qwen3 | Arch::Lfm2);
     mat(&mut out, "token_embd.weight".into(), p.dim, p.vocab, if p.tied { Role::Output } else { Role::Matrix });
+    let lfm2 = arch == Arch::Lfm2;
     for l in 0..n {
         let b = |s: &str| format!("blk.{l}.{s}.weight");
         norm(&mut out, b("attn_norm"), p.dim);
+        if lfm2 && !p.lfm2_attention(l) {
+            // The conv taps are F32 (llama-quantize keeps them), `[kernel, dim]` in ggml order.
+            out.push(Planned { desc: TensorDesc::new(b("shortconv.conv"), &[LFM2_CONV_TAPS, p.dim], GgmlType::F32), random: true });
+            mat(&mut out, b("shortconv.in_proj"), p.dim, 3 * p.dim, Role::Matrix);
+            mat(&mut out, b("shortconv.out_proj"), p.dim, p.dim, Role::Matrix);
+            ffn(&mut out, l);
+            continue;
+        }
         mat(&mut out, b("attn_q"), p.dim, p.q_dim(), Role::Matrix);
         mat(&mut out, b("attn_k"), p.dim, p.kv_dim(), Role::Matrix);
         mat(&mut out, b("attn_v"), p.dim, p.kv_dim(), Role::MoreBits(l));
@@ -155,15 +174,12 @@ pub fn plan(arch: Arch, p: &Preset, q: QType) -> Vec<Planned> {
         if gemma {
             norm(&mut out, b("post_attention_norm"), p.dim);
         }
-        norm(&mut out, b("ffn_norm"), p.dim);
-        mat(&mut out, b("ffn_gate"), p.dim, p.ffn, Role::Matrix);
-        mat(&mut out, b("ffn_up"), p.dim, p.ffn, Role::Matrix);
-        mat(&mut out, b("ffn_down"), p.ffn, p.dim, Role::MoreBits(l));
+        ffn(&mut out, l);
         if gemma {
             norm(&mut out, b("post_ffw_norm"), p.dim);
         }
     }
-    norm(&mut out, "output_norm.weight".into(), p.dim);
+    norm(&mut out, if lfm2 { "token_embd_norm.weight" } else { "output_norm.weight" }.into(), p.dim);
     if !p.tied {
         mat(&mut out, "output.weight".into(), p.dim, p.vocab, Role::Output);
     }
@@ -174,7 +190,7 @@ pub fn plan(arch: Arch, p: &Preset, q: QType) -> Vec<Planned> {
 /// tests, which check the file against it independently of [`plan`]'s bookkeeping).
 #[cfg(test)]
 pub fn expected_type(q: QType, name: &str, tied: bool, n_layers: u64, cols: u64) -> GgmlType {
-    if !name.ends_with(".weight") || name.contains("norm") {
+    if !name.ends_with(".weight") || name.contains("norm") || name.contains("shortconv.conv") {
         return GgmlType::F32;
     }
     let layer = name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|i| i.parse::<u64>().ok());

@@ -37,7 +37,11 @@ fn check_weights(f: &GgufFile, o: &SynthOptions) {
         let want = expected_type(o.qtype, &t.name, p.tied, p.n_layers, t.dims[0]);
         assert_eq!(t.ty, want, "{} {}: {}", o.arch, o.qtype, t.name);
     }
-    for name in ["token_embd.weight", "blk.0.attn_q.weight", "blk.0.attn_v.weight", "blk.1.ffn_down.weight", "blk.0.attn_norm.weight"] {
+    let names = ["token_embd.weight", "blk.0.attn_q.weight", "blk.1.attn_q.weight", "blk.0.attn_v.weight", "blk.1.ffn_down.weight", "blk.0.attn_norm.weight"];
+    let conv = ["blk.0.shortconv.in_proj.weight", "blk.0.shortconv.out_proj.weight"];
+    let names: Vec<&str> = names.iter().chain(if o.arch == Arch::Lfm2 { &conv[..] } else { &[] }).copied().filter(|n| f.tensor(n).is_some()).collect();
+    assert!(names.len() >= 5, "{} {}: {names:?}", o.arch, o.qtype);
+    for name in names {
         let t = f.tensor(name).unwrap();
         let ty = boostr::formats::GgmlType::from_ggml_id(t.ty.id()).unwrap();
         let v = boostr::formats::dequantize(ty, f.tensor_data(name).unwrap(), t.n_elements as usize).unwrap();
@@ -62,7 +66,7 @@ fn generate(path: &std::path::Path, o: &SynthOptions) {
 
 #[test]
 fn every_arch_and_qtype_loads_and_generates() {
-    for arch in [Arch::Llama, Arch::Gemma3, Arch::Qwen2, Arch::Qwen3] {
+    for arch in [Arch::Llama, Arch::Gemma3, Arch::Qwen2, Arch::Qwen3, Arch::Lfm2] {
         for qtype in QType::ALL {
             let o = opts(arch, qtype, 0);
             let tmp = Temp::new(&format!("{arch}-{qtype}"));
@@ -89,4 +93,52 @@ fn the_seed_decides_the_bytes() {
     assert!(a == write(1, 3), "same seed, other thread count: same bytes");
     assert!(a != write(2, 1), "another seed: other bytes");
     assert_eq!(a.len(), write(2, 1).len());
+}
+
+/// LFM2's conv rings across every way a sequence is cut, on the CPU and the GPU: chunked
+/// prefill (ubatch 5) and pipelined decoding give the ids of one pass one token at a time; a
+/// second turn that reuses the session's prefix (after the pipelined overrun token) equals a
+/// fresh session given the same tokens; and truncating further back than the ring reaches runs
+/// the sequence again from 0 and still gives the same ids.
+#[test]
+fn lfm2_conv_state_across_chunks_pipelining_turns_and_truncation() {
+    let o = opts(Arch::Lfm2, QType::Q8_0, 3);
+    let tmp = Temp::new("lfm2-state");
+    synth(&o, &tmp.0).unwrap();
+    let mut devices = vec![DeviceChoice::Cpu];
+    if numr::testing::test_gpu().is_some() {
+        devices.push(DeviceChoice::Gpu);
+    }
+    let greedy = |n: usize, pipeline: bool| GenerateOpts { ignore_eos: true, pipeline, ..GenerateOpts::greedy(n) };
+    for device in devices {
+        let load = |ubatch: usize| LoadOptions { device, n_ctx: Some(256), ubatch, threads: Some(2), ..Default::default() };
+        let (one, chunked) = (Engine::load(&tmp.0, &load(512), None).unwrap(), Engine::load(&tmp.0, &load(5), None).unwrap());
+        let prompt = "The quick brown fox jumps over the lazy dog, and then it runs away.";
+        let run = |e: &Engine, pipeline: bool| {
+            let mut s = e.session().unwrap();
+            s.append_text(prompt).unwrap();
+            s.generate(&greedy(12, pipeline), &mut |_: &TokenEvent| {}).unwrap().ids
+        };
+        let want = run(&one, false);
+        assert_eq!(run(&chunked, false), want, "{device:?}: chunked prefill");
+        assert_eq!(run(&one, true), want, "{device:?}: pipelined decoding");
+        // Two turns in one session, against a fresh session of the same tokens.
+        let mut s = chunked.session().unwrap();
+        s.append_text(prompt).unwrap();
+        s.generate(&greedy(7, true), &mut |_: &TokenEvent| {}).unwrap();
+        s.append_text(" Next,").unwrap();
+        let (before, cached) = (s.tokens().to_vec(), s.cached_tokens());
+        let second = s.generate(&greedy(6, true), &mut |_: &TokenEvent| {}).unwrap();
+        assert!(cached > 40 && second.reused == cached, "{device:?}: the second turn reused {} of {cached} cached tokens", second.reused);
+        let mut fresh = chunked.session().unwrap();
+        fresh.append_tokens(&before).unwrap();
+        assert_eq!(fresh.generate(&greedy(6, false), &mut |_: &TokenEvent| {}).unwrap().ids, second.ids, "{device:?}: the second turn");
+        // Back past the ring's reach: the sequence runs again from 0.
+        s.truncate(20);
+        let again = s.generate(&greedy(6, false), &mut |_: &TokenEvent| {}).unwrap();
+        assert_eq!(again.reused, 0, "{device:?}: truncated 20 of {} positions back", before.len() + 6);
+        let mut fresh = chunked.session().unwrap();
+        fresh.append_tokens(&before[..20]).unwrap();
+        assert_eq!(fresh.generate(&greedy(6, false), &mut |_: &TokenEvent| {}).unwrap().ids, again.ids, "{device:?}: after truncation");
+    }
 }

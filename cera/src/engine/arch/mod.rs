@@ -2,6 +2,7 @@
 //! architecture turns a [`ModelConfig`] into the [`ModelGraph`] both executors run.
 
 mod gemma3;
+mod lfm2;
 mod llama;
 mod qwen2;
 mod qwen3;
@@ -18,6 +19,8 @@ pub struct FileFacts {
     pub has_output: bool,
     /// The file has `rope_freqs.weight` (Llama 3.1 scaling factors).
     pub has_rope_freqs: bool,
+    /// The file has `token_embd_norm.weight` (LFM2's final norm under llama.cpp's name).
+    pub has_token_embd_norm: bool,
 }
 
 /// The model's graph.
@@ -27,6 +30,7 @@ pub fn build(cfg: &ModelConfig, facts: &FileFacts) -> ModelGraph {
         Arch::Gemma3 => gemma3::ops(cfg, facts),
         Arch::Qwen2 => qwen2::ops(cfg, facts),
         Arch::Qwen3 => qwen3::ops(cfg, facts),
+        Arch::Lfm2 => lfm2::ops(cfg, facts),
     };
     ModelGraph { cfg: cfg.clone(), ops }
 }
@@ -39,7 +43,11 @@ impl ModelGraph {
         let hp = file.hparams().map_err(|e| EngineError::File { reason: e.to_string() })?;
         let rows = file.tensor("token_embd.weight").and_then(|t| t.dims.get(1)).map(|&d| d as usize);
         let cfg = ModelConfig::from_hparams(&hp, rows)?;
-        let facts = FileFacts { has_output: file.tensor("output.weight").is_some(), has_rope_freqs: file.tensor("rope_freqs.weight").is_some() };
+        let facts = FileFacts {
+            has_output: file.tensor("output.weight").is_some(),
+            has_rope_freqs: file.tensor("rope_freqs.weight").is_some(),
+            has_token_embd_norm: file.tensor("token_embd_norm.weight").is_some(),
+        };
         Ok(build(&cfg, &facts))
     }
 }

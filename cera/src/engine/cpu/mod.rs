@@ -8,7 +8,8 @@
 //!   tied embedding and LM head) are held once. Norm weights are f32.
 //! - Threads (`pool.rs`) split each mat-mul by output rows and attention by (token, head).
 //! - The inner loops use AVX2/FMA/F16C where the CPU has them, else portable Rust (`kernels.rs`).
-//! - The state (`state.rs`) holds the KV cache, `[kv_head][n_ctx][head_dim]` per layer, with the
+//! - The state (`state.rs`) holds the KV cache, `[kv_head][n_ctx][head_dim]` per attention
+//!   layer, and LFM2's conv rings (boostr's position-indexed layout), with the
 //!   values each element reads back as from the GPU cache of the chosen [`KvType`]
 //!   (f16 rounding, or q8_0 blocks of 32 quantized as llama.cpp does), stored as f32: the
 //!   numerics of the cache type, not its memory saving.
@@ -52,6 +53,7 @@ enum CpuOp {
     Attention { layer: usize, window: Option<usize> },
     Glu { act: ActKind, x: Slot, out: Slot },
     Bias { x: Slot, b: Vec<f32> },
+    ShortConv { state: usize, conv: boostr::conv::ShortConv, w: Vec<f32> },
     LmHead { g: Arc<MatGroup>, softcap: Option<f32> },
 }
 
@@ -112,6 +114,12 @@ impl Loader<'_> {
             return Err(bad(format!("{what} {names:?}: {} x {} for an input of {x_width} and an output of {out_width}", g.rows(), g.cols())));
         }
         Ok(Arc::new(g))
+    }
+
+    fn mat_f32(&mut self, m: &MatRef) -> Result<Vec<f32>, EngineError> {
+        let x = self.src.mat_f32(m)?;
+        self.report(self.src.mat(m)?.bytes.len() as u64);
+        Ok(x)
     }
 
     fn vec(&mut self, v: &VecRef, len: usize) -> Result<Vec<f32>, EngineError> {
@@ -210,12 +218,20 @@ impl CpuBackend {
                     }
                     CpuOp::Bias { x: *x, b }
                 }
+                Op::ShortConv { state, w: wm } => {
+                    let conv = boostr::conv::ShortConv { kernel: c.conv_kernel as u32 };
+                    conv.check().map_err(|e| EngineError::Unsupported { what: format!("{}: {e}", wm.name) })?;
+                    if wm.rows != c.dim || wm.cols != c.conv_kernel || *state >= c.conv_layers() {
+                        return Err(bad(format!("short conv {} ({} x {}, state {state} of {})", wm.name, wm.rows, wm.cols, c.conv_layers())));
+                    }
+                    CpuOp::ShortConv { state: *state, conv, w: ld.mat_f32(wm)? }
+                }
                 Op::LmHead { w: head, softcap } => CpuOp::LmHead { g: ld.group(std::slice::from_ref(head), c.dim, c.vocab, "LM head")?, softcap: *softcap },
             });
             if let Op::QkvRope { layer, .. } | Op::Attention { layer, .. } = op
-                && *layer >= c.n_layers
+                && *layer >= c.kv_layers()
             {
-                return Err(bad(format!("op {op:?} names layer {layer} of {}", c.n_layers)));
+                return Err(bad(format!("op {op:?} names cache layer {layer} of {}", c.kv_layers())));
             }
         }
         if c.n_kv_heads == 0 || !c.n_heads.is_multiple_of(c.n_kv_heads) || c.rope_dim > hd || hd == 0 {

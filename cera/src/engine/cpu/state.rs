@@ -13,11 +13,14 @@ use super::matmul::linear;
 use super::ops::{Heads, qkv_rope};
 use super::{CpuOp, Model};
 use crate::engine::EngineError;
-use crate::engine::backend::{BackendState, KvType, MAX_IN_FLIGHT, MAX_TOP_K, StateOpts, StepCounters, StepInput, StepOutput, Want};
+use crate::engine::backend::{
+    BackendState, CONV_RING, KvType, MAX_IN_FLIGHT, MAX_TOP_K, RecurrentWindow, StateOpts, StepCounters, StepInput, StepOutput, Want,
+};
 use crate::engine::graph::Slot;
 
 /// Every slot, in [`slot_index`] order.
-pub(super) const SLOTS: [Slot; 9] = [Slot::Hidden, Slot::Normed, Slot::Qkv, Slot::Attn, Slot::Delta, Slot::DeltaNormed, Slot::GateUp, Slot::Glu, Slot::Logits];
+pub(super) const SLOTS: [Slot; 11] =
+    [Slot::Hidden, Slot::Normed, Slot::Qkv, Slot::Attn, Slot::Delta, Slot::DeltaNormed, Slot::GateUp, Slot::Glu, Slot::Logits, Slot::ConvIn, Slot::Conv];
 
 /// The position of `s` in [`SLOTS`].
 pub(super) fn slot_index(s: Slot) -> usize {
@@ -31,6 +34,8 @@ pub(super) fn slot_index(s: Slot) -> usize {
         Slot::GateUp => 6,
         Slot::Glu => 7,
         Slot::Logits => 8,
+        Slot::ConvIn => 9,
+        Slot::Conv => 10,
     }
 }
 
@@ -94,6 +99,10 @@ pub(super) struct CpuState {
     /// Per layer, `[kv_head][n_ctx][head_dim]`.
     keys: Vec<Arc<Vec<f32>>>,
     values: Vec<Arc<Vec<f32>>>,
+    /// Per conv layer, the ring of `Bx` rows `[CONV_RING][dim]`.
+    conv: Vec<Vec<f32>>,
+    /// The recurrent window's bookkeeping (LFM2's conv rings).
+    window: RecurrentWindow,
     /// Positions `0 .. len` hold valid K/V.
     len: usize,
     last_argmax: Option<u32>,
@@ -125,13 +134,15 @@ impl CpuState {
             slots.push(zeros(rows.checked_mul(w), "activations")?);
         }
         let per_layer = c.n_kv_heads.checked_mul(opts.n_ctx).and_then(|x| x.checked_mul(c.head_dim));
-        let mut keys = Vec::with_capacity(c.n_layers);
-        let mut values = Vec::with_capacity(c.n_layers);
-        for _ in 0..c.n_layers {
+        let mut keys = Vec::with_capacity(c.kv_layers());
+        let mut values = Vec::with_capacity(c.kv_layers());
+        for _ in 0..c.kv_layers() {
             keys.push(zeros(per_layer, "the KV cache")?);
             values.push(zeros(per_layer, "the KV cache")?);
         }
-        Ok(CpuState { model, opts: *opts, kv, slots, keys, values, len: 0, last_argmax: None, mask: Vec::new(), done: Default::default() })
+        let conv = (0..c.conv_layers()).map(|_| vec![0.0; CONV_RING * c.dim]).collect();
+        let window = RecurrentWindow::new(c.conv_kernel);
+        Ok(CpuState { model, opts: *opts, kv, slots, keys, values, conv, window, len: 0, last_argmax: None, mask: Vec::new(), done: Default::default() })
     }
 
     fn check(&self, ids: &[u32], pos: usize, want: Want) -> Result<(), EngineError> {
@@ -148,6 +159,7 @@ impl CpuState {
         if pos > self.len {
             return Err(EngineError::Usage(format!("a step at position {pos} with only {} positions cached", self.len)));
         }
+        self.window.check(pos)?;
         let vocab = self.model.cfg.vocab;
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(EngineError::TokenOutOfRange { id, vocab });
@@ -213,6 +225,12 @@ impl CpuState {
                 let rows = &mut Arc::make_mut(&mut self.slots[slot_index(*x)])[..n * b.len()];
                 boostr::bias::bias_reference(rows, b);
             }
+            CpuOp::ShortConv { state, conv, w } => {
+                let d = c.dim;
+                let bcx = self.slots[slot_index(Slot::ConvIn)].clone();
+                let y = conv.reference(&bcx[..n * 3 * d], w, &mut self.conv[*state], pos, n, d).map_err(ops_err)?;
+                Arc::make_mut(&mut self.slots[slot_index(Slot::Conv)])[..y.len()].copy_from_slice(&y);
+            }
             CpuOp::Glu { act, x, out } => {
                 let f = width(*out);
                 let (xs, o) = io(&mut self.slots, *x, *out);
@@ -255,6 +273,7 @@ impl CpuState {
             }
         }
         self.len = pos + ids.len();
+        self.window.ran(pos, ids.len());
         let logits = &self.slots[slot_index(Slot::Logits)][..model.cfg.vocab];
         Ok(match want {
             Want::Nothing => StepOutput::Nothing,
@@ -293,6 +312,10 @@ impl BackendState for CpuState {
         self.mask.sort_unstable();
         self.mask.dedup();
         Ok(())
+    }
+
+    fn resume_floor(&self) -> usize {
+        self.window.floor()
     }
 
     fn reset(&mut self) -> Result<(), EngineError> {

@@ -58,6 +58,7 @@ fn reads(op: &Op) -> Vec<Slot> {
         Op::QkvRope { .. } => vec![Slot::Qkv],
         Op::Bias { x, .. } => vec![*x],
         Op::Attention { .. } => vec![Slot::Qkv],
+        Op::ShortConv { .. } => vec![Slot::ConvIn],
         Op::LmHead { .. } => vec![Slot::Normed],
     }
 }
@@ -70,6 +71,7 @@ fn writes(op: &Op) -> Vec<Slot> {
         Op::QkvRope { .. } => vec![Slot::Qkv],
         Op::Bias { x, .. } => vec![*x],
         Op::Attention { .. } => vec![Slot::Attn],
+        Op::ShortConv { .. } => vec![Slot::Conv],
         Op::LmHead { .. } => vec![Slot::Logits],
     }
 }
@@ -176,7 +178,7 @@ pub(crate) fn fuse_decode(ops: &[Op], allow: Allow, k_of: &dyn Fn(usize) -> usiz
 mod tests {
     use super::*;
     use crate::engine::arch::{FileFacts, build};
-    use crate::engine::config::{Arch, LayerRope, ModelConfig};
+    use crate::engine::config::{Arch, LayerKind, LayerRope, ModelConfig};
 
     fn config(arch: Arch, n_layers: usize) -> ModelConfig {
         ModelConfig {
@@ -200,6 +202,8 @@ mod tests {
             attn_scale: 1.0,
             final_softcap: None,
             attn_softcap: None,
+            kinds: (0..n_layers).map(|l| if arch == Arch::Lfm2 && l % 3 != 2 { LayerKind::ShortConv } else { LayerKind::Attention }).collect(),
+            conv_kernel: if arch == Arch::Lfm2 { 3 } else { 0 },
         }
     }
 

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use boostr::act::{Act, ActIo, ActKind, ActPlan, GluInput};
 use boostr::attention::{AttnOptions, DecodePlan, PrefillPlan, QueryLayout};
 use boostr::bias::BiasPlan;
+use boostr::conv::{ShortConv, ShortConvIo, ShortConvPlan};
 use boostr::embedding::EmbeddingPlan;
 use boostr::kv_cache::{KvCache, KvDtype};
 use boostr::norm::{Norm, NormIo, NormPlan};
@@ -31,6 +32,7 @@ use boostr::rope::{QkvLayout, QkvRope, QkvRopeInputs, QkvRopePlan, RopeParams, R
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, Plan};
 
 use super::super::EngineError;
+use super::super::backend::CONV_RING;
 use super::super::graph::{ModelGraph, Op, Slot};
 use super::super::options::DecodeGemv;
 use super::fuse::{Allow, Fusions, Input, act_kind, fuse_decode};
@@ -92,6 +94,8 @@ pub(crate) struct PlanInputs<'a> {
     pub(crate) ids: &'a Arc<GpuBuffer>,
     /// Per layer: the inverse frequencies on the GPU.
     pub(crate) freqs: &'a [Arc<GpuBuffer>],
+    /// Per conv layer: the ring of `Bx` rows `[CONV_RING][dim]` f32, shared by both modes.
+    pub(crate) conv: &'a [Arc<GpuBuffer>],
     /// The decode GEMVs' activations (f32, or int8 for wide quantized projections).
     pub(crate) decode_gemv: DecodeGemv,
 }
@@ -283,6 +287,16 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
                 }
                 let bb = ctx.upload(bytemuck::cast_slice(&b)).map_err(|e| dev_err(ctx, e))?;
                 plan.append(BiasPlan::new(ctx, &slots.view(*x), &GpuView::whole(&bb), b.len(), rows).map_err(ops_err)?.plan());
+            }
+            Op::ShortConv { state, w } => {
+                let conv = ShortConv { kernel: c.conv_kernel as u32 };
+                let io = ShortConvIo {
+                    bcx: slots.view(Slot::ConvIn),
+                    w: inp.weights.vecs[&w.name].clone(),
+                    state: Some(GpuView::whole(&inp.conv[*state])),
+                    out: Some(slots.view(Slot::Conv)),
+                };
+                plan.append(ShortConvPlan::new(ctx, &conv, &io, c.dim, rows, CONV_RING).map_err(ops_err)?.plan());
             }
             Op::Glu { act, x, out } => {
                 let kind = act_kind(*act);

@@ -18,7 +18,9 @@ use boostr::sampling::{ArgmaxPlan, MaskPlan, TopKPlan};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, PendingRead, Plan, Recorder, StepValues};
 
 use super::super::EngineError;
-use super::super::backend::{BackendState, KernelTime, MAX_IN_FLIGHT, MAX_TOP_K, StateOpts, StepCounters, StepInput, StepOutput, Want};
+use super::super::backend::{
+    BackendState, CONV_RING, KernelTime, MAX_IN_FLIGHT, MAX_TOP_K, RecurrentWindow, StateOpts, StepCounters, StepInput, StepOutput, Want,
+};
 use super::super::graph::{ModelGraph, Slot};
 use super::plans::{Mode, PlanInputs, Slots, build, inv_freqs, kv_dtype};
 use super::weights::GpuWeights;
@@ -30,6 +32,10 @@ pub(crate) struct GpuState {
     device: String,
     _weights: Arc<GpuWeights>,
     _cache: KvCache,
+    /// LFM2's conv rings (the plans bind them).
+    _conv: Vec<Arc<GpuBuffer>>,
+    /// Which positions the conv rings let a step start at.
+    window: RecurrentWindow,
     ids: Arc<GpuBuffer>,
     n_ctx: usize,
     ubatch: usize,
@@ -61,7 +67,7 @@ impl GpuState {
         }
         let ubatch = opts.ubatch.min(opts.n_ctx);
         let cache_cfg = KvCacheConfig {
-            n_layers: c.n_layers,
+            n_layers: c.kv_layers().max(1),
             n_kv_heads: c.n_kv_heads,
             head_dim: c.head_dim,
             capacity: opts.n_ctx,
@@ -80,7 +86,13 @@ impl GpuState {
         }
         let dummy = ctx.alloc(16, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
         let freqs: Vec<Arc<GpuBuffer>> = freqs.into_iter().map(|f| f.unwrap_or_else(|| dummy.clone())).collect();
-        let inp = PlanInputs { graph: g, weights: &b.weights, cache: &cache, ids: &ids, freqs: &freqs, decode_gemv: b.decode_gemv };
+        let mut conv = Vec::with_capacity(c.conv_layers());
+        for _ in 0..c.conv_layers() {
+            let ring = ctx.alloc(4 * (CONV_RING * c.dim) as u64, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
+            ctx.write(&ring, 0, &vec![0u8; 4 * CONV_RING * c.dim]).map_err(|e| dev_err(ctx, e))?;
+            conv.push(ring);
+        }
+        let inp = PlanInputs { graph: g, weights: &b.weights, cache: &cache, ids: &ids, freqs: &freqs, conv: &conv, decode_gemv: b.decode_gemv };
         let dec_slots = Slots::new(ctx, g, 1)?;
         let pre_slots = Slots::new(ctx, g, ubatch)?;
         let decode = build(ctx, &inp, &dec_slots, Mode::Decode)?;
@@ -111,6 +123,8 @@ impl GpuState {
             device: b.device.clone(),
             _weights: b.weights.clone(),
             _cache: cache,
+            _conv: conv,
+            window: RecurrentWindow::new(c.conv_kernel),
             ids,
             n_ctx: opts.n_ctx,
             ubatch,
@@ -154,6 +168,7 @@ impl GpuState {
         if pos + n > self.n_ctx {
             return Err(EngineError::ContextOverflow { tokens: pos + n, n_ctx: self.n_ctx });
         }
+        self.window.check(pos)?;
         if let Want::TopK(k) = want
             && (k == 0 || k > self.topk.k())
         {
@@ -175,6 +190,7 @@ impl GpuState {
             }
         };
         self.has_last = want == Want::Argmax;
+        self.window.ran(pos, n);
         // A single token runs the decode plan (GEMV) even when nothing is wanted of it.
         let pre = if want == Want::Nothing && n > 1 { n } else { n - 1 };
         if pre > 0 {
@@ -271,6 +287,10 @@ impl BackendState for GpuState {
         let profile = rec.submit_profiled().map_err(|e| self.err(e))?;
         let times = profile.by_label().into_iter().map(|(label, (ns, count))| KernelTime { label, ns, count }).collect();
         Ok((self.collect_reads(reads)?, times))
+    }
+
+    fn resume_floor(&self) -> usize {
+        self.window.floor()
     }
 
     fn reset(&mut self) -> Result<(), EngineError> {

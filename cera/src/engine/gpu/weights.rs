@@ -34,7 +34,7 @@ pub(crate) struct GpuWeights {
     pub(crate) linear: HashMap<usize, Vec<LinearPart>>,
     /// Per op index: the table of an `Embed`.
     pub(crate) embed: HashMap<usize, Arc<GpuEmbedding>>,
-    /// Vectors by tensor name.
+    /// Vectors (and LFM2's f32 conv taps) by tensor name.
     pub(crate) vecs: HashMap<String, GpuView>,
     /// The host copies of vectors (RoPE frequency factors are folded into frequencies).
     pub(crate) host_vecs: HashMap<String, Vec<f32>>,
@@ -118,6 +118,14 @@ impl GpuWeights {
                         }
                     }
                     w.linear.insert(i, parts);
+                }
+                // The conv taps as f32, stored by name like the vectors.
+                Op::ShortConv { w: m, .. } if !w.vecs.contains_key(&m.name) => {
+                    let host = src.mat_f32(m)?;
+                    let buf = ctx.upload(bytemuck::cast_slice(&host)).map_err(|e| dev_err(ctx, e))?;
+                    tick(src.mat(m)?.bytes.len() as u64);
+                    w.bytes += 4 * host.len() as u64;
+                    w.vecs.insert(m.name.clone(), GpuView::whole(&buf));
                 }
                 _ => {}
             }
