@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use cera::safetensors::{SafeDType, SafetensorsError, SafetensorsModel, write_safetensors};
+use cera::safetensors::{MAX_HEADER, SafeDType, SafetensorsError, SafetensorsModel, write_safetensors};
 
 fn st_err(bytes: Vec<u8>) -> SafetensorsError {
     let t = Instant::now();
@@ -24,10 +24,16 @@ fn st_with_header(json: &str, data: usize) -> Vec<u8> {
 
 #[test]
 fn safetensors_malformed_table() {
+    // A case's bytes, the error variant it must give, and optionally text its message must
+    // contain (the tensor's name, where one is at fault).
     macro_rules! st {
-        ($name:expr, $bytes:expr, $pat:pat) => {{
+        ($name:expr, $bytes:expr, $pat:pat) => {
+            st!($name, $bytes, $pat, "")
+        };
+        ($name:expr, $bytes:expr, $pat:pat, $text:expr) => {{
             let e = st_err($bytes);
             assert!(matches!(e, $pat), "case {}: got {e:?}", $name);
+            assert!(e.to_string().contains($text), "case {}: `{e}` lacks `{}`", $name, $text);
         }};
     }
     st!("empty", vec![], SafetensorsError::TooShort { .. });
@@ -75,8 +81,64 @@ fn safetensors_malformed_table() {
         st_with_header(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#, 12),
         SafetensorsError::Overlap { .. }
     );
-    st!("negative dim", st_with_header(r#"{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}"#, 4), SafetensorsError::InvalidHeader(_));
+    st!("negative dim", st_with_header(r#"{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}"#, 4), SafetensorsError::InvalidHeader(_), "`a`");
     st!("bad metadata", st_with_header(r#"{"__metadata__":{"a":1}}"#, 0), SafetensorsError::InvalidHeader(_));
+    // Each fault the `safetensors` crate reports, mapped to its own variant naming the tensor.
+    let two = |b: &str| format!(r#"{{"a":{{"dtype":"F32","shape":[2],"data_offsets":[0,8]}},"b":{}}}"#, b);
+    st!("empty file header", st_with_header("", 0), SafetensorsError::InvalidHeader(_));
+    st!("seven bytes", vec![0; 7], SafetensorsError::TooShort { file_len: 7 });
+    st!(
+        "header over the limit",
+        {
+            let mut v = st_with_header("{}", 0);
+            v[..8].copy_from_slice(&(MAX_HEADER + 1).to_le_bytes());
+            v
+        },
+        SafetensorsError::HeaderTooLarge { limit: MAX_HEADER, .. }
+    );
+    st!(
+        "header not UTF-8",
+        {
+            let mut v = st_with_header(r#"{"x":1}"#, 0);
+            v[10] = 0xff;
+            v
+        },
+        SafetensorsError::InvalidHeader(_),
+        "UTF-8"
+    );
+    st!("leading space", st_with_header(r#" {"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#, 4), SafetensorsError::InvalidHeader(_), "'{'");
+    st!(
+        "unknown dtype named",
+        st_with_header(r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"Q4","shape":[1],"data_offsets":[4,5]}}"#, 5),
+        SafetensorsError::UnknownDType { .. },
+        "`b` has unknown dtype `Q4`"
+    );
+    st!("sub-byte dtype", st_with_header(r#"{"a":{"dtype":"F4","shape":[2],"data_offsets":[0,1]}}"#, 1), SafetensorsError::UnknownDType { .. }, "`F4`");
+    st!("half a byte", st_with_header(r#"{"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}}"#, 2), SafetensorsError::InvalidHeader(_), "`a`");
+    st!("missing field", st_with_header(r#"{"a":{"dtype":"F32","shape":[1]}}"#, 4), SafetensorsError::InvalidHeader(_), "`a`");
+    st!("second overlaps", st_with_header(&two(r#"{"dtype":"F32","shape":[1],"data_offsets":[4,8]}"#), 8), SafetensorsError::Overlap { .. }, "`a` and `b`");
+    st!(
+        "gap",
+        st_with_header(&two(r#"{"dtype":"F32","shape":[1],"data_offsets":[12,16]}"#), 16),
+        SafetensorsError::NotContiguous { start: 12, expected: 8, .. },
+        "`b`"
+    );
+    st!(
+        "second mismatch",
+        st_with_header(&two(r#"{"dtype":"F16","shape":[3],"data_offsets":[8,12]}"#), 12),
+        SafetensorsError::ShapeMismatch { expected: 6, actual: 4, .. },
+        "`b`"
+    );
+    st!("second reversed", st_with_header(&two(r#"{"dtype":"F32","shape":[0],"data_offsets":[8,4]}"#), 8), SafetensorsError::OutOfBounds { .. }, "`b`");
+    st!(
+        "trailing bytes",
+        st_with_header(&two(r#"{"dtype":"F32","shape":[1],"data_offsets":[8,12]}"#), 20),
+        SafetensorsError::TrailingData { end: 12, data_len: 20 }
+    );
+    let whole = write_safetensors(&[("a", SafeDType::F32, &[2], &[0; 8]), ("b", SafeDType::F16, &[4], &[0; 8])]);
+    st!("truncated", whole[..whole.len() - 3].to_vec(), SafetensorsError::OutOfBounds { start: 8, end: 16, data_len: 13, .. }, "`b`");
+    st!("header only", whole[..whole.len() - 16].to_vec(), SafetensorsError::OutOfBounds { .. }, "`b`");
+    st!("cut in the header", whole[..20].to_vec(), SafetensorsError::HeaderTooLarge { .. });
 
     // A valid file with an unsupported dtype: data access names the tensor and dtype.
     let m = SafetensorsModel::from_bytes(write_safetensors(&[("x", SafeDType::F64, &[1], &[0; 8])]), None).unwrap();

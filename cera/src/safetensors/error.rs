@@ -34,7 +34,8 @@ pub enum SafetensorsError {
     /// The header is not the JSON object safetensors defines.
     #[error("invalid safetensors header: {0}")]
     InvalidHeader(String),
-    /// A dtype string safetensors does not define.
+    /// A dtype string safetensors does not define, or one the engine does not know (the
+    /// sub-byte `F4`, `F6_E2M3`, `F6_E3M2`).
     #[error("tensor `{name}` has unknown dtype `{dtype}`")]
     UnknownDType {
         /// The tensor.
@@ -64,7 +65,7 @@ pub enum SafetensorsError {
         /// Bytes the offsets span.
         actual: u64,
     },
-    /// Data offsets outside the data section, or reversed.
+    /// Data offsets outside the data section (a truncated file), or reversed.
     #[error("tensor `{name}` data [{start}, {end}) lies outside the data section of {data_len} bytes")]
     OutOfBounds {
         /// The tensor.
@@ -83,6 +84,25 @@ pub enum SafetensorsError {
         first: String,
         /// The other.
         second: String,
+    },
+    /// A tensor that does not start where the one before it (by offset) ends: safetensors data
+    /// has no gaps.
+    #[error("tensor `{name}` starts at byte {start} of the data section, but the tensors before it end at byte {expected}")]
+    NotContiguous {
+        /// The tensor.
+        name: String,
+        /// Its start offset.
+        start: u64,
+        /// Where the tensors before it end.
+        expected: u64,
+    },
+    /// Bytes after the last tensor: safetensors data ends with the last tensor.
+    #[error("the tensors end at byte {end} of the data section, which has {data_len} bytes")]
+    TrailingData {
+        /// Where the last tensor ends.
+        end: u64,
+        /// The data section's length.
+        data_len: u64,
     },
     /// A tensor name that appears in two shards.
     #[error("tensor `{name}` appears in more than one shard")]

@@ -1,19 +1,27 @@
 //! One safetensors file: an 8-byte little-endian header length, a JSON header, then the data.
 //!
 //! The header maps tensor names to `{"dtype", "shape", "data_offsets": [begin, end]}` (offsets
-//! relative to the data section) plus an optional `__metadata__` map of strings. Everything is
-//! validated against the file's real length before any tensor is handed out: the header length,
-//! each range, the shape/dtype/size agreement, and that no two tensors overlap.
+//! relative to the data section) plus an optional `__metadata__` map of strings. The
+//! [`safetensors`] crate (the reference implementation) parses and validates it against the
+//! file's real length before any tensor is handed out: the header length, the JSON, each dtype
+//! and shape, each range, the shape/dtype/size agreement, and that the tensors tile the data
+//! section exactly (no overlaps, no gaps, nothing after the last one). Its errors are turned
+//! into [`SafetensorsError`]s naming the tensor at fault by `super::diagnose`.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::path::Path;
 
+use safetensors::{Dtype, SafeTensors};
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 
+use super::diagnose;
 use super::error::SafetensorsError;
 use crate::storage::Storage;
 
-/// Largest header accepted (the reference implementation's limit).
+/// Largest header accepted. This is the `safetensors` crate's limit (a private constant there),
+/// repeated here for [`SafetensorsError::HeaderTooLarge`]'s message; the crate enforces it.
 pub const MAX_HEADER: u64 = 100_000_000;
 
 /// A safetensors element type.
@@ -118,6 +126,33 @@ impl SafeDType {
         }
     }
 
+    /// The dtype for one of the `safetensors` crate's. `None` for the sub-byte types (`F4`,
+    /// `F6_E2M3`, `F6_E3M2`) and any the crate adds later: the engine has no use for them, and
+    /// [`SafeDType::size`] counts whole bytes.
+    pub(super) fn from_crate(d: Dtype) -> Option<SafeDType> {
+        use SafeDType::*;
+        Some(match d {
+            Dtype::BOOL => BOOL,
+            Dtype::U8 => U8,
+            Dtype::I8 => I8,
+            Dtype::F8_E5M2 => F8_E5M2,
+            Dtype::F8_E4M3 => F8_E4M3,
+            Dtype::F8_E8M0 => F8_E8M0,
+            Dtype::I16 => I16,
+            Dtype::U16 => U16,
+            Dtype::F16 => F16,
+            Dtype::BF16 => BF16,
+            Dtype::I32 => I32,
+            Dtype::U32 => U32,
+            Dtype::F32 => F32,
+            Dtype::F64 => F64,
+            Dtype::I64 => I64,
+            Dtype::U64 => U64,
+            Dtype::C64 => C64,
+            _ => return None,
+        })
+    }
+
     /// Whether tensor data of this type is handed out: floats F32/F16/BF16, and I32 for the
     /// packed AWQ/GPTQ tensors (`qweight`, `qzeros`, `g_idx`).
     pub fn is_supported(self) -> bool {
@@ -160,23 +195,28 @@ fn bad(msg: impl Into<String>) -> SafetensorsError {
     SafetensorsError::InvalidHeader(msg.into())
 }
 
-fn parse_entry(name: &str, v: &Value) -> Result<SafeTensorInfo, SafetensorsError> {
-    let obj = v.as_object().ok_or_else(|| bad(format!("entry `{name}` is not an object")))?;
-    let dtype_s = obj.get("dtype").and_then(Value::as_str).ok_or_else(|| bad(format!("`{name}` has no dtype")))?;
-    let dtype = SafeDType::parse(dtype_s).ok_or_else(|| SafetensorsError::UnknownDType { name: name.to_string(), dtype: dtype_s.to_string() })?;
-    let shape = obj
-        .get("shape")
-        .and_then(Value::as_array)
-        .ok_or_else(|| bad(format!("`{name}` has no shape")))?
-        .iter()
-        .map(|d| d.as_u64().ok_or_else(|| bad(format!("`{name}` has a non-integer dimension"))))
-        .collect::<Result<Vec<u64>, _>>()?;
-    let offs =
-        obj.get("data_offsets").and_then(Value::as_array).filter(|a| a.len() == 2).ok_or_else(|| bad(format!("`{name}` has no [begin, end] data_offsets")))?;
-    let (Some(start), Some(end)) = (offs[0].as_u64(), offs[1].as_u64()) else {
-        return Err(bad(format!("`{name}` has non-integer data_offsets")));
-    };
-    Ok(SafeTensorInfo { name: name.to_string(), dtype, shape, start, end })
+/// The header's keys in the order they are written. The crate keeps tensors in offset order
+/// only; [`SafetensorsFile::tensors`] has always been in header order.
+struct HeaderKeys(Vec<String>);
+
+impl<'de> Deserialize<'de> for HeaderKeys {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<HeaderKeys, D::Error> {
+        struct Keys;
+        impl<'de> Visitor<'de> for Keys {
+            type Value = HeaderKeys;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<HeaderKeys, A::Error> {
+                let mut keys = Vec::new();
+                while let Some((k, IgnoredAny)) = map.next_entry::<String, IgnoredAny>()? {
+                    keys.push(k);
+                }
+                Ok(HeaderKeys(keys))
+            }
+        }
+        d.deserialize_map(Keys)
+    }
 }
 
 impl SafetensorsFile {
@@ -193,62 +233,34 @@ impl SafetensorsFile {
 
     /// Parses and validates the header of mapped or loaded bytes.
     pub fn from_storage(storage: Storage) -> Result<SafetensorsFile, SafetensorsError> {
-        let file_len = storage.len() as u64;
-        if file_len < 8 {
-            return Err(SafetensorsError::TooShort { file_len });
-        }
-        let mut len_bytes = [0u8; 8];
-        len_bytes.copy_from_slice(&storage[..8]);
-        let header_len = u64::from_le_bytes(len_bytes);
-        if header_len > MAX_HEADER || header_len > file_len - 8 {
-            return Err(SafetensorsError::HeaderTooLarge { header_len, file_len, limit: MAX_HEADER });
-        }
-        let header = &storage[8..8 + header_len as usize];
+        let (header_len, meta) = SafeTensors::read_metadata(&storage).map_err(|e| diagnose::explain(&storage, e))?;
+        let header = &storage[8..8 + header_len];
+        // Hand-written check: the format requires the header to start with `{`, but the crate
+        // has that check commented out ("add when we move to 0.4.0") and lets JSON with leading
+        // whitespace through.
         if header.first() != Some(&b'{') {
             return Err(bad("header does not start with '{'"));
         }
-        let json: Value = serde_json::from_slice(header).map_err(|e| bad(e.to_string()))?;
-        let obj = json.as_object().ok_or_else(|| bad("header is not a JSON object"))?;
-        let data_offset = 8 + header_len;
-        let data_len = file_len - data_offset;
-        let mut metadata = HashMap::new();
-        let mut tensors = Vec::with_capacity(obj.len());
-        for (name, v) in obj {
-            if name == "__metadata__" {
-                let m = v.as_object().ok_or_else(|| bad("__metadata__ is not an object"))?;
-                for (k, v) in m {
-                    let s = v.as_str().ok_or_else(|| bad(format!("__metadata__.{k} is not a string")))?;
-                    metadata.insert(k.clone(), s.to_string());
-                }
+        let keys = serde_json::from_slice::<HeaderKeys>(header).map_err(|e| bad(e.to_string()))?.0;
+        let mut tensors = Vec::with_capacity(keys.len());
+        let mut by_name = HashMap::with_capacity(keys.len());
+        for name in keys {
+            // `__metadata__` is not a tensor; a repeated key is one tensor (the last value wins).
+            let Some(info) = meta.info(&name) else { continue };
+            if by_name.contains_key(&name) {
                 continue;
             }
-            let t = parse_entry(name, v)?;
-            if t.start > t.end || t.end > data_len {
-                return Err(SafetensorsError::OutOfBounds { name: t.name, start: t.start, end: t.end, data_len });
-            }
-            let expected = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).and_then(|n| n.checked_mul(t.dtype.size()));
-            if expected != Some(t.end - t.start) {
-                return Err(SafetensorsError::ShapeMismatch {
-                    dtype: t.dtype.name().to_string(),
-                    expected: expected.unwrap_or(u64::MAX),
-                    actual: t.end - t.start,
-                    shape: t.shape,
-                    name: t.name,
-                });
-            }
-            tensors.push(t);
+            // Hand-written check: the crate accepts the sub-byte dtypes, which the engine does
+            // not know (see `SafeDType::from_crate`).
+            let dtype =
+                SafeDType::from_crate(info.dtype).ok_or_else(|| SafetensorsError::UnknownDType { name: name.clone(), dtype: info.dtype.to_string() })?;
+            let shape = info.shape.iter().map(|&d| d as u64).collect();
+            let (start, end) = (info.data_offsets.0 as u64, info.data_offsets.1 as u64);
+            by_name.insert(name.clone(), tensors.len());
+            tensors.push(SafeTensorInfo { name, dtype, shape, start, end });
         }
-        let mut order: Vec<usize> = (0..tensors.len()).collect();
-        order.sort_by_key(|&i| (tensors[i].start, tensors[i].end));
-        for w in order.windows(2) {
-            let (a, b) = (&tensors[w[0]], &tensors[w[1]]);
-            // Empty tensors take no bytes and may share an offset.
-            if a.end > b.start && a.start != a.end && b.start != b.end {
-                return Err(SafetensorsError::Overlap { first: a.name.clone(), second: b.name.clone() });
-            }
-        }
-        let by_name = tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
-        Ok(SafetensorsFile { storage, data_offset, tensors, by_name, metadata })
+        let metadata = meta.metadata().clone().unwrap_or_default();
+        Ok(SafetensorsFile { storage, data_offset: 8 + header_len as u64, tensors, by_name, metadata })
     }
 
     /// Tensor entries, in header order.
@@ -282,7 +294,7 @@ impl SafetensorsFile {
     }
 
     fn bytes_of(&self, t: &SafeTensorInfo) -> &[u8] {
-        // Validated against the file length when the header was parsed.
+        // The crate checked every range against the file length when the header was read.
         let s = (self.data_offset + t.start) as usize;
         &self.storage[s..(self.data_offset + t.end) as usize]
     }
@@ -307,4 +319,50 @@ pub fn write_safetensors(tensors: &[(&str, SafeDType, &[u64], &[u8])]) -> Vec<u8
         out.extend_from_slice(data);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dtype_names_match_the_crate() {
+        use SafeDType::*;
+        for d in [BOOL, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0, I16, U16, F16, BF16, I32, U32, F32, F64, I64, U64, C64] {
+            let theirs: Dtype = serde_json::from_value(Value::String(d.name().into())).unwrap();
+            assert_eq!(SafeDType::from_crate(theirs), Some(d));
+            assert_eq!(theirs.bitsize() as u64, 8 * d.size(), "{d}");
+            assert_eq!(SafeDType::parse(d.name()), Some(d));
+        }
+        assert_eq!(SafeDType::from_crate(Dtype::F4), None);
+    }
+
+    #[test]
+    fn written_files_are_valid_for_the_crate() {
+        let bytes = write_safetensors(&[("b", SafeDType::F16, &[2, 2], &[1; 8]), ("a", SafeDType::I32, &[1], &[2; 4]), ("e", SafeDType::F32, &[0], &[])]);
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        assert_eq!(st.tensor("a").unwrap().data(), &[2; 4]);
+        assert_eq!(st.tensor("b").unwrap().shape(), &[2, 2]);
+        let f = SafetensorsFile::from_bytes(bytes).unwrap();
+        assert_eq!(f.tensor_data("b").unwrap(), &[1; 8]);
+        assert!(f.tensor_data("e").unwrap().is_empty());
+    }
+
+    #[test]
+    fn header_order_and_metadata() {
+        // The header lists `z` first although its bytes come second.
+        let json =
+            r#"{"z":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},"__metadata__":{"format":"pt"},"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}}"#;
+        let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(json.as_bytes());
+        bytes.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        let f = SafetensorsFile::from_bytes(bytes).unwrap();
+        let names: Vec<&str> = f.tensors().iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["z", "a"]);
+        assert_eq!(f.tensor("z").unwrap(), &SafeTensorInfo { name: "z".into(), dtype: SafeDType::F32, shape: vec![1], start: 4, end: 8 });
+        assert_eq!(f.tensor_data("a").unwrap(), &[1, 2, 3, 4]);
+        assert_eq!(f.tensor_data_raw("z").unwrap(), &[5, 6, 7, 8]);
+        assert_eq!(f.metadata().get("format").map(String::as_str), Some("pt"));
+        assert!(matches!(f.tensor_data("nope"), Err(SafetensorsError::TensorNotFound { .. })));
+    }
 }

@@ -10,6 +10,7 @@
 //! ```
 
 mod config;
+mod diagnose;
 mod error;
 mod header;
 mod names;
