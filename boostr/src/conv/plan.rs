@@ -89,6 +89,7 @@ impl ShortConvPlan {
         &self.reset
     }
 
+    /// The most tokens one step may carry (`step.n_tok`), as built.
     pub fn max_tok(&self) -> usize {
         self.max_tok as usize
     }
