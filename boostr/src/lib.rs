@@ -2,6 +2,8 @@
 //! reference beside it: weight formats, quantized GEMV/GEMM, norms, activations, RoPE, attention,
 //! the KV cache, short convolution, embedding and sampling, each as a plan built once and
 //! recorded per step.
+#![warn(missing_docs)]
+
 pub mod act;
 pub mod attention;
 pub mod bias;
@@ -14,3 +16,8 @@ pub mod ops_common;
 pub mod quant;
 pub mod rope;
 pub mod sampling;
+
+/// The README's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -6,7 +6,9 @@ use crate::gpu::GpuContext;
 /// A device: the host CPU, or one wgpu device.
 #[derive(Clone, Debug)]
 pub enum Device {
+    /// Host memory; ops run on the CPU reference paths.
     Cpu,
+    /// A wgpu device; the context is shared (cloning it clones an `Arc`).
     Gpu(GpuContext),
 }
 
@@ -16,10 +18,12 @@ impl Device {
         Ok(Device::Gpu(GpuContext::new()?))
     }
 
+    /// True for [`Device::Gpu`].
     pub fn is_gpu(&self) -> bool {
         matches!(self, Device::Gpu(_))
     }
 
+    /// The GPU context, or `None` on the CPU.
     pub fn gpu_context(&self) -> Option<&GpuContext> {
         match self {
             Device::Gpu(c) => Some(c),

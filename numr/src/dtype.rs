@@ -5,15 +5,22 @@ use half::{bf16, f16};
 /// The element types a [`crate::Tensor`] can hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// IEEE 754 binary32.
     F32,
+    /// IEEE 754 binary16 (`half::f16`); GPU kernels need `shader-f16` or unpack it from u32 words.
     F16,
+    /// bfloat16 (`half::bf16`): f32's exponent, 8 mantissa bits.
     BF16,
+    /// Signed 32-bit integer.
     I32,
+    /// Unsigned 32-bit integer.
     U32,
+    /// Unsigned byte (packed four per word on the GPU).
     U8,
 }
 
 impl DType {
+    /// Every dtype, in declaration order.
     pub const ALL: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::U32, DType::U8];
 
     /// Size of one element in bytes.
@@ -25,6 +32,7 @@ impl DType {
         }
     }
 
+    /// Lower-case name as in WGSL and Rust (`"f32"`, `"bf16"`, ...); also the `Display` form.
     pub const fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
@@ -36,6 +44,7 @@ impl DType {
         }
     }
 
+    /// True for F32, F16 and BF16.
     pub const fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F16 | DType::BF16)
     }
@@ -54,7 +63,9 @@ impl std::fmt::Display for DType {
 
 /// A Rust type that is the host representation of a [`DType`].
 pub trait Element: bytemuck::Pod + Copy + Send + Sync + std::fmt::Debug + 'static {
+    /// The dtype this type represents.
     const DTYPE: DType;
+    /// Widens to f64 (exact for every element type).
     fn to_f64(self) -> f64;
     /// Converts with round-to-nearest-even for floats, saturating for integers.
     fn from_f64(v: f64) -> Self;

@@ -10,6 +10,7 @@
 //! println!("{:?}", b.to_vec::<f32>()?);
 //! # Ok::<(), numr::NumrError>(())
 //! ```
+#![warn(missing_docs)]
 
 pub mod device;
 pub mod dtype;

@@ -27,10 +27,13 @@ pub fn numel(shape: &[usize]) -> usize {
 }
 
 impl Layout {
+    /// The row-major layout of `shape` at offset 0.
     pub fn contiguous(shape: &[usize]) -> Self {
         Layout { shape: shape.to_vec(), strides: contiguous_strides(shape), offset: 0 }
     }
 
+    /// A layout from explicit shape, strides and offset (in elements). Only the ranks are checked
+    /// ([`NumrError::InvalidView`] when they differ), not the extent against any storage.
     pub fn new(shape: Vec<usize>, strides: Vec<usize>, offset: usize) -> Result<Self> {
         if shape.len() != strides.len() {
             return Err(NumrError::InvalidView { op: "layout", reason: format!("shape {shape:?} and strides {strides:?} differ in rank") });
@@ -38,18 +41,23 @@ impl Layout {
         Ok(Layout { shape, strides, offset })
     }
 
+    /// Size of each dimension.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
+    /// Stride of each dimension, in elements (0 for a broadcast dimension).
     pub fn strides(&self) -> &[usize] {
         &self.strides
     }
+    /// Storage index of the first element, in elements.
     pub fn offset(&self) -> usize {
         self.offset
     }
+    /// Number of dimensions (0 for a scalar).
     pub fn rank(&self) -> usize {
         self.shape.len()
     }
+    /// Number of elements (1 for a scalar).
     pub fn numel(&self) -> usize {
         numel(&self.shape)
     }
@@ -105,6 +113,7 @@ impl Layout {
         Ok(Layout { shape: perm.iter().map(|&p| self.shape[p]).collect(), strides: perm.iter().map(|&p| self.strides[p]).collect(), offset: self.offset })
     }
 
+    /// Swaps dimensions `a` and `b`.
     pub fn transpose(&self, a: usize, b: usize) -> Result<Self> {
         self.check_dim("transpose", a)?;
         self.check_dim("transpose", b)?;

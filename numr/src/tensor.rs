@@ -72,24 +72,32 @@ impl Tensor {
         Tensor { storage: Storage::Cpu(Arc::new(bytes)), layout: Layout::contiguous(shape), dtype, device: Device::Cpu }
     }
 
+    /// Size of each dimension.
     pub fn shape(&self) -> &[usize] {
         self.layout.shape()
     }
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// The strided view into the storage (strides and offset in elements).
     pub fn layout(&self) -> &Layout {
         &self.layout
     }
+    /// Where the storage lives.
     pub fn device(&self) -> &Device {
         &self.device
     }
+    /// Number of elements (1 for a scalar).
     pub fn numel(&self) -> usize {
         self.layout.numel()
     }
+    /// Number of dimensions.
     pub fn rank(&self) -> usize {
         self.layout.rank()
     }
+    /// True when the view is dense and row-major (its offset may be non-zero); see
+    /// [`Layout::is_contiguous`].
     pub fn is_contiguous(&self) -> bool {
         self.layout.is_contiguous()
     }

@@ -38,7 +38,9 @@ pub enum GluInput {
 /// An activation kernel variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Act {
+    /// The nonlinearity.
     pub kind: ActKind,
+    /// Plain activation or a GLU, and where its gate and up values come from.
     pub input: GluInput,
 }
 
@@ -69,6 +71,7 @@ impl ActKind {
 }
 
 impl Act {
+    /// Every kind with every input (the variants the tests validate with naga).
     pub fn all() -> Vec<Act> {
         let mut v = Vec::new();
         for kind in [ActKind::Silu, ActKind::GeluTanh] {

@@ -11,6 +11,7 @@ pub const COMBINE_WG: u32 = 256;
 /// Merges per-split partial results into the normalised output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttnCombine {
+    /// Elements per head: 64, 128 or 256.
     pub head_dim: u32,
 }
 

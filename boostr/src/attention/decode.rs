@@ -67,12 +67,15 @@ pub const DECODE_KEYS_PER_STEP: u32 = 4;
 /// Variant of the subgroup decode kernel (needs subgroups of at least 8 invocations).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DecodeAttnSg {
+    /// Elements per head: 64, 128 or 256.
     pub head_dim: u32,
     /// Query heads per KV head.
     pub group: u32,
     /// Query heads per workgroup (divides `group`); the others go to sibling workgroups.
     pub heads: u32,
+    /// Element type of the KV cache.
     pub dtype: KvDtype,
+    /// Apply logit soft-capping (`cap * tanh(s / cap)`, the cap a parameter).
     pub softcap: bool,
     /// Keys a slot takes per step (1..=4).
     pub keys: u32,
@@ -127,6 +130,9 @@ impl DecodeAttnSg {
         DECODE_SG_WG / SLOT * self.keys
     }
 
+    /// The variants the tests validate with naga: every supported head_dim, group (up to 4, then
+    /// multiples of 4), dtype and softcap as [`Self::new`] picks them, each partial, normalised
+    /// and fused, plus a few other head/key splits.
     pub fn all() -> Vec<DecodeAttnSg> {
         let mut v = Vec::new();
         for head_dim in [64, 128, 256] {

@@ -10,10 +10,13 @@ use crate::ops_common::SAFE_TANH;
 /// The flash-decoding kernel's variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DecodeAttn {
+    /// Elements per head: 64, 128 or 256.
     pub head_dim: u32,
     /// Query heads per KV head (1..=16).
     pub group: u32,
+    /// Element type of the KV cache.
     pub dtype: KvDtype,
+    /// Apply logit soft-capping (`cap * tanh(s / cap)`, the cap a parameter).
     pub softcap: bool,
 }
 
@@ -39,6 +42,8 @@ impl DecodeAttn {
         Ok(())
     }
 
+    /// Every head_dim, power-of-two group, dtype and softcap (the variants the tests validate with
+    /// naga).
     pub fn all() -> Vec<DecodeAttn> {
         let mut v = Vec::new();
         for head_dim in [64, 128, 256] {

@@ -24,14 +24,15 @@
 //! query heads that share it (one K/V read for the group) and writes the unnormalised partial
 //! output and `(max, sum)`; [`AttnCombine`] merges the splits. Where the adapter has subgroups of
 //! at least 8 invocations, [`DecodeAttnSg`] keeps queries, scores and the online softmax in
-//! registers (see [`decode`] module docs); elsewhere [`DecodeAttn`] stages K tiles in workgroup
-//! memory. Caches split across buffers ([`crate::kv_cache::KvSegment`]) run one dispatch per
-//! segment into the same partial arrays (a segment past `kv_len` is skipped at that step). On an
-//! unsegmented cache, where the adapter has `@coherent` storage, the subgroup kernel merges the
-//! splits itself (`DecodeAttnSg::fused`: the last workgroup to arrive for a row of heads, counted
-//! by an atomic per row, merges them and resets the counter; see [`decode`] for the memory-model
-//! argument), so decode is one dispatch; elsewhere, and with [`DecodePlanBuilder::two_pass`], the
-//! separate [`AttnCombine`] pass merges (wgpu orders the two dispatches with a barrier).
+//! registers (see the [`decode`](mod@decode) module docs); elsewhere [`DecodeAttn`] stages K
+//! tiles in workgroup memory. Caches split across buffers ([`crate::kv_cache::KvSegment`]) run
+//! one dispatch per segment into the same partial arrays (a segment past `kv_len` is skipped at
+//! that step). On an unsegmented cache, where the adapter has `@coherent` storage, the subgroup
+//! kernel merges the splits itself (`DecodeAttnSg::fused`: the last workgroup to arrive for a row
+//! of heads, counted by an atomic per row, merges them and resets the counter; see
+//! [`decode`](mod@decode) for the memory-model argument), so decode is one dispatch; elsewhere,
+//! and with [`DecodePlanBuilder::two_pass`], the separate [`AttnCombine`] pass merges (wgpu
+//! orders the two dispatches with a barrier).
 //!
 //! # Prefill
 //! Where subgroups allow, [`DecodeAttnSg`] with one query token per grid layer (`z`), one split
@@ -113,6 +114,7 @@ pub struct AttnOptions {
 }
 
 impl AttnOptions {
+    /// Scale `1 / sqrt(head_dim)`, no soft-capping, no window.
     pub fn new(head_dim: usize) -> Self {
         AttnOptions { scale: 1.0 / (head_dim as f32).sqrt(), softcap: None, window: None }
     }
@@ -231,9 +233,14 @@ pub fn decode(ctx: &GpuContext, q: &Binding, q_off: usize, n_q: usize, cache: &K
 /// tokens one step carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QueryLayout {
+    /// Query tokens (for a plan: the most one step carries).
     pub n_tok: usize,
+    /// Query heads per token.
     pub n_q: usize,
+    /// Element offset of token 0, head 0 in the binding.
     pub q_off: usize,
+    /// Elements from one token's queries to the next (`n_q * head_dim` when dense, larger in a
+    /// packed QKV row).
     pub tok_stride: usize,
 }
 

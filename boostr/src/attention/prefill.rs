@@ -8,8 +8,11 @@ use crate::ops_common::SAFE_TANH;
 /// The prefill kernel's variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PrefillAttn {
+    /// Elements per head: 64, 128 or 256.
     pub head_dim: u32,
+    /// Element type of the KV cache.
     pub dtype: KvDtype,
+    /// Apply logit soft-capping (`cap * tanh(s / cap)`, the cap a parameter).
     pub softcap: bool,
     /// Write partial results (for caches split across segments) instead of the final output.
     pub partial: bool,
@@ -21,6 +24,7 @@ pub const PREFILL_BQ: u32 = 32;
 pub const PREFILL_BK: u32 = 16;
 
 impl PrefillAttn {
+    /// Every head_dim, dtype, softcap and partial flag (the variants the tests validate with naga).
     pub fn all() -> Vec<PrefillAttn> {
         let mut v = Vec::new();
         for head_dim in [64, 128, 256] {

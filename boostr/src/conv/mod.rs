@@ -44,6 +44,7 @@ pub struct ShortConv {
 }
 
 impl ShortConv {
+    /// The variants the tests validate with naga (2, 3 and 4 taps).
     pub fn all() -> Vec<ShortConv> {
         vec![ShortConv { kernel: 2 }, ShortConv { kernel: 3 }, ShortConv { kernel: 4 }]
     }

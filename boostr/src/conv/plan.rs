@@ -84,7 +84,7 @@ impl ShortConvPlan {
         &self.out
     }
 
-    /// The most tokens a step may hold.
+    /// The most tokens one step may carry (`step.n_tok`), as built.
     pub fn max_tok(&self) -> usize {
         self.max_tok as usize
     }

@@ -29,6 +29,7 @@ use crate::ops_common::{GpuView, OpsError, Result, tensor_view, to_u32, upload_u
 /// The gather kernel's variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Embedding {
+    /// Format of the table's rows (one of [`EMBEDDING_FORMATS`]).
     pub format: GgmlType,
 }
 
@@ -36,6 +37,7 @@ pub struct Embedding {
 pub const EMBEDDING_FORMATS: [GgmlType; 7] = [GgmlType::F32, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0];
 
 impl Embedding {
+    /// One variant per format in [`EMBEDDING_FORMATS`].
     pub fn all() -> Vec<Embedding> {
         EMBEDDING_FORMATS.iter().map(|&format| Embedding { format }).collect()
     }

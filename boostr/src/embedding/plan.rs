@@ -68,6 +68,7 @@ impl EmbeddingPlan {
         &self.out
     }
 
+    /// The most tokens one step may carry (`step.n_tok`), as built.
     pub fn max_tok(&self) -> usize {
         self.max_tok as usize
     }

@@ -17,39 +17,92 @@ pub const QK_K: usize = 256;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum GgmlType {
+    /// 32-bit IEEE float. ggml id 0, 4 bytes per element.
     F32,
+    /// 16-bit IEEE float. ggml id 1, 2 bytes per element.
     F16,
+    /// 4-bit quants with an f16 scale `d`: `x = d * (q - 8)`. ggml id 2, blocks of 32 in 18 bytes.
     Q4_0,
+    /// 4-bit quants with an f16 scale `d` and minimum `m`: `x = d * q + m`.
+    /// ggml id 3, blocks of 32 in 20 bytes.
     Q4_1,
+    /// 5-bit quants (4 low bits plus a high-bit plane) with an f16 scale: `x = d * (q - 16)`.
+    /// ggml id 6, blocks of 32 in 22 bytes.
     Q5_0,
+    /// 5-bit quants with an f16 scale and minimum: `x = d * q + m`.
+    /// ggml id 7, blocks of 32 in 24 bytes.
     Q5_1,
+    /// int8 quants with an f16 scale: `x = d * q`. ggml id 8, blocks of 32 in 34 bytes.
     Q8_0,
+    /// int8 quants with a scale and a per-block sum (ggml's activation format); not supported here.
+    /// ggml id 9, blocks of 32 in 40 bytes.
     Q8_1,
+    /// 2-bit K-quant: 16 sub-blocks of 16 with 4-bit scales and minimums, f16 `d` and `dmin`.
+    /// ggml id 10, blocks of 256 in 84 bytes.
     Q2_K,
+    /// 3-bit K-quant (2 low bits plus a high-bit mask): 16 sub-blocks of 16, 6-bit scales, f16 `d`.
+    /// ggml id 11, blocks of 256 in 110 bytes.
     Q3_K,
+    /// 4-bit K-quant: 8 sub-blocks of 32 with 6-bit scales and minimums, f16 `d` and `dmin`.
+    /// ggml id 12, blocks of 256 in 144 bytes.
     Q4_K,
+    /// 5-bit K-quant: Q4_K's layout plus a high-bit plane. ggml id 13, blocks of 256 in 176 bytes.
     Q5_K,
+    /// 6-bit K-quant (4 low plus 2 high bits): 16 sub-blocks of 16 with int8 scales, f16 `d`.
+    /// ggml id 14, blocks of 256 in 210 bytes.
     Q6_K,
+    /// int8 K-quant with an f32 scale and sub-block sums (ggml's dot-product intermediate); not
+    /// supported here.
+    /// ggml id 15, blocks of 256 in 292 bytes.
     Q8_K,
+    /// 2-bit i-quant (lattice codebook); not supported here. ggml id 16, blocks of 256 in 66 bytes.
     IQ2_XXS,
+    /// 2-bit i-quant with sub-block scales; not supported here.
+    /// ggml id 17, blocks of 256 in 74 bytes.
     IQ2_XS,
+    /// 3-bit i-quant; not supported here. ggml id 18, blocks of 256 in 98 bytes.
     IQ3_XXS,
+    /// 1-bit i-quant; not supported here. ggml id 19, blocks of 256 in 50 bytes.
     IQ1_S,
+    /// 4-bit non-linear i-quant (a fixed 16-value table); not supported here.
+    /// ggml id 20, blocks of 32 in 18 bytes.
     IQ4_NL,
+    /// 3-bit i-quant with sign bits and scales; not supported here.
+    /// ggml id 21, blocks of 256 in 110 bytes.
     IQ3_S,
+    /// 2-bit i-quant with sign bits and scales; not supported here.
+    /// ggml id 22, blocks of 256 in 82 bytes.
     IQ2_S,
+    /// 4-bit non-linear i-quant with super-block scales; not supported here.
+    /// ggml id 23, blocks of 256 in 136 bytes.
     IQ4_XS,
+    /// Signed 8-bit integer; not supported here. ggml id 24, 1 byte per element.
     I8,
+    /// Signed 16-bit integer; not supported here. ggml id 25, 2 bytes per element.
     I16,
+    /// Signed 32-bit integer; not supported here. ggml id 26, 4 bytes per element.
     I32,
+    /// Signed 64-bit integer; not supported here. ggml id 27, 8 bytes per element.
     I64,
+    /// 64-bit IEEE float; not supported here. ggml id 28, 8 bytes per element.
     F64,
+    /// 1-bit i-quant with finer scales; not supported here. ggml id 29, blocks of 256 in 56 bytes.
     IQ1_M,
+    /// bfloat16 (f32's exponent, 8 mantissa bits). ggml id 30, 2 bytes per element.
     BF16,
+    /// Ternary quant (base-3 packed); not supported here. ggml id 34, blocks of 256 in 54 bytes.
     TQ1_0,
+    /// Ternary quant (2 bits per weight); not supported here.
+    /// ggml id 35, blocks of 256 in 66 bytes.
     TQ2_0,
+    /// OCP microscaling FP4 (E2M1) with a shared E8M0 scale; not supported here.
+    /// ggml id 39, blocks of 32 in 17 bytes.
     MXFP4,
+    /// NVIDIA FP4 (E2M1) with FP8 sub-block scales; not supported here.
+    /// ggml id 40, blocks of 64 in 36 bytes.
     NVFP4,
+    /// 1-bit quant with an f16 scale per block; not supported here.
+    /// ggml id 41, blocks of 128 in 18 bytes.
     Q1_0,
 }
 

@@ -38,7 +38,9 @@ pub use write::KvWritePlan;
 /// Storage type of the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KvDtype {
+    /// f16 values, two per u32 word (the default).
     F16,
+    /// ggml's Q8_0 quantization per 32 values, padded to 9 words per block (see the module docs).
     Q8_0,
 }
 
@@ -133,11 +135,15 @@ fn store_{name}(base: u32, lidx: u32) {{
 /// Shape and storage of a KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvCacheConfig {
+    /// Layers (each with its own buffers).
     pub n_layers: usize,
+    /// KV heads per layer.
     pub n_kv_heads: usize,
+    /// Values per head row (see [`KvDtype::supports`]).
     pub head_dim: usize,
     /// Positions per sequence.
     pub capacity: usize,
+    /// Storage type of the rows.
     pub dtype: KvDtype,
     /// Largest buffer of one segment (defaults to the adapter's binding limit); tests lower it
     /// to exercise the split path.
@@ -147,10 +153,13 @@ pub struct KvCacheConfig {
 /// One segment of one layer: positions `start .. start + len`.
 #[derive(Clone, Debug)]
 pub struct KvSegment {
+    /// First position of the segment.
     pub start: usize,
+    /// Positions in the segment.
     pub len: usize,
-    /// `[kv_head][len][row_words]` u32 words.
+    /// Keys: `[kv_head][len][row_words]` u32 words.
     pub k: Arc<GpuBuffer>,
+    /// Values, laid out as `k`.
     pub v: Arc<GpuBuffer>,
 }
 
@@ -204,6 +213,7 @@ impl KvCache {
         Ok(KvCache { cfg, seg_len, layers, len: 0 })
     }
 
+    /// The shape and storage the cache was made with.
     pub fn config(&self) -> &KvCacheConfig {
         &self.cfg
     }
@@ -211,9 +221,11 @@ impl KvCache {
     pub fn len(&self) -> usize {
         self.len
     }
+    /// True when no position has been written.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// Positions the cache holds at most ([`KvCacheConfig::capacity`]).
     pub fn capacity(&self) -> usize {
         self.cfg.capacity
     }

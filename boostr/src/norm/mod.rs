@@ -31,6 +31,7 @@ pub enum NormKind {
 /// A norm kernel variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Norm {
+    /// RMSNorm or LayerNorm.
     pub kind: NormKind,
     /// Multiply by `1 + w` instead of `w` (Gemma's RMSNorm).
     pub weight_offset: bool,
@@ -42,6 +43,7 @@ pub struct Norm {
 }
 
 impl Norm {
+    /// Plain RMSNorm: weight `w`, no bias, no residual.
     pub const fn rms() -> Norm {
         Norm { kind: NormKind::Rms, weight_offset: false, bias: false, residual: false }
     }

@@ -93,6 +93,7 @@ impl NormPlan {
         &self.out
     }
 
+    /// The most rows one step may carry (`step.n_tok`), as built.
     pub fn max_rows(&self) -> usize {
         self.max_rows as usize
     }

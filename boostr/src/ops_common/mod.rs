@@ -6,9 +6,9 @@ use std::sync::Arc;
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, KernelSource, StepValues, grid_2d};
 use numr::{DType, NumrError, Tensor};
 
-/// A decoder-block op built once as a [`Plan`] and recorded per step. Implementors give the
-/// step check and the plan; recording (into a recorder, or the implicit stream) is shared: the
-/// step is checked first, and a step the plan was not built for records nothing.
+/// A decoder-block op built once as a [`Plan`](numr::gpu::Plan) and recorded per step. Implementors
+/// give the step check and the plan; recording (into a recorder, or the implicit stream) is shared:
+/// the step is checked first, and a step the plan was not built for records nothing.
 pub trait OpPlan {
     /// Whether the plan can record `step` (a typed error naming what does not fit).
     fn check(&self, step: &numr::gpu::StepValues) -> Result<()>;
@@ -36,22 +36,45 @@ pub trait OpPlan {
 pub enum OpsError {
     /// Appending would pass the end of the KV cache (or a conv state): nothing was written.
     #[error("context overflow: {needed} positions needed, the cache holds {capacity}")]
-    ContextOverflow { needed: usize, capacity: usize },
+    ContextOverflow {
+        /// Positions the cache would have to hold after the append.
+        needed: usize,
+        /// Positions it holds at most.
+        capacity: usize,
+    },
     /// A token id at or past the vocabulary size.
     #[error("token id {id} out of range for a vocabulary of {vocab}")]
-    TokenOutOfRange { id: u32, vocab: usize },
+    TokenOutOfRange {
+        /// The offending id.
+        id: u32,
+        /// Rows of the embedding table (or logits).
+        vocab: usize,
+    },
     /// A configuration the kernels do not support (named, with the reason).
     #[error("unsupported {what}: {reason}")]
-    Unsupported { what: &'static str, reason: String },
+    Unsupported {
+        /// The kernel, op or setting.
+        what: &'static str,
+        /// Why it is refused (the value and the supported range).
+        reason: String,
+    },
     /// Shapes, strides or lengths that do not agree.
     #[error("bad arguments to {op}: {reason}")]
-    BadArgs { op: &'static str, reason: String },
+    BadArgs {
+        /// The op or plan that checked.
+        op: &'static str,
+        /// What does not agree.
+        reason: String,
+    },
+    /// A numr error (device, allocation, kernel compilation, binding limits).
     #[error(transparent)]
     Numr(#[from] NumrError),
+    /// A weight-format error (unsupported type, bad block data).
     #[error(transparent)]
     Format(#[from] crate::formats::FormatError),
 }
 
+/// `Result` with [`OpsError`] as the default error.
 pub type Result<T, E = OpsError> = std::result::Result<T, E>;
 
 pub(crate) fn bad(op: &'static str, reason: impl Into<String>) -> OpsError {
@@ -74,12 +97,14 @@ pub fn mul(op: &'static str, what: &str, a: usize, b: usize) -> Result<usize> {
 /// when the plan is built.
 #[derive(Clone, Debug)]
 pub struct GpuView {
+    /// The buffer range bound to the kernel.
     pub binding: Binding,
     /// Word offset of element 0 inside the binding.
     pub offset: usize,
 }
 
 impl GpuView {
+    /// A view of `binding` from word `offset`.
     pub fn new(binding: Binding, offset: usize) -> GpuView {
         GpuView { binding, offset }
     }

@@ -9,7 +9,7 @@
 //! parameters `p.qs4`, `p.qh4` (in vec4 units), `p.qh`, `p.sc`, `p.dof`, `p.mof` (in words)
 //! and `p.cpg` (chunks per AWQ/GPTQ group).
 //!
-//! Quantized formats decode to a [`QChunk`](chunk_struct): eight words `w[i]` holding elements
+//! Quantized formats decode to a WGSL `QChunk`: eight words `w[i]` holding elements
 //! `4i .. 4i+3` as signed bytes (small non-negative integers for every format but Q8_0) and an
 //! affine map per half chunk: element `e` is `a[e / 16] * q + b[e / 16]`. The offset `b` does not
 //! depend on the element, so a GEMV multiplies by `a` once per half chunk and adds

@@ -27,9 +27,12 @@ pub const TILE: u32 = 64;
 /// A GEMM kernel configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct QuantGemm {
+    /// Weight format the kernel decodes.
     pub kind: WeightKind,
     /// Cooperative-matrix tiles (needs the adapter's f16 16x16x16 -> f32 shape and subgroups of 32).
     pub coopmat: bool,
+    /// Compile without naga's bounds checks: honoured only by [`GemmPlan`], once it has validated
+    /// every binding; the config's own `source` is always checked.
     pub unchecked: bool,
 }
 

@@ -42,8 +42,9 @@ pub struct CoopTiles {
     pub bn: u32,
     /// K elements per barrier step (multiple of 32).
     pub bk: u32,
-    /// Subgroups along M and along N (workgroup = 32 * sg_m * sg_n invocations).
+    /// Subgroups along M (workgroup = 32 * sg_m * sg_n invocations).
     pub sg_m: u32,
+    /// Subgroups along N.
     pub sg_n: u32,
     /// Padding of each staged row, in f16 elements (multiple of 8 keeps rows 16-byte aligned).
     pub pad: u32,

@@ -41,16 +41,20 @@ use super::{QuantError, QuantMatrix, QuantPart, Result, WeightKind};
 /// What runs before the mat-vec inside the same dispatch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Prologue {
+    /// The activations are used as given.
     None,
     /// `x / sqrt(mean(x^2) + eps) * w` (or `* (1 + w)` with `gemma`); activations staged in
     /// workgroup memory when `stage_k > 0` and `K <= stage_k`, else normalised while loading.
     RmsNorm {
+        /// Gemma's weight offset: multiply by `1 + w`.
         gemma: bool,
+        /// Largest K staged in workgroup memory (0: never stage).
         stage_k: u32,
     },
     /// The gated activation of the GLU: the activations are packed `[gate | up]` rows of
     /// `2 K` f32, and the mat-vec runs on `act(gate) * up` (computed while loading).
     Glu {
+        /// The gate's nonlinearity.
         act: crate::act::ActKind,
     },
 }
@@ -58,6 +62,7 @@ pub enum Prologue {
 /// A GEMV kernel configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct QuantGemv {
+    /// Weight format the kernel decodes.
     pub kind: WeightKind,
     /// Weight rows per workgroup (each activation chunk is reused for all of them).
     pub rows_per_workgroup: u32,
@@ -69,11 +74,15 @@ pub struct QuantGemv {
     pub f16_math: bool,
     /// Activation rows (1..=8).
     pub activation_rows: u32,
+    /// What runs before the mat-vec in the same dispatch.
     pub prologue: Prologue,
+    /// Three outputs (Q, K, V) from one matrix packed at upload (see the module docs).
     pub split_qkv: bool,
     /// `y += x Wᵀ`: each output is read and written by the one invocation that stores it (a
     /// residual add fused into the projection that produces the delta).
     pub accumulate: bool,
+    /// Compile without naga's bounds checks: honoured only by [`GemvPlan`], once it has validated
+    /// every binding; the config's own `source` is always checked.
     pub unchecked: bool,
 }
 
@@ -376,11 +385,27 @@ pub enum GemvOutput {
     /// The fused Q/K/V projection (`split_qkv`): the matrix holds `rows[0]` Q rows, then
     /// `rows[1]` K rows, then `rows[2]` V rows (`rows` summing to `N`); each output gets
     /// `m x rows[i]` f32, row-major.
-    Qkv { q: Binding, k: Binding, v: Binding, rows: [usize; 3] },
+    Qkv {
+        /// Q output: `m x rows[0]` f32.
+        q: Binding,
+        /// K output: `m x rows[1]` f32.
+        k: Binding,
+        /// V output: `m x rows[2]` f32.
+        v: Binding,
+        /// Matrix rows of Q, K and V, in that order.
+        rows: [usize; 3],
+    },
     /// `y[r * stride + offset + n]`: the `N` outputs of each activation row go to columns
     /// `offset .. offset + N` of a wider row-major `m x stride` f32 output (an engine's packed
     /// `[q | k | v]` rows when Q, K and V are stored in different formats).
-    Columns { y: Binding, stride: usize, offset: usize },
+    Columns {
+        /// The wide output, `m x stride` f32.
+        y: Binding,
+        /// Elements per output row.
+        stride: usize,
+        /// Column of the matrix's first row (`offset + N <= stride`).
+        offset: usize,
+    },
 }
 
 /// The output placement of a GEMV or GEMM: `(n_out, col0)` = the output's row stride and the
@@ -439,10 +464,13 @@ impl GemvOutput {
 /// (`K` f32, with its `eps`), and the output(s).
 #[derive(Clone, Debug)]
 pub struct GemvIo {
+    /// Activations: `m x K` f32 (`m x 2K`, `[gate | up]` rows, with [`Prologue::Glu`]).
     pub x: Binding,
     /// With [`Prologue::RmsNorm`] (and only then).
     pub norm_weight: Option<Binding>,
+    /// The RMSNorm epsilon (ignored without the prologue).
     pub eps: f32,
+    /// Where the results go.
     pub output: GemvOutput,
 }
 

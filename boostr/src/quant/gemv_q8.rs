@@ -39,6 +39,7 @@ use super::{QuantError, QuantMatrix, Result, WeightKind};
 /// An integer-dot GEMV configuration (quantized formats only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct QuantGemvQ8 {
+    /// Weight format the kernel decodes (a quantized one).
     pub kind: WeightKind,
     /// Weight rows per workgroup (each activation chunk is loaded once for all of them).
     pub rows_per_workgroup: u32,
@@ -68,6 +69,8 @@ pub struct QuantGemvQ8 {
     pub accumulate: bool,
     /// Activation rows (1..=8).
     pub activation_rows: u32,
+    /// Compile without naga's bounds checks: honoured only by [`Q8GemvPlan`], once it has validated
+    /// every binding; the config's own `source` is always checked.
     pub unchecked: bool,
 }
 

@@ -2,10 +2,11 @@
 //! fused kernels (RMSNorm + GEMV, Q/K/V in one dispatch), for every weight format of
 //! [`crate::formats`].
 //!
-//! - [`QuantMatrix`]: the GPU layout, made at upload from a [`PackedWeights`]: one buffer per
-//!   part with the sections `qs | qh | scales | d | m` (each 16-byte aligned; quants as u32
-//!   words read as `vec4<u32>`, `d`/`m` as f16 pairs). A matrix larger than one binding is split
-//!   by rows into several parts, each dispatched on its own; a single row that does not fit is
+//! - [`QuantMatrix`]: the GPU layout, made at upload from a
+//!   [`PackedWeights`](crate::formats::PackedWeights): one buffer per part with the sections
+//!   `qs | qh | scales | d | m` (each 16-byte aligned; quants as u32 words read as `vec4<u32>`,
+//!   `d`/`m` as f16 pairs). A matrix larger than one binding is split by rows into several
+//!   parts, each dispatched on its own; a single row that does not fit is
 //!   [`QuantError::RowTooLarge`], naming the tensor.
 //! - [`decode`]: the WGSL block decoders, one per format, shared by every kernel.
 //! - [`gemv::QuantGemv`]: the mat-vec for 1..=8 activation rows, with the fused RMSNorm
@@ -52,17 +53,21 @@ pub use upload::{QuantMatrix, QuantPart};
 /// group size is a runtime parameter, so one kernel serves every group size).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WeightKind {
+    /// A supported GGUF type ([`GgmlType::SUPPORTED`]).
     Ggml(GgmlType),
+    /// AWQ / GPTQ int4 with per-group scales and zeros ([`PackedFormat::Int4`]).
     Int4,
 }
 
 impl WeightKind {
+    /// The kind that decodes `format`.
     pub fn of(format: PackedFormat) -> WeightKind {
         match format {
             PackedFormat::Ggml(t) => WeightKind::Ggml(t),
             _ => WeightKind::Int4,
         }
     }
+    /// The GGUF type's name, or `"INT4"` (for kernel names).
     pub fn name(self) -> &'static str {
         match self {
             WeightKind::Ggml(t) => t.name(),
@@ -81,28 +86,78 @@ impl WeightKind {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum QuantError {
+    /// A weight-format error (unsupported type, bad block data).
     #[error(transparent)]
     Format(#[from] FormatError),
+    /// A numr error (allocation, kernel compilation, binding or grid limits).
     #[error(transparent)]
     Gpu(#[from] numr::NumrError),
+    /// A single matrix row is larger than one binding, so no row split can upload it.
     #[error("tensor {name}: one row needs {row_bytes} bytes, more than one binding ({limit} bytes) can hold")]
-    RowTooLarge { name: String, row_bytes: u64, limit: u64 },
+    RowTooLarge {
+        /// The tensor's name.
+        name: String,
+        /// Bytes of one row's sections.
+        row_bytes: u64,
+        /// The binding limit in bytes.
+        limit: u64,
+    },
+    /// A matrix the kernels cannot take (columns not a multiple of 32, a feature the adapter
+    /// lacks).
     #[error("tensor {name}: {reason}")]
-    Unsupported { name: String, reason: String },
+    Unsupported {
+        /// The tensor's name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// Shapes that do not agree (outputs, row counts, a kernel for another format).
     #[error("{what}: {reason}")]
-    Shape { what: &'static str, reason: String },
+    Shape {
+        /// The op or plan that checked.
+        what: &'static str,
+        /// What does not agree.
+        reason: String,
+    },
     /// A binding smaller than the plan's kernel reads or writes.
     #[error("{op}: binding {buffer} holds {actual} bytes, {needed} needed")]
-    BufferTooSmall { op: &'static str, buffer: &'static str, needed: u64, actual: u64 },
+    BufferTooSmall {
+        /// The op or plan that checked.
+        op: &'static str,
+        /// Which binding.
+        buffer: &'static str,
+        /// Bytes the kernel accesses.
+        needed: u64,
+        /// Bytes the binding holds.
+        actual: u64,
+    },
     /// A size, count or index range that does not fit the kernels' 32-bit words.
     #[error("{what} = {value} does not fit 32 bits")]
-    TooLarge { what: &'static str, value: u64 },
+    TooLarge {
+        /// Which size or index.
+        what: &'static str,
+        /// Its value.
+        value: u64,
+    },
     /// A kernel configuration that is not well formed (tile shapes, thread counts, ...).
     #[error("invalid {what} configuration: {reason}")]
-    Config { what: &'static str, reason: String },
+    Config {
+        /// The configuration type.
+        what: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A step with more tokens than the plan was built for.
     #[error("{op}: a step of {n_tok} tokens, the plan was built for at most {max}")]
-    StepTooLarge { op: &'static str, n_tok: u32, max: usize },
+    StepTooLarge {
+        /// The plan.
+        op: &'static str,
+        /// Tokens in the step.
+        n_tok: u32,
+        /// Tokens the plan was built for.
+        max: usize,
+    },
 }
 
+/// `Result` with [`QuantError`].
 pub type Result<T> = std::result::Result<T, QuantError>;

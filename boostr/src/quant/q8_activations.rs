@@ -59,8 +59,11 @@ fn quant_block(v: array<vec4<f32>, 8>, b: u32) {
 pub struct QuantizeQ8;
 
 impl QuantizeQ8 {
+    /// Blocks of 32 activations per workgroup (one invocation each).
     pub const BLOCKS_PER_WORKGROUP: u32 = 64;
 
+    /// WGSL. Bindings `x` (read, `vec4<f32>`), `xq` and `xs` (written, see the module docs);
+    /// params `nb` (blocks in all) and `k4` (unused here).
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         KernelBuilder::new("quantize_q8_x", *env)
             .workgroup(Self::BLOCKS_PER_WORKGROUP, 1, 1)
@@ -86,10 +89,13 @@ impl QuantizeQ8 {
 /// `[gate | up]` row `r` (`2 k` f32), one invocation per block, 64 per workgroup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GluQuantizeQ8 {
+    /// The gate's nonlinearity.
     pub act: crate::act::ActKind,
 }
 
 impl GluQuantizeQ8 {
+    /// WGSL. Bindings `x` (read, packed `[gate | up]` rows), `xq`, `xs` (written); params `nb`
+    /// (output blocks in all) and `k4` (`k / 4`, the output row length in vec4s).
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         KernelBuilder::new(format!("glu_quantize_q8_{}", self.act.name()), *env)
             .workgroup(QuantizeQ8::BLOCKS_PER_WORKGROUP, 1, 1)
@@ -125,8 +131,11 @@ pub struct RmsNormQuantizeQ8 {
 }
 
 impl RmsNormQuantizeQ8 {
+    /// Invocations per workgroup (one workgroup per activation row).
     pub const THREADS: u32 = 256;
 
+    /// WGSL. Bindings `x` (read, rows of `4 * k4` f32), `nw` (read, the norm weight), `xq`, `xs`
+    /// (written); params `k4`, `eps` (f32 bits) and `rows`.
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let scale = if self.gemma { "(vec4<f32>(1.0) + nw[kb * 8u + i])" } else { "nw[kb * 8u + i]" };
         let args = reduce_args(env);

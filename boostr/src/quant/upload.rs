@@ -29,10 +29,15 @@ use crate::formats::{PackedFormat, PackedWeights};
 /// Word offsets of the sections inside a part's buffer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Sections {
+    /// Start of the packed quant words (always 0).
     pub qs: u32,
+    /// Start of the extra bit plane (empty for formats without one).
     pub qh: u32,
+    /// Start of the K-quants' sub-block scales.
     pub sc: u32,
+    /// Start of the f16 block scales `d`, two per word.
     pub d: u32,
+    /// Start of the f16 block minimums / zeros `m`, two per word.
     pub m: u32,
     /// Total words (a multiple of 4).
     pub words: u32,
@@ -41,9 +46,13 @@ pub struct Sections {
 /// One row range of a [`QuantMatrix`] in its own buffer.
 #[derive(Clone, Debug)]
 pub struct QuantPart {
+    /// First matrix row of the part.
     pub row0: usize,
+    /// Rows in the part (at least 1).
     pub rows: usize,
+    /// The part's buffer, holding its sections.
     pub buffer: Arc<GpuBuffer>,
+    /// Where each section starts in the buffer (in words).
     pub sections: Sections,
 }
 
@@ -57,10 +66,15 @@ impl QuantPart {
 /// A weight matrix on the GPU: `rows` output features of `cols` inputs.
 #[derive(Clone, Debug)]
 pub struct QuantMatrix {
+    /// The tensor's name (for errors).
     pub name: String,
+    /// The packed format it was uploaded from.
     pub format: PackedFormat,
+    /// Output features (matrix rows).
     pub rows: usize,
+    /// Input features per row (a positive multiple of 32).
     pub cols: usize,
+    /// Row ranges `0..rows` in order, each in its own buffer.
     pub parts: Vec<QuantPart>,
 }
 

@@ -41,16 +41,23 @@ pub enum RopeStyle {
 /// Frequency scaling for long context.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum RopeScaling {
+    /// The unscaled frequencies.
     None,
     /// Positions divided by `factor` (inverse frequencies divided by `factor`).
     Linear {
+        /// The divisor (> 0).
         factor: f32,
     },
     /// Llama 3.1's piecewise scaling.
     Llama3 {
+        /// Divisor of the low frequencies (`rope_scaling.factor`).
         factor: f32,
+        /// Wavelengths above `original_max_position / low_freq_factor` are divided by `factor`.
         low_freq_factor: f32,
+        /// Wavelengths below `original_max_position / high_freq_factor` are kept; those between
+        /// are interpolated.
         high_freq_factor: f32,
+        /// The pre-training context length (`original_max_position_embeddings`).
         original_max_position: u32,
     },
 }
@@ -58,11 +65,15 @@ pub enum RopeScaling {
 /// Host-side RoPE parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RopeParams {
+    /// Elements per head.
     pub head_dim: usize,
     /// Rotated dimensions (partial rotary: `< head_dim`); even.
     pub rot_dim: usize,
+    /// The frequency base (`rope_theta`, for example 10000 or 500000).
     pub base: f32,
+    /// Long-context scaling of the inverse frequencies.
     pub scaling: RopeScaling,
+    /// Which dimensions are rotated together.
     pub style: RopeStyle,
 }
 
@@ -120,6 +131,7 @@ impl RopeParams {
 /// The fused kernel's variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct QkvRope {
+    /// Which dimensions are rotated together.
     pub style: RopeStyle,
     /// Rotate q and k (off: norm and/or KV write only).
     pub rope: bool,
@@ -139,15 +151,21 @@ pub const ROPE_WG: u32 = 64;
 pub struct QkvLayout {
     /// Tokens (for a plan: the most tokens one step carries).
     pub n_tok: usize,
+    /// Query heads per token.
     pub n_q: usize,
+    /// KV heads per token.
     pub n_kv: usize,
+    /// Elements per head.
     pub head_dim: usize,
     /// f32 elements between tokens.
     pub tok_stride: usize,
     /// Element offset of the first token's row.
     pub x_off: usize,
+    /// Offset of the first Q head inside a token's row (elements).
     pub q_off: usize,
+    /// Offset of the first K head inside a token's row (elements).
     pub k_off: usize,
+    /// Offset of the first V head inside a token's row (elements; read only with a KV write).
     pub v_off: usize,
 }
 
@@ -180,6 +198,8 @@ impl QkvLayout {
 }
 
 impl QkvRope {
+    /// Every combination of style, rope, QK norm, norm offset and KV write (the variants the
+    /// tests validate with naga).
     pub fn all() -> Vec<QkvRope> {
         let mut v = Vec::new();
         for style in [RopeStyle::Normal, RopeStyle::Neox] {

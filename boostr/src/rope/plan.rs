@@ -23,13 +23,19 @@ pub enum RopePositions {
 /// step carries).
 #[derive(Clone, Copy, Debug)]
 pub struct QkvRopeInputs<'a> {
+    /// The packed activations (Q and K rewritten in place when the variant transforms them).
     pub x: &'a Binding,
+    /// Where the heads are in `x`.
     pub layout: QkvLayout,
+    /// Rotation parameters (the inverse frequencies are computed from them at build).
     pub rope: &'a RopeParams,
+    /// Where each token's position comes from.
     pub positions: &'a RopePositions,
     /// Per-head norm weights (`head_dim` f32 each), with [`QkvRope::qk_norm`].
     pub qw: Option<&'a Binding>,
+    /// The K heads' norm weights (`head_dim` f32), with [`QkvRope::qk_norm`].
     pub kw: Option<&'a Binding>,
+    /// The QK norm's epsilon.
     pub eps: f32,
     /// The cache and layer K/V are stored to, with [`QkvRope::kv_write`].
     pub cache: Option<(&'a KvCache, usize)>,

@@ -41,6 +41,7 @@ const CLAMP_LOW: &str = "if (!(v >= -3.4028235e38)) { v = -3.4028235e38; }";
 /// Argmax pass: `first` reads raw logits (index = position), later passes read `(value, index)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Argmax {
+    /// The first pass (reads logits; the index is the position).
     pub first: bool,
 }
 
@@ -93,6 +94,7 @@ impl Argmax {
 /// One top-k round over chunks of 1024.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TopK {
+    /// The first round (reads logits, applies the temperature; the index is the position).
     pub first: bool,
 }
 

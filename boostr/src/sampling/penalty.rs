@@ -138,6 +138,7 @@ impl PenaltyPlan {
         Ok(PenaltyPlan { plan: Plan::from(d), history_len: self.history_len, penalties })
     }
 
+    /// The penalty values the plan applies.
     pub fn penalties(&self) -> Penalties {
         self.penalties
     }

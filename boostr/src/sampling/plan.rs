@@ -72,6 +72,7 @@ impl ArgmaxPlan {
         &self.values
     }
 
+    /// Output slots; a step writes slot `step.token` (which must be below this).
     pub fn slots(&self) -> usize {
         self.slots
     }
@@ -177,10 +178,12 @@ impl TopKPlan {
         &self.values
     }
 
+    /// Candidates kept per slot.
     pub fn k(&self) -> usize {
         self.k
     }
 
+    /// Output slots; a step writes slot `step.token` (which must be below this).
     pub fn slots(&self) -> usize {
         self.slots
     }

@@ -3,10 +3,15 @@
 /// One cooperative-matrix shape the adapter supports (M×N×K, input and accumulator types).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CoopMatShape {
+    /// Rows of the A and C/R matrices.
     pub m: u32,
+    /// Columns of the B and C/R matrices.
     pub n: u32,
+    /// Columns of A, rows of B (the reduction depth).
     pub k: u32,
+    /// Scalar type of the A and B inputs as a WGSL name (`"f16"`, `"f32"`, ...).
     pub ab: String,
+    /// Scalar type of the C accumulator and R result as a WGSL name.
     pub cr: String,
 }
 
@@ -22,31 +27,49 @@ pub enum ParamMode {
 /// Adapter identity, enabled features and the limits the device was created with.
 #[derive(Clone, Debug)]
 pub struct Capabilities {
+    /// The adapter's name as wgpu reports it.
     pub adapter_name: String,
+    /// The backend, as wgpu's `Debug` form (`"Vulkan"`, `"Metal"`, `"Dx12"`, `"Gl"`).
     pub backend: String,
+    /// `wgpu::DeviceType` as its `Debug` form (`"DiscreteGpu"`, `"Cpu"`, ...).
     pub device_type: String,
+    /// Driver name and driver info, space-separated.
     pub driver: String,
+    /// `SHADER_F16` is enabled: kernels may use `f16` arithmetic (`enable f16;`).
     pub shader_f16: bool,
+    /// `SUBGROUP` is enabled: kernels may use subgroup operations.
     pub subgroups: bool,
+    /// Smallest subgroup size the adapter may run with (lanes).
     pub subgroup_min_size: u32,
+    /// Largest subgroup size the adapter may run with (lanes).
     pub subgroup_max_size: u32,
+    /// `TIMESTAMP_QUERY` is enabled (GPU timing in the profiler).
     pub timestamps: bool,
+    /// `TIMESTAMP_QUERY_INSIDE_PASSES` is enabled (a timestamp per dispatch, not only per pass).
     pub timestamps_inside_passes: bool,
+    /// `IMMEDIATES` is enabled with at least 128 bytes, so [`ParamMode::Immediates`] is possible.
     pub immediates: bool,
     /// `@coherent` storage buffers (`wgpu::Features::MEMORY_DECORATION_COHERENT`).
     pub coherent_memory: bool,
+    /// Cooperative-matrix shapes the adapter supports; empty without the experimental feature.
     pub cooperative_matrix: Vec<CoopMatShape>,
+    /// How this context passes kernel parameters.
     pub param_mode: ParamMode,
+    /// The limits the device was created with (the adapter's own limits).
     pub limits: wgpu::Limits,
 }
 
 impl Capabilities {
+    /// `limits.max_buffer_size`, in bytes.
     pub fn max_buffer_size(&self) -> u64 {
         self.limits.max_buffer_size
     }
+    /// `limits.max_storage_buffer_binding_size`, in bytes: the largest storage view one binding can
+    /// hold.
     pub fn max_binding_size(&self) -> u64 {
         self.limits.max_storage_buffer_binding_size
     }
+    /// True when a 16x16x16 cooperative matrix with f16 inputs and an f32 accumulator is supported.
     pub fn has_coopmat_f16_16x16x16(&self) -> bool {
         self.cooperative_matrix.iter().any(|c| c.m == 16 && c.n == 16 && c.k == 16 && c.ab == "f16" && c.cr == "f32")
     }

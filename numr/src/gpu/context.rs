@@ -79,6 +79,8 @@ impl RuntimeChecks {
 }
 
 impl GpuOptions {
+    /// The defaults, with [`adapter`](Self::adapter) from `NUMR_ADAPTER` and
+    /// [`backend`](Self::backend) from `NUMR_BACKEND` (empty values are ignored).
     pub fn from_env() -> Self {
         GpuOptions {
             adapter: std::env::var("NUMR_ADAPTER").ok().filter(|s| !s.is_empty()),
@@ -166,6 +168,10 @@ impl GpuContext {
             .collect()
     }
 
+    /// Picks an adapter by `options` (else the best discrete GPU, native backends before GL) and
+    /// creates the device with every optional feature numr uses that it has, at the adapter's own
+    /// limits. Errors: [`NumrError::NoAdapter`], [`NumrError::DeviceCreation`], or
+    /// [`NumrError::MissingFeature`] when immediates are forced but unavailable.
     pub fn with_options(options: GpuOptions) -> Result<Self> {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
         let filter = options.adapter.clone().unwrap_or_default();
@@ -288,15 +294,19 @@ impl GpuContext {
         })
     }
 
+    /// What the adapter and device can do.
     pub fn capabilities(&self) -> &Capabilities {
         &self.inner.caps
     }
+    /// The options the context was created with.
     pub fn options(&self) -> &GpuOptions {
         &self.inner.options
     }
+    /// The raw wgpu device, for code that builds its own wgpu objects.
     pub fn device(&self) -> &wgpu::Device {
         &self.inner.device
     }
+    /// The raw wgpu queue.
     pub fn queue(&self) -> &wgpu::Queue {
         &self.inner.queue
     }

@@ -7,7 +7,9 @@ use super::capabilities::{Capabilities, ParamMode};
 /// How a kernel accesses one storage binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Access {
+    /// `var<storage, read>`.
     Read,
+    /// `var<storage, read_write>`.
     ReadWrite,
 }
 
@@ -17,6 +19,7 @@ pub const MAX_PARAM_WORDS: usize = 32;
 /// What a kernel generator needs to know about the target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KernelEnv {
+    /// How parameters reach the kernel (`var<immediate>` or a uniform at group 1).
     pub param_mode: ParamMode,
     /// `enable f16;` and `array<f16>` storage are available.
     pub f16: bool,
@@ -29,6 +32,8 @@ pub struct KernelEnv {
 }
 
 impl KernelEnv {
+    /// The environment of an adapter. Subgroups count as available only when the minimum
+    /// subgroup size is at least 4.
     pub fn from_caps(c: &Capabilities) -> Self {
         KernelEnv {
             param_mode: c.param_mode,
@@ -60,7 +65,9 @@ impl KernelEnv {
 pub struct KernelSource {
     /// Human-readable label (used in errors and profiles).
     pub name: String,
+    /// The complete WGSL module.
     pub wgsl: String,
+    /// The compute entry point's name (`main` for builder kernels).
     pub entry: String,
     /// Storage bindings of group 0, in binding order.
     pub bindings: Vec<Access>,
@@ -69,6 +76,7 @@ pub struct KernelSource {
     /// The parameter names, in word order (padding words excluded). Plans fill parameters by
     /// these names, never by position.
     pub param_names: Vec<String>,
+    /// The parameter mode the WGSL was generated for; it must match the context's.
     pub param_mode: ParamMode,
     /// Compile without naga's runtime bounds checks: only set through the `unsafe`
     /// [`KernelSource::assume_in_bounds`] (or [`KernelBuilder::unchecked`]).
@@ -115,6 +123,8 @@ pub struct KernelBuilder {
 }
 
 impl KernelBuilder {
+    /// A builder for kernel `name` (its label) targeting `env`; workgroup size 64x1x1 until
+    /// [`Self::workgroup`] changes it.
     pub fn new(name: impl Into<String>, env: KernelEnv) -> Self {
         KernelBuilder {
             name: name.into(),
@@ -167,6 +177,7 @@ impl KernelBuilder {
         self
     }
 
+    /// Sets `@workgroup_size(x, y, z)`.
     pub fn workgroup(mut self, x: u32, y: u32, z: u32) -> Self {
         self.workgroup = [x, y, z];
         self
@@ -179,7 +190,7 @@ impl KernelBuilder {
         self
     }
 
-    /// Body of `fn main`. In scope: `gid`, `lid`, `wid` (vec3<u32> global/local/workgroup ids),
+    /// Body of `fn main`. In scope: `gid`, `lid`, `wid` (`vec3<u32>` global/local/workgroup ids),
     /// `nwg` (number of workgroups), `lidx` (local index), `wg_linear` (linear workgroup index over
     /// a 2-D grid) and, after [`Self::subgroup_builtins`], `sg_size`, `sg_id` (the invocation's
     /// index in its subgroup), `sg_idx` (the subgroup's index in the workgroup) and `sg_count`
@@ -212,6 +223,8 @@ impl KernelBuilder {
         self
     }
 
+    /// Emits the WGSL: enables, bindings of group 0 in the order added, the `Params` struct
+    /// (u32 words, padded to a multiple of four), the prelude and `fn main` around the body.
     pub fn build(self) -> KernelSource {
         let mut w = String::new();
         if self.f16 {

@@ -24,6 +24,7 @@ pub struct Kernel {
 }
 
 impl Kernel {
+    /// The kernel's label (from [`KernelSource::name`]).
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -47,8 +48,12 @@ impl Kernel {
 /// One buffer range bound to a kernel binding.
 #[derive(Clone, Debug)]
 pub struct Binding {
+    /// The buffer bound.
     pub buffer: Arc<GpuBuffer>,
+    /// Start of the range in bytes; a multiple of the adapter's
+    /// `min_storage_buffer_offset_alignment`.
     pub offset: u64,
+    /// Length of the range in bytes; a multiple of 4, at most the adapter's binding limit.
     pub size: u64,
 }
 

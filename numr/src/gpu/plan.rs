@@ -227,6 +227,7 @@ impl Plan {
         self.dispatches.iter().filter(|d| d.resolve(step, &mut words).is_some()).count()
     }
 
+    /// True when the plan has no dispatches.
     pub fn is_empty(&self) -> bool {
         self.dispatches.is_empty()
     }

@@ -59,6 +59,7 @@ pub struct GpuBuffer {
 }
 
 impl GpuBuffer {
+    /// The underlying wgpu buffer (its size is [`Self::capacity`]).
     pub fn raw(&self) -> &wgpu::Buffer {
         &self.buffer
     }
@@ -71,6 +72,7 @@ impl GpuBuffer {
     pub fn len(&self) -> u64 {
         self.len
     }
+    /// True when zero bytes were requested.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -97,8 +99,11 @@ impl Drop for GpuBuffer {
 /// Counters for tests and diagnostics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
+    /// Buffers created on the device (pool misses).
     pub created: u64,
+    /// Allocations served from a free buffer of the same kind and size class.
     pub reused: u64,
+    /// Bytes of capacity in free buffers the pool currently keeps.
     pub free_bytes: u64,
 }
 
@@ -166,6 +171,7 @@ impl GpuContext {
         Ok(Arc::new(GpuBuffer { buffer, id, len: bytes, class, kind, pool: Arc::downgrade(shared) }))
     }
 
+    /// The pool's counters so far.
     pub fn pool_stats(&self) -> PoolStats {
         self.inner.pool.shared.free.lock().unwrap_or_else(|p| p.into_inner()).stats
     }

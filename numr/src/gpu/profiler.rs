@@ -13,6 +13,7 @@ const QUERIES_PER_SET: u32 = 4096;
 /// GPU time of each dispatch of one profiled submit, in recording order.
 #[derive(Clone, Debug, Default)]
 pub struct Profile {
+    /// One `(label, GPU nanoseconds)` per dispatch.
     pub entries: Vec<(Arc<str>, f64)>,
 }
 

@@ -59,6 +59,7 @@ impl GpuContext {
 }
 
 impl Recorder {
+    /// The context the recording belongs to.
     pub fn context(&self) -> &GpuContext {
         &self.ctx
     }
@@ -89,6 +90,7 @@ impl Recorder {
         passes
     }
 
+    /// True when nothing (no dispatch, copy or clear) has been recorded.
     pub fn is_empty(&self) -> bool {
         self.rec.commands.is_empty()
     }

@@ -7,17 +7,24 @@ use crate::gpu::{Access, KernelBuilder, KernelEnv, KernelSource};
 use super::convert::{MAX_RANK, WG};
 use super::snippets::{bits_fn, compute_ty, load_fn, pack_word};
 
+/// Which elementwise op a [`Binary`] kernel computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
+    /// `a + b`.
     Add,
+    /// `a * b`.
     Mul,
     /// `a * scalar`; `b` is unused.
     Scale,
 }
 
+/// An elementwise kernel: `out = op(a, b)` with `a` and `b` read through strides (broadcast),
+/// written contiguously.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Binary {
+    /// The op.
     pub op: BinaryOp,
+    /// Dtype of both inputs and the output (one of [`BINARY_DTYPES`]).
     pub dtype: DType,
 }
 
@@ -25,6 +32,7 @@ pub struct Binary {
 pub const BINARY_DTYPES: [DType; 5] = [DType::F32, DType::F16, DType::BF16, DType::I32, DType::U32];
 
 impl Binary {
+    /// Every op for every dtype in [`BINARY_DTYPES`].
     pub fn all() -> Vec<Binary> {
         let mut v = Vec::new();
         for dtype in BINARY_DTYPES {
@@ -35,6 +43,9 @@ impl Binary {
         v
     }
 
+    /// The WGSL. Bindings `a` (and `b` unless [`BinaryOp::Scale`]) read, `out` written, all
+    /// `array<u32>`; parameters `numel`, `scalar` (the bits of the scale), element offsets, the
+    /// output shape right-aligned into `d0..d5` and per-input strides in elements.
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let name = format!("{:?}_{}", self.op, self.dtype).to_lowercase();
         let ty = compute_ty(self.dtype);

@@ -15,6 +15,7 @@ pub const MAX_RANK: usize = 6;
 /// Invocations per workgroup.
 pub const WG: u32 = 256;
 
+/// How a [`Convert`] kernel addresses its source.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ConvertMode {
     /// Any strides (up to [`MAX_RANK`] dims).
@@ -25,14 +26,20 @@ pub enum ConvertMode {
     Vec4Copy,
 }
 
+/// A gather-and-cast kernel: reads a view of `src` dtype, writes a contiguous tensor of `dst`
+/// dtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Convert {
+    /// Dtype of the source view.
     pub src: DType,
+    /// Dtype of the output (equal to `src` for [`ConvertMode::Vec4Copy`]).
     pub dst: DType,
+    /// How the source is addressed.
     pub mode: ConvertMode,
 }
 
 impl Convert {
+    /// Every (src, dst) pair in both strided and contiguous mode, plus a vec4 copy per dtype.
     pub fn all() -> Vec<Convert> {
         let mut v = Vec::new();
         for src in DType::ALL {
@@ -51,6 +58,8 @@ impl Convert {
         WG
     }
 
+    /// The WGSL: bindings `src` (read) and `dst` (written); parameters as in the module docs, or
+    /// `n_vec4` and `off_vec4` for [`ConvertMode::Vec4Copy`].
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let name = format!("convert_{}_{}_{:?}", self.src, self.dst, self.mode).to_lowercase();
         let b = KernelBuilder::new(name, *env).workgroup(WG, 1, 1);

@@ -11,9 +11,12 @@ use crate::gpu::{Access, KernelBuilder, KernelEnv, KernelSource};
 
 use super::snippets::load_fn;
 
+/// Rows and columns of the C tile one workgroup computes.
 pub const TILE: u32 = 64;
+/// Depth of one K step staged through workgroup memory.
 pub const BK: u32 = 16;
 
+/// One variant of the tiled matmul kernel (see the module docs for the tiling).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Matmul {
     /// Input dtype: F32 or F16.
@@ -46,6 +49,8 @@ impl Matmul {
         Matmul { dtype, out_f16: false, native_f16_loads: false, pair_loads: false, f16_tiles: false, unrolled_store: false, unchecked: false }
     }
 
+    /// The variants validated for `env`: f32 and f16 inputs with the load and store options, plus
+    /// the f16-output and f16-tile variants when `env.f16`.
     pub fn all(env: &KernelEnv) -> Vec<Matmul> {
         let f32 = Matmul::new(DType::F32);
         let f16 = Matmul::new(DType::F16);
@@ -70,6 +75,9 @@ impl Matmul {
         v
     }
 
+    /// The WGSL. Bindings `a`, `b` (read) and `out` (written, contiguous `[batch][m][n]`);
+    /// parameters `m`, `n`, `k`, and per input an element offset and batch/row/column strides.
+    /// Options that need `env.f16` are ignored without it.
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let is16 = self.dtype == DType::F16;
         let pair = is16 && self.pair_loads;

@@ -7,18 +7,26 @@ use crate::gpu::{Access, KernelBuilder, KernelEnv, KernelSource};
 
 use super::snippets::load_fn;
 
+/// Invocations per workgroup (one workgroup per row).
 pub const WG: u32 = 256;
 
+/// What a [`RowReduce`] kernel computes per row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RowOp {
+    /// Sum of the row: one f32 per row.
     Sum,
+    /// Maximum of the row: one f32 per row.
     Max,
+    /// Numerically stable softmax (max subtracted): a full f32 row.
     Softmax,
 }
 
+/// A last-axis row kernel over a contiguous input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RowReduce {
+    /// The op.
     pub op: RowOp,
+    /// Input dtype: F32, F16 or BF16.
     pub dtype: DType,
 }
 
@@ -74,6 +82,7 @@ pub fn reduce_args(env: &KernelEnv) -> &'static str {
 }
 
 impl RowReduce {
+    /// Every op for F32, F16 and BF16.
     pub fn all() -> Vec<RowReduce> {
         let mut v = Vec::new();
         for dtype in [DType::F32, DType::F16, DType::BF16] {
@@ -84,6 +93,8 @@ impl RowReduce {
         v
     }
 
+    /// The WGSL: binding `x` (read, `array<u32>`) and `out` (`array<f32>`); parameters `rows`,
+    /// `n` (row length) and `off` (element offset of row 0).
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let name = format!("row_{:?}_{}", self.op, self.dtype).to_lowercase();
         let mut pre = load_fn("x", self.dtype);

@@ -4,12 +4,16 @@
 
 use crate::gpu::{Access, KernelBuilder, KernelEnv, KernelSource};
 
+/// Invocations per workgroup.
 pub const WG: u32 = 256;
 
+/// The streaming-read kernel (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct StreamRead;
 
 impl StreamRead {
+    /// The WGSL: binding `src` (read, `array<vec4<u32>>`) and `dst` (`array<u32>`, written almost
+    /// never); parameters `n_vec4` (vec4s to read) and `stride` (the grid-stride, in vec4s).
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         KernelBuilder::new("stream_read", *env)
             .workgroup(WG, 1, 1)

@@ -21,6 +21,8 @@ fn build(values: impl ExactSizeIterator<Item = f64>, dtype: DType, shape: &[usiz
     Tensor::cpu_from_bytes(bytes, dtype, shape)
 }
 
+/// A contiguous CPU copy of the view `t` in `dtype` (the reference of `contiguous`/`cast`).
+/// `t` must be a CPU tensor.
 pub fn convert(t: &Tensor, dtype: DType) -> Result<Tensor> {
     Ok(build(gather(t).into_iter(), dtype, t.shape()))
 }
@@ -34,6 +36,8 @@ fn wrap(dtype: DType, v: f64) -> f64 {
     }
 }
 
+/// `op(a, b)` elementwise over views of one shape (`b` is `None` for [`BinaryOp::Scale`], which
+/// uses `s`); the [`Tensor`] methods check dtypes and broadcast first. CPU tensors only.
 pub fn binary(a: &Tensor, b: Option<&Tensor>, op: BinaryOp, s: f64) -> Result<Tensor> {
     let x = gather(a);
     let d = a.dtype;
@@ -51,6 +55,8 @@ pub fn binary(a: &Tensor, b: Option<&Tensor>, op: BinaryOp, s: f64) -> Result<Te
     Ok(build(out.into_iter(), d, a.shape()))
 }
 
+/// `op` over the last axis of `t` (rank >= 1, a float dtype), in `t`'s dtype: the axis is removed
+/// for sum and max, kept for softmax. CPU tensors only.
 pub fn row_op(t: &Tensor, op: RowOp) -> Result<Tensor> {
     let x = gather(t);
     let n = *t.shape().last().unwrap();

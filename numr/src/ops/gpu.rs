@@ -94,6 +94,8 @@ fn grid_for(ctx: &GpuContext, workgroups: u64) -> Result<[u32; 3]> {
     grid_2d(workgroups, max).ok_or(NumrError::GridTooLarge { workgroups, limit: max })
 }
 
+/// Records a contiguous copy of the view `t` in `dtype` into the stream (a vec4 copy when the dtype
+/// is kept and the source is contiguous and 16-byte aligned). `t` must be a GPU tensor.
 pub fn convert(t: &Tensor, dtype: DType) -> Result<Tensor> {
     let ctx = ctx_of(t);
     let env = KernelEnv::from_caps(ctx.capabilities());
@@ -131,6 +133,8 @@ pub fn convert(t: &Tensor, dtype: DType) -> Result<Tensor> {
     Ok(out)
 }
 
+/// Records `op(a, b)` elementwise over views of one shape (`b` is `None` for [`BinaryOp::Scale`],
+/// which uses `s`); the [`Tensor`] methods check dtypes and broadcast first. GPU tensors only.
 pub fn binary(a: &Tensor, b: Option<&Tensor>, op: BinaryOp, s: f64) -> Result<Tensor> {
     let ctx = ctx_of(a);
     let env = KernelEnv::from_caps(ctx.capabilities());
@@ -169,6 +173,8 @@ pub fn binary(a: &Tensor, b: Option<&Tensor>, op: BinaryOp, s: f64) -> Result<Te
     Ok(out)
 }
 
+/// Records `op` over the last axis of `t` (made contiguous first), computed in f32 and cast back to
+/// `t`'s dtype: the axis is removed for sum and max, kept for softmax. GPU tensors only.
 pub fn row_op(t: &Tensor, op: RowOp) -> Result<Tensor> {
     let ctx = ctx_of(t);
     let env = KernelEnv::from_caps(ctx.capabilities());
@@ -192,6 +198,9 @@ pub fn row_op(t: &Tensor, op: RowOp) -> Result<Tensor> {
     out.cast(t.dtype)
 }
 
+/// Records the tiled matmul of `a: [B, M, K]` and `b: [B, K, N]` (F32 or F16, possibly strided
+/// or broadcast views) into `[B, M, N]` of `a`'s dtype. GPU tensors only; [`Tensor::matmul`] checks
+/// shapes and dtypes.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let ctx = ctx_of(a);
     let env = KernelEnv::from_caps(ctx.capabilities());
