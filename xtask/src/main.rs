@@ -71,10 +71,10 @@ enum Cmd {
     },
     /// Write a synthetic GGUF model (random weights, real shapes) that cera and llama.cpp load.
     Synth {
-        /// Tensor set, metadata keys and tokenizer: `llama`, `gemma3`, `qwen2` or `qwen3`.
+        /// Tensor set, metadata keys and tokenizer: `llama`, `gemma3`, `qwen2`, `qwen3` or `lfm2`.
         #[arg(long, default_value = "llama")]
         arch: synth::Arch,
-        /// Shapes: smol-135m, llama-1b, llama-8b, gemma3-270m, qwen3-0.6b, tiny.
+        /// Shapes: smol-135m, llama-1b, llama-8b, gemma3-270m, qwen3-0.6b, lfm2-1.2b, tiny.
         #[arg(long)]
         preset: String,
         /// File type: q4_0, q4_1, q8_0, q4_k (Q4_K_M), q6_k.

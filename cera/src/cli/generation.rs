@@ -33,7 +33,7 @@ pub struct LoadArgs {
     /// Most prompt tokens one prefill step runs (the ubatch).
     #[arg(short = 'b', long = "batch-size", visible_alias = "ubatch-size", default_value_t = 512, value_name = "N")]
     pub batch_size: usize,
-    /// KV cache type: `f16` or `q8_0`.
+    /// KV cache type: `f16`, `q8_0`, or `f32` (exact; the CPU only).
     #[arg(long = "kv-type", default_value = "f16", value_parser = str::parse::<KvType>, value_name = "TYPE")]
     pub kv_type: KvType,
     /// CPU threads [default: every core].

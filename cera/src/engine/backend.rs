@@ -13,14 +13,18 @@ pub enum KvType {
     F16,
     /// q8_0 blocks (half the memory, slightly less exact).
     Q8_0,
+    /// Exact f32 K and V: the CPU executor only (a reference for checking against float32
+    /// implementations); the GPU refuses it with [`EngineError::Unsupported`].
+    F32,
 }
 
 impl KvType {
-    /// `f16` / `q8_0`.
+    /// `f16` / `q8_0` / `f32`.
     pub fn name(self) -> &'static str {
         match self {
             KvType::F16 => "f16",
             KvType::Q8_0 => "q8_0",
+            KvType::F32 => "f32",
         }
     }
 }
@@ -31,7 +35,8 @@ impl std::str::FromStr for KvType {
         match s.to_ascii_lowercase().as_str() {
             "f16" => Ok(KvType::F16),
             "q8_0" | "q8" => Ok(KvType::Q8_0),
-            other => Err(format!("unknown KV cache type `{other}` (f16, q8_0)")),
+            "f32" => Ok(KvType::F32),
+            other => Err(format!("unknown KV cache type `{other}` (f16, q8_0, f32 on the CPU)")),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! [`Engine::load`]: a GGUF file to a model on a device.
+//! [`Engine::load`]: a GGUF file or a Hugging Face model folder to a model on a device.
 //!
 //! The file is checked completely before anything is uploaded (architecture, hyperparameters,
 //! every tensor's presence, shape and type), so a bad file fails at once with the first problem
@@ -12,15 +12,17 @@ use std::time::Instant;
 use numr::gpu::GpuContext;
 
 use crate::chat_template::ChatTemplate;
-use crate::gguf::GgufFile;
+use crate::model_file::ModelFile;
 use crate::tokenizer::Tokenizer;
 
 use super::backend::{Backend, ProgressFn};
 use super::cpu::CpuBackend;
 use super::gpu::GpuBackend;
 use super::graph::ModelGraph;
+use super::hf::HfModel;
 use super::model::{Engine, EngineParts, end_of_generation_ids};
 use super::options::{DeviceChoice, LoadOptions};
+use super::weights::WeightSource;
 use super::{EngineError, weights};
 
 /// The context length used when [`LoadOptions::n_ctx`] is `None` and the model was trained on
@@ -46,7 +48,7 @@ fn in_file(path: &Path) -> impl Fn(EngineError) -> EngineError + '_ {
 
 /// Everything about the file, checked, before a device is touched.
 struct Checked {
-    file: GgufFile,
+    source: Box<dyn WeightSource>,
     graph: ModelGraph,
     tokenizer: Tokenizer,
     template: ChatTemplate,
@@ -55,29 +57,50 @@ struct Checked {
 }
 
 fn check_file(path: &Path) -> Result<Checked, EngineError> {
-    // GGUF errors name the file already.
-    let file = GgufFile::open(path).map_err(|e| EngineError::File { reason: e.to_string() })?;
     let wrap = in_file(path);
-    let graph = ModelGraph::from_gguf(&file).map_err(&wrap)?;
-    weights::check_all(&graph, &file).map_err(&wrap)?;
-    let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| wrap(e.into()))?;
-    let template = ChatTemplate::from_gguf(&file, &tokenizer).map_err(|e| wrap(e.into()))?;
-    let eog = end_of_generation_ids(&tokenizer);
-    let name = file.metadata().get_str("general.name").ok().map(str::to_string);
-    Ok(Checked { file, graph, tokenizer, template, eog, name })
+    // GGUF errors name the file already.
+    let file = ModelFile::open(path).map_err(|e| EngineError::File { reason: e.to_string() })?;
+    let tokenizer = file.tokenizer().map_err(|e| wrap(EngineError::File { reason: e.to_string() }))?;
+    let template = file.chat_template(&tokenizer).map_err(|e| wrap(EngineError::File { reason: e.to_string() }))?;
+    let mut eog = end_of_generation_ids(&tokenizer);
+    let (source, graph, name): (Box<dyn WeightSource>, ModelGraph, Option<String>) = match file {
+        ModelFile::Gguf(g) => {
+            let graph = ModelGraph::from_gguf(&g).map_err(&wrap)?;
+            let name = g.metadata().get_str("general.name").ok().map(str::to_string);
+            (g, graph, name)
+        }
+        ModelFile::Safetensors(st) => {
+            let hf = HfModel::new(*st).map_err(&wrap)?;
+            let graph = hf.graph().map_err(&wrap)?;
+            eog.extend(hf.generation_eos().map_err(&wrap)?);
+            eog.sort_unstable();
+            eog.dedup();
+            let name = hf.safetensors().dir().file_name().and_then(|n| n.to_str()).map(str::to_string);
+            (Box::new(hf), graph, name)
+        }
+    };
+    weights::check_all(&graph, source.as_ref()).map_err(&wrap)?;
+    Ok(Checked { source, graph, tokenizer, template, eog, name })
 }
 
-fn cpu(graph: &ModelGraph, file: &GgufFile, opts: &LoadOptions, progress: Option<ProgressFn<'_>>) -> Result<Arc<dyn Backend>, EngineError> {
+fn cpu(graph: &ModelGraph, file: &dyn WeightSource, opts: &LoadOptions, progress: Option<ProgressFn<'_>>) -> Result<Arc<dyn Backend>, EngineError> {
     let threads = opts.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
     Ok(Arc::new(CpuBackend::load(graph, file, threads, progress)?))
 }
 
-fn gpu(ctx: GpuContext, graph: &ModelGraph, file: &GgufFile, opts: &LoadOptions, progress: Option<ProgressFn<'_>>) -> Result<Arc<dyn Backend>, EngineError> {
+fn gpu(
+    ctx: GpuContext,
+    graph: &ModelGraph,
+    file: &dyn WeightSource,
+    opts: &LoadOptions,
+    progress: Option<ProgressFn<'_>>,
+) -> Result<Arc<dyn Backend>, EngineError> {
     Ok(Arc::new(GpuBackend::load(Arc::new(ctx), graph, file, progress)?.with_decode_gemv(opts.decode_gemv)))
 }
 
 impl Engine {
-    /// Loads a GGUF model onto the device `opts.device` chooses:
+    /// Loads a GGUF file or a Hugging Face model folder (`config.json`, safetensors,
+    /// `tokenizer.json`; see [`HfModel`]) onto the device `opts.device` chooses:
     /// - [`DeviceChoice::Cpu`]: the CPU executor, `opts.threads` workers (default: every core);
     /// - [`DeviceChoice::Gpu`]: the adapter numr picks (`NUMR_ADAPTER` / `NUMR_BACKEND` choose;
     ///   lavapipe counts);
@@ -97,7 +120,8 @@ impl Engine {
     pub fn load(path: impl AsRef<Path>, opts: &LoadOptions, progress: Option<ProgressFn<'_>>) -> Result<Engine, EngineError> {
         let start = Instant::now();
         let path = path.as_ref();
-        let Checked { file, graph, tokenizer, template, eog, name } = check_file(path)?;
+        let Checked { source, graph, tokenizer, template, eog, name } = check_file(path)?;
+        let file = source.as_ref();
         let n_ctx = opts.n_ctx.unwrap_or(graph.cfg.context_length.min(DEFAULT_MAX_CTX));
         if n_ctx == 0 {
             return Err(EngineError::Usage("the context length must be at least 1".into()));
@@ -106,11 +130,11 @@ impl Engine {
             return Err(EngineError::Usage("the batch size (ubatch) must be at least 1".into()));
         }
         let backend = match opts.device {
-            DeviceChoice::Cpu => cpu(&graph, &file, opts, progress)?,
-            DeviceChoice::Gpu => gpu(gpu_context()?, &graph, &file, opts, progress)?,
+            DeviceChoice::Cpu => cpu(&graph, file, opts, progress)?,
+            DeviceChoice::Gpu => gpu(gpu_context()?, &graph, file, opts, progress)?,
             DeviceChoice::Auto => match GpuContext::new() {
-                Ok(ctx) if is_hardware_gpu(&ctx) => gpu(ctx, &graph, &file, opts, progress)?,
-                _ => cpu(&graph, &file, opts, progress)?,
+                Ok(ctx) if is_hardware_gpu(&ctx) => gpu(ctx, &graph, file, opts, progress)?,
+                _ => cpu(&graph, file, opts, progress)?,
             },
         };
         let parts = EngineParts { backend, tokenizer, template, config: graph.cfg, eog, n_ctx, ubatch: opts.ubatch, kv: opts.kv };

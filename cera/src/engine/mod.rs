@@ -31,6 +31,7 @@ pub mod cpu_ref;
 mod generate;
 pub mod gpu;
 pub mod graph;
+pub mod hf;
 mod load;
 mod model;
 pub mod options;
@@ -43,6 +44,7 @@ pub use backend::{Backend, BackendState, KernelTime, KvType, LoadProgress, MAX_I
 pub use config::{Arch, GateAct, LayerKind, LayerRope, ModelConfig};
 pub use generate::{Generation, Sink, Timings, TokenEvent, row_top_logprobs};
 pub use graph::{DecodeTraffic, ModelGraph, Op, Slot};
+pub use hf::HfModel;
 pub use load::{DEFAULT_MAX_CTX, is_hardware_gpu};
 pub use model::{Engine, EngineParts, end_of_generation_ids};
 pub use options::{DecodeGemv, DeviceChoice, FinishReason, GenerateOpts, LoadOptions};

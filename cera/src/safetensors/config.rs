@@ -122,12 +122,16 @@ impl HfConfig {
         hp.shortconv_l_cache = u32_field(&v, "conv_L_cache")?;
         hp.final_logit_softcapping = f32_field(&v, "final_logit_softcapping")?;
         hp.attn_logit_softcapping = f32_field(&v, "attn_logit_softcapping")?;
-        // LFM2 lists which layers are attention; the others are convolutions (no KV heads).
-        if let Some(types) = v.get("layer_types").and_then(Value::as_array) {
-            if architecture == "lfm2" {
-                let kv = hp.head_count_kv.max();
+        // LFM2 lists which layers are attention (`layer_types`, or the older `full_attn_idxs`);
+        // the others are convolutions (no KV heads).
+        if architecture == "lfm2" {
+            let kv = hp.head_count_kv.max();
+            if let Some(types) = v.get("layer_types").and_then(Value::as_array) {
                 let per = types.iter().map(|t| if t.as_str() == Some("full_attention") { kv } else { 0 }).collect();
                 hp.head_count_kv = PerLayer::Layers(per);
+            } else if let Some(idx) = v.get("full_attn_idxs").and_then(Value::as_array) {
+                let idx: Vec<u64> = idx.iter().filter_map(Value::as_u64).collect();
+                hp.head_count_kv = PerLayer::Layers((0..layers as u64).map(|l| if idx.contains(&l) { kv } else { 0 }).collect());
             }
         }
         let tie = v.get("tie_word_embeddings").or_else(|| root.get("tie_word_embeddings")).and_then(Value::as_bool).unwrap_or(false);
@@ -179,6 +183,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(l.hparams.head_count_kv, PerLayer::Layers(vec![0, 8, 0]));
+        let old = HfConfig::parse(
+            br#"{"model_type":"lfm2","hidden_size":1024,"num_hidden_layers":4,"num_attention_heads":16,
+                "num_key_value_heads":8,"full_attn_idxs":[1,3]}"#,
+        )
+        .unwrap();
+        assert_eq!(old.hparams.head_count_kv, PerLayer::Layers(vec![0, 8, 0, 8]));
         assert!(HfConfig::parse(b"[1]").is_err());
         assert!(HfConfig::parse(br#"{"model_type":"llama"}"#).unwrap_err().to_string().contains("hidden_size"));
     }

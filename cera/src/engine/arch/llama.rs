@@ -6,7 +6,7 @@ use crate::engine::config::{GateAct, ModelConfig};
 use crate::engine::graph::{GraphBuilder, MatRef, Op, Slot, VecRef, blk_mat, blk_vec};
 
 pub(super) fn ops(c: &ModelConfig, facts: &FileFacts) -> Vec<Op> {
-    ops_with(c, facts, &|_| None, false, false)
+    ops_with(c, facts, &|_| None, facts.neox_rope, false)
 }
 
 /// Llama's graph with `qk_norm(layer)`'s per-head norms of q and k before RoPE, NeoX RoPE when

@@ -21,6 +21,9 @@ pub struct FileFacts {
     pub has_rope_freqs: bool,
     /// The file has `token_embd_norm.weight` (LFM2's final norm under llama.cpp's name).
     pub has_token_embd_norm: bool,
+    /// Q/K rows in transformers' `rotate_half` layout (a Hugging Face checkpoint): llama's RoPE
+    /// pairs dimensions NeoX's way (GGUF files hold them permuted for interleaved pairs).
+    pub neox_rope: bool,
 }
 
 /// The model's graph.
@@ -47,6 +50,7 @@ impl ModelGraph {
             has_output: file.tensor("output.weight").is_some(),
             has_rope_freqs: file.tensor("rope_freqs.weight").is_some(),
             has_token_embd_norm: file.tensor("token_embd_norm.weight").is_some(),
+            neox_rope: false,
         };
         Ok(build(&cfg, &facts))
     }

@@ -17,7 +17,7 @@ pub(super) struct Heads {
 }
 
 /// On `n` rows of `qkv` (tokens at positions `pos ..`): the optional per-head RMSNorm of q and
-/// k (`eps`), RoPE of q and k with `freqs`, then K and V rounded through `kv` into the caches
+/// k (`eps`), RoPE of q and k with `freqs`, then K and V rounded through `kv` (`None`: kept exact) into the caches
 /// at those positions.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn qkv_rope(
@@ -29,7 +29,7 @@ pub(super) fn qkv_rope(
     eps: f32,
     rope: &RopeParams,
     freqs: &[f32],
-    kv: KvDtype,
+    kv: Option<KvDtype>,
     keys: &mut [f32],
     values: &mut [f32],
 ) -> Result<(), OpsError> {
@@ -50,8 +50,16 @@ pub(super) fn qkv_rope(
         }
         for j in 0..h.n_kv {
             let at = (j * h.n_ctx + p) * hd;
-            keys[at..at + hd].copy_from_slice(&kv.round_row(&k[j * hd..(j + 1) * hd]));
-            values[at..at + hd].copy_from_slice(&kv.round_row(&v[j * hd..(j + 1) * hd]));
+            match kv {
+                Some(kv) => {
+                    keys[at..at + hd].copy_from_slice(&kv.round_row(&k[j * hd..(j + 1) * hd]));
+                    values[at..at + hd].copy_from_slice(&kv.round_row(&v[j * hd..(j + 1) * hd]));
+                }
+                None => {
+                    keys[at..at + hd].copy_from_slice(&k[j * hd..(j + 1) * hd]);
+                    values[at..at + hd].copy_from_slice(&v[j * hd..(j + 1) * hd]);
+                }
+            }
         }
     }
     Ok(())
@@ -78,7 +86,7 @@ mod tests {
                     let mut ours = x.clone();
                     let (mut kc, mut vc) = (vec![0.0; n_kv * n_ctx * hd], vec![0.0; n_kv * n_ctx * hd]);
                     let nw = norm.then_some((&qw[..], &kw[..]));
-                    qkv_rope(h, &mut ours, n, pos, nw, 1e-6, &rope, &rope.inv_freqs(), kv, &mut kc, &mut vc).unwrap();
+                    qkv_rope(h, &mut ours, n, pos, nw, 1e-6, &rope, &rope.inv_freqs(), Some(kv), &mut kc, &mut vc).unwrap();
                     let op = QkvRope { style, rope: true, qk_norm: norm, norm_offset: false, kv_write: Some(kv) };
                     let mut want = x.clone();
                     let positions: Vec<u32> = (0..n as u32).map(|t| pos as u32 + t).collect();

@@ -93,7 +93,8 @@ fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
 pub(super) struct CpuState {
     model: Arc<Model>,
     opts: StateOpts,
-    kv: KvDtype,
+    /// The cache's rounding (`None`: exact f32).
+    kv: Option<KvDtype>,
     /// By [`slot_index`]: `ubatch` rows of the slot's width (logits: one row).
     slots: Vec<Arc<Vec<f32>>>,
     /// Per layer, `[kv_head][n_ctx][head_dim]`.
@@ -122,8 +123,9 @@ impl CpuState {
             )));
         }
         let kv = match opts.kv {
-            KvType::F16 => KvDtype::F16,
-            KvType::Q8_0 if c.head_dim.is_multiple_of(32) => KvDtype::Q8_0,
+            KvType::F32 => None,
+            KvType::F16 => Some(KvDtype::F16),
+            KvType::Q8_0 if c.head_dim.is_multiple_of(32) => Some(KvDtype::Q8_0),
             KvType::Q8_0 => {
                 return Err(EngineError::Unsupported { what: format!("a q8_0 KV cache for a head dimension of {} (not a multiple of 32)", c.head_dim) });
             }

@@ -125,10 +125,11 @@ fn rope_params(graph: &ModelGraph, base: f32, linear: f32, neox: bool) -> RopePa
     }
 }
 
-pub(crate) fn kv_dtype(kv: super::super::KvType) -> KvDtype {
+pub(crate) fn kv_dtype(kv: super::super::KvType) -> Result<KvDtype, EngineError> {
     match kv {
-        super::super::KvType::F16 => KvDtype::F16,
-        super::super::KvType::Q8_0 => KvDtype::Q8_0,
+        super::super::KvType::F16 => Ok(KvDtype::F16),
+        super::super::KvType::Q8_0 => Ok(KvDtype::Q8_0),
+        super::super::KvType::F32 => Err(EngineError::Unsupported { what: "an f32 KV cache on the GPU (f16 or q8_0)".into() }),
     }
 }
 

@@ -71,7 +71,7 @@ impl GpuState {
             n_kv_heads: c.n_kv_heads,
             head_dim: c.head_dim,
             capacity: opts.n_ctx,
-            dtype: kv_dtype(opts.kv),
+            dtype: kv_dtype(opts.kv)?,
             max_segment_bytes: None,
         };
         let cache = KvCache::new(ctx, cache_cfg).map_err(ops_err)?;

@@ -1,0 +1,208 @@
+//! Hugging Face checkpoints for the engine: a folder's `config.json` and safetensors resolved
+//! into the same [`ModelGraph`] a GGUF file gives, and its tensors served as a
+//! [`WeightSource`] under llama.cpp's names (`blk.0.attn_q.weight`, see
+//! [`crate::safetensors::hf_to_internal`]).
+//!
+//! What differs from a GGUF file of the same model, and how it is resolved here:
+//! - **RoPE pairing.** llama.cpp's converter permutes llama's Q/K rows for interleaved RoPE;
+//!   checkpoints keep transformers' `rotate_half` layout, so llama runs NeoX-paired RoPE.
+//! - **Gemma norms.** transformers' Gemma RMSNorm scales by `1 + w`, and the converter stores
+//!   `1 + w`: every Gemma norm vector gets its 1 added here.
+//! - **Per-layer attention types.** Gemma 3's `layer_types` (`sliding_attention` /
+//!   `full_attention`) set each layer's window and RoPE base (`rope_parameters` per type, or
+//!   `rope_theta` / `rope_local_base_freq`); `query_pre_attn_scalar` sets the attention scale.
+//! - **LFM2's FFN width.** transformers derives it from `intermediate_size` with
+//!   `block_auto_adjust_ff_dim`; the width is read from `ffn_gate`'s rows instead.
+//! - **End of generation.** `generation_config.json`'s `eos_token_id` (one or a list) joins the
+//!   tokenizer's own end-of-generation ids.
+//!
+//! Weights: F32, F16 and BF16 matrices run as stored (the GPU's F16/BF16 GEMV and GEMM, the CPU's
+//! exact widening); vectors are widened to f32. Other dtypes are [`EngineError::TensorType`]
+//! naming the tensor; AWQ/GPTQ checkpoints are [`EngineError::Unsupported`] naming the method.
+
+use std::path::Path;
+
+use boostr::formats::GgmlType;
+use serde_json::Value;
+
+use super::EngineError;
+use super::arch::{FileFacts, build};
+use super::config::{Arch, LayerRope, ModelConfig};
+use super::graph::{MatRef, ModelGraph, VecRef};
+use super::weights::{RawMat, WeightSource, supported};
+use crate::gguf::PerLayer;
+use crate::safetensors::{SafeDType, SafetensorsModel};
+
+/// A Hugging Face model folder, opened for the engine.
+#[derive(Debug)]
+pub struct HfModel {
+    st: SafetensorsModel,
+    arch: Arch,
+}
+
+fn file_err(e: impl std::fmt::Display) -> EngineError {
+    EngineError::File { reason: e.to_string() }
+}
+
+fn ggml_type(d: SafeDType) -> Option<GgmlType> {
+    match d {
+        SafeDType::F32 => Some(GgmlType::F32),
+        SafeDType::F16 => Some(GgmlType::F16),
+        SafeDType::BF16 => Some(GgmlType::BF16),
+        _ => None,
+    }
+}
+
+/// A float of `v` at `key`, or inside `rope_parameters` (transformers 5), or inside
+/// `rope_parameters[kind]` (Gemma 3's per-layer-type parameters).
+fn rope_base(v: &Value, kind: &str, legacy: &str) -> Option<f32> {
+    let rp = v.get("rope_parameters");
+    let from = |o: Option<&Value>| o.and_then(|o| o.get("rope_theta")).and_then(Value::as_f64);
+    from(rp.and_then(|r| r.get(kind))).or_else(|| from(rp)).or_else(|| v.get(legacy).and_then(Value::as_f64)).map(|x| x as f32)
+}
+
+impl HfModel {
+    /// Opens a model folder (or a safetensors file or index with `config.json` beside it).
+    pub fn open(path: &Path) -> Result<HfModel, EngineError> {
+        let st = SafetensorsModel::open(path).map_err(file_err)?;
+        HfModel::new(st)
+    }
+
+    /// The engine's view of an open safetensors model.
+    pub fn new(st: SafetensorsModel) -> Result<HfModel, EngineError> {
+        let cfg = st.config().ok_or_else(|| EngineError::MissingKey { key: "config.json".into() })?;
+        let arch = Arch::from_name(&cfg.architecture).map_err(|_| EngineError::UnknownArchitecture { name: cfg.model_type.clone() })?;
+        if let Some(q) = &cfg.quantization {
+            return Err(EngineError::Unsupported { what: format!("{:?} {}-bit checkpoints (quantization_config) in the engine", q.method, q.bits) });
+        }
+        Ok(HfModel { st, arch })
+    }
+
+    /// The safetensors model.
+    pub fn safetensors(&self) -> &SafetensorsModel {
+        &self.st
+    }
+
+    /// The graph: `config.json` resolved as a GGUF file's metadata would be (see the module
+    /// docs for what differs).
+    pub fn graph(&self) -> Result<ModelGraph, EngineError> {
+        let cfg = self.st.config().ok_or_else(|| EngineError::MissingKey { key: "config.json".into() })?;
+        let raw = &cfg.raw;
+        let mut hp = cfg.hparams.clone();
+        hp.architecture = self.arch.name().to_string();
+        if let Some(b) = rope_base(raw, "full_attention", "rope_theta") {
+            hp.rope_freq_base = Some(b);
+        }
+        if let Some(t) = self.st.tensor("blk.0.ffn_gate.weight") {
+            hp.feed_forward_length = t.shape.first().map(|&r| PerLayer::Uniform(r as u32));
+        }
+        // Only Mistral-style models slide every layer; Qwen's configs carry an unused window.
+        if raw.get("use_sliding_window").and_then(Value::as_bool) == Some(false) || self.arch == Arch::Gemma3 {
+            hp.sliding_window = None;
+        }
+        let rows = self.st.tensor("token_embd.weight").and_then(|t| t.shape.first()).map(|&r| r as usize);
+        let mut c = ModelConfig::from_hparams(&hp, rows)?;
+        if self.arch == Arch::Gemma3 {
+            self.gemma3_layers(raw, &mut c)?;
+        }
+        let facts = FileFacts {
+            has_output: self.st.tensor("output.weight").is_some(),
+            has_rope_freqs: false,
+            has_token_embd_norm: self.st.tensor("token_embd_norm.weight").is_some(),
+            neox_rope: true,
+        };
+        Ok(build(&c, &facts))
+    }
+
+    /// Gemma 3's per-layer windows and RoPE bases from `layer_types`, and its attention scale.
+    fn gemma3_layers(&self, raw: &Value, c: &mut ModelConfig) -> Result<(), EngineError> {
+        let window = raw.get("sliding_window").and_then(Value::as_u64).map(|w| w as usize);
+        let global = rope_base(raw, "full_attention", "rope_theta").unwrap_or(1_000_000.0);
+        let local = rope_base(raw, "sliding_attention", "rope_local_base_freq").unwrap_or(10_000.0);
+        if let Some(types) = raw.get("layer_types").and_then(Value::as_array) {
+            if types.len() != c.n_layers {
+                return Err(EngineError::BadConfig { reason: format!("{} layer_types for {} layers", types.len(), c.n_layers) });
+            }
+            for (l, t) in types.iter().enumerate() {
+                let sliding = match t.as_str() {
+                    Some("sliding_attention") => true,
+                    Some("full_attention") => false,
+                    other => return Err(EngineError::Unsupported { what: format!("layer_types[{l}] = {other:?}") }),
+                };
+                c.window[l] = if sliding { Some(window.unwrap_or(512)) } else { None };
+                c.rope[l] = LayerRope { base: if sliding { local } else { global }, linear_factor: c.rope[l].linear_factor };
+            }
+        } else {
+            for l in 0..c.n_layers {
+                c.rope[l].base = if c.window[l].is_some() { local } else { global };
+                if c.window[l].is_some() {
+                    c.window[l] = window.or(c.window[l]);
+                }
+            }
+        }
+        if let Some(s) = raw.get("query_pre_attn_scalar").and_then(Value::as_f64) {
+            c.attn_scale = (s as f32).powf(-0.5);
+        }
+        Ok(())
+    }
+
+    /// `generation_config.json`'s `eos_token_id` (none when the file or the key is absent).
+    pub fn generation_eos(&self) -> Result<Vec<u32>, EngineError> {
+        let p = self.st.dir().join("generation_config.json");
+        let bytes = match std::fs::read(&p) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(file_err(format!("{}: {e}", p.display()))),
+        };
+        let v: Value = serde_json::from_slice(&bytes).map_err(|e| file_err(format!("{}: {e}", p.display())))?;
+        let ids = match v.get("eos_token_id") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+            Some(x) => x.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        };
+        Ok(ids)
+    }
+
+    /// The internal name as `self` stores it (for the lifetime of [`RawMat::name`]).
+    fn stored_name(&self, name: &str) -> Option<&str> {
+        self.st.tensor_names().find(|n| *n == name)
+    }
+}
+
+impl WeightSource for HfModel {
+    fn mat(&self, m: &MatRef) -> Result<RawMat<'_>, EngineError> {
+        let info = self.st.tensor(&m.name).ok_or_else(|| EngineError::MissingTensor { name: m.name.clone() })?;
+        // `[rows, cols]`, or LFM2's conv taps `[rows, 1, cols]`.
+        let n: u64 = info.shape.iter().product();
+        let dims: Vec<u64> = info.shape.iter().rev().copied().collect();
+        if info.shape.first().copied() != Some(m.rows as u64) || n != (m.rows * m.cols) as u64 || info.shape.len() > 3 {
+            return Err(EngineError::TensorShape { name: m.name.clone(), dims, expected: vec![m.cols as u64, m.rows as u64] });
+        }
+        let ty = ggml_type(info.dtype)
+            .filter(|&t| supported(t))
+            .ok_or_else(|| EngineError::TensorType { name: m.name.clone(), ty: info.dtype.name().to_string() })?;
+        let bytes = self.st.tensor_data(&m.name).map_err(file_err)?;
+        let name = self.stored_name(&m.name).unwrap_or_default();
+        Ok(RawMat { name, ty, bytes, rows: m.rows, cols: m.cols })
+    }
+
+    fn vec(&self, v: &VecRef) -> Result<Vec<f32>, EngineError> {
+        let info = self.st.tensor(&v.name).ok_or_else(|| EngineError::MissingTensor { name: v.name.clone() })?;
+        let n: u64 = info.shape.iter().product();
+        if n != v.len as u64 || info.shape.iter().filter(|&&d| d != 1).count() > 1 {
+            return Err(EngineError::TensorShape { name: v.name.clone(), dims: info.shape.iter().rev().copied().collect(), expected: vec![v.len as u64] });
+        }
+        let ty = ggml_type(info.dtype).ok_or_else(|| EngineError::TensorType { name: v.name.clone(), ty: info.dtype.name().to_string() })?;
+        let bytes = self.st.tensor_data(&v.name).map_err(file_err)?;
+        let mut x =
+            boostr::formats::dequantize(ty, bytes, v.len).map_err(|e| EngineError::TensorType { name: v.name.clone(), ty: format!("{} ({e})", ty.name()) })?;
+        if self.arch == Arch::Gemma3 && v.name.contains("norm") {
+            x.iter_mut().for_each(|w| *w += 1.0);
+        }
+        Ok(x)
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.st.tensor(name).is_some()
+    }
+}

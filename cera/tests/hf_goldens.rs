@@ -1,0 +1,175 @@
+//! Tiny random Hugging Face checkpoints (`tests/golden/hf/<model>/`, made by
+//! `scripts/make_hf_goldens.py` with transformers) through cera's safetensors path, against
+//! transformers' own outputs:
+//! - the prompt's token ids equal transformers' (`tokenizer.json` through cera's tokenizer);
+//! - the logits at every position (one decode step per token) and after one prefill of the whole
+//!   prompt: within `CPU_TOL` of transformers' f32 logits, relative to the row's largest
+//!   magnitude, on the CPU executor with an exact f32 KV cache; within `GPU_TOL` on the GPU
+//!   executor (lavapipe in CI), whose KV cache is f16;
+//! - the greedy continuation of `Engine::load` + `Session::generate` equals transformers'
+//!   `generate(do_sample=False)`, stopping where it stops (its EOS from
+//!   `generation_config.json`), on both devices.
+//!
+//! The models are llama (F16), qwen2 (BF16, Q/K/V biases), qwen3 (F32, QK-norm), lfm2 (BF16,
+//! short-conv layers 0 and 2) and gemma3 (F16, a sliding window of 4 on layer 0, `1 + w` norms).
+//! Tolerances: the CPU widens F16/BF16 weights exactly and accumulates in f32; with the f32 KV
+//! cache it is within 2.5e-6 of transformers on every model (measured). `CPU_TOL` is the
+//! issue's 1e-3. The GPU runs the same weights with f32 accumulation, but its KV cache rounds K
+//! and V to f16: measured worst 7.3e-4 (llama-tiny; the CPU executor with an f16 cache moves by
+//! as much), so `GPU_TOL` is 2e-3.
+
+use std::path::PathBuf;
+
+use cera::engine::{Backend, DeviceChoice, Engine, GenerateOpts, HfModel, KvType, LoadOptions, StateOpts, StepInput, StepOutput, TokenEvent, Want};
+use cera::engine::{cpu::CpuBackend, gpu::GpuBackend};
+use serde_json::Value;
+
+const CPU_TOL: f64 = 1e-3;
+const GPU_TOL: f64 = 2e-3;
+const MODELS: [&str; 5] = ["llama-tiny", "qwen2-tiny", "qwen3-tiny", "lfm2-tiny", "gemma3-tiny"];
+
+fn dir(model: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/hf").join(model)
+}
+
+struct Golden {
+    cases: Vec<Case>,
+    vocab: usize,
+}
+
+struct Case {
+    text: String,
+    ids: Vec<u32>,
+    generated: Vec<u32>,
+    /// `[n_tokens][vocab]`.
+    logits: Vec<Vec<f32>>,
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn golden(model: &str) -> Golden {
+    let d = dir(model);
+    let g: Value = serde_json::from_slice(&std::fs::read(d.join("golden.json")).unwrap()).unwrap();
+    let blob = std::fs::read(d.join("logits.bin")).unwrap();
+    let all: Vec<f32> = blob.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let vocab = g["vocab"].as_u64().unwrap() as usize;
+    let cases = g["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let (off, n) = (c["logits_offset"].as_u64().unwrap() as usize, c["n_tokens"].as_u64().unwrap() as usize);
+            Case {
+                text: c["text"].as_str().unwrap().to_string(),
+                ids: ids(&c["ids"]),
+                generated: ids(&c["generated"]),
+                logits: (0..n).map(|t| all[off + t * vocab..off + (t + 1) * vocab].to_vec()).collect(),
+            }
+        })
+        .collect();
+    Golden { cases, vocab }
+}
+
+/// `max |a - b| / max |b|`.
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    let scale = b.iter().fold(0f64, |m, &x| m.max(x.abs() as f64));
+    a.iter().zip(b).fold(0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs())) / scale
+}
+
+fn logits(out: StepOutput) -> Vec<f32> {
+    match out {
+        StepOutput::Logits(l) => l,
+        other => panic!("expected logits, got {other:?}"),
+    }
+}
+
+/// The worst relative logit error over every position of every case: each token as a decode
+/// step, then the whole prompt as one prefill step.
+fn teacher_force(b: &dyn Backend, g: &Golden, kv: KvType, tol: f64, what: &str) -> f64 {
+    let mut worst = 0f64;
+    for case in &g.cases {
+        let mut s = b.new_state(&StateOpts { n_ctx: 128, ubatch: 64, kv }).unwrap();
+        for (t, &id) in case.ids.iter().enumerate() {
+            let l = logits(s.step(StepInput::Tokens(&[id]), t, Want::Logits).unwrap());
+            assert_eq!(l.len(), g.vocab);
+            let e = rel(&l, &case.logits[t]);
+            assert!(e <= tol, "{what} {:?} position {t}: relative logit error {e:.2e} > {tol:.0e}", case.text);
+            worst = worst.max(e);
+        }
+        let l = logits(s.step(StepInput::Tokens(&case.ids), 0, Want::Logits).unwrap());
+        let e = rel(&l, case.logits.last().unwrap());
+        assert!(e <= tol, "{what} {:?} after one prefill: relative logit error {e:.2e} > {tol:.0e}", case.text);
+        worst = worst.max(e);
+    }
+    worst
+}
+
+/// Greedy generation through the engine: transformers' continuation, without the EOS it ends on.
+fn generate(model: &str, g: &Golden, device: DeviceChoice) {
+    let opts = LoadOptions { device, n_ctx: Some(128), threads: Some(2), ..Default::default() };
+    let e = Engine::load(dir(model), &opts, None).unwrap_or_else(|err| panic!("{model}: {err}"));
+    for case in &g.cases {
+        let mut s = e.session().unwrap();
+        s.append_tokens(&case.ids).unwrap();
+        let r = s.generate(&GenerateOpts::greedy(case.generated.len()), &mut |_: &TokenEvent| {}).unwrap();
+        let mut want = case.generated.clone();
+        if r.stop_token.is_some() {
+            assert_eq!(want.pop(), r.stop_token, "{model} {device:?} {:?}: the stop token", case.text);
+        }
+        assert_eq!(r.ids, want, "{model} {device:?} {:?}: greedy continuation", case.text);
+    }
+}
+
+fn check(model: &str) {
+    let g = golden(model);
+    let hf = HfModel::open(&dir(model)).unwrap();
+    // Tokenization through the loaded engine's tokenizer (tokenizer.json).
+    let e = Engine::load(dir(model), &LoadOptions { device: DeviceChoice::Cpu, n_ctx: Some(128), threads: Some(2), ..Default::default() }, None).unwrap();
+    for case in &g.cases {
+        assert_eq!(
+            e.tokenizer().encode(&case.text, cera::tokenizer::EncodeOptions { add_special: false, parse_special: true }).unwrap(),
+            case.ids,
+            "{model}: token ids of {:?}",
+            case.text
+        );
+    }
+    let graph = hf.graph().unwrap();
+    let cpu = CpuBackend::load(&graph, &hf, 2, None).unwrap();
+    let worst_cpu = teacher_force(&cpu, &g, KvType::F32, CPU_TOL, &format!("{model} CPU"));
+    println!("{model}: CPU worst relative logit error {worst_cpu:.2e}");
+    generate(model, &g, DeviceChoice::Cpu);
+    if let Some(ctx) = numr::testing::test_gpu() {
+        let gpu = GpuBackend::load(std::sync::Arc::new(ctx), &graph, &hf, None).unwrap();
+        assert!(gpu.new_state(&StateOpts { n_ctx: 8, ubatch: 8, kv: KvType::F32 }).is_err(), "an f32 KV cache on the GPU is refused");
+        let worst_gpu = teacher_force(&gpu, &g, KvType::F16, GPU_TOL, &format!("{model} GPU"));
+        println!("{model}: GPU worst relative logit error {worst_gpu:.2e}");
+        generate(model, &g, DeviceChoice::Gpu);
+    }
+}
+
+#[test]
+fn hf_llama_f16_matches_transformers() {
+    check(MODELS[0]);
+}
+
+#[test]
+fn hf_qwen2_bf16_matches_transformers() {
+    check(MODELS[1]);
+}
+
+#[test]
+fn hf_qwen3_f32_matches_transformers() {
+    check(MODELS[2]);
+}
+
+#[test]
+fn hf_lfm2_bf16_matches_transformers() {
+    check(MODELS[3]);
+}
+
+#[test]
+fn hf_gemma3_f16_matches_transformers() {
+    check(MODELS[4]);
+}
