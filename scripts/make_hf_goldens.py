@@ -156,7 +156,7 @@ def quantize_int4(w, group):
     z = torch.round(-lo / s).clamp(1, 15)
     q = torch.round(wg / s[:, None, :] + z[:, None, :]).clamp(0, 15)
     deq = ((q - z[:, None, :]) * s[:, None, :]).reshape(k, n).t().contiguous()
-    return q.reshape(k, n).to(torch.int64), z.to(torch.int64), s.half(), deq
+    return q.reshape(k, n).to(torch.int64).contiguous(), z.to(torch.int64).contiguous(), s.half().contiguous(), deq
 
 
 def pack(nibbles, shifts):
@@ -206,6 +206,8 @@ def save_int4(model, d, stored, method, group):
         for name, p in model.state_dict().items():
             if not any(name.endswith(f"{l}.weight") for l in LINEARS):
                 tensors[name] = p.to(stored).numpy()
+    # safetensors.numpy writes an array's buffer as it lies: make every one C-contiguous.
+    tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
     save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
     cfg = model.config.to_dict()
     if method == "awq":
@@ -213,6 +215,37 @@ def save_int4(model, d, stored, method, group):
     else:
         cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": group, "desc_act": False, "sym": False, "checkpoint_format": "gptq"}
     (d / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def decode_linear(t, name, q):
+    """A linear's [out, in] f32 weight from the checkpoint's tensors `t`, by the formats'
+    definitions (independent of `quantize_int4` and `pack`)."""
+    import numpy as np
+
+    if q is None:
+        return t[f"{name}.weight"].astype("float32")
+    method, group = q
+    u = lambda x: x.view("uint32").astype("int64")
+    qw, qz, sc = u(t[f"{name}.qweight"]), u(t[f"{name}.qzeros"]), t[f"{name}.scales"].astype("float32")
+    if method == "awq":
+        codes = np.stack([(qw >> sh) & 0xF for sh in AWQ_SHIFTS], axis=-1).reshape(qw.shape[0], -1)
+        zeros = np.stack([(qz >> sh) & 0xF for sh in AWQ_SHIFTS], axis=-1).reshape(qz.shape[0], -1)
+    else:
+        codes = np.stack([(qw >> (4 * i)) & 0xF for i in range(8)], axis=1).reshape(qw.shape[0] * 8, -1)
+        zeros = 1 + np.stack([(qz >> (4 * i)) & 0xF for i in range(8)], axis=-1).reshape(qz.shape[0], -1)
+    return ((codes - np.repeat(zeros, group, 0)) * np.repeat(sc, group, 0)).T
+
+
+def check_llama(d, model, q):
+    """The checkpoint's linears against the reference model's weights (llama-shaped models)."""
+    from safetensors.numpy import load_file
+
+    t = load_file(str(d / "model.safetensors"))
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and name.split(".")[-1] in LINEARS:
+            w = decode_linear(t, name, q)
+            err = abs(w - mod.weight.detach().numpy()).max()
+            assert err == 0, f"{d.name}: {name} differs from the reference's weight by {err}"
 
 
 def make(out, name, dtype, config_fn, tok, seed, quant=None):
@@ -234,6 +267,8 @@ def make(out, name, dtype, config_fn, tok, seed, quant=None):
         model.save_pretrained(d, state_dict={k: v.to(stored) for k, v in model.state_dict().items()}, safe_serialization=True)
     else:
         save_int4(model, d, stored, *quant)
+    if name.startswith("llama"):
+        check_llama(d, model, quant)
     tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(
         json.dumps(

@@ -11,7 +11,10 @@
 //!   `generation_config.json`), on both devices.
 //!
 //! The models are llama (F16), qwen2 (BF16, Q/K/V biases), qwen3 (F32, QK-norm), lfm2 (BF16,
-//! short-conv layers 0 and 2) and gemma3 (F16, a sliding window of 4 on layer 0, `1 + w` norms).
+//! short-conv layers 0 and 2) and gemma3 (F16, a sliding window of 4 on layer 0, `1 + w` norms),
+//! and llama with its decoder linears in AWQ int4 (group 32) and GPTQ int4 (group 128, v1 zeros,
+//! sequential `g_idx`): the script packs random codes, zeros and scales as the formats define
+//! them, and transformers runs the dequantized weights as a plain f32 model.
 //! Tolerances: the CPU widens F16/BF16 weights exactly and accumulates in f32; with the f32 KV
 //! cache it is within 2.5e-6 of transformers on every model (measured). `CPU_TOL` is the
 //! issue's 1e-3. The GPU runs the same weights with f32 accumulation, but its KV cache rounds K
@@ -26,7 +29,7 @@ use serde_json::Value;
 
 const CPU_TOL: f64 = 1e-3;
 const GPU_TOL: f64 = 2e-3;
-const MODELS: [&str; 5] = ["llama-tiny", "qwen2-tiny", "qwen3-tiny", "lfm2-tiny", "gemma3-tiny"];
+const MODELS: [&str; 7] = ["llama-tiny", "qwen2-tiny", "qwen3-tiny", "lfm2-tiny", "gemma3-tiny", "llama-tiny-awq", "llama-tiny-gptq"];
 
 fn dir(model: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/hf").join(model)
@@ -172,4 +175,81 @@ fn hf_lfm2_bf16_matches_transformers() {
 #[test]
 fn hf_gemma3_f16_matches_transformers() {
     check(MODELS[4]);
+}
+
+#[test]
+fn hf_llama_awq_int4_matches_transformers() {
+    check(MODELS[5]);
+}
+
+#[test]
+fn hf_llama_gptq_int4_matches_transformers() {
+    check(MODELS[6]);
+}
+
+/// A copy of a golden model folder with `config.json` edited and the safetensors tensors passed
+/// through `edit` (name, dtype, shape, bytes).
+fn variant(model: &str, tag: &str, config: impl Fn(&mut Value), edit: impl Fn(&str, &mut Vec<u8>)) -> PathBuf {
+    use cera::safetensors::{SafetensorsFile, write_safetensors};
+    let (src, dst) = (dir(model), std::env::temp_dir().join(format!("cera-hf-{tag}-{}", std::process::id())));
+    std::fs::create_dir_all(&dst).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+        if src.join(f).is_file() {
+            std::fs::copy(src.join(f), dst.join(f)).unwrap();
+        }
+    }
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
+    config(&mut cfg);
+    std::fs::write(dst.join("config.json"), serde_json::to_vec(&cfg).unwrap()).unwrap();
+    let f = SafetensorsFile::open(&src.join("model.safetensors")).unwrap();
+    let owned: Vec<(String, _, Vec<u64>, Vec<u8>)> = f
+        .tensors()
+        .iter()
+        .map(|t| {
+            let mut b = f.tensor_data_raw(&t.name).unwrap().to_vec();
+            edit(&t.name, &mut b);
+            (t.name.clone(), t.dtype, t.shape.clone(), b)
+        })
+        .collect();
+    let refs: Vec<_> = owned.iter().map(|(n, d, s, b)| (n.as_str(), *d, &s[..], &b[..])).collect();
+    std::fs::write(dst.join("model.safetensors"), write_safetensors(&refs)).unwrap();
+    dst
+}
+
+/// Each unsupported AWQ/GPTQ variant is a typed error naming it, at load.
+#[test]
+fn unsupported_int4_variants_are_typed_errors() {
+    let q = |k: &'static str, v: Value| move |c: &mut Value| c["quantization_config"][k] = v.clone();
+    let keep = |_: &str, _: &mut Vec<u8>| {};
+    let cases: Vec<(&str, PathBuf, &str)> = vec![
+        ("llama-tiny-gptq", variant("llama-tiny-gptq", "bits", q("bits", 8.into()), keep), "8-bit"),
+        ("llama-tiny-gptq", variant("llama-tiny-gptq", "actorder", q("desc_act", true.into()), keep), "act-order"),
+        ("llama-tiny-gptq", variant("llama-tiny-gptq", "marlin", q("checkpoint_format", "marlin".into()), keep), "marlin"),
+        ("llama-tiny-awq", variant("llama-tiny-awq", "gemv", q("version", "gemv".into()), keep), "`gemv`"),
+        ("llama-tiny-awq", variant("llama-tiny-awq", "exllama", q("version", "exllama".into()), keep), "exllama"),
+        // A permuted g_idx (what act-order stores) under a config that does not say so.
+        (
+            "llama-tiny-gptq",
+            variant(
+                "llama-tiny-gptq",
+                "gidx",
+                |_| {},
+                |name, b| {
+                    if name == "model.layers.0.self_attn.q_proj.g_idx" {
+                        b.swap(0, 4);
+                        b[0] = 1;
+                    }
+                },
+            ),
+            "blk.0.attn_q.weight: GPTQ act-order",
+        ),
+    ];
+    for (model, path, want) in cases {
+        let opts = LoadOptions { device: DeviceChoice::Cpu, n_ctx: Some(64), threads: Some(1), ..Default::default() };
+        let err = Engine::load(&path, &opts, None).err().unwrap_or_else(|| panic!("{model} variant {want}: loaded"));
+        let msg = err.to_string();
+        assert!(matches!(err.inner(), cera::engine::EngineError::Unsupported { .. }), "{want}: {err:?}");
+        assert!(msg.contains(want), "{want}: {msg}");
+        let _ = std::fs::remove_dir_all(&path);
+    }
 }

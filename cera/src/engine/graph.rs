@@ -230,12 +230,11 @@ impl ModelGraph {
             };
             for m in mats {
                 if seen.insert(m.name.as_str()) {
-                    let raw = src.mat(m)?;
-                    let n = raw.bytes.len() as u64;
-                    t.bytes += n;
-                    match t.formats.iter_mut().find(|f| f.0 == raw.ty.name()) {
-                        Some(f) => f.1 += n,
-                        None => t.formats.push((raw.ty.name().to_string(), n)),
+                    let s = src.stored(m)?;
+                    t.bytes += s.bytes;
+                    match t.formats.iter_mut().find(|f| f.0 == s.format) {
+                        Some(f) => f.1 += s.bytes,
+                        None => t.formats.push((s.format, s.bytes)),
                     }
                 }
             }

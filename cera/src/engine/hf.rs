@@ -18,26 +18,46 @@
 //!
 //! Weights: F32, F16 and BF16 matrices run as stored (the GPU's F16/BF16 GEMV and GEMM, the CPU's
 //! exact widening); vectors are widened to f32. Other dtypes are [`EngineError::TensorType`]
-//! naming the tensor; AWQ/GPTQ checkpoints are [`EngineError::Unsupported`] naming the method.
+//! naming the tensor.
+//!
+//! **AWQ and GPTQ int4** checkpoints (`quantization_config`): every linear stored as
+//! `qweight`/`qzeros`/`scales` (GPTQ: and `g_idx`) is repacked into boostr's int4 layout and runs
+//! through the int4 GEMV and GEMM; the rest (embedding, norms, an LM head kept in float) as
+//! above. Q, K and V of a layer are concatenated by rows at upload like any same-format group,
+//! so the fused projection is one int4 dispatch writing the packed `[q | k | v]` row. Supported:
+//! 4 bits; AWQ's `gemm` layout (AutoAWQ's default); GPTQ v1 (`checkpoint_format` `gptq`, stored
+//! zeros minus one) and v2 (`gptq_v2`) with a sequential `g_idx`; group sizes that are
+//! multiples of 32 dividing the inputs (32, 64, 128, ...); F16 scales. Anything else is a typed
+//! error naming it: other bit widths, act-order (`desc_act`, a permuted `g_idx`), AWQ's `gemv`,
+//! `gemv_fast` and `exllama` layouts, GPTQ's `marlin` and other packings, non-F16 scales.
 
 use std::path::Path;
 
-use boostr::formats::GgmlType;
+use boostr::formats::{AwqTensors, GgmlType, GptqTensors, GptqZeroOffset, PackedWeights};
 use serde_json::Value;
 
 use super::EngineError;
 use super::arch::{FileFacts, build};
 use super::config::{Arch, LayerRope, ModelConfig};
 use super::graph::{MatRef, ModelGraph, VecRef};
-use super::weights::{RawMat, WeightSource, supported};
+use super::weights::{RawMat, StoredMat, WeightSource, supported};
 use crate::gguf::PerLayer;
-use crate::safetensors::{SafeDType, SafetensorsModel};
+use crate::safetensors::{QuantLinear, QuantMethod, SafeDType, SafetensorsModel};
 
 /// A Hugging Face model folder, opened for the engine.
 #[derive(Debug)]
 pub struct HfModel {
     st: SafetensorsModel,
     arch: Arch,
+    /// The int4 scheme of a quantized checkpoint.
+    int4: Option<Int4>,
+}
+
+/// A supported AWQ/GPTQ checkpoint's scheme.
+#[derive(Clone, Copy, Debug)]
+enum Int4 {
+    Awq,
+    Gptq(GptqZeroOffset),
 }
 
 fn file_err(e: impl std::fmt::Display) -> EngineError {
@@ -72,10 +92,35 @@ impl HfModel {
     pub fn new(st: SafetensorsModel) -> Result<HfModel, EngineError> {
         let cfg = st.config().ok_or_else(|| EngineError::MissingKey { key: "config.json".into() })?;
         let arch = Arch::from_name(&cfg.architecture).map_err(|_| EngineError::UnknownArchitecture { name: cfg.model_type.clone() })?;
-        if let Some(q) = &cfg.quantization {
-            return Err(EngineError::Unsupported { what: format!("{:?} {}-bit checkpoints (quantization_config) in the engine", q.method, q.bits) });
-        }
-        Ok(HfModel { st, arch })
+        let int4 = match &cfg.quantization {
+            None => None,
+            Some(q) => {
+                let raw = cfg.raw.get("quantization_config").cloned().unwrap_or_default();
+                let key = |k: &str| raw.get(k).and_then(Value::as_str).map(str::to_ascii_lowercase);
+                let unsupported = |what: String| Err(EngineError::Unsupported { what: format!("quantization_config: {what}") });
+                if q.bits != 4 {
+                    return unsupported(format!("{}-bit {:?} weights (4-bit only)", q.bits, q.method));
+                }
+                Some(match q.method {
+                    QuantMethod::Awq => match key("version").as_deref() {
+                        None | Some("gemm") => Int4::Awq,
+                        Some(v) => return unsupported(format!("AWQ version `{v}` (the `gemm` layout only)")),
+                    },
+                    QuantMethod::Gptq => {
+                        if q.desc_act {
+                            return unsupported("GPTQ act-order (desc_act = true)".into());
+                        }
+                        let fmt = key("checkpoint_format").or_else(|| key("format"));
+                        match fmt.as_deref() {
+                            None | Some("gptq") => Int4::Gptq(GptqZeroOffset::V1PlusOne),
+                            Some("gptq_v2") => Int4::Gptq(GptqZeroOffset::V2AsStored),
+                            Some(f) => return unsupported(format!("GPTQ checkpoint_format `{f}` (gptq or gptq_v2 only)")),
+                        }
+                    }
+                })
+            }
+        };
+        Ok(HfModel { st, arch, int4 })
     }
 
     /// The safetensors model.
@@ -163,6 +208,41 @@ impl HfModel {
         Ok(ids)
     }
 
+    /// The int4 tensors of `m` (`blk.0.attn_q` + `.qweight`, ...) with the scheme and group
+    /// size, when the checkpoint stores it so, checked against `m`'s shape.
+    fn int4_linear(&self, m: &MatRef) -> Result<Option<(QuantLinear<'_>, Int4, usize)>, EngineError> {
+        let (Some(scheme), Some(base)) = (self.int4, m.name.strip_suffix(".weight")) else { return Ok(None) };
+        if self.st.tensor(&format!("{base}.qweight")).is_none() {
+            return Ok(None);
+        }
+        let q = self.st.quant_linear(base).map_err(file_err)?;
+        if (q.out_features, q.in_features) != (m.rows as u64, m.cols as u64) {
+            return Err(EngineError::TensorShape {
+                name: format!("{base}.qweight"),
+                dims: vec![q.in_features, q.out_features],
+                expected: vec![m.cols as u64, m.rows as u64],
+            });
+        }
+        if q.scales_dtype != SafeDType::F16 {
+            return Err(EngineError::TensorType { name: format!("{base}.scales"), ty: format!("{} (int4 scales must be F16)", q.scales_dtype.name()) });
+        }
+        let group = q.config.group_size.map_or(m.cols, |g| g as usize);
+        Ok(Some((q, scheme, group)))
+    }
+
+    /// `m` repacked from its int4 tensors (see [`Self::int4_linear`]).
+    fn int4_packed(&self, m: &MatRef, q: &QuantLinear<'_>, scheme: Int4, group_size: usize) -> Result<PackedWeights, EngineError> {
+        let (k, n) = (m.cols, m.rows);
+        match scheme {
+            Int4::Awq => AwqTensors { qweight: q.qweight, qzeros: q.qzeros, scales: q.scales, in_features: k, out_features: n, group_size }.repack(),
+            Int4::Gptq(zero_offset) => {
+                GptqTensors { qweight: q.qweight, qzeros: q.qzeros, scales: q.scales, g_idx: q.g_idx, in_features: k, out_features: n, group_size, zero_offset }
+                    .repack()
+            }
+        }
+        .map_err(|e| EngineError::Unsupported { what: format!("tensor {}: {e}", m.name) })
+    }
+
     /// The internal name as `self` stores it (for the lifetime of [`RawMat::name`]).
     fn stored_name(&self, name: &str) -> Option<&str> {
         self.st.tensor_names().find(|n| *n == name)
@@ -170,6 +250,29 @@ impl HfModel {
 }
 
 impl WeightSource for HfModel {
+    fn packed(&self, m: &MatRef) -> Result<PackedWeights, EngineError> {
+        match self.int4_linear(m)? {
+            Some((q, scheme, group)) => self.int4_packed(m, &q, scheme, group),
+            None => self.mat(m)?.packed(),
+        }
+    }
+
+    fn stored(&self, m: &MatRef) -> Result<StoredMat, EngineError> {
+        match self.int4_linear(m)? {
+            Some((q, scheme, _)) => {
+                let format = match scheme {
+                    Int4::Awq => "AWQ",
+                    Int4::Gptq(_) => "GPTQ",
+                };
+                Ok(StoredMat { bytes: (q.qweight.len() + q.qzeros.len() + q.scales.len()) as u64, format: format.into() })
+            }
+            None => {
+                let raw = self.mat(m)?;
+                Ok(StoredMat { bytes: raw.bytes.len() as u64, format: raw.ty.name().to_string() })
+            }
+        }
+    }
+
     fn mat(&self, m: &MatRef) -> Result<RawMat<'_>, EngineError> {
         let info = self.st.tensor(&m.name).ok_or_else(|| EngineError::MissingTensor { name: m.name.clone() })?;
         // `[rows, cols]`, or LFM2's conv taps `[rows, 1, cols]`.

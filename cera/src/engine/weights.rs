@@ -31,10 +31,30 @@ impl RawMat<'_> {
     }
 }
 
-/// Where weights come from (a GGUF file today; safetensors folders later).
+/// How a matrix is stored in the source: its size and format, for progress and traffic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredMat {
+    /// Bytes the matrix occupies in the source (AWQ/GPTQ: `qweight`, `qzeros`, `scales`).
+    pub bytes: u64,
+    /// The format's name (`Q4_0`, `F16`, `AWQ`, `GPTQ`).
+    pub format: String,
+}
+
+/// Where weights come from: a GGUF file, or a Hugging Face folder ([`super::HfModel`]).
 pub trait WeightSource: Send + Sync {
-    /// The matrix `m`, checked to be `[m.rows, m.cols]`.
+    /// The matrix `m`, checked to be `[m.rows, m.cols]`, as stored bytes of a GGUF type.
+    /// Sources of other formats (AWQ/GPTQ int4) give [`EngineError::TensorType`] here and
+    /// serve the matrix through [`Self::packed`].
     fn mat(&self, m: &MatRef) -> Result<RawMat<'_>, EngineError>;
+    /// The matrix `m` in boostr's packed layout (what both executors load), checked.
+    fn packed(&self, m: &MatRef) -> Result<PackedWeights, EngineError> {
+        self.mat(m)?.packed()
+    }
+    /// How the matrix `m` is stored, checked as [`Self::packed`] checks it but not unpacked.
+    fn stored(&self, m: &MatRef) -> Result<StoredMat, EngineError> {
+        let raw = self.mat(m)?;
+        Ok(StoredMat { bytes: raw.bytes.len() as u64, format: raw.ty.name().to_string() })
+    }
     /// The vector `v` as f32, checked to hold `v.len` values.
     fn vec(&self, v: &VecRef) -> Result<Vec<f32>, EngineError>;
     /// Whether a tensor exists.
@@ -86,7 +106,7 @@ pub fn supported(ty: GgmlType) -> bool {
 pub fn check_all(graph: &ModelGraph, src: &dyn WeightSource) -> Result<(), EngineError> {
     for op in &graph.ops {
         for m in op.mats() {
-            src.mat(m)?;
+            src.stored(m)?;
         }
         for v in op.vecs() {
             src.vec(v)?;

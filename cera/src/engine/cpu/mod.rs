@@ -99,10 +99,9 @@ impl Loader<'_> {
         if let Some(p) = self.mats.get(&m.name) {
             return Ok(p.clone());
         }
-        let raw = self.src.mat(m)?;
-        let p = Arc::new(raw.packed()?);
+        let p = Arc::new(self.src.packed(m)?);
         self.mats.insert(m.name.clone(), p.clone());
-        self.report(raw.bytes.len() as u64);
+        self.report(self.src.stored(m)?.bytes);
         Ok(p)
     }
 
@@ -118,7 +117,7 @@ impl Loader<'_> {
 
     fn mat_f32(&mut self, m: &MatRef) -> Result<Vec<f32>, EngineError> {
         let x = self.src.mat_f32(m)?;
-        self.report(self.src.mat(m)?.bytes.len() as u64);
+        self.report(self.src.stored(m)?.bytes);
         Ok(x)
     }
 
@@ -139,7 +138,7 @@ fn total_bytes(graph: &ModelGraph, src: &dyn WeightSource) -> Result<u64, Engine
     for op in &graph.ops {
         for m in op.mats() {
             if seen.insert(m.name.clone()) {
-                total += src.mat(m)?.bytes.len() as u64;
+                total += src.stored(m)?.bytes;
             }
         }
         for v in op.vecs() {

@@ -47,7 +47,7 @@ fn total_bytes(graph: &ModelGraph, src: &dyn WeightSource) -> Result<u64, Engine
     let mut t = 0u64;
     for op in &graph.ops {
         for m in op.mats() {
-            t += src.mat(m)?.bytes.len() as u64;
+            t += src.stored(m)?.bytes;
         }
         for v in op.vecs() {
             t += 4 * v.len as u64;
@@ -84,9 +84,8 @@ impl GpuWeights {
             if let Some(p) = packed_cache.get(&m.name) {
                 return Ok(p.clone());
             }
-            let raw = src.mat(m)?;
-            let p = Arc::new(raw.packed()?);
-            tick(raw.bytes.len() as u64);
+            let p = Arc::new(src.packed(m)?);
+            tick(src.stored(m)?.bytes);
             packed_cache.insert(m.name.clone(), p.clone());
             Ok(p)
         };
@@ -123,7 +122,7 @@ impl GpuWeights {
                 Op::ShortConv { w: m, .. } if !w.vecs.contains_key(&m.name) => {
                     let host = src.mat_f32(m)?;
                     let buf = ctx.upload(bytemuck::cast_slice(&host)).map_err(|e| dev_err(ctx, e))?;
-                    tick(src.mat(m)?.bytes.len() as u64);
+                    tick(src.stored(m)?.bytes);
                     w.bytes += 4 * host.len() as u64;
                     w.vecs.insert(m.name.clone(), GpuView::whole(&buf));
                 }
