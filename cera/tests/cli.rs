@@ -364,7 +364,7 @@ fn run_bad_flags_and_files_are_clear_errors() {
     let dir = TempDir::new("run-bad");
     for (args, want) in [
         (&["run", "--device", "tpu", "hi"][..], "unknown device `tpu` (auto, gpu, cpu)"),
-        (&["run", "--kv-type", "q4", "hi"][..], "unknown KV cache type `q4` (f16, q8_0)"),
+        (&["run", "--kv-type", "q4", "hi"][..], "unknown KV cache type `q4` (f16, q8_0, f32 on the CPU)"),
         (&["run", "-n", "many", "hi"][..], "invalid value 'many'"),
         (&["run", "-p", "a", "b"][..], "cannot be used with"),
         (&["run"][..], "required arguments were not provided"),
@@ -387,4 +387,23 @@ fn run_bad_flags_and_files_are_clear_errors() {
         let (ok, _, err) = cera(&args);
         assert!(!ok && !err.contains("panicked") && err.starts_with(&format!("error: {m}: ")), "{cmd}: {err}");
     }
+}
+
+/// `cera inspect` and `cera run` take a Hugging Face folder as `-m`: the tiny llama checkpoint
+/// of `tests/golden/hf/` gives transformers' greedy ids for its first golden prompt.
+#[test]
+fn hf_folder_as_model() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/golden/hf/llama-tiny");
+    let g: serde_json::Value = serde_json::from_slice(&std::fs::read(format!("{dir}/golden.json")).unwrap()).unwrap();
+    let case = &g["cases"][0];
+    let (ok, out, err) = cera(&["inspect", dir]);
+    assert!(ok, "{err}");
+    assert!(out.contains("safetensors") && out.contains("blk.0.attn_q.weight"), "{out}");
+    let n = case["generated"].as_array().unwrap().len().to_string();
+    let text = case["text"].as_str().unwrap();
+    let (ok, out, err) = cera(&["run", "-m", dir, "--device", "cpu", "-n", &n, "--temp", "0", "--raw", "--json", "-p", text]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["prompt_ids"], case["ids"]);
+    assert_eq!(v["generated_ids"], case["generated"], "transformers' greedy continuation");
 }

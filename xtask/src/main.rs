@@ -90,6 +90,16 @@ enum Cmd {
         #[arg(long)]
         threads: Option<usize>,
     },
+    /// Write a Hugging Face folder (llama, qwen2, qwen3, lfm2; F32/F16/BF16) as GGUF with
+    /// llama.cpp's names and conventions (the golden checkpoints' GGUF twins).
+    Hf2gguf {
+        /// The model folder (config.json, model.safetensors, tokenizer.json, tokenizer_config.json).
+        #[arg(long)]
+        model: std::path::PathBuf,
+        /// Output file.
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -113,6 +123,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 benches::core_table(&ctx, quick)?
             };
             benches::print_table(&ctx, &rows);
+        }
+        Cmd::Hf2gguf { model, out } => {
+            synth::hf2gguf::convert(&model, &out)?;
+            println!("wrote {}", out.display());
         }
         Cmd::Synth { arch, preset, qtype, out, seed, threads } => {
             let preset = synth::Preset::by_name(&preset)?;

@@ -12,8 +12,8 @@ use crate::engine::{CancelToken, DecodeGemv, DeviceChoice, Engine, EngineError, 
 /// The model and how to load it.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ModelArgs {
-    /// Model file (GGUF), or a test model name (`smollm2-135m`, `gemma3-270m`), fetched into the
-    /// cache when missing.
+    /// Model: a GGUF file, a Hugging Face folder (config.json, safetensors, tokenizer.json), or
+    /// a test model name (`smollm2-135m`, `gemma3-270m`), fetched into the cache when missing.
     #[arg(short = 'm', long, default_value = "smollm2-135m", value_name = "MODEL")]
     pub model: String,
     /// Context length [default: the model's trained context or 4096, whichever is smaller].

@@ -42,6 +42,9 @@ pub mod write;
 
 #[cfg(test)]
 mod golden_tests;
+pub mod hf2gguf;
+#[cfg(test)]
+mod hf_gguf_tests;
 #[cfg(test)]
 mod tests;
 
