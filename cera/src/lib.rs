@@ -9,6 +9,11 @@
 
 #![warn(missing_docs)]
 
+// The README's examples, compiled (and where they need no model file, run) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub mod bench;
 pub mod chat_template;
 pub mod cli;

@@ -1,4 +1,5 @@
-//! The model's weights on the GPU, uploaded once at load into boostr's repacked layouts:
+//! The model's weights on the GPU, uploaded once at load into boostr's repacked layouts (F32
+//! projection matrices narrowed to F16, or BF16 where f16's range is too small):
 //! mat-vec matrices ([`QuantMatrix`], split by rows over the binding limit), the embedding table
 //! ([`GpuEmbedding`], split likewise), and f32 vectors. A [`Op::Linear`] over several matrices of
 //! one format is uploaded as ONE matrix (rows concatenated: fused Q/K/V, fused gate/up); matrices
@@ -100,7 +101,7 @@ impl GpuWeights {
                 }
                 Op::Linear { .. } | Op::LmHead { .. } => {
                     let mats = op.mats();
-                    let ps = mats.iter().map(|m| packed(m, &mut tick)).collect::<Result<Vec<_>, _>>()?;
+                    let ps = mats.iter().map(|m| packed(m, &mut tick).and_then(narrow_f32)).collect::<Result<Vec<_>, _>>()?;
                     let same = ps.windows(2).all(|p| p[0].format() == p[1].format());
                     let mut parts = Vec::new();
                     if same && ps.len() > 1 {
@@ -142,6 +143,23 @@ impl GpuWeights {
         }
         Ok(w)
     }
+}
+
+/// An F32 matrix as F16 (BF16 when a value is beyond f16's range): the GPU's F16/BF16 GEMV and
+/// GEMM read half the bytes. Other formats unchanged.
+fn narrow_f32(p: Arc<PackedWeights>) -> Result<Arc<PackedWeights>, EngineError> {
+    if p.format() != PackedFormat::Ggml(GgmlType::F32) {
+        return Ok(p);
+    }
+    let v = p.dequantize();
+    let (ty, bytes): (GgmlType, Vec<u16>) = if v.iter().all(|x| x.abs() <= 65504.0) {
+        (GgmlType::F16, v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect())
+    } else {
+        (GgmlType::BF16, v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect())
+    };
+    let narrowed = repack(ty, bytemuck::cast_slice(&bytes), p.rows(), p.cols())
+        .map_err(|e| EngineError::Unsupported { what: format!("an F32 matrix as {}: {e}", ty.name()) })?;
+    Ok(Arc::new(narrowed))
 }
 
 fn names(mats: &[&MatRef]) -> String {
