@@ -239,3 +239,53 @@ fn adapter_by_index_matches_the_listing() {
     let name = &ctx.capabilities().adapter_name;
     assert!(line.starts_with(&format!("{i}: {name} (")), "index {i} gave {name}, listed as {line}");
 }
+
+/// Threads sharing one context: each records eager ops into the implicit stream and reads them
+/// back, or submits an explicit recording after its stream work, while another thread flushes
+/// the stream in a loop. Every result must be the thread's own. (Taking the stream and
+/// submitting it were two steps: another thread could take a thread's pending work, and the
+/// thread's readback or explicit submission would then run before it.)
+#[test]
+fn threads_sharing_a_context_see_their_own_stream_work_in_order() {
+    let Some(ctx) = test_gpu() else { return };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flusher = {
+        let (ctx, stop) = (ctx.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                ctx.flush().unwrap();
+            }
+        })
+    };
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let ctx = ctx.clone();
+            std::thread::spawn(move || {
+                let dev = Device::Gpu(ctx.clone());
+                for i in 0..150 {
+                    let v: Vec<f32> = (0..4096).map(|j| (w * 1000 + i * 7 + j) as f32).collect();
+                    let a = Tensor::from_slice(&v, &[v.len()], &dev).unwrap();
+                    // Eager op, then readback through the implicit stream.
+                    let b = a.add(&a).unwrap();
+                    let got = b.to_vec::<f32>().unwrap();
+                    assert!(got.iter().zip(&v).all(|(g, x)| *g == 2.0 * x), "worker {w} step {i}: eager readback");
+                    // Stream work (a copy into `dst`), then an explicit recording reading it.
+                    let dst = ctx.alloc(4 * 4096, BufferKind::Storage).unwrap();
+                    let (src, off) = b.gpu_binding(4).unwrap();
+                    ctx.with_stream(|rec| rec.copy(&src.buffer, src.offset + 4 * off as u64, &dst, 0, 4 * 4096)).unwrap();
+                    let out = ctx.alloc(4 * 4096, BufferKind::Storage).unwrap();
+                    let mut rec = ctx.recorder();
+                    rec.copy(&dst, 0, &out, 0, 4 * 4096).unwrap();
+                    rec.submit().unwrap();
+                    let got: Vec<f32> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(&out, 0, 4 * 4096).unwrap());
+                    assert!(got.iter().zip(&v).all(|(g, x)| *g == 2.0 * x), "worker {w} step {i}: explicit recording after stream work");
+                }
+            })
+        })
+        .collect();
+    for t in workers {
+        t.join().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flusher.join().unwrap();
+}

@@ -289,10 +289,19 @@ impl Recorder {
         if self.rec.commands.is_empty() {
             return Ok(Submission::done(&self.ctx));
         }
+        // The implicit stream's pending work, then this recording, under one hold of the lock.
+        let guard = self.ctx.inner.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
         if !self.is_stream {
-            self.ctx.flush()?;
+            self.ctx.flush_locked(&guard)?;
         }
-        let _lock = self.ctx.inner.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.submit_locked(queries, &guard)
+    }
+
+    /// Encodes and submits with the context's submit lock held by the caller.
+    pub(crate) fn submit_locked(&self, queries: Option<&QueryPlan>, _held: &std::sync::MutexGuard<'_, ()>) -> Result<Submission> {
+        if self.rec.commands.is_empty() {
+            return Ok(Submission::done(&self.ctx));
+        }
         let arena = self.arena()?;
         let index = self.ctx.scoped("submitting a recording", || {
             let cmd = self.encode(arena.as_ref(), queries);
@@ -359,8 +368,8 @@ impl Recorded {
     /// [`Recorder::submit`]). Returns when queued.
     pub fn submit(mut self) -> Result<Submission> {
         let Some(cmd) = self.cmd.take() else { return Ok(Submission::done(&self.ctx)) };
-        self.ctx.flush()?;
-        let _lock = self.ctx.inner.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let guard = self.ctx.inner.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.ctx.flush_locked(&guard)?;
         let index = self.ctx.scoped("submitting a finished recording", || {
             if let Some(a) = &self.arena {
                 self.ctx.inner.queue.write_buffer(a.buffer.raw(), 0, &self.params);

@@ -47,21 +47,29 @@ impl GpuContext {
         let mut slot = self.inner.stream.lock().unwrap_or_else(|p| p.into_inner());
         let mut rec = Recorder { ctx: self.clone(), rec: slot.take().unwrap_or_default(), is_stream: true };
         let out = f(&mut rec);
-        if rec.dispatch_count() >= STREAM_FLUSH_DISPATCHES {
-            drop(slot);
-            rec.submit()?;
-        } else {
-            *slot = Some(rec.rec);
+        let full = rec.dispatch_count() >= STREAM_FLUSH_DISPATCHES;
+        *slot = Some(std::mem::take(&mut rec.rec));
+        drop(slot);
+        if full {
+            self.flush()?;
         }
         out
     }
 
     /// Submits the implicit stream (if anything is recorded). Does not wait; the returned
-    /// [`Submission`] does.
+    /// [`Submission`] does. Taking the stream and submitting it happen under the context's submit
+    /// lock, so work another thread recorded into the stream is queued before anything that
+    /// thread submits or reads back after it.
     pub fn flush(&self) -> Result<Submission> {
+        let guard = self.inner.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.flush_locked(&guard)
+    }
+
+    /// [`Self::flush`] with the submit lock held by the caller.
+    pub(crate) fn flush_locked(&self, held: &std::sync::MutexGuard<'_, ()>) -> Result<Submission> {
         let taken = self.inner.stream.lock().unwrap_or_else(|p| p.into_inner()).take();
         match taken {
-            Some(rec) => Recorder { ctx: self.clone(), rec, is_stream: true }.submit(),
+            Some(rec) => Recorder { ctx: self.clone(), rec, is_stream: true }.submit_locked(None, held),
             None => Ok(Submission::done(self)),
         }
     }
@@ -95,7 +103,9 @@ impl GpuContext {
                 message: format!("{} bytes at offset {offset} do not fit {buf:?} or are misaligned", data.len()),
             });
         }
-        self.flush()?;
+        // The write is queued after the stream's pending work, under the same lock.
+        let guard = self.inner.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.flush_locked(&guard)?;
         let whole = data.len() / 4 * 4;
         self.scoped("uploading data", || {
             if whole > 0 {
