@@ -406,4 +406,9 @@ fn hf_folder_as_model() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(v["prompt_ids"], case["ids"]);
     assert_eq!(v["generated_ids"], case["generated"], "transformers' greedy continuation");
+    // `cera bench` reads the folder's graph and formats too (here an AWQ checkpoint).
+    let awq = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/golden/hf/llama-tiny-awq");
+    let (ok, out, err) = cera(&["bench", "-m", awq, "-p", "8", "-n", "4", "-r", "1", "--device", "cpu"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("| llama-tiny-awq | AWQ |") && out.contains("tg4"), "{out}");
 }

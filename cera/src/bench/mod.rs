@@ -25,7 +25,7 @@ use serde::Serialize;
 
 pub use report::{print_json, print_table};
 
-use crate::engine::{Engine, EngineError, GenerateOpts, KernelTime, LoadOptions, ModelGraph};
+use crate::engine::{Engine, EngineError, GenerateOpts, HfModel, KernelTime, LoadOptions, ModelGraph};
 use crate::gguf::GgufFile;
 
 /// Why a bench stopped.
@@ -239,9 +239,16 @@ pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> 
     // Room for the longest test and the token generated after it.
     let load = LoadOptions { n_ctx: Some(opts.load.n_ctx.unwrap_or(0).max(longest + 1)), ..opts.load.clone() };
     let engine = Engine::load(path, &load, None)?;
-    let file = GgufFile::open(path).map_err(|e| EngineError::File { reason: e.to_string() })?;
-    let traffic = ModelGraph::from_gguf(&file)?.decode_traffic(&file)?;
-    let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let (traffic, file_bytes) = if path.is_dir() {
+        // A Hugging Face folder: its graph and tensors as the engine loaded them; its size is
+        // that of its safetensors shards.
+        let hf = HfModel::open(path)?;
+        let bytes = hf.safetensors().shard_paths().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
+        (hf.graph()?.decode_traffic(&hf)?, bytes)
+    } else {
+        let file = GgufFile::open(path).map_err(|e| EngineError::File { reason: e.to_string() })?;
+        (ModelGraph::from_gguf(&file)?.decode_traffic(&file)?, std::fs::metadata(path).map(|m| m.len()).unwrap_or(0))
+    };
     let model = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     let vocab = engine.config().vocab;
     let row = |test: String, tok_s: Spread| BenchRow {
