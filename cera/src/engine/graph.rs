@@ -292,6 +292,16 @@ impl GraphBuilder {
         }
     }
 
+    /// Layer `l`'s pre-norm SwiGLU FFN (`ffn_norm`, fused `ffn_gate`/`ffn_up`, the GLU,
+    /// `ffn_down`), its output pending for the residual stream.
+    pub(crate) fn swiglu_ffn(&mut self, l: usize, dim: usize, ffn: usize) {
+        self.norm_residual(blk_vec(l, "ffn_norm", dim), Slot::Normed);
+        self.push(Op::Linear { ws: vec![blk_mat(l, "ffn_gate", ffn, dim), blk_mat(l, "ffn_up", ffn, dim)], x: Slot::Normed, out: Slot::GateUp });
+        self.push(Op::Glu { act: GateAct::Silu, x: Slot::GateUp, out: Slot::Glu });
+        self.push(Op::Linear { ws: vec![blk_mat(l, "ffn_down", dim, ffn)], x: Slot::Glu, out: Slot::Delta });
+        self.residual(Slot::Delta);
+    }
+
     /// Marks `slot` as a block output to add to the residual stream before the next norm.
     pub(crate) fn residual(&mut self, slot: Slot) {
         debug_assert!(self.pending.is_none(), "two block outputs pending");

@@ -242,11 +242,6 @@ impl HfModel {
         }
         .map_err(|e| EngineError::Unsupported { what: format!("tensor {}: {e}", m.name) })
     }
-
-    /// The internal name as `self` stores it (for the lifetime of [`RawMat::name`]).
-    fn stored_name(&self, name: &str) -> Option<&str> {
-        self.st.tensor_names().find(|n| *n == name)
-    }
 }
 
 impl WeightSource for HfModel {
@@ -285,7 +280,7 @@ impl WeightSource for HfModel {
             .filter(|&t| supported(t))
             .ok_or_else(|| EngineError::TensorType { name: m.name.clone(), ty: info.dtype.name().to_string() })?;
         let bytes = self.st.tensor_data(&m.name).map_err(file_err)?;
-        let name = self.stored_name(&m.name).unwrap_or_default();
+        let name = self.st.internal_name(&m.name).unwrap_or_default();
         Ok(RawMat { name, ty, bytes, rows: m.rows, cols: m.cols })
     }
 

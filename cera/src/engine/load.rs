@@ -12,7 +12,7 @@ use std::time::Instant;
 use numr::gpu::GpuContext;
 
 use crate::chat_template::ChatTemplate;
-use crate::model_file::ModelFile;
+use crate::model_file::{ModelError, ModelFile};
 use crate::tokenizer::Tokenizer;
 
 use super::backend::{Backend, ProgressFn};
@@ -56,12 +56,21 @@ struct Checked {
     name: Option<String>,
 }
 
+/// A model file's error as the engine's: tokenizer and template errors keep their types.
+fn model_err(e: ModelError) -> EngineError {
+    match e {
+        ModelError::Tokenizer(t) => t.into(),
+        ModelError::Template(t) => t.into(),
+        other => EngineError::File { reason: other.to_string() },
+    }
+}
+
 fn check_file(path: &Path) -> Result<Checked, EngineError> {
     let wrap = in_file(path);
     // GGUF errors name the file already.
     let file = ModelFile::open(path).map_err(|e| EngineError::File { reason: e.to_string() })?;
-    let tokenizer = file.tokenizer().map_err(|e| wrap(EngineError::File { reason: e.to_string() }))?;
-    let template = file.chat_template(&tokenizer).map_err(|e| wrap(EngineError::File { reason: e.to_string() }))?;
+    let tokenizer = file.tokenizer().map_err(|e| wrap(model_err(e)))?;
+    let template = file.chat_template(&tokenizer).map_err(|e| wrap(model_err(e)))?;
     let mut eog = end_of_generation_ids(&tokenizer);
     let (source, graph, name): (Box<dyn WeightSource>, ModelGraph, Option<String>) = match file {
         ModelFile::Gguf(g) => {

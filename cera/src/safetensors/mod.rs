@@ -158,6 +158,12 @@ impl SafetensorsModel {
         self.tensors.iter().map(|(n, _)| n.as_str())
     }
 
+    /// The internal name `name` as this model stores it (a `&str` that lives as long as the
+    /// model), or `None` when no tensor has it.
+    pub fn internal_name(&self, name: &str) -> Option<&str> {
+        self.by_name.get(name).map(|&i| self.tensors[i].0.as_str())
+    }
+
     /// A tensor's entry (with its name as stored in the file) by internal name.
     pub fn tensor(&self, name: &str) -> Option<&SafeTensorInfo> {
         let e = &self.tensors[*self.by_name.get(name)?].1;

@@ -6,7 +6,7 @@
 //! embedding unless the file has `output.weight`.
 
 use super::FileFacts;
-use crate::engine::config::{GateAct, LayerKind, ModelConfig};
+use crate::engine::config::{LayerKind, ModelConfig};
 use crate::engine::graph::{GraphBuilder, MatRef, Op, Slot, VecRef, blk_mat, blk_vec};
 
 pub(super) fn ops(c: &ModelConfig, facts: &FileFacts) -> Vec<Op> {
@@ -39,11 +39,7 @@ pub(super) fn ops(c: &ModelConfig, facts: &FileFacts) -> Vec<Op> {
             }
         }
         g.residual(Slot::Delta);
-        g.norm_residual(blk_vec(l, "ffn_norm", d), Slot::Normed);
-        g.push(Op::Linear { ws: vec![blk_mat(l, "ffn_gate", f, d), blk_mat(l, "ffn_up", f, d)], x: Slot::Normed, out: Slot::GateUp });
-        g.push(Op::Glu { act: GateAct::Silu, x: Slot::GateUp, out: Slot::Glu });
-        g.push(Op::Linear { ws: vec![blk_mat(l, "ffn_down", d, f)], x: Slot::Glu, out: Slot::Delta });
-        g.residual(Slot::Delta);
+        g.swiglu_ffn(l, d, f);
     }
     let norm = if facts.has_token_embd_norm { "token_embd_norm.weight" } else { "output_norm.weight" };
     g.norm_residual(VecRef { name: norm.into(), len: d }, Slot::Normed);

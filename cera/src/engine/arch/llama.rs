@@ -2,7 +2,7 @@
 //! Q/K rows are permuted for it), SwiGLU; the LM head is `output.weight` or the tied embedding.
 
 use super::FileFacts;
-use crate::engine::config::{GateAct, ModelConfig};
+use crate::engine::config::ModelConfig;
 use crate::engine::graph::{GraphBuilder, MatRef, Op, Slot, VecRef, blk_mat, blk_vec};
 
 pub(super) fn ops(c: &ModelConfig, facts: &FileFacts) -> Vec<Op> {
@@ -30,11 +30,7 @@ pub(super) fn ops_with(c: &ModelConfig, facts: &FileFacts, qk_norm: &dyn Fn(usiz
         g.push(Op::Attention { layer: l, window: c.window[l] });
         g.push(Op::Linear { ws: vec![blk_mat(l, "attn_output", d, q)], x: Slot::Attn, out: Slot::Delta });
         g.residual(Slot::Delta);
-        g.norm_residual(blk_vec(l, "ffn_norm", d), Slot::Normed);
-        g.push(Op::Linear { ws: vec![blk_mat(l, "ffn_gate", f, d), blk_mat(l, "ffn_up", f, d)], x: Slot::Normed, out: Slot::GateUp });
-        g.push(Op::Glu { act: GateAct::Silu, x: Slot::GateUp, out: Slot::Glu });
-        g.push(Op::Linear { ws: vec![blk_mat(l, "ffn_down", d, f)], x: Slot::Glu, out: Slot::Delta });
-        g.residual(Slot::Delta);
+        g.swiglu_ffn(l, d, f);
     }
     g.norm_residual(VecRef { name: "output_norm.weight".into(), len: d }, Slot::Normed);
     let head = if facts.has_output { MatRef { name: "output.weight".into(), ..embd } } else { embd };
