@@ -28,11 +28,12 @@
 //! never by `lidx / sg_size`. `unchecked` is honoured by [`Q8GemvPlan`] once it has validated
 //! every binding; [`QuantGemvQ8::source`] is always compiled with bounds checks.
 
-use numr::gpu::{Access, Binding, GpuContext, KernelBuilder, KernelEnv, KernelSource, Plan, PlanDispatch, Recorder, StepValues};
+use numr::gpu::{Access, Binding, BufferKind, GpuContext, KernelBuilder, KernelEnv, KernelSource, Plan, PlanDispatch, Recorder, StepValues};
 
 use super::decode::{decoder, is_quantized};
 use super::gemv::{GemvOutput, PARAMS, grid_for, out_cols, reduce_args, reduce_fn, set_out_cols, set_part};
 use super::q8_activations::Q8Activations;
+use super::q8_epilogue::Q8Epilogue;
 use super::validate::{check_binding, check_threads, env_of, mul};
 use super::{QuantError, QuantMatrix, Result, WeightKind};
 
@@ -69,6 +70,13 @@ pub struct QuantGemvQ8 {
     pub accumulate: bool,
     /// Activation rows (1..=8).
     pub activation_rows: u32,
+    /// The activations carry an RMSNorm whose `1 / rms` this GEMV applies: it sums the blocks'
+    /// `xs.w` (each block's `sum(x^2)`) and scales its sums by `1 / sqrt(sum / K + eps)`
+    /// ([`super::DeferredRmsQuantizeQ8`], [`Q8Epilogue::Quantize`]).
+    pub rms_scale: bool,
+    /// What the GEMV writes besides its output ([`super::q8_epilogue`]): its own output
+    /// quantized for the next projection.
+    pub epilogue: Q8Epilogue,
     /// Compile without naga's bounds checks: honoured only by [`Q8GemvPlan`], once it has validated
     /// every binding; the config's own `source` is always checked.
     pub unchecked: bool,
@@ -99,6 +107,8 @@ impl QuantGemvQ8 {
             split_qkv: false,
             accumulate: false,
             activation_rows: m,
+            rms_scale: false,
+            epilogue: Q8Epilogue::None,
             unchecked: false,
         }
     }
@@ -132,6 +142,21 @@ impl QuantGemvQ8 {
                 v.push(QuantGemvQ8 { split_qkv: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base });
                 v.push(QuantGemvQ8 { accumulate: true, ..base });
                 v.push(QuantGemvQ8 { accumulate: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base });
+                v.push(QuantGemvQ8 { rms_scale: true, ..base });
+                v.push(QuantGemvQ8 { rms_scale: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base });
+                if m == 1 && env.coherent {
+                    for epilogue in [
+                        Q8Epilogue::Quantize { norm: true, gemma: false },
+                        Q8Epilogue::Quantize { norm: true, gemma: true },
+                        Q8Epilogue::Quantize { norm: false, gemma: false },
+                        Q8Epilogue::Glu { act: crate::act::ActKind::Silu },
+                        Q8Epilogue::Glu { act: crate::act::ActKind::GeluTanh },
+                    ] {
+                        v.push(QuantGemvQ8 { epilogue, accumulate: matches!(epilogue, Q8Epilogue::Quantize { .. }), ..base });
+                        v.push(QuantGemvQ8 { epilogue, rms_scale: true, rows_per_workgroup: 2, ..base });
+                        v.push(QuantGemvQ8 { epilogue, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base });
+                    }
+                }
             }
         }
         v
@@ -139,7 +164,7 @@ impl QuantGemvQ8 {
 
     fn name(&self) -> String {
         format!(
-            "quant_gemv_q8_{}_r{}_t{}_u{}{}{}_m{}{}{}{}",
+            "quant_gemv_q8_{}_r{}_t{}_u{}{}{}_m{}{}{}{}{}{}",
             self.kind.name().to_lowercase(),
             self.rows_per_workgroup,
             self.threads,
@@ -154,6 +179,8 @@ impl QuantGemvQ8 {
             },
             if self.split_qkv { "_qkv" } else { "" },
             if self.accumulate { "_acc" } else { "" },
+            if self.rms_scale { "_rms" } else { "" },
+            self.epilogue.name(),
         )
     }
 
@@ -164,10 +191,10 @@ impl QuantGemvQ8 {
 
     /// The K loop over `r` rows whose first chunks are `rb0..`: `first`/`step`/`stride` place
     /// an invocation's chunks; `acc` gets `r * m` sums (row-major over rows, then activations).
-    fn k_loop(&self, r: usize, first: &str, step: &str, stride: &str) -> String {
+    fn k_loop(&self, r: usize, extra: usize, first: &str, step: &str, stride: &str) -> String {
         let mm = self.activation_rows as usize;
         let un = self.unroll as usize;
-        let mut b = format!("    var acc: array<f32, {}>;\n", r * mm);
+        let mut b = format!("    var acc: array<f32, {}>;\n", r * mm + extra);
         if self.prefetch {
             for u in 0..un {
                 for i in 0..r {
@@ -255,6 +282,14 @@ impl QuantGemvQ8 {
             // no workgroup barrier.
             let n = self.subgroup_rows as usize;
             let v = n * mm;
+            if self.rms_scale {
+                // Each subgroup sums the blocks' sum(x^2) itself (no workgroup barrier).
+                for m in 0..mm {
+                    b.push_str(&format!(
+                        "    var ssp{m} = 0.0;\n    for (var b = sg_id; b < p.cpr; b += sg_size) {{ ssp{m} += xs[{m}u * p.cpr + b].w; }}\n    let rinv{m} = inverseSqrt(subgroupAdd(ssp{m}) / f32(p.cpr * 32u) + bitcast<f32>(p.eps));\n"
+                    ));
+                }
+            }
             b.push_str(&format!(
                 "    for (var rr = sg_idx * {n}u; rr < {r}u; rr += sg_count * {n}u) {{\n    let r0 = row0 + rr;\n    if (r0 >= p.rows) {{ break; }}\n"
             ));
@@ -262,32 +297,51 @@ impl QuantGemvQ8 {
                 b.push_str(&format!("    let rb{i} = min(r0 + {i}u, p.rows - 1u) * p.cpr;\n"));
             }
             let (first, stride) = if self.contiguous { (format!("sg_id * {un}u"), "1u".to_string()) } else { ("sg_id".to_string(), "sg_size".to_string()) };
-            b.push_str(&self.k_loop(n, &first, &format!("sg_size * {un}u"), &stride));
+            b.push_str(&self.k_loop(n, 0, &first, &format!("sg_size * {un}u"), &stride));
             for j in 0..v {
                 b.push_str(&format!("    let t{j} = subgroupAdd(acc[{j}]);\n"));
             }
             b.push_str("    if (sg_id == 0u) {\n");
             for i in 0..n {
                 for m in 0..mm {
-                    let st = self.store(&format!("{m}u"), &format!("p.row0 + r0 + {i}u"), &format!("t{}", i * mm + m));
+                    let val = if self.rms_scale { format!("t{} * rinv{m}", i * mm + m) } else { format!("t{}", i * mm + m) };
+                    let st = self.store(&format!("{m}u"), &format!("p.row0 + r0 + {i}u"), &val);
                     b.push_str(&format!("        if (r0 + {i}u < p.rows) {{ {st} }}\n"));
                 }
             }
             b.push_str("    }\n    }\n");
         } else {
             let v = r * mm;
-            pre.push_str(&reduce_fn(v, wg, sg, env));
+            // With rms_scale the reduction also sums each activation row's sum(x^2) (slots v..).
+            let extra = if self.rms_scale { mm } else { 0 };
+            let vt = v + extra;
+            pre.push_str(&reduce_fn(vt, wg, sg, env));
             let rargs = reduce_args(sg);
             for i in 0..r {
                 b.push_str(&format!("    let rb{i} = min(row0 + {i}u, p.rows - 1u) * p.cpr;\n"));
             }
             let (first, stride) = if self.contiguous { (format!("lidx * {un}u"), "1u".to_string()) } else { ("lidx".to_string(), format!("{wg}u")) };
-            b.push_str(&self.k_loop(r, &first, &format!("{}u", wg as usize * un), &stride));
+            b.push_str(&self.k_loop(r, extra, &first, &format!("{}u", wg as usize * un), &stride));
+            let mut val = "tot".to_string();
+            if self.rms_scale {
+                pre.push_str(&format!("var<workgroup> rms_inv: array<f32, {mm}>;\n"));
+                for m in 0..mm {
+                    b.push_str(&format!("    for (var b = lidx; b < p.cpr; b += {wg}u) {{ acc[{}] += xs[{m}u * p.cpr + b].w; }}\n", v + m));
+                }
+                b.push_str(&format!(
+                    "    let tot = wg_reduce_{vt}(acc, {rargs});\n    if (lidx >= {v}u && lidx < {vt}u) {{ rms_inv[lidx - {v}u] = inverseSqrt(tot / f32(p.cpr * 32u) + bitcast<f32>(p.eps)); }}\n    workgroupBarrier();\n"
+                ));
+                val = "tot * rms_inv[m]".into();
+            } else {
+                b.push_str(&format!("    let tot = wg_reduce_{v}(acc, {rargs});\n"));
+            }
             b.push_str(&format!(
-                "    let tot = wg_reduce_{v}(acc, {rargs});\n    if (lidx < {v}u) {{\n        let row = row0 + lidx / {mm}u;\n        let m = lidx % {mm}u;\n        if (row < p.rows) {{ {} }}\n    }}\n",
-                self.store("m", "p.row0 + row", "tot")
+                "    if (lidx < {v}u) {{\n        let row = row0 + lidx / {mm}u;\n        let m = lidx % {mm}u;\n        if (row < p.rows) {{ {} }}\n    }}\n",
+                self.store("m", "p.row0 + row", &val)
             ));
         }
+        pre.push_str(&self.epilogue.prelude());
+        b.push_str(&self.epilogue.body("p.row0 + row0", &format!("min({r}u, p.rows - row0)")));
         let mut kb = KernelBuilder::new(self.name(), *env).workgroup(wg, 1, 1);
         if sg {
             kb = kb.subgroup_builtins();
@@ -296,12 +350,15 @@ impl QuantGemvQ8 {
             .storage("xq", Access::Read, "array<vec4<u32>>")
             .storage("xs", Access::Read, "array<vec4<f32>>")
             .storage("wv", Access::Read, "array<vec4<u32>>")
-            .storage("ws", Access::Read, "array<u32>")
-            .storage("y", Access::ReadWrite, "array<f32>");
+            .storage("ws", Access::Read, "array<u32>");
+        // The epilogue reads rows other workgroups stored: coherent (module q8_epilogue).
+        kb = if self.epilogue.is_some() { kb.storage_coherent("y", "array<f32>") } else { kb.storage("y", Access::ReadWrite, "array<f32>") };
         if self.split_qkv {
             kb = kb.storage("yk", Access::ReadWrite, "array<f32>").storage("yv", Access::ReadWrite, "array<f32>");
         }
-        kb.params(PARAMS).prelude(&pre).body(&b).build()
+        kb = self.epilogue.bind(kb);
+        let params: Vec<&str> = PARAMS.iter().copied().chain(["epf"]).collect();
+        kb.params(&params).prelude(&pre).body(&b).build()
     }
 }
 
@@ -318,6 +375,44 @@ impl Q8GemvPlan {
     /// rows of `w.cols` inputs) and the output(s) ([`GemvOutput::Qkv`] with `cfg.split_qkv`), each
     /// short binding a [`QuantError::BufferTooSmall`] naming it, then builds the dispatches.
     pub fn new(ctx: &GpuContext, cfg: &QuantGemvQ8, w: &QuantMatrix, xa: &Q8Activations, output: &GemvOutput) -> Result<Q8GemvPlan> {
+        Self::build(ctx, cfg, w, xa, output, None)
+    }
+
+    /// [`Q8GemvPlan::new`] with the config's [`Q8Epilogue`]: the GEMV also quantizes its output
+    /// into `target` (scratch from [`Q8Activations::written_by_producer`] of `w.rows` inputs, or
+    /// `w.rows / 2` for the GLU), multiplied by `norm_weight` (`w.rows` f32) for
+    /// [`Q8Epilogue::Quantize`] with `norm`. `target` must defer the RMSNorm exactly when the
+    /// epilogue applies a norm weight. Needs `@coherent` storage and 9 storage bindings per
+    /// stage (8 without a norm); one activation row, one part, a [`GemvOutput::Single`] output
+    /// and rows per workgroup dividing 32 ([`QuantError::Config`] / [`QuantError::Unsupported`]
+    /// otherwise).
+    pub fn with_epilogue(
+        ctx: &GpuContext,
+        cfg: &QuantGemvQ8,
+        w: &QuantMatrix,
+        xa: &Q8Activations,
+        output: &GemvOutput,
+        target: &Q8Activations,
+        norm_weight: Option<&Binding>,
+    ) -> Result<Q8GemvPlan> {
+        Self::build(ctx, cfg, w, xa, output, Some((target, norm_weight)))
+    }
+
+    /// Whether the adapter runs a GEMV with `epilogue` (`@coherent` storage, enough storage
+    /// bindings per stage).
+    pub fn epilogue_supported(ctx: &GpuContext, epilogue: Q8Epilogue) -> bool {
+        let caps = ctx.capabilities();
+        caps.coherent_memory && caps.limits.max_storage_buffers_per_shader_stage as usize >= 5 + epilogue.extra_bindings()
+    }
+
+    fn build(
+        ctx: &GpuContext,
+        cfg: &QuantGemvQ8,
+        w: &QuantMatrix,
+        xa: &Q8Activations,
+        output: &GemvOutput,
+        ep: Option<(&Q8Activations, Option<&Binding>)>,
+    ) -> Result<Q8GemvPlan> {
         const OP: &str = "gemv_q8";
         if cfg.kind != w.kind() || !QuantGemvQ8::supports(cfg.kind) {
             return Err(QuantError::Shape { what: OP, reason: format!("kernel for {} given {}", cfg.kind.name(), w.kind().name()) });
@@ -353,6 +448,14 @@ impl Q8GemvPlan {
             return Err(QuantError::Config { what: OP, reason: "accumulate with split_qkv".into() });
         }
         let (outputs, qkv) = output.checked(OP, cfg.split_qkv, m, w.rows)?;
+        if cfg.rms_scale != xa.deferred_rms().is_some() {
+            return Err(QuantError::Config {
+                what: OP,
+                reason: format!("rms_scale = {} for activations that defer no RMSNorm / defer one (deferred: {:?})", cfg.rms_scale, xa.deferred_rms()),
+            });
+        }
+        let eps = xa.deferred_rms().unwrap_or(0.0);
+        let ep_bind = Self::check_epilogue(ctx, cfg, w, output, ep)?;
         let src = cfg.source(&env);
         let src = if cfg.unchecked {
             // SAFETY: the integer-dot GEMV's indices are bounded as follows, by what was
@@ -380,15 +483,73 @@ impl Q8GemvPlan {
         for part in &w.parts {
             let mut bind = vec![xa.xq_binding(), xa.xs_binding(), part.binding(), part.binding()];
             bind.extend(outputs.iter().cloned());
+            bind.extend(ep_bind.iter().cloned());
             let group = ctx.bind(&kernel, &bind)?;
             let grid = grid_for(ctx, part.rows.div_ceil(r as usize))?;
             let d = set_out_cols(set_part(PlanDispatch::new(&kernel, group, grid)?, w, part)?, part, out_cols(output, w.rows))?
                 .set_usize("nq", qkv[0])?
                 .set_usize("nk", qkv[1])?
-                .set_usize("nv", qkv[2])?;
+                .set_usize("nv", qkv[2])?
+                .set_f32("eps", eps)?
+                .set_usize("epf", w.rows / 2)?;
             plan.push(d);
         }
         Ok(Q8GemvPlan { plan })
+    }
+
+    /// Checks the epilogue against the config, the matrix and the adapter, and returns its
+    /// bindings (`cnt`, zeroed, then the target's `xq`/`xs`, then the norm weight).
+    fn check_epilogue(
+        ctx: &GpuContext,
+        cfg: &QuantGemvQ8,
+        w: &QuantMatrix,
+        output: &GemvOutput,
+        ep: Option<(&Q8Activations, Option<&Binding>)>,
+    ) -> Result<Vec<Binding>> {
+        const OP: &str = "gemv_q8 epilogue";
+        let config = |reason: String| QuantError::Config { what: OP, reason };
+        let Some((target, norm)) = ep else {
+            return if cfg.epilogue.is_some() { Err(config("the config has an epilogue: build with Q8GemvPlan::with_epilogue".into())) } else { Ok(vec![]) };
+        };
+        if !cfg.epilogue.is_some() {
+            return Err(config("an epilogue target for a config without an epilogue".into()));
+        }
+        if !Self::epilogue_supported(ctx, cfg.epilogue) {
+            return Err(QuantError::Unsupported {
+                name: w.name.clone(),
+                reason: format!("a GEMV epilogue needs @coherent storage and {} storage bindings per stage", 5 + cfg.epilogue.extra_bindings()),
+            });
+        }
+        let r = cfg.rows_per_workgroup;
+        if cfg.activation_rows != 1 || cfg.split_qkv || w.parts.len() != 1 || !matches!(output, GemvOutput::Single(_)) || !32u32.is_multiple_of(r) {
+            return Err(config(format!(
+                "an epilogue needs one activation row ({}), one part ({}), a single output and rows per workgroup dividing 32 ({r})",
+                cfg.activation_rows,
+                w.parts.len()
+            )));
+        }
+        let glu = matches!(cfg.epilogue, Q8Epilogue::Glu { .. });
+        let k = if glu { w.rows / 2 } else { w.rows };
+        if !w.rows.is_multiple_of(cfg.epilogue.block_rows() as usize) || target.k() != k || target.max_rows() != 1 {
+            return Err(QuantError::Shape { what: OP, reason: format!("{} output rows into activations of {} x {}", w.rows, target.max_rows(), target.k()) });
+        }
+        if cfg.epilogue.has_norm() != norm.is_some() || target.deferred_rms().is_some() != cfg.epilogue.has_norm() {
+            return Err(config(format!(
+                "epilogue {:?} with a norm weight: {}, into activations deferring an RMSNorm: {}",
+                cfg.epilogue,
+                norm.is_some(),
+                target.deferred_rms().is_some()
+            )));
+        }
+        let blocks = k / 32;
+        let cnt = ctx.alloc(4 * blocks as u64, BufferKind::Storage)?;
+        ctx.write(&cnt, 0, &vec![0u8; 4 * blocks])?;
+        let mut b = vec![Binding::whole(&cnt), target.xq_binding(), target.xs_binding()];
+        if let Some(nw) = norm {
+            check_binding(OP, "norm weight", nw, k, 4)?;
+            b.push(nw.clone());
+        }
+        Ok(b)
     }
 
     /// The fused Q/K/V projection: `w` holds Q, K and V rows (`rows[0] + rows[1] + rows[2]`),

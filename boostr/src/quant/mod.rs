@@ -38,6 +38,7 @@ pub mod gemm;
 pub mod gemv;
 pub mod gemv_q8;
 pub mod q8_activations;
+pub mod q8_epilogue;
 pub mod upload;
 mod validate;
 
@@ -46,7 +47,8 @@ use crate::formats::{FormatError, GgmlType, PackedFormat};
 pub use gemm::{GemmPlan, QuantGemm};
 pub use gemv::{GemvIo, GemvOutput, GemvPlan, Prologue, QuantGemv};
 pub use gemv_q8::{Q8GemvPlan, QuantGemvQ8};
-pub use q8_activations::{GluQuantizeQ8, Q8Activations, QuantizeQ8, RmsNormQuantizeQ8};
+pub use q8_activations::{DeferredRmsQuantizeQ8, GluQuantizeQ8, Q8Activations, QuantizeQ8, RmsNormQuantizeQ8};
+pub use q8_epilogue::Q8Epilogue;
 pub use upload::{QuantMatrix, QuantPart};
 
 /// The decoder a kernel needs: a GGUF type, or the int4 layout shared by AWQ and GPTQ (whose

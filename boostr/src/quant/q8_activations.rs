@@ -27,13 +27,13 @@ use super::gemv::grid_for;
 use super::validate::{check_binding, check_step, mul, step_rows, to_u32};
 use super::{QuantError, Result};
 
-/// WGSL: `fn quant_block(v, b)` writes block `b` of `xq`/`xs` from its 32 values (rounding ties
-/// away from zero, as llama.cpp's `roundf`).
-const QUANT_BLOCK: &str = "fn round_away4(t: vec4<f32>) -> vec4<f32> {
+/// WGSL: `fn quant_block(v, b, ss)` writes block `b` of `xq`/`xs` from its 32 values (rounding
+/// ties away from zero, as llama.cpp's `roundf`), with `ss` in the scale's fourth word.
+pub(crate) const QUANT_BLOCK: &str = "fn round_away4(t: vec4<f32>) -> vec4<f32> {
     let tr = trunc(t);
     return select(round(t), tr + sign(t), abs(t - tr) == vec4<f32>(0.5));
 }
-fn quant_block(v: array<vec4<f32>, 8>, b: u32) {
+fn quant_block(v: array<vec4<f32>, 8>, b: u32, ss: f32) {
     var amax = vec4<f32>(0.0);
     for (var i = 0u; i < 8u; i++) { amax = max(amax, abs(v[i])); }
     let am = max(max(amax.x, amax.y), max(amax.z, amax.w));
@@ -50,7 +50,7 @@ fn quant_block(v: array<vec4<f32>, 8>, b: u32) {
     xq[b * 2u] = vec4<u32>(w[0], w[1], w[2], w[3]);
     xq[b * 2u + 1u] = vec4<u32>(w[4], w[5], w[6], w[7]);
     let d = am / 127.0;
-    xs[b] = vec4<f32>(d, d * f32(lo), d * f32(hi), 0.0);
+    xs[b] = vec4<f32>(d, d * f32(lo), d * f32(hi), ss);
 }
 ";
 
@@ -78,7 +78,7 @@ impl QuantizeQ8 {
     if (b >= p.nb) { return; }
     var v: array<vec4<f32>, 8>;
     for (var i = 0u; i < 8u; i++) { v[i] = x[b * 8u + i]; }
-    quant_block(v, b);
+    quant_block(v, b, 0.0);
 ",
             )
             .build()
@@ -115,7 +115,7 @@ impl GluQuantizeQ8 {
         let g = x[g0 + i];
         v[i] = vec4<f32>(act(g.x), act(g.y), act(g.z), act(g.w)) * x[g0 + p.k4 + i];
     }
-    quant_block(v, b);
+    quant_block(v, b, 0.0);
 ",
             )
             .build()
@@ -150,7 +150,7 @@ impl RmsNormQuantizeQ8 {
     for (var kb = lidx; kb < nb; kb += 256u) {{
         var v: array<vec4<f32>, 8>;
         for (var i = 0u; i < 8u; i++) {{ v[i] = x[base + kb * 8u + i] * inv * {scale}; }}
-        quant_block(v, row * nb + kb);
+        quant_block(v, row * nb + kb, 0.0);
     }}
 "
         );
@@ -168,6 +168,51 @@ impl RmsNormQuantizeQ8 {
     }
 }
 
+/// The RMSNorm quantizer whose `1 / rms` the consuming GEMV applies
+/// ([`super::QuantGemvQ8::rms_scale`]): block `b` quantizes `x * w` (or `x * (1 + w)`) and
+/// stores `sum(x^2)` of its 32 raw values in `xs[b].w`, one invocation per block, 64 per
+/// workgroup. The codes of `x * w * inv_rms` and of `x * w` are the same (the block's scale
+/// `max|x w| / 127` carries the common factor `inv_rms`), so the row's reduction moves into
+/// the consumer, which sums the blocks' `xs.w`; no workgroup reduces a whole row here. A GEMV's
+/// epilogue ([`super::Q8Epilogue::Quantize`]) writes the same activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DeferredRmsQuantizeQ8 {
+    /// Scale by `1 + w` (Gemma) instead of `w`.
+    pub gemma: bool,
+}
+
+impl DeferredRmsQuantizeQ8 {
+    /// WGSL. Bindings `x` (read, `vec4<f32>`), `nw` (read, the norm weight, `k` f32), `xq`,
+    /// `xs` (written); params `nb` (blocks in all) and `k4` (`k / 4`).
+    pub fn source(&self, env: &KernelEnv) -> KernelSource {
+        let scale = if self.gemma { "(vec4<f32>(1.0) + nw[c + i])" } else { "nw[c + i]" };
+        KernelBuilder::new(format!("deferred_rms_quantize_q8{}", if self.gemma { "_gemma" } else { "" }), *env)
+            .workgroup(QuantizeQ8::BLOCKS_PER_WORKGROUP, 1, 1)
+            .storage("x", Access::Read, "array<vec4<f32>>")
+            .storage("nw", Access::Read, "array<vec4<f32>>")
+            .storage("xq", Access::ReadWrite, "array<vec4<u32>>")
+            .storage("xs", Access::ReadWrite, "array<vec4<f32>>")
+            .params(&["nb", "k4"])
+            .prelude(QUANT_BLOCK)
+            .body(&format!(
+                "    let b = wg_linear * 64u + lidx;
+    if (b >= p.nb) {{ return; }}
+    // The block's first vec4 within its row (the norm weight's index).
+    let c = (b % (p.k4 / 8u)) * 8u;
+    var v: array<vec4<f32>, 8>;
+    var ss = 0.0;
+    for (var i = 0u; i < 8u; i++) {{
+        let xv = x[b * 8u + i];
+        ss += dot(xv, xv);
+        v[i] = xv * {scale};
+    }}
+    quant_block(v, b, ss);
+"
+            ))
+            .build()
+    }
+}
+
 /// The int8 activations of up to `max_rows` rows of `k` inputs, with the plan that writes them
 /// (quantize, or RMSNorm + quantize) from f32 activations `x`: the scratch of a
 /// [`super::Q8GemvPlan`], shared by every plan that reads the same activations.
@@ -181,6 +226,9 @@ pub struct Q8Activations {
     plan: Plan,
     max_rows: usize,
     k: usize,
+    /// The RMSNorm's `1 / rms` is left to the consumer (`xs.w` holds each block's `sum(x^2)`),
+    /// with this epsilon.
+    deferred_rms: Option<f32>,
 }
 
 impl Q8Activations {
@@ -234,7 +282,7 @@ impl Q8Activations {
             .set_usize("k4", k / 4)?
             .per_step("nb", move |s| step_rows(s, max) * bpr)?
             .grid_per_step(move |s| grid_2d((step_rows(s, max) * bpr).div_ceil(wpg) as u64, limit).unwrap_or([0, 0, 0]));
-        Ok(Q8Activations { xq, xs, plan: Plan::from(d), max_rows, k })
+        Ok(Q8Activations { xq, xs, plan: Plan::from(d), max_rows, k, deferred_rms: None })
     }
 
     /// Scratch for the RMSNorm of up to `max_rows x k` activations `x` with weight
@@ -254,7 +302,58 @@ impl Q8Activations {
             .set_f32("eps", eps)?
             .per_step("rows", move |s| step_rows(s, max))?
             .grid_per_step(move |s| grid_2d(step_rows(s, max) as u64, limit).unwrap_or([0, 0, 0]));
-        Ok(Q8Activations { xq, xs, plan: Plan::from(d), max_rows, k })
+        Ok(Q8Activations { xq, xs, plan: Plan::from(d), max_rows, k, deferred_rms: None })
+    }
+
+    /// Scratch for the RMSNorm of up to `max_rows x k` activations `x` with weight
+    /// `norm_weight` whose `1 / rms` the consuming GEMV applies ([`DeferredRmsQuantizeQ8`]; read
+    /// it with [`super::QuantGemvQ8::rms_scale`] set): one invocation per block, no row
+    /// reduction.
+    pub fn with_deferred_rms_norm(
+        ctx: &GpuContext,
+        x: &Binding,
+        norm_weight: &Binding,
+        max_rows: usize,
+        k: usize,
+        eps: f32,
+        gemma: bool,
+    ) -> Result<Q8Activations> {
+        const OP: &str = "deferred_rms_quantize_q8";
+        let (xq, xs, nb) = Self::scratch(ctx, OP, x, max_rows, k, 1)?;
+        check_binding(OP, "norm weight", norm_weight, k, 4)?;
+        let env = KernelEnv::from_caps(ctx.capabilities());
+        let kernel = ctx.kernel(&DeferredRmsQuantizeQ8 { gemma }.source(&env))?;
+        let (bpr, wpg) = (to_u32("blocks per row", k / 32)?, QuantizeQ8::BLOCKS_PER_WORKGROUP);
+        let max = to_u32("activation rows", max_rows)?;
+        grid_for(ctx, nb.div_ceil(wpg as usize))?;
+        let limit = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
+        let group = ctx.bind(&kernel, &[x.clone(), norm_weight.clone(), Binding::whole(&xq), Binding::whole(&xs)])?;
+        let d = PlanDispatch::new(&kernel, group, [0, 1, 1])?
+            .set_usize("k4", k / 4)?
+            .per_step("nb", move |s| step_rows(s, max) * bpr)?
+            .grid_per_step(move |s| grid_2d((step_rows(s, max) * bpr).div_ceil(wpg) as u64, limit).unwrap_or([0, 0, 0]));
+        Ok(Q8Activations { xq, xs, plan: Plan::from(d), max_rows, k, deferred_rms: Some(eps) })
+    }
+
+    /// Scratch for one row of `k` activations that another plan writes: a GEMV's epilogue
+    /// ([`super::Q8Epilogue`]), which quantizes its own output for the next projection. With
+    /// `deferred_rms` (an epsilon) the writer leaves the RMSNorm's `1 / rms` to the consumer
+    /// ([`DeferredRmsQuantizeQ8`]). Its own plan is empty.
+    pub fn written_by_producer(ctx: &GpuContext, k: usize, deferred_rms: Option<f32>) -> Result<Q8Activations> {
+        const OP: &str = "q8_epilogue_target";
+        if !k.is_multiple_of(32) || k == 0 {
+            return Err(QuantError::Shape { what: OP, reason: format!("1 x {k} (k must be a positive multiple of 32)") });
+        }
+        let nb = k / 32;
+        to_u32("xq words", mul("xq words", nb, 8)?)?;
+        let (xq, xs) = (ctx.alloc(nb as u64 * 32, BufferKind::Storage)?, ctx.alloc(nb as u64 * 16, BufferKind::Storage)?);
+        Ok(Q8Activations { xq, xs, plan: Plan::new(), max_rows: 1, k, deferred_rms })
+    }
+
+    /// The epsilon of an RMSNorm whose `1 / rms` the consumer applies (`None`: the activations
+    /// are final).
+    pub fn deferred_rms(&self) -> Option<f32> {
+        self.deferred_rms
     }
 
     /// The int8 quants: two `vec4<u32>` per block of 32, blocks row-major (`rows x k / 32`).

@@ -1,0 +1,190 @@
+//! [`Q8Epilogue`]: an integer-dot GEMV ([`super::QuantGemvQ8`]) that also quantizes its own
+//! output to int8 for the next projection, so a decode step needs no quantizer dispatch between
+//! two GEMVs.
+//!
+//! A block of 32 activations is quantized from all of its values at once, and the GEMV's
+//! workgroups each produce one or two output rows, so the block is finished by whichever
+//! workgroup completes it last:
+//! 1. each workgroup stores its rows (`y`), runs `storageBarrier()`, and one invocation adds the
+//!    number of rows it stored to the block's arrival counter (`cnt`, `atomicAdd`, relaxed,
+//!    device scope);
+//! 2. the workgroup whose addition completes the block (32 rows; 64 for the GLU, 32 of the gate
+//!    and 32 of the up half) runs `storageBarrier()` again, resets the counter for the next
+//!    dispatch, and quantizes the block from `y` into the consumer's `oq`/`os`
+//!    (the layout of [`super::Q8Activations`]).
+//!
+//! The memory-model argument is the attention's fused merge
+//! ([`crate::attention::DecodeAttnSg`]): naga lowers `storageBarrier()` to a workgroup execution
+//! barrier with device-scope acquire-release semantics over storage memory, the counter's
+//! read-modify-write chain makes every earlier arrival's release synchronize with the last
+//! arrival's acquire, and `y` is declared `@coherent` (so needs `env.coherent`), so every row the
+//! block's workgroups stored is visible to the one that quantizes it. Nothing waits on another
+//! workgroup, so there is no forward-progress assumption; rows are spread over consecutive
+//! workgroups, so the quantization is spread over the dispatch instead of serialised at its end.
+//!
+//! Two forms:
+//! - [`Q8Epilogue::Quantize`]: the block's values, times the norm weight `nw` when `norm` (the
+//!   RMSNorm of the residual stream an accumulating GEMV has just updated), with the block's
+//!   `sum(y^2)` in `xs.w`: the RMSNorm's `1 / rms` is left to the consumer
+//!   ([`super::QuantGemvQ8::rms_scale`], see [`super::DeferredRmsQuantizeQ8`] for why the codes
+//!   do not depend on it).
+//! - [`Q8Epilogue::Glu`]: the output rows are `[gate | up]` (`p.epf` rows each); block `j`
+//!   quantizes `act(gate) * up` of rows `32 j ..`, the input of the FFN's down projection.
+//!
+//! Limits (checked by [`super::Q8GemvPlan::with_epilogue`]): one activation row, one part, a
+//! plain output, rows per workgroup dividing 32.
+
+use numr::gpu::{Access, KernelBuilder};
+
+use super::q8_activations::QUANT_BLOCK;
+use crate::act::ActKind;
+
+/// What a GEMV writes besides its output (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Q8Epilogue {
+    /// Nothing.
+    None,
+    /// Quantize the output rows in blocks of 32 (times the norm weight with `norm`, by `1 + w`
+    /// with `gemma`), with each block's `sum(y^2)` for a consumer that applies `1 / rms`.
+    Quantize {
+        /// Multiply by a norm weight (binding `nw`) before quantizing.
+        norm: bool,
+        /// Gemma's weight offset: `1 + w`.
+        gemma: bool,
+    },
+    /// Quantize `act(gate) * up` of the `[gate | up]` output rows.
+    Glu {
+        /// The gate's nonlinearity.
+        act: ActKind,
+    },
+}
+
+impl Q8Epilogue {
+    /// True unless [`Q8Epilogue::None`].
+    pub fn is_some(&self) -> bool {
+        *self != Q8Epilogue::None
+    }
+
+    /// Output rows that make one quantized block.
+    pub(crate) fn block_rows(&self) -> u32 {
+        match self {
+            Q8Epilogue::Glu { .. } => 64,
+            _ => 32,
+        }
+    }
+
+    /// Whether the norm weight is bound.
+    pub(crate) fn has_norm(&self) -> bool {
+        matches!(self, Q8Epilogue::Quantize { norm: true, .. })
+    }
+
+    /// A suffix for the kernel name.
+    pub(crate) fn name(&self) -> String {
+        match self {
+            Q8Epilogue::None => String::new(),
+            Q8Epilogue::Quantize { norm, gemma } => format!("_epq{}{}", if *norm { "n" } else { "" }, if *gemma { "g" } else { "" }),
+            Q8Epilogue::Glu { act } => format!("_epglu_{}", act.name()),
+        }
+    }
+
+    /// Storage bindings the epilogue adds after `y`.
+    pub(crate) fn extra_bindings(&self) -> usize {
+        match self {
+            Q8Epilogue::None => 0,
+            _ => 3 + usize::from(self.has_norm()),
+        }
+    }
+
+    /// Declares the epilogue's bindings (`cnt`, `oq`, `os`, and `nw` with a norm), after `y`.
+    pub(crate) fn bind(&self, kb: KernelBuilder) -> KernelBuilder {
+        if !self.is_some() {
+            return kb;
+        }
+        let kb = kb.storage("cnt", Access::ReadWrite, "array<atomic<u32>>").storage("oq", Access::ReadWrite, "array<vec4<u32>>").storage(
+            "os",
+            Access::ReadWrite,
+            "array<vec4<f32>>",
+        );
+        if self.has_norm() { kb.storage("nw", Access::Read, "array<f32>") } else { kb }
+    }
+
+    /// WGSL functions and workgroup variables: `ep_quant(b)` quantizes block `b`.
+    pub(crate) fn prelude(&self) -> String {
+        let quant = QUANT_BLOCK.replace("xq[", "oq[").replace("xs[", "os[");
+        let load = |base: &str| format!("vec4<f32>(y[{base}], y[{base} + 1u], y[{base} + 2u], y[{base} + 3u])");
+        match self {
+            Q8Epilogue::None => String::new(),
+            Q8Epilogue::Quantize { norm, gemma } => {
+                let w = load("o").replace("y[", "nw[");
+                let scale = match (norm, gemma) {
+                    (false, _) => String::new(),
+                    (true, false) => format!(" * {w}"),
+                    (true, true) => format!(" * (vec4<f32>(1.0) + {w})"),
+                };
+                format!(
+                    "var<workgroup> ep_last: u32;\n{quant}fn ep_quant(b: u32) {{
+    var v: array<vec4<f32>, 8>;
+    var ss = 0.0;
+    for (var i = 0u; i < 8u; i++) {{
+        let o = b * 32u + i * 4u;
+        let xv = {};
+        ss += dot(xv, xv);
+        v[i] = xv{scale};
+    }}
+    quant_block(v, b, ss);
+}}
+",
+                    load("o")
+                )
+            }
+            Q8Epilogue::Glu { act } => format!(
+                "var<workgroup> ep_last: u32;\n{}{}{quant}fn ep_quant(b: u32) {{
+    var v: array<vec4<f32>, 8>;
+    for (var i = 0u; i < 8u; i++) {{
+        let o = b * 32u + i * 4u;
+        let g = {};
+        v[i] = vec4<f32>(act(g.x), act(g.y), act(g.z), act(g.w)) * {};
+    }}
+    quant_block(v, b, 0.0);
+}}
+",
+                crate::ops_common::SAFE_TANH,
+                act.wgsl(),
+                load("o"),
+                load("(p.epf + o)")
+            ),
+        }
+    }
+
+    /// The WGSL run after the workgroup's stores, in uniform control flow: `first` is the
+    /// workgroup's first output row, `n` how many rows it stored (both `u32` expressions).
+    pub(crate) fn body(&self, first: &str, n: &str) -> String {
+        if !self.is_some() {
+            return String::new();
+        }
+        let block = match self {
+            Q8Epilogue::Glu { .. } => "select(g, g - p.epf, g >= p.epf) / 32u",
+            _ => "g / 32u",
+        };
+        format!(
+            "    // Epilogue: the workgroup completing a block quantizes it (module q8_epilogue).
+    storageBarrier();
+    if (lidx == 0u) {{
+        let g = {first};
+        let n = {n};
+        let blk = {block};
+        ep_last = select(0u, blk + 1u, atomicAdd(&cnt[blk], n) + n == {}u);
+    }}
+    let ep = workgroupUniformLoad(&ep_last);
+    if (ep != 0u) {{
+        storageBarrier();
+        if (lidx == 0u) {{
+            atomicStore(&cnt[ep - 1u], 0u);
+            ep_quant(ep - 1u);
+        }}
+    }}
+",
+            self.block_rows()
+        )
+    }
+}
