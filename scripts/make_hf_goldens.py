@@ -20,10 +20,14 @@ values in f32 (`model.float()`), so the checkpoint holds exactly what the refere
 
 The tokenizer is our own: a byte-level BPE of 320 tokens (256 bytes, 3 special tokens, merges
 learned from `CORPUS`), the same for every model. Layers include an LFM2 conv block (layers 0 and
-2) and a Gemma 3 sliding-window layer (layer 0, window 4, shorter than every long prompt).
+2) and a Gemma 3 sliding-window layer (layer 0, window 4, shorter than every long prompt);
+`gemma3-6l-tiny` has llama.cpp's Gemma 3 pattern (layers 0..4 sliding, layer 5 global), so that
+its GGUF twin is exact.
 
 Run where torch and transformers are installed (the GPU machine has both):
     python3 scripts/make_hf_goldens.py --out tests/golden/hf
+or, to write only some of the models (the others' committed files stay as they are):
+    python3 scripts/make_hf_goldens.py --out tests/golden/hf --only gemma3-6l-tiny
 """
 
 import argparse
@@ -95,6 +99,27 @@ MODELS = [
             head_dim=64,
             sliding_window=4,
             layer_types=["sliding_attention", "full_attention"],
+            query_pre_attn_scalar=64,
+            rope_theta=1000000.0,
+            rope_local_base_freq=10000.0,
+            rms_norm_eps=1e-6,
+            final_logit_softcapping=None,
+            attn_logit_softcapping=None,
+            tie_word_embeddings=True,
+        ),
+    ),
+    # gemma3-tiny in six layers, five sliding-window then one global: llama.cpp's fixed Gemma 3
+    # pattern (layer il slides iff il % 6 < 5), so its GGUF twin (`cargo xtask hf2gguf`) is the
+    # same model. FFN width 128 keeps it under 1.5 MB.
+    (
+        "gemma3-6l-tiny",
+        "float16",
+        lambda: transformers.Gemma3TextConfig(
+            **{**COMMON, "intermediate_size": 128},
+            num_hidden_layers=6,
+            head_dim=64,
+            sliding_window=4,
+            layer_types=["sliding_attention"] * 5 + ["full_attention"],
             query_pre_attn_scalar=64,
             rope_theta=1000000.0,
             rope_local_base_freq=10000.0,
@@ -312,16 +337,16 @@ def make(out, name, dtype, config_fn, tok, seed, quant=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="tests/golden/hf")
-    ap.add_argument("--only", choices=[m[0] for m in MODELS] + [m[0] for m in INT4])
+    ap.add_argument("--only", nargs="+", metavar="NAME", choices=[m[0] for m in MODELS] + [m[0] for m in INT4], help="write only these models")
     args = ap.parse_args()
     out = pathlib.Path(args.out)
     tok = tokenizer()
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     for i, (name, dtype, cfg) in enumerate(MODELS):
-        if args.only in (None, name):
+        if args.only is None or name in args.only:
             make(out, name, dtype, cfg, tok, 100 + i)
     for i, (name, method, group) in enumerate(INT4):
-        if args.only in (None, name):
+        if args.only is None or name in args.only:
             make(out, name, "float16", MODELS[0][2], tok, 200 + i, (method, group))
 
 

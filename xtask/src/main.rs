@@ -90,7 +90,7 @@ enum Cmd {
         #[arg(long)]
         threads: Option<usize>,
     },
-    /// Write a Hugging Face folder (llama, qwen2, qwen3, lfm2; F32/F16/BF16) as GGUF with
+    /// Write a Hugging Face folder (llama, qwen2, qwen3, lfm2, gemma3; F32/F16/BF16) as GGUF with
     /// llama.cpp's names and conventions (the golden checkpoints' GGUF twins).
     Hf2gguf {
         /// The model folder (config.json, model.safetensors, tokenizer.json, tokenizer_config.json).

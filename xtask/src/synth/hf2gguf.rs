@@ -1,6 +1,7 @@
 //! A Hugging Face folder written as GGUF with llama.cpp's names and conventions, for checking
 //! that the same model gives the same logits through cera's GGUF path (and llama.cpp's): the
-//! tiny golden checkpoints of `tests/golden/hf/` (llama, qwen2, qwen3, lfm2; F32/F16/BF16).
+//! tiny golden checkpoints of `tests/golden/hf/` (llama, qwen2, qwen3, lfm2, gemma3;
+//! F32/F16/BF16).
 //!
 //! What the conversion does, as llama.cpp's `convert_hf_to_gguf.py` does it:
 //! - names through [`cera::safetensors::hf_to_internal`]; dims in ggml order (reversed);
@@ -8,13 +9,22 @@
 //!   rotated dimensions interleaved); the other architectures keep NeoX order;
 //! - vectors (norms, biases) and LFM2's conv taps (`[dim, 1, k]` to ggml `[k, dim]`) as F32;
 //!   matrices as stored (F32, F16, BF16);
+//! - Gemma 3's norm weights stored as `1 + w` (transformers' Gemma RMSNorm scales by `1 + w`,
+//!   llama.cpp's by the stored weight): `attn_norm`, `attn_q_norm`, `attn_k_norm`,
+//!   `post_attention_norm`, `ffn_norm` (HF's `pre_feedforward_layernorm`), `post_ffw_norm`,
+//!   `output_norm`; a tied LM head is `token_embd` alone (no `output.weight`), as llama.cpp's
+//!   gemma3 expects;
 //! - metadata: the `{arch}.*` hyperparameters (LFM2's `head_count_kv` per layer, 0 on conv
-//!   layers; `shortconv.l_cache`), a `gpt2` tokenizer from `tokenizer.json` (the byte-level BPE's
-//!   tokens, merges and special tokens, pre-tokenizer `gpt-2`), the EOS id, the chat template.
+//!   layers; `shortconv.l_cache`; Gemma 3's `attention.sliding_window`, the global layers' RoPE
+//!   base as `rope.freq_base` and the local one as `rope.freq_base_swa`, `final_logit_softcapping`
+//!   when set), a `gpt2` tokenizer from `tokenizer.json` (the byte-level BPE's tokens, merges and
+//!   special tokens, pre-tokenizer `gpt-2`), the EOS id, the chat template.
 //!
-//! Gemma 3 is left out: llama.cpp fixes its sliding-window pattern (every sixth layer global),
-//! which a 2-layer checkpoint with its own `layer_types` does not follow. Quantized (AWQ/GPTQ)
-//! checkpoints have no GGUF form.
+//! Gemma 3 converts only when the checkpoint is what llama.cpp (and cera's GGUF path) assume of
+//! every `gemma3` file, since no key can say otherwise: `layer_types` slide on layer `il` iff
+//! `il % 6 < 5` (`tests/golden/hf/gemma3-6l-tiny`; the 2-layer `gemma3-tiny`, whose layer 1 is
+//! global, is refused), the local RoPE base 10000, `query_pre_attn_scalar` the head dimension,
+//! and no attention-logit softcapping. Quantized (AWQ/GPTQ) checkpoints have no GGUF form.
 
 use std::io::BufWriter;
 use std::path::Path;
@@ -104,13 +114,54 @@ fn tokenizer_metadata(dir: &Path) -> Result<Vec<(String, MetadataValue)>, String
     Ok(kv)
 }
 
+/// Gemma 3's own keys, once the checkpoint is checked to be what every llama.cpp `gemma3` file
+/// is (see the module docs).
+fn gemma3_metadata(raw: &Value, hp: &cera::gguf::HyperParams) -> Result<Vec<(String, MetadataValue)>, String> {
+    let n = hp.block_count as usize;
+    let types: Vec<&str> = match raw["layer_types"].as_array() {
+        Some(t) => t.iter().map(|x| x.as_str().unwrap_or_default()).collect(),
+        None => (0..n).map(|l| if l % 6 < 5 { "sliding_attention" } else { "full_attention" }).collect(),
+    };
+    let fixed: Vec<&str> = (0..n).map(|l| if l % 6 < 5 { "sliding_attention" } else { "full_attention" }).collect();
+    if types != fixed {
+        return Err(format!("gemma3 layer_types {types:?}: llama.cpp fixes {fixed:?} (layer il slides iff il % 6 < 5)"));
+    }
+    let rope = &raw["rope_parameters"];
+    let local = rope["sliding_attention"]["rope_theta"].as_f64().or(raw["rope_local_base_freq"].as_f64()).unwrap_or(10_000.0);
+    if local != 10_000.0 {
+        return Err(format!("gemma3 local RoPE base {local}: llama.cpp and cera fix 10000"));
+    }
+    for kind in ["sliding_attention", "full_attention"] {
+        let ty = rope[kind]["rope_type"].as_str().unwrap_or("default");
+        if ty != "default" {
+            return Err(format!("gemma3 rope_parameters.{kind}.rope_type = {ty} (default only)"));
+        }
+    }
+    let scalar = raw["query_pre_attn_scalar"].as_f64().unwrap_or(hp.key_length as f64);
+    if scalar != hp.key_length as f64 {
+        return Err(format!("gemma3 query_pre_attn_scalar {scalar}: llama.cpp scales by 1 / sqrt(head_dim = {})", hp.key_length));
+    }
+    if hp.attn_logit_softcapping.is_some_and(|c| c > 0.0) {
+        return Err("gemma3 attn_logit_softcapping (llama.cpp's gemma3 has none)".into());
+    }
+    let window = hp.sliding_window.ok_or("gemma3 without sliding_window")?;
+    let mut kv = vec![
+        ("gemma3.attention.sliding_window".to_string(), MetadataValue::U32(window)),
+        ("gemma3.rope.freq_base_swa".to_string(), MetadataValue::F32(local as f32)),
+    ];
+    if let Some(c) = hp.final_logit_softcapping.filter(|&c| c > 0.0) {
+        kv.push(("gemma3.final_logit_softcapping".to_string(), MetadataValue::F32(c)));
+    }
+    Ok(kv)
+}
+
 /// Writes the folder `dir` as the GGUF file `out`.
 pub fn convert(dir: &Path, out: &Path) -> Result<(), String> {
     let st = SafetensorsModel::open(dir).map_err(err)?;
     let cfg = st.config().ok_or("no config.json")?;
     let arch = cfg.architecture.as_str();
-    if !matches!(arch, "llama" | "qwen2" | "qwen3" | "lfm2") {
-        return Err(format!("architecture {arch} (llama, qwen2, qwen3, lfm2)"));
+    if !matches!(arch, "llama" | "qwen2" | "qwen3" | "lfm2" | "gemma3") {
+        return Err(format!("architecture {arch} (llama, qwen2, qwen3, lfm2, gemma3)"));
     }
     if cfg.quantization.is_some() {
         return Err("a quantized checkpoint".into());
@@ -120,7 +171,9 @@ pub fn convert(dir: &Path, out: &Path) -> Result<(), String> {
     let k = |s: &str| format!("{arch}.{s}");
     let u = MetadataValue::U32;
     let ffn = st.tensor("blk.0.ffn_gate.weight").and_then(|t| t.shape.first().copied()).ok_or("no ffn_gate")? as u32;
-    let theta = raw["rope_parameters"]["rope_theta"].as_f64().or(raw["rope_theta"].as_f64()).unwrap_or(10_000.0) as f32;
+    // transformers 5 keeps the RoPE base in `rope_parameters` (Gemma 3: one per layer type).
+    let rope = &raw["rope_parameters"];
+    let theta = rope["full_attention"]["rope_theta"].as_f64().or(rope["rope_theta"].as_f64()).or(raw["rope_theta"].as_f64()).unwrap_or(10_000.0) as f32;
     let kv_heads = match &hp.head_count_kv {
         cera::gguf::PerLayer::Uniform(n) => u(*n),
         cera::gguf::PerLayer::Layers(v) => MetadataValue::Array(MetadataArray::U32(v.clone())),
@@ -143,6 +196,9 @@ pub fn convert(dir: &Path, out: &Path) -> Result<(), String> {
     if arch == "lfm2" {
         kvs.push((k("shortconv.l_cache"), u(hp.shortconv_l_cache.unwrap_or(3))));
     }
+    if arch == "gemma3" {
+        kvs.extend(gemma3_metadata(raw, hp)?);
+    }
     kvs.extend(tokenizer_metadata(dir)?);
     // Tensors: (internal name, ggml dims, type, bytes).
     let mut tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)> = Vec::new();
@@ -151,7 +207,10 @@ pub fn convert(dir: &Path, out: &Path) -> Result<(), String> {
         let bytes = st.tensor_data(name).map_err(err)?;
         let vector = info.shape.iter().filter(|&&d| d != 1).count() <= 1 || name.contains("shortconv.conv");
         let (dims, ty, data) = if vector {
-            let v = f32_of(info.dtype, bytes)?;
+            let mut v = f32_of(info.dtype, bytes)?;
+            if arch == "gemma3" && name.ends_with("norm.weight") {
+                v.iter_mut().for_each(|w| *w += 1.0);
+            }
             let dims = if name.contains("shortconv.conv") { vec![info.shape[2], info.shape[0]] } else { vec![v.len() as u64] };
             (dims, GgmlType::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect())
         } else {

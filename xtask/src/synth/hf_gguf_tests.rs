@@ -4,7 +4,9 @@
 //! pre-tokenizer) gives transformers' token ids, and the CPU executor with an exact f32 KV cache
 //! is within `TOL` of transformers' f32 logits at every position (relative to the row's largest
 //! magnitude; measured below 3e-6), for llama (whose Q/K rows the conversion permutes for
-//! interleaved RoPE), qwen2, qwen3 and lfm2.
+//! interleaved RoPE), qwen2, qwen3, lfm2 and gemma3 (`gemma3-6l-tiny`: llama.cpp's fixed pattern
+//! of five sliding-window layers and one global, norms stored as `1 + w`). The 2-layer
+//! `gemma3-tiny`, whose own `layer_types` no `gemma3` GGUF file can hold, is refused.
 
 use std::path::PathBuf;
 
@@ -67,4 +69,18 @@ fn hf_qwen3_through_gguf_matches_transformers() {
 #[test]
 fn hf_lfm2_through_gguf_matches_transformers() {
     check("lfm2-tiny");
+}
+
+#[test]
+fn hf_gemma3_through_gguf_matches_transformers() {
+    check("gemma3-6l-tiny");
+}
+
+#[test]
+fn hf_gemma3_outside_llama_cpp_pattern_is_refused() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/hf/gemma3-tiny");
+    let out = std::env::temp_dir().join(format!("xtask-hf2gguf-refused-{}.gguf", std::process::id()));
+    let e = super::hf2gguf::convert(&dir, &out).unwrap_err();
+    assert!(e.contains("layer_types") && e.contains("il % 6 < 5"), "{e}");
+    assert!(!out.exists());
 }
