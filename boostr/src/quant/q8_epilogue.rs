@@ -66,7 +66,7 @@ impl Q8Epilogue {
     }
 
     /// Output rows that make one quantized block.
-    pub(crate) fn block_rows(&self) -> u32 {
+    pub fn block_rows(&self) -> u32 {
         match self {
             Q8Epilogue::Glu { .. } => 64,
             _ => 32,

@@ -27,7 +27,7 @@ use boostr::embedding::EmbeddingPlan;
 use boostr::kv_cache::{KvCache, KvDtype};
 use boostr::norm::{Norm, NormIo, NormPlan};
 use boostr::ops_common::{GpuView, OpPlan};
-use boostr::quant::{GemmPlan, GemvIo, GemvOutput, GemvPlan, Prologue, Q8Activations, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, WeightKind};
+use boostr::quant::{GemmPlan, GemvIo, GemvOutput, GemvPlan, Prologue, Q8Activations, Q8Epilogue, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, WeightKind};
 use boostr::rope::{QkvLayout, QkvRope, QkvRopeInputs, QkvRopePlan, RopeParams, RopePositions, RopeScaling, RopeStyle};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, Plan};
 
@@ -133,15 +133,17 @@ pub(crate) fn kv_dtype(kv: super::super::KvType) -> Result<KvDtype, EngineError>
     }
 }
 
-/// The decode fusions to make. Diagnostic switches, to measure what each fusion gives:
-/// `CERA_DECODE_FUSION` = `none`, or a comma list of `norm`, `residual`, `glu` (default: all);
+/// The decode fusions to make, and whether int8 GEMVs quantize their outputs in their epilogue
+/// ([`epilogue_links`]). Diagnostic switches, to measure what each fusion gives:
+/// `CERA_DECODE_FUSION` = `none`, or a comma list of `norm`, `residual`, `glu`, `epilogue`
+/// (default: all);
 /// `CERA_NORM_FUSE_MAX_K`: the RMSNorm goes into GEMVs of at most this many input features
 /// (default [`NORM_FUSE_MAX_K`]).
-fn decode_fusions() -> Allow {
-    let list = std::env::var("CERA_DECODE_FUSION").unwrap_or_else(|_| "norm,residual,glu".into());
+fn decode_fusions() -> (Allow, bool) {
+    let list = std::env::var("CERA_DECODE_FUSION").unwrap_or_else(|_| "norm,residual,glu,epilogue".into());
     let has = |f: &str| list.split(',').any(|x| x.trim() == f);
     let max_k = std::env::var("CERA_NORM_FUSE_MAX_K").ok().and_then(|v| v.parse().ok()).unwrap_or(NORM_FUSE_MAX_K);
-    Allow { norm_max_k: if has("norm") { max_k } else { 0 }, residual: has("residual"), glu: has("glu") }
+    (Allow { norm_max_k: if has("norm") { max_k } else { 0 }, residual: has("residual"), glu: has("glu") }, has("epilogue"))
 }
 
 /// A diagnostic override (`CERA_GEMV_ROWS`, `CERA_GEMV_THREADS`: the f32 decode GEMV's rows per
@@ -183,7 +185,9 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
         Op::LmHead { w, .. } => w.cols,
         _ => 0,
     };
-    let fused = if mode == Mode::Decode { fuse_decode(&g.ops, decode_fusions(), &k_of) } else { Fusions::none(g.ops.len()) };
+    let (allow, epilogues) = decode_fusions();
+    let fused = if mode == Mode::Decode { fuse_decode(&g.ops, allow, &k_of) } else { Fusions::none(g.ops.len()) };
+    let links = if mode == Mode::Decode && epilogues { epilogue_links(ctx, &env, inp, &fused)? } else { Links::default() };
     for (i, op) in g.ops.iter().enumerate() {
         let f = &fused.ops[i];
         if f.skip {
@@ -230,13 +234,13 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
                 };
                 plan.append(NormPlan::new(ctx, &Norm { residual: true, ..Norm::rms() }, &io, w.len, rows, c.norm_eps).map_err(ops_err)?.plan());
             }
-            Op::Linear { x, out, .. } => linear(ctx, &env, &mut plan, inp, i, gemv(*x, *out), g.width(*out), c.norm_eps, mode)?,
+            Op::Linear { x, out, .. } => linear(ctx, &env, &mut plan, inp, i, gemv(*x, *out), g.width(*out), c.norm_eps, mode, &links)?,
             Op::LmHead { softcap, .. } => {
                 if let Some(cap) = softcap {
                     return Err(EngineError::Unsupported { what: format!("final logit soft-capping ({cap}) on the GPU") });
                 }
                 if mode == Mode::Decode {
-                    linear(ctx, &env, &mut plan, inp, i, gemv(Slot::Normed, Slot::Logits), c.vocab, c.norm_eps, mode)?;
+                    linear(ctx, &env, &mut plan, inp, i, gemv(Slot::Normed, Slot::Logits), c.vocab, c.norm_eps, mode, &links)?;
                 }
             }
             Op::QkvRope { layer, qk_norm, rope, neox, .. } => {
@@ -333,13 +337,17 @@ fn linear(
     width: usize,
     eps: f32,
     mode: Mode,
+    links: &Links,
 ) -> Result<(), EngineError> {
     let (x, y) = (f.x, f.out);
     let parts = &inp.weights.linear[&op];
     let k = parts.first().map_or(0, |p| p.w.cols);
-    let int8 = mode == Mode::Decode && inp.decode_gemv.int8_for(inp.graph.cfg.dim) && parts.iter().all(|p| QuantGemvQ8::supports(WeightKind::of(p.w.format)));
-    // The int8 activations all parts read (quantized once, in the dispatch before them).
-    let xa = if int8 {
+    let int8 = uses_int8(inp, op, mode);
+    // The int8 activations all parts read: written by the producing GEMV's epilogue, or
+    // quantized once in the dispatch before them.
+    let xa = if let Some(t) = links.targets.get(&op) {
+        Some(t.clone())
+    } else if int8 {
         let name = &parts[0].w.name;
         let xa = match (&f.norm, f.glu) {
             (Some(n), _) => Q8Activations::with_rms_norm(ctx, &x, &inp.weights.vecs[n].binding, 1, k, eps, false),
@@ -362,18 +370,15 @@ fn linear(
         let kind = WeightKind::of(w.format);
         match (mode, &xa) {
             (Mode::Decode, Some(xa)) => {
-                let base = QuantGemvQ8::for_matrix(kind, env, 1, w.rows, w.cols);
-                let cfg = QuantGemvQ8 {
-                    unchecked: true,
-                    accumulate: f.accumulate,
-                    rows_per_workgroup: env_u32("CERA_Q8_ROWS").unwrap_or(Q8_ROWS.max(base.rows_per_workgroup)),
-                    threads: env_u32("CERA_Q8_THREADS").unwrap_or(base.threads),
-                    unroll: env_u32("CERA_Q8_UNROLL").unwrap_or(base.unroll),
-                    subgroup_rows: env_u32("CERA_Q8_SG_ROWS").unwrap_or(base.subgroup_rows),
-                    prefetch: env_u32("CERA_Q8_PREFETCH").map_or(base.prefetch, |v| v != 0),
-                    ..base
+                let cfg = QuantGemvQ8 { accumulate: f.accumulate, rms_scale: xa.deferred_rms().is_some(), ..q8_config(env, w) };
+                let p = match links.producers.get(&op) {
+                    Some(l) => {
+                        let cfg = QuantGemvQ8 { epilogue: l.epilogue, ..cfg };
+                        Q8GemvPlan::with_epilogue(ctx, &cfg, w, xa, &output, &links.targets[&l.consumer], l.norm.as_ref())
+                    }
+                    None => Q8GemvPlan::new(ctx, &cfg, w, xa, &output),
                 };
-                plan.append(Q8GemvPlan::new(ctx, &cfg, w, xa, &output).map_err(|e| quant_err(ctx, &w.name, e))?.plan());
+                plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
             }
             (Mode::Decode, None) => {
                 // Bounds are validated by the plan before it drops the runtime checks.
@@ -402,4 +407,88 @@ fn linear(
         }
     }
     Ok(())
+}
+
+/// The integer-dot GEMV configuration of a decode projection (with the diagnostic overrides).
+fn q8_config(env: &KernelEnv, w: &boostr::quant::QuantMatrix) -> QuantGemvQ8 {
+    let base = QuantGemvQ8::for_matrix(WeightKind::of(w.format), env, 1, w.rows, w.cols);
+    QuantGemvQ8 {
+        unchecked: true,
+        rows_per_workgroup: env_u32("CERA_Q8_ROWS").unwrap_or(Q8_ROWS.max(base.rows_per_workgroup)),
+        threads: env_u32("CERA_Q8_THREADS").unwrap_or(base.threads),
+        unroll: env_u32("CERA_Q8_UNROLL").unwrap_or(base.unroll),
+        subgroup_rows: env_u32("CERA_Q8_SG_ROWS").unwrap_or(base.subgroup_rows),
+        prefetch: env_u32("CERA_Q8_PREFETCH").map_or(base.prefetch, |v| v != 0),
+        ..base
+    }
+}
+
+/// Whether linear op `op` runs as integer-dot GEMVs (decode, the int8 path, every part a
+/// quantized format).
+fn uses_int8(inp: &PlanInputs, op: usize, mode: Mode) -> bool {
+    let parts = &inp.weights.linear[&op];
+    mode == Mode::Decode && inp.decode_gemv.int8_for(inp.graph.cfg.dim) && parts.iter().all(|p| QuantGemvQ8::supports(WeightKind::of(p.w.format)))
+}
+
+/// A producing GEMV's epilogue: what it quantizes and for which op.
+struct Link {
+    consumer: usize,
+    epilogue: Q8Epilogue,
+    /// The next RMSNorm's weight.
+    norm: Option<Binding>,
+}
+
+/// Which int8 GEMVs quantize their own output for the next projection (boostr's
+/// [`Q8Epilogue`]), replacing the quantizer dispatch before it: the consumers' scratch (written
+/// by their producer) and the producers' links.
+#[derive(Default)]
+pub(crate) struct Links {
+    targets: HashMap<usize, Q8Activations>,
+    producers: HashMap<usize, Link>,
+}
+
+/// The epilogue links of the decode plan. A consumer is an int8 linear op that reads
+/// - the RMSNorm of the residual stream, when the op recorded before it is an int8 GEMV adding
+///   into that stream (the O or down projection): that GEMV quantizes `h * w` per block and
+///   the consumer applies `1 / rms` ([`Q8Epilogue::Quantize`]);
+/// - the GLU of `[gate | up]`, when the op recorded before it is the int8 GEMV writing them
+///   ([`Q8Epilogue::Glu`]).
+///
+/// The producer must be one part with a plain output, and the adapter must run epilogues
+/// ([`Q8GemvPlan::epilogue_supported`]); anything else keeps its quantizer dispatch.
+fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs, fused: &Fusions) -> Result<Links, EngineError> {
+    let (g, mode) = (inp.graph, Mode::Decode);
+    let mut links = Links::default();
+    for (i, op) in g.ops.iter().enumerate() {
+        let f = &fused.ops[i];
+        if f.skip || !matches!(op, Op::Linear { .. } | Op::LmHead { .. }) || !uses_int8(inp, i, mode) {
+            continue;
+        }
+        // The op recorded just before this one.
+        let Some(p) = (0..i).rev().find(|&j| !fused.ops[j].skip) else { continue };
+        let Op::Linear { out: p_out, .. } = &g.ops[p] else { continue };
+        let parts = &inp.weights.linear[&p];
+        if !uses_int8(inp, p, mode) || parts.len() != 1 || parts[0].w.rows != g.width(*p_out) || links.producers.contains_key(&p) {
+            continue;
+        }
+        let w = &parts[0].w;
+        let k = inp.weights.linear.get(&i).and_then(|v| v.first()).map_or(0, |q| q.w.cols);
+        let (epilogue, norm, deferred) = match &f.input {
+            Input::Norm(n) if fused.ops[p].accumulate && w.rows == k => {
+                (Q8Epilogue::Quantize { norm: true, gemma: false }, Some(inp.weights.vecs[n].binding.clone()), Some(g.cfg.norm_eps))
+            }
+            Input::Glu(act, src) if src == p_out && !fused.ops[p].accumulate && w.rows == 2 * k => (Q8Epilogue::Glu { act: *act }, None, None),
+            _ => continue,
+        };
+        if !Q8GemvPlan::epilogue_supported(ctx, epilogue)
+            || !32u32.is_multiple_of(q8_config(env, w).rows_per_workgroup)
+            || !w.rows.is_multiple_of(epilogue.block_rows() as usize)
+        {
+            continue;
+        }
+        let target = Q8Activations::written_by_producer(ctx, k, deferred).map_err(|e| quant_err(ctx, &w.name, e))?;
+        links.targets.insert(i, target);
+        links.producers.insert(p, Link { consumer: i, epilogue, norm });
+    }
+    Ok(links)
 }
