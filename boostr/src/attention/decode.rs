@@ -87,6 +87,10 @@ pub struct DecodeAttnSg {
     /// to arrive merges all splits of its heads into `out` and resets the counter to 0 (at most
     /// [`DECODE_SG_WG`] splits: one invocation per split computes the merge weights).
     pub fused: bool,
+    /// With `fused`: the merge also writes its output quantized to int8 per block of 32
+    /// (`xq`/`xs`, the layout of [`crate::quant::Q8Activations`], block `out index / 32`), the
+    /// input of an integer-dot output projection, so no quantizer dispatch runs between them.
+    pub quantize: bool,
 }
 
 impl DecodeAttnSg {
@@ -105,7 +109,7 @@ impl DecodeAttnSg {
         while !group.is_multiple_of(heads) {
             heads -= 1;
         }
-        Ok(DecodeAttnSg { head_dim, group, heads, dtype, softcap, keys: KEYS_PER_STEP, normalised: false, fused: false })
+        Ok(DecodeAttnSg { head_dim, group, heads, dtype, softcap, keys: KEYS_PER_STEP, normalised: false, fused: false, quantize: false })
     }
 
     /// Checks the variant (every field; [`Self::source`] calls it): head_dim 64, 128 or 256,
@@ -121,6 +125,9 @@ impl DecodeAttnSg {
         }
         if self.normalised && self.fused {
             return bad("normalised and fused together".into());
+        }
+        if self.quantize && !self.fused {
+            return bad("a quantized output needs the fused merge".into());
         }
         Ok(())
     }
@@ -145,6 +152,7 @@ impl DecodeAttnSg {
                             v.push(DecodeAttnSg { normalised: true, ..c });
                             v.push(DecodeAttnSg { fused: true, ..c });
                             v.push(DecodeAttnSg { fused: true, keys: DECODE_KEYS_PER_STEP, ..c });
+                            v.push(DecodeAttnSg { fused: true, quantize: true, keys: DECODE_KEYS_PER_STEP, ..c });
                             if group == 4 && !softcap {
                                 v.push(DecodeAttnSg { heads: 2, keys: 1, ..c });
                                 v.push(DecodeAttnSg { heads: 1, keys: 4, ..c });
@@ -177,8 +185,15 @@ impl DecodeAttnSg {
         let nv = hd / 64;
         let nslot = DECODE_SG_WG / SLOT;
         let hd4 = hd / 4;
-        let name = format!("attn_decode_sg_hd{hd}_g{g}_h{h}_k{u}_{:?}_c{}_n{}_f{}", self.dtype, self.softcap as u8, self.normalised as u8, self.fused as u8)
-            .to_lowercase();
+        let name = format!(
+            "attn_decode_sg_hd{hd}_g{g}_h{h}_k{u}_{:?}_c{}_n{}_f{}{}",
+            self.dtype,
+            self.softcap as u8,
+            self.normalised as u8,
+            self.fused as u8,
+            if self.quantize { "_q8" } else { "" }
+        )
+        .to_lowercase();
         let mut pre = format!("var<workgroup> sml: array<f32, {}>;\nvar<workgroup> sacc: array<vec4<f32>, {}>;\n", nslot * h * 2, nslot * hd4);
         pre.push_str(V8_DEFS);
         pre.push_str(SAFE_TANH);
@@ -390,13 +405,29 @@ impl DecodeAttnSg {
                 let o = acc * select(0.0, 1.0 / l, l > 0.0);
                 let ob = p.out_off + row * {hd}u + 4u * lidx;
                 out[ob] = o.x; out[ob + 1u] = o.y; out[ob + 2u] = o.z; out[ob + 3u] = o.w;
-            }}
+{qstore}            }}
             workgroupBarrier();
-        }}
+{qblocks}        }}
 ",
                         nl4 = 4 * nl,
                         nsr = DECODE_SG_WG / SLOT,
-                        nsr1 = DECODE_SG_WG / SLOT - 1
+                        nsr1 = DECODE_SG_WG / SLOT - 1,
+                        qstore = if self.quantize { "                sq[lidx] = o;\n" } else { "" },
+                        qblocks = if self.quantize {
+                            format!(
+                                "            // The head's blocks of 32, quantized from the merged values (one invocation each).
+            if (lidx < {nb}u) {{
+                var v: array<vec4<f32>, 8>;
+                for (var i = 0u; i < 8u; i++) {{ v[i] = sq[lidx * 8u + i]; }}
+                quant_block(v, (p.out_off + row * {hd}u) / 32u + lidx, 0.0);
+            }}
+            workgroupBarrier();
+",
+                                nb = hd / 32
+                            )
+                        } else {
+                            String::new()
+                        }
                     ),
                 );
             }
@@ -428,6 +459,10 @@ impl DecodeAttnSg {
         if self.fused {
             kb = kb.storage("cnt", Access::ReadWrite, "array<atomic<u32>>").storage_coherent("out", "array<f32>");
             params.extend(["splits", "out_off"]);
+        }
+        if self.quantize {
+            kb = kb.storage("xq", Access::ReadWrite, "array<vec4<u32>>").storage("xs", Access::ReadWrite, "array<vec4<f32>>");
+            pre.push_str(&format!("var<workgroup> sq: array<vec4<f32>, {hd4}>;\n{}", crate::quant::q8_activations::QUANT_BLOCK));
         }
         Ok(kb.params(&params).prelude(&pre).body(&b).build())
     }

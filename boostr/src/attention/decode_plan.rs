@@ -103,6 +103,7 @@ pub struct DecodePlanBuilder<'a> {
     two_pass: bool,
     tuning: Option<(u32, u32, usize)>,
     out: Option<(&'a Binding, usize)>,
+    quantized: Option<&'a crate::quant::Q8Activations>,
 }
 
 impl<'a> DecodePlanBuilder<'a> {
@@ -131,6 +132,16 @@ impl<'a> DecodePlanBuilder<'a> {
     /// activation buffer) instead of a tensor of the plan's own.
     pub fn output(mut self, out: &'a Binding, offset: usize) -> Self {
         self.out = Some((out, offset));
+        self
+    }
+
+    /// Also write the output quantized to int8 into `target` (scratch of one row of `n_q *
+    /// head_dim` from [`crate::quant::Q8Activations::written_by_producer`], no deferred norm):
+    /// the fused merge quantizes each head's blocks as it writes them, the input of an
+    /// integer-dot output projection. Needs the fused merge (see
+    /// [`DecodePlan::quantized_output_supported`]); `build` gives a typed error otherwise.
+    pub fn quantized_output(mut self, target: &'a crate::quant::Q8Activations) -> Self {
+        self.quantized = Some(target);
         self
     }
 
@@ -164,6 +175,7 @@ impl<'a> DecodePlanBuilder<'a> {
                 let mut cfg = DecodeAttnSg::new(word(OP, "head_dim", hd)?, word(OP, "group", group)?, c.dtype, softcap)?;
                 cfg.keys = DECODE_KEYS_PER_STEP;
                 cfg.fused = fused;
+                cfg.quantize = self.quantized.is_some();
                 let mut target = DECODE_TARGET_WGS;
                 if let Some((heads, keys, t)) = self.tuning {
                     if t == 0 {
@@ -208,6 +220,22 @@ impl<'a> DecodePlanBuilder<'a> {
         }
         let wg_y = word(OP, "grid rows", wg_y)?;
         let out = OutTarget::new(ctx, self.out, &[1, n_q, hd], OP)?;
+        let mut quantized = Vec::new();
+        if let Some(t) = self.quantized {
+            if !fused || ctx.capabilities().limits.max_storage_buffers_per_shader_stage < 9 {
+                return Err(OpsError::Unsupported {
+                    what: "a quantized decode attention output",
+                    reason: "needs the fused merge and 9 storage bindings per stage".into(),
+                });
+            }
+            if t.k() != n_q * hd || t.max_rows() < 1 || t.deferred_rms().is_some() || !out.off.is_multiple_of(32) {
+                return Err(OpsError::BadArgs {
+                    op: OP,
+                    reason: format!("int8 output of {} x {} for {n_q} heads of {hd} at element {} (a multiple of 32)", t.max_rows(), t.k(), out.off),
+                });
+            }
+            quantized = vec![t.xq_binding(), t.xs_binding()];
+        }
         let part_rows = (max_splits as usize).checked_mul(n_q).ok_or_else(|| OpsError::BadArgs { op: OP, reason: "partials overflow".into() })?;
         let o_part = ctx.alloc((part_rows * hd * 4) as u64, BufferKind::Storage)?;
         let ml = ctx.alloc((part_rows * 2 * 4) as u64, BufferKind::Storage)?;
@@ -230,6 +258,7 @@ impl<'a> DecodePlanBuilder<'a> {
                 b.push(cnt.clone());
                 b.push(out.binding.clone());
             }
+            b.extend(quantized.iter().cloned());
             let s = sched;
             let mut d = PlanDispatch::new(&kernel, ctx.bind(&kernel, &b)?, [0, wg_y, 1])?
                 .set_usize("seg_start", seg.start)?
@@ -268,6 +297,17 @@ impl<'a> DecodePlanBuilder<'a> {
 }
 
 impl DecodePlan {
+    /// Whether [`DecodePlanBuilder::quantized_output`] builds for `layer` of `cache` on this
+    /// adapter (the subgroup kernel with the fused merge, an unsegmented layer, 9 storage
+    /// bindings per stage).
+    pub fn quantized_output_supported(ctx: &GpuContext, cache: &KvCache, layer: usize) -> bool {
+        let env = env_of(ctx);
+        DecodeKernel::best(&env) == DecodeKernel::Subgroup
+            && fused_merge_supported(ctx)
+            && check_uniform_segments(cache, layer).is_ok_and(|n| n == 1)
+            && ctx.capabilities().limits.max_storage_buffers_per_shader_stage >= 9
+    }
+
     /// The plan with the default options (best kernel, fused merge where it is correct, output
     /// owned by the plan). `q` holds `n_q` heads of `head_dim` f32 at element `q_off`.
     pub fn new(ctx: &GpuContext, q: &Binding, q_off: usize, n_q: usize, cache: &KvCache, layer: usize, opts: &AttnOptions) -> Result<DecodePlan> {
@@ -284,7 +324,7 @@ impl DecodePlan {
         layer: usize,
         opts: &AttnOptions,
     ) -> DecodePlanBuilder<'a> {
-        DecodePlanBuilder { ctx, q, q_off, n_q, cache, layer, opts: *opts, kind: None, two_pass: false, tuning: None, out: None }
+        DecodePlanBuilder { ctx, q, q_off, n_q, cache, layer, opts: *opts, kind: None, two_pass: false, tuning: None, out: None, quantized: None }
     }
 
     /// The step attending over `kv_len` positions (the query at `kv_len - 1`).

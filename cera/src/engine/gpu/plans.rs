@@ -275,8 +275,11 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
                 let (q, out) = (slots.bind(Slot::Qkv), slots.bind(Slot::Attn));
                 match mode {
                     Mode::Decode => {
-                        let p = DecodePlan::builder(ctx, &q, 0, c.n_heads, inp.cache, *layer, &opts).output(&out, 0).build().map_err(ops_err)?;
-                        plan.append(p.plan());
+                        let mut b = DecodePlan::builder(ctx, &q, 0, c.n_heads, inp.cache, *layer, &opts).output(&out, 0);
+                        if let Some(consumer) = links.attention.get(&i) {
+                            b = b.quantized_output(&links.targets[consumer]);
+                        }
+                        plan.append(b.build().map_err(ops_err)?.plan());
                     }
                     Mode::Prefill { max_tok } => {
                         let ql = QueryLayout { n_tok: max_tok, n_q: c.n_heads, q_off: 0, tok_stride: c.qkv_dim() };
@@ -445,6 +448,8 @@ struct Link {
 pub(crate) struct Links {
     targets: HashMap<usize, Q8Activations>,
     producers: HashMap<usize, Link>,
+    /// Attention ops whose merge writes the next op's int8 activations (the consumer's index).
+    attention: HashMap<usize, usize>,
 }
 
 /// The epilogue links of the decode plan. A consumer is an int8 linear op that reads
@@ -452,7 +457,9 @@ pub(crate) struct Links {
 ///   into that stream (the O or down projection): that GEMV quantizes `h * w` per block and
 ///   the consumer applies `1 / rms` ([`Q8Epilogue::Quantize`]);
 /// - the GLU of `[gate | up]`, when the op recorded before it is the int8 GEMV writing them
-///   ([`Q8Epilogue::Glu`]).
+///   ([`Q8Epilogue::Glu`]);
+/// - the attention output, when the op recorded before it is the decode attention, whose fused
+///   merge then writes the int8 activations (boostr's `DecodePlanBuilder::quantized_output`).
 ///
 /// The producer must be one part with a plain output, and the adapter must run epilogues
 /// ([`Q8GemvPlan::epilogue_supported`]); anything else keeps its quantizer dispatch.
@@ -466,13 +473,22 @@ fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs, fused: &F
         }
         // The op recorded just before this one.
         let Some(p) = (0..i).rev().find(|&j| !fused.ops[j].skip) else { continue };
+        let k = inp.weights.linear.get(&i).and_then(|v| v.first()).map_or(0, |q| q.w.cols);
+        if let (Op::Attention { layer, .. }, Op::Linear { x: Slot::Attn, .. }, Input::Plain) = (&g.ops[p], op, &f.input) {
+            // The attention's merge writes the output projection's int8 activations.
+            if DecodePlan::quantized_output_supported(ctx, inp.cache, *layer) && k == g.width(Slot::Attn) {
+                let target = Q8Activations::written_by_producer(ctx, k, None).map_err(|e| quant_err(ctx, "attention output", e))?;
+                links.targets.insert(i, target);
+                links.attention.insert(p, i);
+            }
+            continue;
+        }
         let Op::Linear { out: p_out, .. } = &g.ops[p] else { continue };
         let parts = &inp.weights.linear[&p];
         if !uses_int8(inp, p, mode) || parts.len() != 1 || parts[0].w.rows != g.width(*p_out) || links.producers.contains_key(&p) {
             continue;
         }
         let w = &parts[0].w;
-        let k = inp.weights.linear.get(&i).and_then(|v| v.first()).map_or(0, |q| q.w.cols);
         let (epilogue, norm, deferred) = match &f.input {
             Input::Norm(n) if fused.ops[p].accumulate && w.rows == k => {
                 (Q8Epilogue::Quantize { norm: true, gemma: false }, Some(inp.weights.vecs[n].binding.clone()), Some(g.cfg.norm_eps))
