@@ -407,27 +407,29 @@ impl DecodeAttnSg {
                 out[ob] = o.x; out[ob + 1u] = o.y; out[ob + 2u] = o.z; out[ob + 3u] = o.w;
 {qstore}            }}
             workgroupBarrier();
-{qblocks}        }}
+        }}
 ",
                         nl4 = 4 * nl,
                         nsr = DECODE_SG_WG / SLOT,
                         nsr1 = DECODE_SG_WG / SLOT - 1,
-                        qstore = if self.quantize { "                sq[lidx] = o;\n" } else { "" },
-                        qblocks = if self.quantize {
-                            format!(
-                                "            // The head's blocks of 32, quantized from the merged values (one invocation each).
-            if (lidx < {nb}u) {{
-                var v: array<vec4<f32>, 8>;
-                for (var i = 0u; i < 8u; i++) {{ v[i] = sq[lidx * 8u + i]; }}
-                quant_block(v, (p.out_off + row * {hd}u) / 32u + lidx, 0.0);
-            }}
-            workgroupBarrier();
+                        qstore = if self.quantize { format!("                sq[{}u + lidx] = o;\n", gi as u32 * hd4) } else { String::new() },
+                    ),
+                );
+            }
+            if self.quantize {
+                // Every block of the workgroup's heads at once, one invocation each, from the
+                // merged values (block j of head gi is sq[(gi * hd / 32 + j) * 8 ..]).
+                let nb = hd / 32;
+                let loads = (0..8).map(|i| format!("sq[lidx * 8u + {i}u]")).collect::<Vec<_>>().join(", ");
+                w(
+                    &mut b,
+                    format!(
+                        "        if (lidx < {}u) {{
+            let row = tok * p.n_q + kvh * {g}u + hb * {h}u + lidx / {nb}u;
+            quant_block(array<vec4<f32>, 8>({loads}), (p.out_off + row * {hd}u) / 32u + lidx % {nb}u, 0.0);
+        }}
 ",
-                                nb = hd / 32
-                            )
-                        } else {
-                            String::new()
-                        }
+                        h * nb
                     ),
                 );
             }
@@ -462,7 +464,7 @@ impl DecodeAttnSg {
         }
         if self.quantize {
             kb = kb.storage("xq", Access::ReadWrite, "array<vec4<u32>>").storage("xs", Access::ReadWrite, "array<vec4<f32>>");
-            pre.push_str(&format!("var<workgroup> sq: array<vec4<f32>, {hd4}>;\n{}", crate::quant::q8_activations::QUANT_BLOCK));
+            pre.push_str(&format!("var<workgroup> sq: array<vec4<f32>, {}>;\n{}", h * hd4, crate::quant::q8_activations::QUANT_BLOCK));
         }
         Ok(kb.params(&params).prelude(&pre).body(&b).build())
     }

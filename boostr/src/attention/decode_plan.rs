@@ -84,8 +84,17 @@ impl Schedule {
 pub struct DecodePlan {
     plan: Plan,
     out: OutTarget,
-    sched: Schedule,
+    /// Each kernel variant's schedule and the `kv_len` range (inclusive) it runs for.
+    scheds: Vec<((u32, u32), Schedule)>,
     kind: DecodeKernel,
+    fused: bool,
+}
+
+/// One kernel variant of a [`DecodePlan`].
+struct Variant {
+    plan: Plan,
+    sched: Schedule,
+    gate: (u32, u32),
     fused: bool,
 }
 
@@ -149,16 +158,41 @@ impl<'a> DecodePlanBuilder<'a> {
     /// lacks, a q or output binding too small, an invalid tuning, or sizes over 32 bits.
     pub fn build(self) -> Result<DecodePlan> {
         const OP: &str = "attention decode";
+        let (hd, _) = check_heads(self.cache, self.layer, self.n_q)?;
+        let kind = self.kind.unwrap_or(DecodeKernel::best(&env_of(self.ctx)));
+        let out = OutTarget::new(self.ctx, self.out, &[1, self.n_q, hd], OP)?;
+        let cap = word(OP, "capacity", self.cache.config().capacity)?;
+        let variants = if kind == DecodeKernel::Subgroup && self.tuning.is_none() && cap > DECODE_SHORT_KV {
+            // Short contexts: more, smaller workgroups (module docs of `attention`).
+            let (h, k, t) = DECODE_SHORT_TUNING;
+            vec![self.build_variant(kind, Some((h, k, t)), (1, DECODE_SHORT_KV), &out)?, self.build_variant(kind, None, (DECODE_SHORT_KV + 1, u32::MAX), &out)?]
+        } else if kind == DecodeKernel::Subgroup && self.tuning.is_none() {
+            let (h, k, t) = DECODE_SHORT_TUNING;
+            vec![self.build_variant(kind, Some((h, k, t)), (1, u32::MAX), &out)?]
+        } else {
+            vec![self.build_variant(kind, self.tuning, (1, u32::MAX), &out)?]
+        };
+        let mut plan = Plan::new();
+        for v in &variants {
+            plan.append(&v.plan);
+        }
+        let fused = variants[0].fused;
+        Ok(DecodePlan { plan, out, scheds: variants.iter().map(|v| (v.gate, v.sched)).collect(), kind, fused })
+    }
+
+    /// One kernel variant's dispatches, recorded for the steps whose `kv_len` lies in `gate`
+    /// (inclusive; other steps skip them).
+    fn build_variant(&self, kind: DecodeKernel, tuning: Option<(u32, u32, usize)>, gate: (u32, u32), out: &OutTarget) -> Result<Variant> {
+        const OP: &str = "attention decode";
         let (ctx, cache, n_q) = (self.ctx, self.cache, self.n_q);
         let (hd, group) = check_heads(cache, self.layer, n_q)?;
         let n_segs = check_uniform_segments(cache, self.layer)?;
         let env = env_of(ctx);
-        let kind = self.kind.unwrap_or(DecodeKernel::best(&env));
         let q_need = self.q_off.checked_add(n_q * hd).ok_or_else(|| OpsError::BadArgs { op: OP, reason: "q offset overflows".into() })?;
         if (q_need as u64).saturating_mul(4) > self.q.size {
             return Err(OpsError::BadArgs { op: OP, reason: format!("q binding of {} bytes, needs {} f32 from {}", self.q.size, n_q * hd, self.q_off) });
         }
-        if self.tuning.is_some() && kind != DecodeKernel::Subgroup {
+        if tuning.is_some() && kind != DecodeKernel::Subgroup {
             return Err(OpsError::BadArgs { op: OP, reason: "a tuning applies to the subgroup kernel only".into() });
         }
         let c = *cache.config();
@@ -177,7 +211,7 @@ impl<'a> DecodePlanBuilder<'a> {
                 cfg.fused = fused;
                 cfg.quantize = self.quantized.is_some();
                 let mut target = DECODE_TARGET_WGS;
-                if let Some((heads, keys, t)) = self.tuning {
+                if let Some((heads, keys, t)) = tuning {
                     if t == 0 {
                         return Err(OpsError::BadArgs { op: OP, reason: "a target of 0 workgroups".into() });
                     }
@@ -219,7 +253,8 @@ impl<'a> DecodePlanBuilder<'a> {
             return Err(OpsError::Unsupported { what: "decode grid", reason: format!("{max_splits} splits x {wg_y} rows over {max_dim} per dimension") });
         }
         let wg_y = word(OP, "grid rows", wg_y)?;
-        let out = OutTarget::new(ctx, self.out, &[1, n_q, hd], OP)?;
+        let (lo, hi) = gate;
+        let open = move |kv: u32| (lo..=hi).contains(&kv);
         let mut quantized = Vec::new();
         if let Some(t) = self.quantized {
             if !fused || ctx.capabilities().limits.max_storage_buffers_per_shader_stage < 9 {
@@ -271,7 +306,7 @@ impl<'a> DecodePlanBuilder<'a> {
                 .per_step("q_pos", move |st| s.kv(st) - 1)?
                 .per_step("chunk", move |st| s.chunk(s.kv(st)))?
                 .per_step("split_base", move |st| s.seg(s.kv(st), i).0)?
-                .grid_per_step(move |st| [s.seg(s.kv(st), i).1, wg_y, 1]);
+                .grid_per_step(move |st| if open(s.kv(st)) { [s.seg(s.kv(st), i).1, wg_y, 1] } else { [0, 0, 0] });
             d = match kind {
                 DecodeKernel::Subgroup => d.set("tok_stride", 0)?.set("n_tok", 1)?.set_usize("n_q", n_q)?,
                 DecodeKernel::Tiled => d.per_step("kv_len", move |st| s.kv(st))?,
@@ -289,10 +324,11 @@ impl<'a> DecodePlanBuilder<'a> {
             let d = PlanDispatch::new(&comb, ctx.bind(&comb, &b)?, grid)?
                 .set_usize("rows", n_q)?
                 .set_usize("out_off", out.off)?
-                .per_step("splits", move |st| s.total(s.kv(st)))?;
+                .per_step("splits", move |st| s.total(s.kv(st)))?
+                .grid_per_step(move |st| if open(s.kv(st)) { grid } else { [0, 0, 0] });
             plan.push(d);
         }
-        Ok(DecodePlan { plan, out, sched, kind, fused })
+        Ok(Variant { plan, sched, gate, fused })
     }
 }
 
@@ -368,13 +404,17 @@ impl DecodePlan {
 
     /// Splits (over all segments) a step of `kv_len` positions uses.
     pub fn splits_at(&self, kv_len: usize) -> usize {
-        let kv = u32::try_from(kv_len).unwrap_or(u32::MAX).clamp(1, self.sched.capacity);
-        self.sched.total(kv) as usize
+        let kv = u32::try_from(kv_len).unwrap_or(u32::MAX).clamp(1, self.capacity());
+        self.scheds.iter().find(|((lo, hi), _)| (*lo..=*hi).contains(&kv)).map_or(0, |(_, s)| s.total(kv) as usize)
     }
 
     /// Splits the partial buffers hold (at least [`Self::splits_at`] of every `kv_len`).
     pub fn max_splits(&self) -> usize {
-        self.sched.max_splits() as usize
+        self.scheds.iter().map(|(_, s)| s.max_splits() as usize).max().unwrap_or(0)
+    }
+
+    fn capacity(&self) -> u32 {
+        self.scheds[0].1.capacity
     }
 }
 
@@ -385,8 +425,8 @@ impl OpPlan for DecodePlan {
             return Err(OpsError::BadArgs { op: "attention decode", reason: format!("a decode step of {} tokens (1)", step.n_tok) });
         }
         let needed = step.pos as usize + 1;
-        if needed > self.sched.capacity as usize {
-            return Err(OpsError::ContextOverflow { needed, capacity: self.sched.capacity as usize });
+        if needed > self.capacity() as usize {
+            return Err(OpsError::ContextOverflow { needed, capacity: self.capacity() as usize });
         }
         Ok(())
     }

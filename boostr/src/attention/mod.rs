@@ -21,7 +21,11 @@
 //! # Decode ([`DecodeAttnSg`], portable fallback [`DecodeAttn`])
 //! The cache is cut into splits of `chunk` positions, enough of them for about
 //! [`DECODE_TARGET_WGS`] workgroups; each workgroup handles one split of one KV head for the
-//! query heads that share it (one K/V read for the group) and writes the unnormalised partial
+//! query heads that share it (one K/V read for the group). Steps over at most
+//! [`DECODE_SHORT_KV`] positions run a second variant of the subgroup kernel instead
+//! ([`DECODE_SHORT_TUNING`]: a query head per workgroup, a key per slot step, more splits): both
+//! are built into the plan and each step records the one its `kv_len` selects. Each workgroup
+//! writes the unnormalised partial
 //! output and `(max, sum)`; [`AttnCombine`] merges the splits. Where the adapter has subgroups of
 //! at least 8 invocations, [`DecodeAttnSg`] keeps queries, scores and the online softmax in
 //! registers (see the [`decode`](mod@decode) module docs); elsewhere [`DecodeAttn`] stages K
@@ -71,6 +75,17 @@ pub use reference::attention_ref;
 /// Decode workgroups the split count aims at (several per compute unit on large GPUs; the best
 /// of a sweep on the H200).
 pub const DECODE_TARGET_WGS: usize = 512;
+
+/// Decode steps over at most this many positions run the short-context variant of the subgroup
+/// kernel ([`DECODE_SHORT_TUNING`]).
+pub const DECODE_SHORT_KV: u32 = 512;
+
+/// The subgroup kernel's tuning for short contexts (`kv_len <= DECODE_SHORT_KV`): one query
+/// head per workgroup, one key per slot step, 2048 workgroups aimed at. At a few hundred
+/// positions the default's few large workgroups leave the GPU mostly idle, and re-reading K/V
+/// per query head costs little: measured on the H200 at tg128 (positions 12..140), llama-8b
+/// 390 -> 403 tok/s and llama-1b 1012 -> 1142 tok/s (`CERA_ATTN_TUNING` in cera's plans).
+pub const DECODE_SHORT_TUNING: (u32, u32, usize) = (1, 1, 2048);
 
 /// Which decode kernel a plan uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

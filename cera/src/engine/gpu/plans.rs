@@ -135,15 +135,27 @@ pub(crate) fn kv_dtype(kv: super::super::KvType) -> Result<KvDtype, EngineError>
 
 /// The decode fusions to make, and whether int8 GEMVs quantize their outputs in their epilogue
 /// ([`epilogue_links`]). Diagnostic switches, to measure what each fusion gives:
-/// `CERA_DECODE_FUSION` = `none`, or a comma list of `norm`, `residual`, `glu`, `epilogue`
-/// (default: all);
+/// `CERA_DECODE_FUSION` = `none`, or a comma list of `norm`, `residual`, `glu`, `epilogue`,
+/// `attn_q8` (default: all);
 /// `CERA_NORM_FUSE_MAX_K`: the RMSNorm goes into GEMVs of at most this many input features
 /// (default [`NORM_FUSE_MAX_K`]).
-fn decode_fusions() -> (Allow, bool) {
-    let list = std::env::var("CERA_DECODE_FUSION").unwrap_or_else(|_| "norm,residual,glu,epilogue".into());
+fn decode_fusions() -> (Allow, Epilogues) {
+    let list = std::env::var("CERA_DECODE_FUSION").unwrap_or_else(|_| "norm,residual,glu,epilogue,attn_q8".into());
     let has = |f: &str| list.split(',').any(|x| x.trim() == f);
     let max_k = std::env::var("CERA_NORM_FUSE_MAX_K").ok().and_then(|v| v.parse().ok()).unwrap_or(NORM_FUSE_MAX_K);
-    (Allow { norm_max_k: if has("norm") { max_k } else { 0 }, residual: has("residual"), glu: has("glu") }, has("epilogue"))
+    (
+        Allow { norm_max_k: if has("norm") { max_k } else { 0 }, residual: has("residual"), glu: has("glu") },
+        Epilogues { gemv: has("epilogue"), attention: has("attn_q8") },
+    )
+}
+
+/// Which producers quantize the int8 GEMVs' activations ([`epilogue_links`]).
+#[derive(Clone, Copy, Debug)]
+struct Epilogues {
+    /// GEMV epilogues (the next norm's input, the GLU).
+    gemv: bool,
+    /// The decode attention's merge (the output projection's input).
+    attention: bool,
 }
 
 /// A diagnostic override (`CERA_GEMV_ROWS`, `CERA_GEMV_THREADS`: the f32 decode GEMV's rows per
@@ -151,6 +163,14 @@ fn decode_fusions() -> (Allow, bool) {
 /// `CERA_Q8_SG_ROWS`, `CERA_Q8_PREFETCH`: the integer-dot GEMV's).
 fn env_u32(name: &str) -> Option<u32> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// A diagnostic override of the decode attention's tuning (`CERA_ATTN_TUNING` =
+/// `heads,keys,target_wgs`, boostr's `DecodePlanBuilder::tuning`).
+fn attn_tuning() -> Option<(u32, u32, usize)> {
+    let v = std::env::var("CERA_ATTN_TUNING").ok()?;
+    let p: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+    (p.len() == 3).then(|| (p[0] as u32, p[1] as u32, p[2]))
 }
 
 /// Input features up to which the RMSNorm runs inside the consuming GEMV.
@@ -187,7 +207,7 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
     };
     let (allow, epilogues) = decode_fusions();
     let fused = if mode == Mode::Decode { fuse_decode(&g.ops, allow, &k_of) } else { Fusions::none(g.ops.len()) };
-    let links = if mode == Mode::Decode && epilogues { epilogue_links(ctx, &env, inp, &fused)? } else { Links::default() };
+    let links = if mode == Mode::Decode { epilogue_links(ctx, &env, inp, &fused, epilogues)? } else { Links::default() };
     for (i, op) in g.ops.iter().enumerate() {
         let f = &fused.ops[i];
         if f.skip {
@@ -276,6 +296,9 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
                 match mode {
                     Mode::Decode => {
                         let mut b = DecodePlan::builder(ctx, &q, 0, c.n_heads, inp.cache, *layer, &opts).output(&out, 0);
+                        if let Some((heads, keys, target)) = attn_tuning() {
+                            b = b.tuning(heads, keys, target);
+                        }
                         if let Some(consumer) = links.attention.get(&i) {
                             b = b.quantized_output(&links.targets[consumer]);
                         }
@@ -463,7 +486,7 @@ pub(crate) struct Links {
 ///
 /// The producer must be one part with a plain output, and the adapter must run epilogues
 /// ([`Q8GemvPlan::epilogue_supported`]); anything else keeps its quantizer dispatch.
-fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs, fused: &Fusions) -> Result<Links, EngineError> {
+fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs, fused: &Fusions, allow: Epilogues) -> Result<Links, EngineError> {
     let (g, mode) = (inp.graph, Mode::Decode);
     let mut links = Links::default();
     for (i, op) in g.ops.iter().enumerate() {
@@ -476,7 +499,7 @@ fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs, fused: &F
         let k = inp.weights.linear.get(&i).and_then(|v| v.first()).map_or(0, |q| q.w.cols);
         if let (Op::Attention { layer, .. }, Op::Linear { x: Slot::Attn, .. }, Input::Plain) = (&g.ops[p], op, &f.input) {
             // The attention's merge writes the output projection's int8 activations.
-            if DecodePlan::quantized_output_supported(ctx, inp.cache, *layer) && k == g.width(Slot::Attn) {
+            if allow.attention && DecodePlan::quantized_output_supported(ctx, inp.cache, *layer) && k == g.width(Slot::Attn) {
                 let target = Q8Activations::written_by_producer(ctx, k, None).map_err(|e| quant_err(ctx, "attention output", e))?;
                 links.targets.insert(i, target);
                 links.attention.insert(p, i);
@@ -484,6 +507,9 @@ fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs, fused: &F
             continue;
         }
         let Op::Linear { out: p_out, .. } = &g.ops[p] else { continue };
+        if !allow.gemv {
+            continue;
+        }
         let parts = &inp.weights.linear[&p];
         if !uses_int8(inp, p, mode) || parts.len() != 1 || parts[0].w.rows != g.width(*p_out) || links.producers.contains_key(&p) {
             continue;
