@@ -412,7 +412,7 @@ impl DecodeAttnSg {
                         nl4 = 4 * nl,
                         nsr = DECODE_SG_WG / SLOT,
                         nsr1 = DECODE_SG_WG / SLOT - 1,
-                        qstore = if self.quantize { format!("                sq[{}u + lidx] = o;\n", gi as u32 * hd4) } else { String::new() },
+                        qstore = if self.quantize { format!("                sq[{}u + lidx] = o;\n", gi * hd4) } else { String::new() },
                     ),
                 );
             }
