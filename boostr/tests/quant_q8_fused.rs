@@ -118,8 +118,16 @@ fn rmsnorm_quantize_matches_norm_then_quantize() {
     }
 }
 
-/// Q/K/V in one integer-dot dispatch against three separate integer-dot GEMVs on the same int8
-/// activations, for two legacy formats and a K-quant, in both reduction modes.
+/// AWQ int4 weights (`rows` a multiple of 8) with groups of `g`.
+fn random_awq(rng: &mut Rng, rows: usize, cols: usize, g: usize) -> boostr::formats::PackedWeights {
+    let (qweight, qzeros) = (rng.bytes(cols * rows / 2), rng.bytes(cols / g * rows / 2));
+    let scales: Vec<u8> = (0..cols / g * rows).flat_map(|_| util::small_f16(rng, 0.002, 0.02)).collect();
+    boostr::formats::AwqTensors { qweight: &qweight, qzeros: &qzeros, scales: &scales, in_features: cols, out_features: rows, group_size: g }.repack().unwrap()
+}
+
+/// Q/K/V in one integer-dot dispatch (three outputs, at most 8 storage bindings) against three
+/// separate integer-dot GEMVs on the same int8 activations, for two legacy formats, a K-quant
+/// and int4 with groups of 32, 64 and 128, in both reduction modes.
 #[test]
 fn fused_qkv_q8_matches_separate_gemvs() {
     let Some(ctx) = test_gpu() else { return };
@@ -127,10 +135,16 @@ fn fused_qkv_q8_matches_separate_gemvs() {
     let mut rng = Rng(43);
     let cols = 512;
     let (nq, nk, nv) = (40, 16, 16);
-    for ty in [GgmlType::Q4_0, GgmlType::Q6_K, GgmlType::Q8_0] {
-        let (q, k, v) = (random_ggml(&mut rng, ty, nq, cols), random_ggml(&mut rng, ty, nk, cols), random_ggml(&mut rng, ty, nv, cols));
+    for ty in ["Q4_0", "Q6_K", "Q8_0", "int4-g32", "int4-g64", "int4-g128"] {
+        let make = |rng: &mut Rng, n: usize| match ty {
+            "Q4_0" => random_ggml(rng, GgmlType::Q4_0, n, cols),
+            "Q6_K" => random_ggml(rng, GgmlType::Q6_K, n, cols),
+            "Q8_0" => random_ggml(rng, GgmlType::Q8_0, n, cols),
+            g => random_awq(rng, n, cols, g.trim_start_matches("int4-g").parse().unwrap()),
+        };
+        let (q, k, v) = (make(&mut rng, nq), make(&mut rng, nk), make(&mut rng, nv));
         let w = QuantMatrix::upload(&ctx, "qkv", &concat_rows(&[&q, &k, &v]).unwrap()).unwrap();
-        let kind = WeightKind::Ggml(ty);
+        let kind = WeightKind::of(q.format());
         for m in [1usize, 3] {
             let x: Vec<f32> = (0..m * cols).map(|_| rng.f32_in(-1.0, 1.0)).collect();
             let xb = ctx.upload(bytemuck::cast_slice(&x)).unwrap();
@@ -158,9 +172,9 @@ fn fused_qkv_q8_matches_separate_gemvs() {
                     let read = |b| -> Vec<f64> {
                         bytemuck::pod_collect_to_vec::<u8, f32>(&ctx.read_bytes(b, 0, (4 * m * n) as u64).unwrap()).into_iter().map(|v| v as f64).collect()
                     };
-                    check_close_rtol(&read(&ys[i]), &read(&sy), 1e-5).unwrap_or_else(|e| panic!("{} m={m} {cfg:?} output {i}: {e}", ty.name()));
+                    check_close_rtol(&read(&ys[i]), &read(&sy), 1e-5).unwrap_or_else(|e| panic!("{ty} m={m} {cfg:?} output {i}: {e}"));
                     let want = f64s(&matmul_ref(pw, &x, m).unwrap());
-                    check_close_rtol(&read(&ys[i]), &want, 2e-2).unwrap_or_else(|e| panic!("{} m={m} output {i} vs CPU: {e}", ty.name()));
+                    check_close_rtol(&read(&ys[i]), &want, 2e-2).unwrap_or_else(|e| panic!("{ty} m={m} output {i} vs CPU: {e}"));
                 }
             }
         }

@@ -152,6 +152,17 @@ fn check(model: &str) {
         assert!(gpu.new_state(&StateOpts { n_ctx: 8, ubatch: 8, kv: KvType::F32 }).is_err(), "an f32 KV cache on the GPU is refused");
         let worst_gpu = teacher_force(&gpu, &g, KvType::F16, GPU_TOL, &format!("{model} GPU"));
         println!("{model}: GPU worst relative logit error {worst_gpu:.2e}");
+        if model.ends_with("awq") || model.ends_with("gptq") {
+            // Q/K/V run as boostr's fused int4 QKV GEMV: one dispatch per layer, three outputs.
+            let mut s = gpu.new_state(&StateOpts { n_ctx: 16, ubatch: 8, kv: KvType::F16 }).unwrap();
+            let (_, times) = s.profile_step(StepInput::Tokens(&g.cases[0].ids[..1]), 0, Want::Argmax).unwrap();
+            let qkv: Vec<_> = times.iter().filter(|t| t.label.contains("int4") && t.label.ends_with("_qkv")).collect();
+            assert!(
+                qkv.len() == 1 && qkv[0].count == graph.cfg.n_layers,
+                "{model}: the decode step's kernels {:?}",
+                times.iter().map(|t| &t.label).collect::<Vec<_>>()
+            );
+        }
         generate(model, &g, DeviceChoice::Gpu);
     }
 }

@@ -388,15 +388,18 @@ fn linear(
     };
     for part in parts {
         let w = &part.w;
-        let output = if parts.len() == 1 && w.rows == width {
+        let output = if let Some(qkv) = qkv_outputs(ctx, inp, op, mode, &y, parts.len()) {
+            qkv
+        } else if parts.len() == 1 && w.rows == width {
             GemvOutput::Single(y.clone())
         } else {
             GemvOutput::Columns { y: y.clone(), stride: width, offset: part.col0 }
         };
+        let split_qkv = matches!(output, GemvOutput::Qkv { .. });
         let kind = WeightKind::of(w.format);
         match (mode, &xa) {
             (Mode::Decode, Some(xa)) => {
-                let cfg = QuantGemvQ8 { accumulate: f.accumulate, rms_scale: xa.deferred_rms().is_some(), ..q8_config(env, w) };
+                let cfg = QuantGemvQ8 { accumulate: f.accumulate, rms_scale: xa.deferred_rms().is_some(), split_qkv, ..q8_config(env, w) };
                 let p = match links.producers.get(&op) {
                     Some(l) => {
                         let cfg = QuantGemvQ8 { epilogue: l.epilogue, ..cfg };
@@ -417,6 +420,7 @@ fn linear(
                 let cfg = QuantGemv {
                     unchecked: true,
                     prologue,
+                    split_qkv,
                     accumulate: f.accumulate,
                     rows_per_workgroup: env_u32("CERA_GEMV_ROWS").unwrap_or(if w.cols >= WIDE_K { 8 } else { base.rows_per_workgroup }),
                     threads: env_u32("CERA_GEMV_THREADS").unwrap_or(base.threads),
@@ -533,4 +537,22 @@ fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs, fused: &F
         links.producers.insert(p, Link { consumer: i, epilogue, norm });
     }
     Ok(links)
+}
+
+/// The decode Q/K/V projection's three outputs: views of the packed `[q | k | v]` row, written
+/// by boostr's fused QKV GEMV (`split_qkv`, one dispatch, three outputs), where the matrix is one
+/// part of exactly Q, K and V rows and the views' offsets meet the adapter's alignment (else
+/// the same row is written as one output).
+fn qkv_outputs(ctx: &GpuContext, inp: &PlanInputs, op: usize, mode: Mode, y: &Binding, n_parts: usize) -> Option<GemvOutput> {
+    let (g, c) = (inp.graph, &inp.graph.cfg);
+    let Op::Linear { out: Slot::Qkv, ws, .. } = &g.ops[op] else { return None };
+    let rows = [c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim];
+    let total: usize = rows.iter().sum();
+    let align = ctx.capabilities().limits.min_storage_buffer_offset_alignment as u64;
+    let aligned = |elems: usize| (elems as u64 * 4).is_multiple_of(align);
+    if mode != Mode::Decode || n_parts != 1 || ws.len() != 3 || inp.weights.linear[&op][0].w.rows != total || !aligned(rows[0]) || !aligned(rows[0] + rows[1]) {
+        return None;
+    }
+    let view = |off: usize, n: usize| Binding { buffer: y.buffer.clone(), offset: y.offset + off as u64 * 4, size: n as u64 * 4 };
+    Some(GemvOutput::Qkv { q: view(0, rows[0]), k: view(rows[0], rows[1]), v: view(rows[0] + rows[1], rows[2]), rows })
 }
