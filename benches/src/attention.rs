@@ -101,6 +101,14 @@ pub fn attention_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>
         for (heads, keys, target) in [(2, 2, 512), (2, 4, 528), (2, 4, 396), (2, 4, 1056), (4, 4, 264)] {
             v.push(decode_tuned(ctx, 32, 8, 128, 32768, heads, keys, target, 200)?);
         }
+        // Short contexts: the plan's default (the short-context variant up to
+        // `DECODE_SHORT_KV` positions) against each variant forced, to place the threshold.
+        let (sh, sk, st) = boostr::attention::DECODE_SHORT_TUNING;
+        for len in [128, 512, 1024, 2048, 4096] {
+            v.push(decode(ctx, 32, 8, 128, len, KvDtype::F16, 200, false)?);
+            v.push(decode_tuned(ctx, 32, 8, 128, len, sh, sk, st, 200)?);
+            v.push(decode_tuned(ctx, 32, 8, 128, len, 2, boostr::attention::DECODE_KEYS_PER_STEP, boostr::attention::DECODE_TARGET_WGS, 200)?);
+        }
     }
     v.push(prefill(ctx, 32, 8, 128, if quick { 128 } else { 2048 }, if quick { 1 } else { 5 })?);
     Ok(v)

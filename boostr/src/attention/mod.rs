@@ -77,8 +77,11 @@ pub use reference::attention_ref;
 pub const DECODE_TARGET_WGS: usize = 512;
 
 /// Decode steps over at most this many positions run the short-context variant of the subgroup
-/// kernel ([`DECODE_SHORT_TUNING`]).
-pub const DECODE_SHORT_KV: u32 = 512;
+/// kernel ([`DECODE_SHORT_TUNING`]). Measured on the H200 at Llama-3-8B's shape in a dependent
+/// chain (`cargo xtask bench --attention`): 6.4 us against the long-context variant's 7.6 at 128
+/// positions, 10.0 against 8.0 at 512, 14.0 against 8.8 at 1024, so the crossover lies between
+/// 128 and 512.
+pub const DECODE_SHORT_KV: u32 = 256;
 
 /// The subgroup kernel's tuning for short contexts (`kv_len <= DECODE_SHORT_KV`): one query
 /// head per workgroup, one key per slot step, 2048 workgroups aimed at. At a few hundred
