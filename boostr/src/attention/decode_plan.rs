@@ -162,13 +162,15 @@ impl<'a> DecodePlanBuilder<'a> {
         let kind = self.kind.unwrap_or(DecodeKernel::best(&env_of(self.ctx)));
         let out = OutTarget::new(self.ctx, self.out, &[1, self.n_q, hd], OP)?;
         let cap = word(OP, "capacity", self.cache.config().capacity)?;
-        let variants = if kind == DecodeKernel::Subgroup && self.tuning.is_none() && cap > DECODE_SHORT_KV {
-            // Short contexts: more, smaller workgroups (module docs of `attention`).
-            let (h, k, t) = DECODE_SHORT_TUNING;
-            vec![self.build_variant(kind, Some((h, k, t)), (1, DECODE_SHORT_KV), &out)?, self.build_variant(kind, None, (DECODE_SHORT_KV + 1, u32::MAX), &out)?]
-        } else if kind == DecodeKernel::Subgroup && self.tuning.is_none() {
-            let (h, k, t) = DECODE_SHORT_TUNING;
-            vec![self.build_variant(kind, Some((h, k, t)), (1, u32::MAX), &out)?]
+        let variants = if kind == DecodeKernel::Subgroup && self.tuning.is_none() {
+            // Short contexts: more, smaller workgroups (module docs of `attention`); the
+            // long-context variant only where the cache holds more positions.
+            let short_hi = if cap > DECODE_SHORT_KV { DECODE_SHORT_KV } else { u32::MAX };
+            let mut v = vec![self.build_variant(kind, Some(DECODE_SHORT_TUNING), (1, short_hi), &out)?];
+            if cap > DECODE_SHORT_KV {
+                v.push(self.build_variant(kind, None, (DECODE_SHORT_KV + 1, u32::MAX), &out)?);
+            }
+            v
         } else {
             vec![self.build_variant(kind, self.tuning, (1, u32::MAX), &out)?]
         };
@@ -306,7 +308,10 @@ impl<'a> DecodePlanBuilder<'a> {
                 .per_step("q_pos", move |st| s.kv(st) - 1)?
                 .per_step("chunk", move |st| s.chunk(s.kv(st)))?
                 .per_step("split_base", move |st| s.seg(s.kv(st), i).0)?
-                .grid_per_step(move |st| if open(s.kv(st)) { [s.seg(s.kv(st), i).1, wg_y, 1] } else { [0, 0, 0] });
+                .grid_per_step(move |st| {
+                    let kv = s.kv(st);
+                    if open(kv) { [s.seg(kv, i).1, wg_y, 1] } else { [0, 0, 0] }
+                });
             d = match kind {
                 DecodeKernel::Subgroup => d.set("tok_stride", 0)?.set("n_tok", 1)?.set_usize("n_q", n_q)?,
                 DecodeKernel::Tiled => d.per_step("kv_len", move |st| s.kv(st))?,

@@ -247,42 +247,64 @@ impl Q8Activations {
         let elems = mul("activation elements", max_rows, k)?;
         check_binding(op, "x", x, mul("x elements", elems, x_per_elem)?, 4)?;
         let nb = elems / 32;
-        // xq: two vec4 words per block (32 bytes); xs: one vec4 (16 bytes); indices fit u32.
+        let (xq, xs) = Self::alloc_blocks(ctx, nb)?;
+        Ok((xq, xs, nb))
+    }
+
+    /// The `xq` / `xs` buffers of `nb` blocks: two vec4 words per block (32 bytes) and one vec4
+    /// (16 bytes), every index within u32.
+    fn alloc_blocks(ctx: &GpuContext, nb: usize) -> Result<(Arc<GpuBuffer>, Arc<GpuBuffer>)> {
         to_u32("xq words", mul("xq words", nb, 8)?)?;
-        let (xq_bytes, xs_bytes) = (nb as u64 * 32, nb as u64 * 16);
-        Ok((ctx.alloc(xq_bytes, BufferKind::Storage)?, ctx.alloc(xs_bytes, BufferKind::Storage)?, nb))
+        Ok((ctx.alloc(nb as u64 * 32, BufferKind::Storage)?, ctx.alloc(nb as u64 * 16, BufferKind::Storage)?))
     }
 
     /// Scratch for up to `max_rows x k` activations read from `x` (f32, `k % 32 == 0`),
     /// quantized as they are.
     pub fn new(ctx: &GpuContext, x: &Binding, max_rows: usize, k: usize) -> Result<Q8Activations> {
         let env = KernelEnv::from_caps(ctx.capabilities());
-        Self::per_block(ctx, "quantize_q8", &QuantizeQ8.source(&env), x, max_rows, k, 1)
+        Self::per_block(ctx, "quantize_q8", &QuantizeQ8.source(&env), x, None, max_rows, k, 1)
     }
 
     /// Scratch for the GLU of up to `max_rows` packed `[gate | up]` rows of `x` (`2 k` f32
     /// each): `act(gate) * up` quantized in one dispatch (the input of a down projection).
     pub fn with_glu(ctx: &GpuContext, x: &Binding, act: crate::act::ActKind, max_rows: usize, k: usize) -> Result<Q8Activations> {
         let env = KernelEnv::from_caps(ctx.capabilities());
-        Self::per_block(ctx, "glu_quantize_q8", &GluQuantizeQ8 { act }.source(&env), x, max_rows, k, 2)
+        Self::per_block(ctx, "glu_quantize_q8", &GluQuantizeQ8 { act }.source(&env), x, None, max_rows, k, 2)
     }
 
     /// A one-invocation-per-block quantizer (`nb` blocks of the step, `k4` set) reading
-    /// `x_per_elem` f32 of `x` per activation.
-    fn per_block(ctx: &GpuContext, op: &'static str, src: &KernelSource, x: &Binding, max_rows: usize, k: usize, x_per_elem: usize) -> Result<Q8Activations> {
+    /// `x_per_elem` f32 of `x` per activation, and a norm weight (`k` f32, bound after `x`)
+    /// when `norm` gives its epsilon: the activations then defer that RMSNorm.
+    #[allow(clippy::too_many_arguments)]
+    fn per_block(
+        ctx: &GpuContext,
+        op: &'static str,
+        src: &KernelSource,
+        x: &Binding,
+        norm: Option<(&Binding, f32)>,
+        max_rows: usize,
+        k: usize,
+        x_per_elem: usize,
+    ) -> Result<Q8Activations> {
         let (xq, xs, nb) = Self::scratch(ctx, op, x, max_rows, k, x_per_elem)?;
+        let mut bind = vec![x.clone()];
+        if let Some((w, _)) = norm {
+            check_binding(op, "norm weight", w, k, 4)?;
+            bind.push(w.clone());
+        }
+        bind.extend([Binding::whole(&xq), Binding::whole(&xs)]);
         let kernel = ctx.kernel(src)?;
         let (bpr, wpg) = (to_u32("blocks per row", k / 32)?, QuantizeQ8::BLOCKS_PER_WORKGROUP);
         let max = to_u32("activation rows", max_rows)?;
         // The grid of the largest step must fit; smaller ones then do too.
         grid_for(ctx, nb.div_ceil(wpg as usize))?;
         let limit = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
-        let group = ctx.bind(&kernel, &[x.clone(), Binding::whole(&xq), Binding::whole(&xs)])?;
+        let group = ctx.bind(&kernel, &bind)?;
         let d = PlanDispatch::new(&kernel, group, [0, 1, 1])?
             .set_usize("k4", k / 4)?
             .per_step("nb", move |s| step_rows(s, max) * bpr)?
             .grid_per_step(move |s| grid_2d((step_rows(s, max) * bpr).div_ceil(wpg) as u64, limit).unwrap_or([0, 0, 0]));
-        Ok(Q8Activations { xq, xs, plan: Plan::from(d), max_rows, k, deferred_rms: None })
+        Ok(Q8Activations { xq, xs, plan: Plan::from(d), max_rows, k, deferred_rms: norm.map(|(_, eps)| eps) })
     }
 
     /// Scratch for the RMSNorm of up to `max_rows x k` activations `x` with weight
@@ -318,21 +340,8 @@ impl Q8Activations {
         eps: f32,
         gemma: bool,
     ) -> Result<Q8Activations> {
-        const OP: &str = "deferred_rms_quantize_q8";
-        let (xq, xs, nb) = Self::scratch(ctx, OP, x, max_rows, k, 1)?;
-        check_binding(OP, "norm weight", norm_weight, k, 4)?;
         let env = KernelEnv::from_caps(ctx.capabilities());
-        let kernel = ctx.kernel(&DeferredRmsQuantizeQ8 { gemma }.source(&env))?;
-        let (bpr, wpg) = (to_u32("blocks per row", k / 32)?, QuantizeQ8::BLOCKS_PER_WORKGROUP);
-        let max = to_u32("activation rows", max_rows)?;
-        grid_for(ctx, nb.div_ceil(wpg as usize))?;
-        let limit = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
-        let group = ctx.bind(&kernel, &[x.clone(), norm_weight.clone(), Binding::whole(&xq), Binding::whole(&xs)])?;
-        let d = PlanDispatch::new(&kernel, group, [0, 1, 1])?
-            .set_usize("k4", k / 4)?
-            .per_step("nb", move |s| step_rows(s, max) * bpr)?
-            .grid_per_step(move |s| grid_2d((step_rows(s, max) * bpr).div_ceil(wpg) as u64, limit).unwrap_or([0, 0, 0]));
-        Ok(Q8Activations { xq, xs, plan: Plan::from(d), max_rows, k, deferred_rms: Some(eps) })
+        Self::per_block(ctx, "deferred_rms_quantize_q8", &DeferredRmsQuantizeQ8 { gemma }.source(&env), x, Some((norm_weight, eps)), max_rows, k, 1)
     }
 
     /// Scratch for one row of `k` activations that another plan writes: a GEMV's epilogue
@@ -344,9 +353,7 @@ impl Q8Activations {
         if !k.is_multiple_of(32) || k == 0 {
             return Err(QuantError::Shape { what: OP, reason: format!("1 x {k} (k must be a positive multiple of 32)") });
         }
-        let nb = k / 32;
-        to_u32("xq words", mul("xq words", nb, 8)?)?;
-        let (xq, xs) = (ctx.alloc(nb as u64 * 32, BufferKind::Storage)?, ctx.alloc(nb as u64 * 16, BufferKind::Storage)?);
+        let (xq, xs) = Self::alloc_blocks(ctx, k / 32)?;
         Ok(Q8Activations { xq, xs, plan: Plan::new(), max_rows: 1, k, deferred_rms })
     }
 
