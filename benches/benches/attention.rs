@@ -23,7 +23,7 @@ fn bench(c: &mut Criterion) {
     let n = if cpu { 128 } else { 2048 };
     g.throughput(Throughput::Elements((4 * 128 * 32 * n * (n + 1) / 2) as u64));
     g.bench_function(format!("prefill_{n}"), |b| {
-        b.iter_custom(|iters| Duration::from_secs_f64(prefill(&ctx, 32, 8, 128, n, iters as usize).unwrap().seconds * iters as f64))
+        b.iter_custom(|iters| Duration::from_secs_f64(prefill(&ctx, 32, 8, 128, n, iters as usize, None).unwrap().seconds * iters as f64))
     });
     g.finish();
 }

@@ -2,9 +2,10 @@
 //! streaming-read roofline measured in the same run) and causal prefill TFLOP/s. The plans are
 //! built once (kernels, bind groups, partial buffers) and recorded `reps` times into one submit.
 
-use boostr::attention::{AttnOptions, DecodeKernel, DecodePlan, PrefillPlan, QueryLayout};
+use boostr::attention::{AttnOptions, DecodeKernel, DecodePlan, PrefillAttnCoop, PrefillPlan, QueryLayout};
 use boostr::kv_cache::{KvCache, KvCacheConfig, KvDtype};
 use boostr::ops_common::OpPlan;
+use boostr::quant::QuantGemm;
 use numr::gpu::StepValues;
 use numr::{DType, Device, GpuContext, Result, Tensor};
 
@@ -70,19 +71,47 @@ pub fn decode_tuned(
     Ok(Measurement { label: format!("decode attn {n_q}q/{n_kv}kv hd{hd} F16 ctx {ctx_len} fused h{heads}/k{keys}/wg{target}"), seconds: s, bytes, flops: 0.0 })
 }
 
-/// Causal prefill of `n_tok` tokens on an empty cache; flops = 4 · hd · n_q · n(n+1)/2.
-pub fn prefill(ctx: &GpuContext, n_q: usize, n_kv: usize, hd: usize, n_tok: usize, reps: usize) -> Result<Measurement> {
+/// Causal prefill of `n_tok` tokens on an empty cache with `kernel` (the plan's default when
+/// `None`); flops = 4 · hd · n_q · n(n+1)/2.
+pub fn prefill(ctx: &GpuContext, n_q: usize, n_kv: usize, hd: usize, n_tok: usize, reps: usize, kernel: Option<DecodeKernel>) -> Result<Measurement> {
+    prefill_variant(ctx, n_q, n_kv, hd, n_tok, reps, kernel, None)
+}
+
+/// [`prefill`] with a given coopmat variant.
+#[allow(clippy::too_many_arguments)]
+pub fn prefill_variant(
+    ctx: &GpuContext,
+    n_q: usize,
+    n_kv: usize,
+    hd: usize,
+    n_tok: usize,
+    reps: usize,
+    kernel: Option<DecodeKernel>,
+    coop: Option<PrefillAttnCoop>,
+) -> Result<Measurement> {
     let c = cache(ctx, n_kv, hd, n_tok, KvDtype::F16)?;
     let q = Tensor::zeros(&[n_tok * n_q * hd], DType::F32, &Device::Gpu(ctx.clone()))?;
     let ql = QueryLayout { n_tok, n_q, q_off: 0, tok_stride: n_q * hd };
-    let plan = PrefillPlan::new(ctx, &q.gpu_binding(4)?.0, &ql, &c, 0, &AttnOptions::new(hd)).map_err(ops_err)?;
+    let qb = q.gpu_binding(4)?.0;
+    let b = PrefillPlan::builder(ctx, &qb, &ql, &c, 0, &AttnOptions::new(hd));
+    let plan = match (kernel, coop) {
+        (_, Some(v)) => b.coop_variant(v),
+        (Some(k), None) => b.kernel(k),
+        (None, None) => b,
+    }
+    .build()
+    .map_err(ops_err)?;
     let step = StepValues::chunk(0, u32::try_from(n_tok).map_err(|_| ops_err(boostr::ops_common::OpsError::BadArgs { op: "bench", reason: "n_tok".into() }))?);
     let s = time_recorded(ctx, reps, 3, |rec, _| {
         plan.record(rec, &step).map_err(ops_err)?;
         Ok(())
     })?;
     let flops = 4.0 * (hd * n_q) as f64 * (n_tok * (n_tok + 1) / 2) as f64;
-    Ok(Measurement { label: format!("prefill attn {n_q}q/{n_kv}kv hd{hd} {n_tok} tok"), seconds: s, bytes: 0.0, flops })
+    let what = match coop {
+        Some(v) => format!("Coop h{} k{}", v.heads, v.bk),
+        None => format!("{:?}", plan.kernel()),
+    };
+    Ok(Measurement { label: format!("prefill attn {n_q}q/{n_kv}kv hd{hd} {n_tok} tok {what}"), seconds: s, bytes: 0.0, flops })
 }
 
 /// The attention table: the roofline first, then decode at 4K and 32K (f16 and q8_0 caches) and
@@ -110,6 +139,23 @@ pub fn attention_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>
             v.push(decode_tuned(ctx, 32, 8, 128, len, 2, boostr::attention::DECODE_KEYS_PER_STEP, boostr::attention::DECODE_TARGET_WGS, 200)?);
         }
     }
-    v.push(prefill(ctx, 32, 8, 128, if quick { 128 } else { 2048 }, if quick { 1 } else { 5 })?);
+    // Prefill: the default kernel (coopmat where the adapter has it) and the subgroup one.
+    for n_tok in if quick { vec![128] } else { vec![512, 2048] } {
+        for (n_q, n_kv, hd) in [(32, 8, 128), (32, 8, 64)] {
+            v.push(prefill(ctx, n_q, n_kv, hd, n_tok, if quick { 1 } else { 5 }, None)?);
+            if DecodeKernel::best(&boostr::ops_common::env_of(ctx)) == DecodeKernel::Subgroup {
+                v.push(prefill(ctx, n_q, n_kv, hd, n_tok, if quick { 1 } else { 5 }, Some(DecodeKernel::Subgroup))?);
+            }
+            // The coopmat variants, where they run.
+            let max_shared = ctx.capabilities().limits.max_compute_workgroup_storage_size;
+            let have = QuantGemm::coopmat_available(ctx);
+            for (heads, bk) in [(4, 32), (2, 32), (1, 32), (2, 64), (1, 64), (4, 64)] {
+                let c = PrefillAttnCoop { head_dim: hd as u32, heads, bk };
+                if have && c.supported(&boostr::ops_common::env_of(ctx), true, max_shared) {
+                    v.push(prefill_variant(ctx, n_q, n_kv, hd, n_tok, if quick { 1 } else { 5 }, None, Some(c))?);
+                }
+            }
+        }
+    }
     Ok(v)
 }

@@ -2,7 +2,7 @@
 //! in every kernel environment. No GPU needed.
 
 use boostr::act::Act;
-use boostr::attention::{AttnCombine, DecodeAttn, DecodeAttnSg, DecodeKernel, PrefillAttn};
+use boostr::attention::{AttnCombine, DecodeAttn, DecodeAttnSg, DecodeKernel, PrefillAttn, PrefillAttnCoop};
 use boostr::conv::ShortConv;
 use boostr::embedding::Embedding;
 use boostr::norm::Norm;
@@ -22,6 +22,9 @@ fn sources(env: &KernelEnv) -> Vec<KernelSource> {
         v.extend(DecodeAttnSg::all().iter().filter(|c| !c.fused || env.coherent).map(|c| c.source(env).unwrap()));
     }
     v.extend(PrefillAttn::all().iter().map(|c| c.source(env).unwrap()));
+    if env.f16 && env.subgroups {
+        v.extend(PrefillAttnCoop::all().iter().map(|c| c.source(env).unwrap()));
+    }
     v.extend([64, 128, 256].map(|head_dim| AttnCombine { head_dim }.source(env).unwrap()));
     v.extend(ShortConv::all().iter().map(|c| c.source(env)));
     v.extend(Embedding::all().iter().map(|c| c.source(env)));

@@ -160,6 +160,9 @@ impl<'a> DecodePlanBuilder<'a> {
         const OP: &str = "attention decode";
         let (hd, _) = check_heads(self.cache, self.layer, self.n_q)?;
         let kind = self.kind.unwrap_or(DecodeKernel::best(&env_of(self.ctx)));
+        if kind == DecodeKernel::Coop {
+            return Err(OpsError::Unsupported { what: "coopmat attention", reason: "a prefill kernel; decode runs Subgroup or Tiled".into() });
+        }
         let out = OutTarget::new(self.ctx, self.out, &[1, self.n_q, hd], OP)?;
         let cap = word(OP, "capacity", self.cache.config().capacity)?;
         let variants = if kind == DecodeKernel::Subgroup && self.tuning.is_none() {
@@ -244,7 +247,8 @@ impl<'a> DecodePlanBuilder<'a> {
                 let src = unsafe { cfg.source(&env)?.assume_in_bounds() };
                 (src, sched, wg_y, fused)
             }
-            DecodeKernel::Tiled => {
+            // Coop was refused by `build`.
+            DecodeKernel::Tiled | DecodeKernel::Coop => {
                 let cfg = DecodeAttn { head_dim: word(OP, "head_dim", hd)?, group: word(OP, "group", group)?, dtype: c.dtype, softcap };
                 let kind = SchedKind::Tiled { n_kv: word(OP, "n_kv", n_kv)?, target: DECODE_TARGET_WGS as u32, tile: cfg.tile(), max_chunk: cfg.max_chunk() };
                 (cfg.source(&env)?, Schedule { capacity, seg_len, n_segs: n_segs as u32, kind }, n_kv, false)
@@ -314,7 +318,7 @@ impl<'a> DecodePlanBuilder<'a> {
                 });
             d = match kind {
                 DecodeKernel::Subgroup => d.set("tok_stride", 0)?.set("n_tok", 1)?.set_usize("n_q", n_q)?,
-                DecodeKernel::Tiled => d.per_step("kv_len", move |st| s.kv(st))?,
+                DecodeKernel::Tiled | DecodeKernel::Coop => d.per_step("kv_len", move |st| s.kv(st))?,
             };
             if fused {
                 d = d.per_step("splits", move |st| s.total(s.kv(st)))?.set_usize("out_off", out.off)?;

@@ -39,7 +39,9 @@
 //! orders the two dispatches with a barrier).
 //!
 //! # Prefill
-//! Where subgroups allow, [`DecodeAttnSg`] with one query token per grid layer (`z`), one split
+//! Where the adapter has cooperative matrices (f16 16x16x16 with subgroups of 32), the cache is
+//! one f16 segment, the head_dim is 64 or 128 and nothing is soft-capped: [`PrefillAttnCoop`], flash attention on the tensor cores (see its module docs).
+//! Else, where subgroups allow, [`DecodeAttnSg`] with one query token per grid layer (`z`), one split
 //! per cache segment, and the normalised output written directly when the cache has one
 //! segment. Elsewhere [`PrefillAttn`]: one workgroup handles 32 queries of one head, K and V
 //! tiles of 16 positions staged as f32 in workgroup memory, online softmax per query; only tiles
@@ -61,6 +63,7 @@ pub mod decode;
 mod decode_plan;
 mod decode_tiled;
 mod prefill;
+mod prefill_coop;
 mod prefill_plan;
 mod reference;
 
@@ -69,6 +72,7 @@ pub use decode::{DECODE_KEYS_PER_STEP, DECODE_SG_WG, DecodeAttnSg, KEYS_PER_STEP
 pub use decode_plan::{DecodePlan, DecodePlanBuilder};
 pub use decode_tiled::{DECODE_WG, DecodeAttn};
 pub use prefill::{PREFILL_BK, PREFILL_BQ, PrefillAttn};
+pub use prefill_coop::{COOP_BQ, LAZY_RESCALE, PrefillAttnCoop};
 pub use prefill_plan::{PrefillPlan, PrefillPlanBuilder};
 pub use reference::attention_ref;
 
@@ -97,6 +101,9 @@ pub enum DecodeKernel {
     Subgroup,
     /// [`DecodeAttn`] (any adapter).
     Tiled,
+    /// [`PrefillAttnCoop`], prefill only: cooperative matrices (f16 16x16x16, subgroups of 32)
+    /// over an unsegmented f16 cache.
+    Coop,
 }
 
 impl DecodeKernel {

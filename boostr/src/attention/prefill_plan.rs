@@ -30,15 +30,27 @@ pub struct PrefillPlanBuilder<'a> {
     layer: usize,
     opts: AttnOptions,
     kind: Option<DecodeKernel>,
+    coop: Option<PrefillAttnCoop>,
     out: Option<(&'a Binding, usize)>,
 }
 
 impl<'a> PrefillPlanBuilder<'a> {
-    /// The kernel: `Subgroup` runs [`DecodeAttnSg`] with one query token per grid layer and one
-    /// split per segment (chunks of at most 65535 tokens); `Tiled` runs [`PrefillAttn`]. Default:
-    /// the best the adapter has.
+    /// The kernel: `Coop` runs [`PrefillAttnCoop`] (cooperative matrices; an unsegmented f16
+    /// cache, head_dim 64 or 128, no soft-capping);
+    /// `Subgroup` runs [`DecodeAttnSg`] with one query token per grid layer and one split per
+    /// segment (chunks of at most 65535 tokens); `Tiled` runs [`PrefillAttn`]. Default: the best
+    /// the adapter and the cache allow ([`PrefillPlan::coop_config`] first).
     pub fn kernel(mut self, kind: DecodeKernel) -> Self {
         self.kind = Some(kind);
+        self
+    }
+
+    /// The coopmat kernel's variant (implies `kernel(Coop)`; default
+    /// [`PrefillPlan::coop_config`]): its heads must divide the GQA group, its head_dim match
+    /// the cache's, and it must fit the adapter, else `build` gives a typed error.
+    pub fn coop_variant(mut self, cfg: PrefillAttnCoop) -> Self {
+        self.kind = Some(DecodeKernel::Coop);
+        self.coop = Some(cfg);
         self
     }
 
@@ -61,7 +73,29 @@ impl<'a> PrefillPlanBuilder<'a> {
             return Err(OpsError::BadArgs { op: OP, reason: "a plan for at least one token per step".into() });
         }
         let env = env_of(ctx);
-        let kind = self.kind.unwrap_or(if ql.n_tok <= 65535 { DecodeKernel::best(&env) } else { DecodeKernel::Tiled });
+        let coop = match (PrefillPlan::coop_config(ctx, cache, self.layer, ql.n_q, &self.opts), self.coop) {
+            (Some(_), Some(v)) => {
+                let caps = ctx.capabilities();
+                let fits = v.head_dim as usize == hd
+                    && (group as u32).is_multiple_of(v.heads)
+                    && v.supported(&env, true, caps.limits.max_compute_workgroup_storage_size);
+                if !fits {
+                    return Err(OpsError::Unsupported {
+                        what: "coopmat prefill variant",
+                        reason: format!("{v:?} for head_dim {hd}, group {group} on this adapter"),
+                    });
+                }
+                Some(v)
+            }
+            (c, _) => c,
+        };
+        let kind = self.kind.unwrap_or(if coop.is_some() {
+            DecodeKernel::Coop
+        } else if ql.n_tok <= 65535 {
+            DecodeKernel::best(&env)
+        } else {
+            DecodeKernel::Tiled
+        });
         let last = (ql.n_tok - 1)
             .checked_mul(ql.tok_stride)
             .and_then(|x| x.checked_add(ql.q_off))
@@ -138,6 +172,34 @@ impl<'a> PrefillPlanBuilder<'a> {
                     plan.push(d);
                 }
             }
+            DecodeKernel::Coop => {
+                let Some(cfg) = coop else {
+                    return Err(OpsError::Unsupported {
+                        what: "coopmat prefill",
+                        reason: "needs f16 16x16x16 cooperative matrices with subgroups of 32, one f16 cache segment, head_dim 64 or 128 and no soft-capping"
+                            .into(),
+                    });
+                };
+                let heads = cfg.heads as usize;
+                let wg_y = word(OP, "grid rows", c.n_kv_heads * group / heads)?;
+                let kernel = ctx.kernel(&cfg.source(&env)?)?;
+                let seg = &cache.segments(self.layer)?[0];
+                let b = [self.q.clone(), Binding::whole(&seg.k), Binding::whole(&seg.v), out.binding.clone()];
+                let d = PlanDispatch::new(&kernel, ctx.bind(&kernel, &b)?, [0, wg_y, 1])?
+                    .set("n_q", n_q)?
+                    .set_usize("group", group)?
+                    .set_usize("seg_len", seg.len)?
+                    .set_usize("q_off", ql.q_off)?
+                    .set_usize("tok_stride", ql.tok_stride)?
+                    .set_usize("out_off", out.off)?
+                    .set_f32("scale", opts.scale)?
+                    .set_usize("window", opts.window.unwrap_or(0))?
+                    .per_step("n_tok", n)?
+                    .per_step("p0", |s| s.pos)?
+                    .per_step("kv_len", kv)?
+                    .grid_per_step(move |s| [n(s).div_ceil(COOP_BQ), wg_y, 1]);
+                plan.push(d);
+            }
             DecodeKernel::Tiled => {
                 let cfg = PrefillAttn { head_dim: word(OP, "head_dim", hd)?, dtype: c.dtype, softcap: opts.softcap.is_some(), partial };
                 let kernel = ctx.kernel(&cfg.source(&env)?)?;
@@ -181,6 +243,22 @@ impl<'a> PrefillPlanBuilder<'a> {
 }
 
 impl PrefillPlan {
+    /// The cooperative-matrix kernel's variant for `n_q` query heads over `layer` of `cache`,
+    /// where the adapter, the cache (one f16 segment) and the options (no soft-capping) allow it.
+    pub fn coop_config(ctx: &GpuContext, cache: &KvCache, layer: usize, n_q: usize, opts: &AttnOptions) -> Option<PrefillAttnCoop> {
+        let c = cache.config();
+        let (hd, group) = check_heads(cache, layer, n_q).ok()?;
+        let segs = cache.segments(layer).ok()?;
+        let cfg = PrefillAttnCoop::for_group(u32::try_from(hd).ok()?, u32::try_from(group).ok()?);
+        let caps = ctx.capabilities();
+        let coopmat = caps.has_coopmat_f16_16x16x16() && caps.subgroup_max_size == 32;
+        let ok = segs.len() == 1
+            && c.dtype == KvDtype::F16
+            && opts.softcap.is_none()
+            && cfg.supported(&env_of(ctx), coopmat, caps.limits.max_compute_workgroup_storage_size);
+        ok.then_some(cfg)
+    }
+
     /// The plan with the default options (best kernel, output owned by the plan). `ql.n_tok` is
     /// the most tokens one step carries.
     pub fn new(ctx: &GpuContext, q: &Binding, ql: &QueryLayout, cache: &KvCache, layer: usize, opts: &AttnOptions) -> Result<PrefillPlan> {
@@ -189,7 +267,7 @@ impl PrefillPlan {
 
     /// A builder for the other options ([`PrefillPlanBuilder`]).
     pub fn builder<'a>(ctx: &'a GpuContext, q: &'a Binding, ql: &QueryLayout, cache: &'a KvCache, layer: usize, opts: &AttnOptions) -> PrefillPlanBuilder<'a> {
-        PrefillPlanBuilder { ctx, q, ql: *ql, cache, layer, opts: *opts, kind: None, out: None }
+        PrefillPlanBuilder { ctx, q, ql: *ql, cache, layer, opts: *opts, kind: None, coop: None, out: None }
     }
 
     /// Dispatches a recording of `step` adds.
