@@ -415,8 +415,9 @@ pub fn quant_table(ctx: &GpuContext, quick: bool, mode: &str) -> Result<Vec<Meas
     Ok(v)
 }
 
-/// The coopmat GEMM over every candidate block shape, M = 512, N = K = 4096, for the main
-/// formats, after warming the clocks (`cargo xtask bench --kernels --only gemm`).
+/// The coopmat GEMM over every candidate block shape at M = 512: N = K = 4096 for the main
+/// formats, then Q4_0 at Llama-3-8B's four prefill shapes (QKV 6144x4096, O 4096x4096, gate/up
+/// 28672x4096, down 4096x14336), after warming the clocks (`cargo xtask bench --kernels --only gemm`).
 pub fn gemm_sweep(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
     let (m, n, k) = if quick { (64, 256, 512) } else { (512, 4096, 4096) };
     let mut v = Vec::new();
@@ -427,22 +428,19 @@ pub fn gemm_sweep(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
         warm_clocks(ctx, 1.0)?;
     }
     let max_shared = ctx.capabilities().limits.max_compute_workgroup_storage_size;
-    let shapes = |bm, bn, bk, sg_m, sg_n| CoopTiles { bm, bn, bk, sg_m, sg_n, pad: 8, prefetch: false };
-    let pf = |t: CoopTiles| CoopTiles { prefetch: true, ..t };
-    let tiles = [
-        CoopTiles::DEFAULT,
-        shapes(128, 128, 64, 2, 4),
-        shapes(128, 128, 64, 4, 2),
-        pf(shapes(128, 128, 64, 4, 2)),
-        pf(shapes(128, 128, 32, 2, 4)),
-        pf(shapes(64, 128, 64, 2, 4)),
-        shapes(64, 128, 32, 1, 4),
-    ];
-    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16, GgmlType::Q5_K] {
+    let reps = if quick { 2 } else { 30 };
+    let tiles: Vec<CoopTiles> = CoopTiles::candidates();
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
         let kind = WeightKind::Ggml(ty);
         let w = QuantMatrix::upload(ctx, "w", &random_weight(kind, n, k, 9)?).map_err(err)?;
-        for t in tiles.into_iter().filter(|t| t.valid(max_shared)) {
-            v.push(gemm_tiles(ctx, &QuantGemm { kind, coopmat: true, unchecked: true }, t, &w, m, if quick { 2 } else { 30 })?);
+        v.push(gemm_tiles(ctx, &QuantGemm { kind, coopmat: true, unchecked: true }, CoopTiles::DEFAULT, &w, m, reps)?);
+    }
+    let shapes: &[(usize, usize)] = if quick { &[(256, 512)] } else { &[(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)] };
+    let kind = WeightKind::Ggml(GgmlType::Q4_0);
+    for &(n, k) in shapes {
+        let w = QuantMatrix::upload(ctx, "w", &random_weight(kind, n, k, 9)?).map_err(err)?;
+        for t in tiles.iter().copied().filter(|t| t.valid(max_shared)) {
+            v.push(gemm_tiles(ctx, &QuantGemm { kind, coopmat: true, unchecked: true }, t, &w, m, reps)?);
         }
     }
     Ok(v)

@@ -6,7 +6,9 @@
 //! 16x16 accumulators that live in `coop_mat` variables for the whole K loop. K advances in
 //! steps of `bk` (a multiple of 32): each step stages the activations (`f32` -> `f16`) and the
 //! weights (dequantized once per workgroup with the format's `dqf`, stored as `f16`) in
-//! workgroup memory, rows padded by `pad` halves against bank conflicts, then runs `bk / 16`
+//! workgroup memory as `vec4<f16>` (one store per 4 values; the cooperative loads count offsets
+//! and strides in those units), rows padded by `pad` halves against bank
+//! conflicts, then runs `bk / 16`
 //! multiply-add sub-steps per barrier. Each invocation's share of a step is first loaded (and
 //! decoded) into registers; with `prefetch` the next step's share is loaded right after the
 //! barrier that publishes the current tiles, so its memory latency overlaps the multiply-adds.
@@ -55,33 +57,30 @@ pub struct CoopTiles {
 
 impl CoopTiles {
     /// The default block: 128x128, K steps of 64, 8 subgroups of 64x32 (4x2 accumulators), the
-    /// next step's tiles prefetched into registers (on the H200 at M = 512, N = K = 4096:
-    /// 121-165 TFLOP/s across formats, 9-24% over the same block without the prefetch).
+    /// next step's tiles prefetched into registers. On the H200 at M = 512 (2026-12-02, `cargo
+    /// xtask bench --kernels --only gemm`): 137-176 TFLOP/s across formats at N = K = 4096, and
+    /// the best of every candidate at each of Llama-3-8B's four prefill shapes (128 TFLOP/s at
+    /// QKV's 6144 outputs, whose 192 blocks fill 132 compute units unevenly, 162-176 at the
+    /// others).
     pub const DEFAULT: CoopTiles = CoopTiles { bm: 128, bn: 128, bk: 64, sg_m: 2, sg_n: 4, pad: 8, prefetch: true };
 
-    /// Shapes worth comparing in benchmarks (all valid).
+    /// Shapes worth comparing in benchmarks (all valid within 48 KiB): prefetching blocks from
+    /// 64x64 to 128x256, and the default without the prefetch.
     pub fn candidates() -> Vec<CoopTiles> {
-        let t = |bm, bn, bk, sg_m, sg_n| CoopTiles { bm, bn, bk, sg_m, sg_n, pad: 8, prefetch: false };
-        let pf = |bm, bn, bk, sg_m, sg_n| CoopTiles { prefetch: true, ..t(bm, bn, bk, sg_m, sg_n) };
+        let pf = |bm, bn, bk, sg_m, sg_n| CoopTiles { bm, bn, bk, sg_m, sg_n, pad: 8, prefetch: true };
         vec![
             CoopTiles::DEFAULT,
+            CoopTiles { prefetch: false, ..CoopTiles::DEFAULT },
             pf(128, 128, 64, 4, 2),
             pf(128, 128, 32, 2, 4),
             pf(64, 128, 64, 2, 4),
-            t(128, 128, 64, 2, 4),
-            t(128, 128, 32, 2, 4),
-            t(128, 128, 64, 4, 2),
-            t(128, 64, 64, 4, 2),
-            t(64, 128, 64, 2, 4),
-            t(64, 64, 64, 2, 2),
-            t(64, 64, 128, 2, 2),
-            t(64, 128, 32, 1, 4),
-            t(64, 64, 32, 2, 2),
-            t(32, 64, 64, 1, 2),
-            t(64, 32, 64, 2, 1),
-            t(128, 128, 32, 4, 4),
-            t(64, 128, 64, 2, 2),
-            t(128, 64, 64, 2, 2),
+            pf(64, 128, 64, 1, 4),
+            pf(64, 128, 32, 2, 4),
+            pf(128, 64, 64, 4, 2),
+            pf(128, 64, 64, 2, 2),
+            pf(64, 64, 64, 2, 2),
+            pf(64, 64, 128, 2, 2),
+            pf(128, 256, 32, 2, 8),
         ]
     }
 
@@ -139,11 +138,14 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, env: &KernelEnv) -> Result<K
     let name =
         format!("quant_gemm_{}_coop{}x{}x{}_{}x{}{}", kind.name().to_lowercase(), t.bm, t.bn, t.bk, t.sg_m, t.sg_n, if t.prefetch { "_pf" } else { "" },);
     let mut pre = decoder(kind);
+    // Staged rows as vec4<f16>: one store per 4 values, and the cooperative loads count offsets
+    // and strides in those units.
+    let s4 = s / 4;
     let _ = write!(
         pre,
-        "var<workgroup> As: array<f16, {}>;\nvar<workgroup> Ws: array<f16, {}>;\nvar<workgroup> Cs: array<f32, {}>;\n",
-        t.bm * s,
-        t.bn * s,
+        "var<workgroup> As: array<vec4<f16>, {}>;\nvar<workgroup> Ws: array<vec4<f16>, {}>;\nvar<workgroup> Cs: array<f32, {}>;\n",
+        t.bm * s4,
+        t.bn * s4,
         256 * t.sg_m * t.sg_n
     );
     let cpk = t.bk / 32; // chunks per K step
@@ -210,8 +212,7 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, env: &KernelEnv) -> Result<K
             store,
             "        {open}{{
             let idx = lidx + {i}u * {wg}u;
-            let o = (idx / {q}u) * {s}u + (idx % {q}u) * 4u;
-            As[o] = f16(xr{i}.x); As[o + 1u] = f16(xr{i}.y); As[o + 2u] = f16(xr{i}.z); As[o + 3u] = f16(xr{i}.w);
+            As[(idx / {q}u) * {s4}u + idx % {q}u] = vec4<f16>(xr{i});
         }}
 "
         );
@@ -219,16 +220,9 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, env: &KernelEnv) -> Result<K
     for i in 0..wper {
         let open = if !wch.is_multiple_of(wg) { format!("if (lidx + {i}u * {wg}u < {wch}u) ") } else { String::new() };
         // Unrolled: constant indices keep `wr` in registers.
-        let _ = write!(store, "        {open}{{\n            let o = ((lidx + {i}u * {wg}u) / {cpk}u) * {s}u + ((lidx + {i}u * {wg}u) % {cpk}u) * 32u;\n");
+        let _ = write!(store, "        {open}{{\n            let o = ((lidx + {i}u * {wg}u) / {cpk}u) * {s4}u + ((lidx + {i}u * {wg}u) % {cpk}u) * 8u;\n");
         for e in 0..8 {
-            let _ = writeln!(
-                store,
-                "            Ws[o + {a}u] = f16(wr{i}[{e}].x); Ws[o + {b}u] = f16(wr{i}[{e}].y); Ws[o + {c}u] = f16(wr{i}[{e}].z); Ws[o + {d}u] = f16(wr{i}[{e}].w);",
-                a = 4 * e,
-                b = 4 * e + 1,
-                c = 4 * e + 2,
-                d = 4 * e + 3
-            );
+            let _ = writeln!(store, "            Ws[o + {e}u] = vec4<f16>(wr{i}[{e}]);");
         }
         store.push_str("        }\n");
     }
@@ -254,12 +248,12 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, env: &KernelEnv) -> Result<K
     // Multiply-add sub-steps.
     let _ = writeln!(b, "        for (var kk = 0u; kk < {}u; kk += 16u) {{", t.bk);
     for i in 0..fm {
-        let _ = writeln!(b, "            let ia{i} = (sm + {}u) * {s}u + kk;", 16 * i);
-        let _ = writeln!(b, "            let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&As[ia{i}], {s}u);");
+        let _ = writeln!(b, "            let ia{i} = (sm + {}u) * {s4}u + kk / 4u;", 16 * i);
+        let _ = writeln!(b, "            let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&As[ia{i}], {s4}u);");
     }
     for j in 0..fn_ {
-        let _ = writeln!(b, "            let ib{j} = (sn + {}u) * {s}u + kk;", 16 * j);
-        let _ = writeln!(b, "            let b{j} = coopLoad<coop_mat16x16<f16, B>>(&Ws[ib{j}], {s}u);");
+        let _ = writeln!(b, "            let ib{j} = (sn + {}u) * {s4}u + kk / 4u;", 16 * j);
+        let _ = writeln!(b, "            let b{j} = coopLoad<coop_mat16x16<f16, B>>(&Ws[ib{j}], {s4}u);");
     }
     for i in 0..fm {
         for j in 0..fn_ {
