@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use boostr::act::{Act, ActIo, ActKind, ActPlan, GluInput};
-use boostr::attention::{AttnOptions, DecodePlan, PrefillPlan, QueryLayout};
+use boostr::attention::{AttnOptions, DecodeKernel, DecodePlan, PrefillPlan, QueryLayout};
 use boostr::bias::BiasPlan;
 use boostr::conv::{ShortConv, ShortConvIo, ShortConvPlan};
 use boostr::embedding::EmbeddingPlan;
@@ -39,17 +39,20 @@ use super::fuse::{Allow, Fusions, Input, act_kind, fuse_decode};
 use super::weights::GpuWeights;
 use super::{dev_err, ops_err, quant_err};
 
-/// Decode (one token, GEMV, logits) or prefill (a chunk, GEMM, no logits).
+/// Decode (one token, GEMV, logits), prefill (a chunk, GEMM, no logits), or the head of a
+/// prefill (only the LM head's GEMV, over the decode slots' `Normed` row that the step copies
+/// from the chunk's last row).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Mode {
     Decode,
     Prefill { max_tok: usize },
+    Head,
 }
 
 impl Mode {
     fn rows(self) -> usize {
         match self {
-            Mode::Decode => 1,
+            Mode::Decode | Mode::Head => 1,
             Mode::Prefill { max_tok } => max_tok,
         }
     }
@@ -173,6 +176,17 @@ fn attn_tuning() -> Option<(u32, u32, usize)> {
     (p.len() == 3).then(|| (p[0] as u32, p[1] as u32, p[2]))
 }
 
+/// The prefill attention kernel forced by `CERA_PREFILL_ATTN` = `coop`, `subgroup` or `tiled`
+/// (a diagnostic for measuring; default: the best the adapter and the cache allow).
+fn prefill_attn_kernel() -> Option<DecodeKernel> {
+    match std::env::var("CERA_PREFILL_ATTN").ok()?.as_str() {
+        "coop" => Some(DecodeKernel::Coop),
+        "subgroup" => Some(DecodeKernel::Subgroup),
+        "tiled" => Some(DecodeKernel::Tiled),
+        _ => None,
+    }
+}
+
 /// Input features up to which the RMSNorm runs inside the consuming GEMV.
 const NORM_FUSE_MAX_K: usize = usize::MAX;
 
@@ -210,7 +224,7 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
     let links = if mode == Mode::Decode { epilogue_links(ctx, &env, inp, &fused, epilogues)? } else { Links::default() };
     for (i, op) in g.ops.iter().enumerate() {
         let f = &fused.ops[i];
-        if f.skip {
+        if f.skip || (mode == Mode::Head && !matches!(op, Op::LmHead { .. })) {
             continue;
         }
         let gemv = |x: Slot, out: Slot| -> GemvFusion {
@@ -259,8 +273,8 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
                 if let Some(cap) = softcap {
                     return Err(EngineError::Unsupported { what: format!("final logit soft-capping ({cap}) on the GPU") });
                 }
-                if mode == Mode::Decode {
-                    linear(ctx, &env, &mut plan, inp, i, gemv(Slot::Normed, Slot::Logits), c.vocab, c.norm_eps, mode, &links)?;
+                if matches!(mode, Mode::Decode | Mode::Head) {
+                    linear(ctx, &env, &mut plan, inp, i, gemv(Slot::Normed, Slot::Logits), c.vocab, c.norm_eps, Mode::Decode, &links)?;
                 }
             }
             Op::QkvRope { layer, qk_norm, rope, neox, .. } => {
@@ -294,7 +308,7 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
                 let opts = AttnOptions { scale: c.attn_scale, softcap: c.attn_softcap, window: *window };
                 let (q, out) = (slots.bind(Slot::Qkv), slots.bind(Slot::Attn));
                 match mode {
-                    Mode::Decode => {
+                    Mode::Decode | Mode::Head => {
                         let mut b = DecodePlan::builder(ctx, &q, 0, c.n_heads, inp.cache, *layer, &opts).output(&out, 0);
                         if let Some((heads, keys, target)) = attn_tuning() {
                             b = b.tuning(heads, keys, target);
@@ -306,8 +320,11 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
                     }
                     Mode::Prefill { max_tok } => {
                         let ql = QueryLayout { n_tok: max_tok, n_q: c.n_heads, q_off: 0, tok_stride: c.qkv_dim() };
-                        let p = PrefillPlan::builder(ctx, &q, &ql, inp.cache, *layer, &opts).output(&out, 0).build().map_err(ops_err)?;
-                        plan.append(p.plan());
+                        let mut b = PrefillPlan::builder(ctx, &q, &ql, inp.cache, *layer, &opts).output(&out, 0);
+                        if let Some(kind) = prefill_attn_kernel() {
+                            b = b.kernel(kind);
+                        }
+                        plan.append(b.build().map_err(ops_err)?.plan());
                     }
                 }
             }
@@ -398,7 +415,7 @@ fn linear(
         let split_qkv = matches!(output, GemvOutput::Qkv { .. });
         let kind = WeightKind::of(w.format);
         match (mode, &xa) {
-            (Mode::Decode, Some(xa)) => {
+            (Mode::Decode | Mode::Head, Some(xa)) => {
                 let cfg = QuantGemvQ8 { accumulate: f.accumulate, rms_scale: xa.deferred_rms().is_some(), split_qkv, ..q8_config(env, w) };
                 let p = match links.producers.get(&op) {
                     Some(l) => {
@@ -409,7 +426,7 @@ fn linear(
                 };
                 plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
             }
-            (Mode::Decode, None) => {
+            (Mode::Decode | Mode::Head, None) => {
                 // Bounds are validated by the plan before it drops the runtime checks.
                 let prologue = match (&f.norm, f.glu) {
                     (Some(_), _) => Prologue::RmsNorm { gemma: false, stage_k: norm_stage_k() },
@@ -457,7 +474,9 @@ fn q8_config(env: &KernelEnv, w: &boostr::quant::QuantMatrix) -> QuantGemvQ8 {
 /// quantized format).
 fn uses_int8(inp: &PlanInputs, op: usize, mode: Mode) -> bool {
     let parts = &inp.weights.linear[&op];
-    mode == Mode::Decode && inp.decode_gemv.int8_for(inp.graph.cfg.dim) && parts.iter().all(|p| QuantGemvQ8::supports(WeightKind::of(p.w.format)))
+    matches!(mode, Mode::Decode | Mode::Head)
+        && inp.decode_gemv.int8_for(inp.graph.cfg.dim)
+        && parts.iter().all(|p| QuantGemvQ8::supports(WeightKind::of(p.w.format)))
 }
 
 /// A producing GEMV's epilogue: what it quantizes and for which op.

@@ -1,10 +1,11 @@
 //! One sequence on the GPU: its KV cache, activation buffers, the decode and prefill plans built
 //! over them, the sampling plans, and the id buffer `[ubatch prompt slots | argmax slot]`.
 //!
-//! A step is ONE recording and ONE submit: the prefill plan for all but the last token (when the
-//! step wants a distribution, or is one token; all tokens otherwise), the decode plan for the
-//! last token, then
-//! argmax / top-k / nothing, and one readback of what the sampler needs (4 bytes for greedy).
+//! A step is ONE recording and ONE submit. A step of one token runs the decode plan; a chunk
+//! of several runs the prefill plan over all its tokens and, when the step wants a
+//! distribution, copies the chunk's last normalised row into the decode slots and runs the
+//! head plan (the LM head's GEMV alone) on it. Then argmax / top-k / nothing, and one readback
+//! of what the sampler needs (4 bytes for greedy).
 //! Greedy decoding leaves the id in the argmax slot, where the next step's embedding reads it,
 //! so the next step can be recorded and submitted before this one's id is read back (up to
 //! `MAX_IN_FLIGHT` steps outstanding, their readbacks queued in order).
@@ -41,8 +42,10 @@ pub(crate) struct GpuState {
     ubatch: usize,
     decode: Plan,
     prefill: Plan,
+    /// The LM head over the decode slots' `Normed` row (a prefill chunk's logits).
+    head: Plan,
     dec_slots: Slots,
-    _pre_slots: Slots,
+    pre_slots: Slots,
     argmax: ArgmaxPlan,
     topk: TopKPlan,
     /// The ids argmax never chooses, the buffer holding them and the plan masking them.
@@ -97,6 +100,7 @@ impl GpuState {
         let pre_slots = Slots::new(ctx, g, ubatch)?;
         let decode = build(ctx, &inp, &dec_slots, Mode::Decode)?;
         let prefill = build(ctx, &inp, &pre_slots, Mode::Prefill { max_tok: ubatch })?;
+        let head = build(ctx, &inp, &dec_slots, Mode::Head)?;
         let logits = GpuView::whole(dec_slots.buf(Slot::Logits));
         let argmax = ArgmaxPlan::new(ctx, &logits, c.vocab, Some(GpuView::new(Binding::whole(&ids), ubatch)), 1).map_err(ops_err)?;
         let topk = TopKPlan::new(ctx, &logits, c.vocab, MAX_TOP_K.min(c.vocab), 1.0, 1, None).map_err(ops_err)?;
@@ -130,8 +134,9 @@ impl GpuState {
             ubatch,
             decode,
             prefill,
+            head,
             dec_slots,
-            _pre_slots: pre_slots,
+            pre_slots,
             argmax,
             topk,
             mask: None,
@@ -191,18 +196,23 @@ impl GpuState {
         };
         self.has_last = want == Want::Argmax;
         self.window.ran(pos, n);
-        // A single token runs the decode plan (GEMV) even when nothing is wanted of it.
-        let pre = if want == Want::Nothing && n > 1 { n } else { n - 1 };
-        if pre > 0 {
-            self.prefill.record(rec, &StepValues::chunk(word("position", pos)?, word("tokens", pre)?).with_token(0)).map_err(|e| self.err(e))?;
-        }
-        if pre == n {
-            return Ok(Reads::Nothing);
-        }
+        // A single token runs the decode plan (GEMV) even when nothing is wanted of it; a chunk
+        // runs the prefill plan (GEMM) over all of its tokens, then the LM head over its last row.
         let step = StepValues::decode(word("position", pos + n - 1)?);
-        self.decode.record(rec, &step.with_token(word("slot", last_slot)?)).map_err(|e| self.err(e))?;
-        if want == Want::Nothing {
-            return Ok(Reads::Nothing);
+        if n > 1 {
+            self.prefill.record(rec, &StepValues::chunk(word("position", pos)?, word("tokens", n)?).with_token(0)).map_err(|e| self.err(e))?;
+            if want == Want::Nothing {
+                return Ok(Reads::Nothing);
+            }
+            let row = 4 * self.graph.width(Slot::Normed) as u64;
+            let (src, dst) = (self.pre_slots.buf(Slot::Normed).clone(), self.dec_slots.buf(Slot::Normed).clone());
+            rec.copy(&src, (n as u64 - 1) * row, &dst, 0, row).map_err(|e| self.err(e))?;
+            self.head.record(rec, &step).map_err(|e| self.err(e))?;
+        } else {
+            self.decode.record(rec, &step.with_token(word("slot", last_slot)?)).map_err(|e| self.err(e))?;
+            if want == Want::Nothing {
+                return Ok(Reads::Nothing);
+            }
         }
         Ok(match want {
             Want::Argmax => {
