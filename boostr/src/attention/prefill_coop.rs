@@ -2,14 +2,14 @@
 //! 16x16x16 tiles, f32 accumulate).
 //!
 //! One workgroup takes [`COOP_BQ`] queries and `heads` query heads that share one KV head, one
-//! subgroup of 32 per head (so every subgroup walks the same keys, and the K/V fragments one
-//! reads serve the others from the cache). Per subgroup, 16 query rows:
+//! subgroup of 32 per head (so every subgroup walks the same keys, and each K/V tile is staged
+//! once for all of them). Per subgroup, 16 query rows:
 //! - Q is loaded once (f32 -> f16, pre-multiplied by `scale * log2(e)`) through workgroup memory
 //!   into `head_dim / 16` A fragments that stay in registers.
 //! - Keys go in tiles of `bk`: the workgroup stages the tile's K and V rows in workgroup memory
-//!   (every invocation's loads issued before its stores, so they are in flight together; the
-//!   fragments read straight from the cache measured slower than the subgroup kernel, about
-//!   one load latency per fragment). `S = Q Kᵀ` (`Kᵀ` is the staged rows read column-major)
+//!   as `vec4<f16>` (the next tile's share loaded into registers while this one is used; the
+//!   fragments read straight from the cache measured slower than the subgroup kernel, about one
+//!   load latency per fragment, and scalar f16 stores cost half the speed). `S = Q Kᵀ` (`Kᵀ` is the staged rows read column-major)
 //!   is stored row-major to workgroup memory, where two lanes per row mask it (causal, window,
 //!   past `kv_len`) and take the row max.
 //! - The online softmax rescales lazily: the running max `m` moves only when some row's tile
