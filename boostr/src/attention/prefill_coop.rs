@@ -261,28 +261,16 @@ var<workgroup> flags: array<u32, 4>;
             h4 = half / 4,
             lazy = LAZY_RESCALE,
         ));
-        // Rescale the output accumulators through Ss (16x16 fragments, 64 vec4s each, row
-        // stride 4), as many at a time as the subgroup's S rows hold.
+        // Rescale the output accumulators through Ss.
         let fit = (16 * ss / 64).max(1);
-        let mut n = 0;
-        while n < nd {
-            let g = fit.min(nd - n);
-            for i in 0..g {
-                b.push_str(&format!("            let ir{n}_{i} = sb + {}u;\n            coopStoreT(o{}, &Ss[ir{n}_{i}], 4u);\n", 64 * i, n + i));
-            }
-            b.push_str(&format!(
-                "            workgroupBarrier();
-            for (var e = lane; e < {ge}u; e += 32u) {{ Ss[sb + e] *= al[sg * 16u + (e % 64u) / 4u]; }}
-            workgroupBarrier();
-",
-                ge = 64 * g
-            ));
-            for i in 0..g {
-                b.push_str(&format!("            o{} = coopLoadT<coop_mat16x16<f32, C>>(&Ss[ir{n}_{i}], 4u);\n", n + i));
-            }
-            b.push_str("            workgroupBarrier();\n");
-            n += g;
-        }
+        b.push_str(&through_ss(
+            nd,
+            fit,
+            "            ",
+            "ir",
+            |_, ge| format!("            for (var e = lane; e < {ge}u; e += 32u) {{ Ss[sb + e] *= al[sg * 16u + (e % 64u) / 4u]; }}\n"),
+            true,
+        ));
         // P = exp2(s - m) as f16, four per vec4 store.
         b.push_str(&format!(
             "        }}
@@ -312,15 +300,14 @@ var<workgroup> flags: array<u32, 4>;
     workgroupBarrier();
 ",
         );
-        let mut n = 0;
-        while n < nd {
-            let g = fit.min(nd - n);
-            for i in 0..g {
-                b.push_str(&format!("    let iw{n}_{i} = sb + {}u;\n    coopStoreT(o{}, &Ss[iw{n}_{i}], 4u);\n", 64 * i, n + i));
-            }
-            b.push_str(&format!(
-                "    workgroupBarrier();
-    for (var e = lane; e < {ge}u; e += 32u) {{
+        b.push_str(&through_ss(
+            nd,
+            fit,
+            "    ",
+            "iw",
+            |n, ge| {
+                format!(
+                    "    for (var e = lane; e < {ge}u; e += 32u) {{
         let rr = (e % 64u) / 4u;
         let t = t0 + rr;
         let d = {n}u * 16u + (e / 64u) * 16u + (e % 4u) * 4u;
@@ -330,12 +317,11 @@ var<workgroup> flags: array<u32, 4>;
             out[o] = v.x; out[o + 1u] = v.y; out[o + 2u] = v.z; out[o + 3u] = v.w;
         }}
     }}
-    workgroupBarrier();
-",
-                ge = 64 * g
-            ));
-            n += g;
-        }
+"
+                )
+            },
+            false,
+        ));
         Ok(KernelBuilder::new(name, *env)
             .enable_f16()
             .enable("wgpu_cooperative_matrix")
@@ -350,4 +336,30 @@ var<workgroup> flags: array<u32, 4>;
             .body(&b)
             .build())
     }
+}
+
+/// WGSL passing the `nd` output accumulators `o0..` through the subgroup's `Ss` rows, `fit`
+/// fragments at a time (16x16 f32, 64 vec4s each, row stride 4): store them, a barrier,
+/// `body(first fragment, vec4s in the group)`, a barrier, and with `reload` load them back and
+/// a barrier before the next group overwrites them. `tag` names the offsets.
+fn through_ss(nd: u32, fit: u32, ind: &str, tag: &str, body: impl Fn(u32, u32) -> String, reload: bool) -> String {
+    let mut b = String::new();
+    let mut n = 0;
+    while n < nd {
+        let g = fit.min(nd - n);
+        for i in 0..g {
+            b.push_str(&format!("{ind}let {tag}{n}_{i} = sb + {}u;\n{ind}coopStoreT(o{}, &Ss[{tag}{n}_{i}], 4u);\n", 64 * i, n + i));
+        }
+        b.push_str(&format!("{ind}workgroupBarrier();\n"));
+        b.push_str(&body(n, 64 * g));
+        b.push_str(&format!("{ind}workgroupBarrier();\n"));
+        if reload {
+            for i in 0..g {
+                b.push_str(&format!("{ind}o{} = coopLoadT<coop_mat16x16<f32, C>>(&Ss[{tag}{n}_{i}], 4u);\n", n + i));
+            }
+            b.push_str(&format!("{ind}workgroupBarrier();\n"));
+        }
+        n += g;
+    }
+    b
 }
