@@ -93,7 +93,8 @@ fn q8_gemv_matches_reference_for_every_quantized_format() {
         // Every format with the defaults; the other variants on the formats with specialised
         // decoders' neighbours (legacy, Q8_0, K-quants, int4) to keep lavapipe time short.
         let all_variants = ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "AWQ-g32"].contains(&name.as_str());
-        let cases: &[(usize, u32)] = if all_variants { &[(1, 0), (1, 1), (1, 2), (1, 3), (1, 5), (3, 0), (3, 4), (3, 6), (8, 0)] } else { &[(1, 0), (8, 0)] };
+        let cases: &[(usize, u32)] =
+            if all_variants { &[(1, 0), (1, 1), (1, 2), (1, 3), (1, 5), (1, 7), (1, 8), (3, 0), (3, 4), (3, 6), (3, 7), (8, 0)] } else { &[(1, 0), (8, 0)] };
         for &(m, variant) in cases {
             let base = QuantGemvQ8::new(kind, &env, m as u32);
             let cfg = match variant {
@@ -107,9 +108,17 @@ fn q8_gemv_matches_reference_for_every_quantized_format() {
                 // Prefetching the next step's chunks: with the defaults, and with rows per
                 // subgroup, two rows per workgroup and an uneven number of steps.
                 5 => QuantGemvQ8 { prefetch: true, ..base },
+                // Row groups taken at the grid's stride: 19 groups of two rows over 7 workgroups
+                // (the last one short), and with rows per subgroup.
+                7 => QuantGemvQ8 { row_groups: 3, rows_per_workgroup: 2, ..base },
+                8 => QuantGemvQ8 { row_groups: 2, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, unchecked: true, ..base },
                 _ => QuantGemvQ8 { prefetch: true, subgroup_rows: 1, rows_per_workgroup: 2, threads: 64, unroll: 3, ..base },
             };
-            let x: Vec<f32> = (0..m * cols).map(|_| rng.f32_in(-1.0, 1.0)).collect();
+            // The row-group variants draw from their own generator (the others' inputs stay those
+            // the tolerances were set on).
+            let mut own = Rng(1000 + variant as u64);
+            let r = if variant >= 7 { &mut own } else { &mut rng };
+            let x: Vec<f32> = (0..m * cols).map(|_| r.f32_in(-1.0, 1.0)).collect();
             let (got, deq) = run(&ctx, &cfg, &w, &x, m);
             let want_q = f64s(&matmul_ref(&p, &deq, m).unwrap());
             check_close_rtol(&got, &want_q, 1e-4).unwrap_or_else(|e| panic!("{name} m={m} variant {variant} (int8 x): {e}"));

@@ -39,13 +39,15 @@ fn read_q8(ctx: &GpuContext, xa: &Q8Activations) -> (Vec<i8>, Vec<f32>) {
 }
 
 /// The layouts each epilogue runs with: the default, two rows per workgroup, rows per subgroup
-/// (four rows over a 128-wide workgroup), and the workgroup-memory reduction.
+/// (four rows over a 128-wide workgroup), the workgroup-memory reduction, and three row groups
+/// per workgroup.
 fn layouts(base: QuantGemvQ8) -> Vec<(&'static str, QuantGemvQ8)> {
     vec![
         ("default", base),
         ("r2", QuantGemvQ8 { rows_per_workgroup: 2, unchecked: true, ..base }),
         ("sgrows", QuantGemvQ8 { subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base }),
         ("no-subgroups", QuantGemvQ8 { subgroups: false, rows_per_workgroup: 2, threads: 64, ..base }),
+        ("row-groups", QuantGemvQ8 { row_groups: 3, rows_per_workgroup: 2, ..base }),
     ]
 }
 

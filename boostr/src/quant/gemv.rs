@@ -78,6 +78,9 @@ pub struct QuantGemv {
     pub prologue: Prologue,
     /// Three outputs (Q, K, V) from one matrix packed at upload (see the module docs).
     pub split_qkv: bool,
+    /// Rotate the Q/K rows and store K/V into the cache ([`super::rope_kv`]; build with
+    /// [`GemvPlan::with_rope_kv`]).
+    pub rope_kv: bool,
     /// `y += x Wᵀ`: each output is read and written by the one invocation that stores it (a
     /// residual add fused into the projection that produces the delta).
     pub accumulate: bool,
@@ -98,6 +101,7 @@ impl QuantGemv {
             activation_rows: m,
             prologue: Prologue::None,
             split_qkv: false,
+            rope_kv: false,
             accumulate: false,
             unchecked: false,
         }
@@ -117,6 +121,7 @@ impl QuantGemv {
                     v.push(QuantGemv { prologue: Prologue::RmsNorm { gemma: false, stage_k: 4096 }, ..base });
                     v.push(QuantGemv { prologue: Prologue::RmsNorm { gemma: true, stage_k: 0 }, split_qkv: true, ..base });
                     v.push(QuantGemv { split_qkv: true, rows_per_workgroup: 8, ..base });
+                    v.push(QuantGemv { prologue: Prologue::RmsNorm { gemma: false, stage_k: 0 }, rope_kv: true, ..base });
                     v.push(QuantGemv { accumulate: true, ..base });
                     for act in [crate::act::ActKind::Silu, crate::act::ActKind::GeluTanh] {
                         v.push(QuantGemv { prologue: Prologue::Glu { act }, accumulate: true, ..base });
@@ -129,7 +134,7 @@ impl QuantGemv {
 
     fn name(&self) -> String {
         format!(
-            "quant_gemv_{}_r{}_t{}_m{}{}{}{}{}{}",
+            "quant_gemv_{}_r{}_t{}_m{}{}{}{}{}{}{}",
             self.kind.name().to_lowercase(),
             self.rows_per_workgroup,
             self.threads,
@@ -143,6 +148,7 @@ impl QuantGemv {
             },
             if self.split_qkv { "_qkv" } else { "" },
             if self.accumulate { "_acc" } else { "" },
+            if self.rope_kv { "_ropekv" } else { "" },
         )
     }
 
@@ -263,6 +269,12 @@ impl QuantGemv {
             }
         }
         b.push_str("    }\n");
+        if self.rope_kv {
+            pre.push_str(&super::rope_kv::prelude(Some(v)));
+            b.push_str(&format!("    let tot = wg_reduce_{v}(acc, {rargs});\n"));
+            b.push_str(&super::rope_kv::store_reduced(v, "tot"));
+            return self.finish(env, pre, b, norm.is_some());
+        }
         b.push_str(&format!("    let tot = wg_reduce_{v}(acc, {rargs});\n    if (lidx < {v}u) {{\n"));
         b.push_str(&format!("        let row = row0 + lidx / {mm}u;\n        let m = lidx % {mm}u;\n        let g = p.row0 + row;\n"));
         b.push_str("        if (row < p.rows) {\n");
@@ -281,7 +293,14 @@ impl QuantGemv {
             });
         }
         b.push_str("        }\n    }\n");
+        self.finish(env, pre, b, norm.is_some())
+    }
 
+    /// The kernel around the generated prelude and body.
+    fn finish(&self, env: &KernelEnv, pre: String, b: String, norm: bool) -> KernelSource {
+        let wg = self.threads;
+        let sg = self.subgroups && env.subgroups;
+        let f16 = self.f16_math && env.f16 && is_quantized(self.kind);
         let mut kb = KernelBuilder::new(self.name(), *env).workgroup(wg, 1, 1);
         if sg {
             kb = kb.subgroup_builtins();
@@ -290,12 +309,17 @@ impl QuantGemv {
             kb = kb.enable_f16();
         }
         kb = kb.storage("x", Access::Read, "array<vec4<f32>>");
-        if norm.is_some() {
+        if norm {
             kb = kb.storage("nw", Access::Read, "array<vec4<f32>>");
         }
         kb = kb.storage("wv", Access::Read, "array<vec4<u32>>").storage("ws", Access::Read, "array<u32>").storage("y", Access::ReadWrite, "array<f32>");
         if self.split_qkv {
             kb = kb.storage("yk", Access::ReadWrite, "array<f32>").storage("yv", Access::ReadWrite, "array<f32>");
+        }
+        if self.rope_kv {
+            kb = super::rope_kv::bind(kb);
+            let params: Vec<&str> = PARAMS.iter().chain(super::rope_kv::PARAMS).copied().collect();
+            return kb.params(&params).prelude(&pre).body(&b).build();
         }
         kb.params(PARAMS).prelude(&pre).body(&b).build()
     }
@@ -500,6 +524,16 @@ impl GemvPlan {
     /// Validates `cfg`, `w` and every binding of `io` (each short one is
     /// [`QuantError::BufferTooSmall`] naming it), then builds the dispatches.
     pub fn new(ctx: &GpuContext, cfg: &QuantGemv, w: &QuantMatrix, io: &GemvIo) -> Result<GemvPlan> {
+        Self::build(ctx, cfg, w, io, None)
+    }
+
+    /// The decode Q/K/V projection with the RoPE + KV-cache epilogue (`cfg.rope_kv`, see
+    /// [`super::rope_kv`]); `io.output` must be the packed row ([`GemvOutput::Single`]).
+    pub fn with_rope_kv(ctx: &GpuContext, cfg: &QuantGemv, w: &QuantMatrix, io: &GemvIo, rope: &super::RopeKv) -> Result<GemvPlan> {
+        Self::build(ctx, cfg, w, io, Some(rope))
+    }
+
+    fn build(ctx: &GpuContext, cfg: &QuantGemv, w: &QuantMatrix, io: &GemvIo, rope: Option<&super::RopeKv>) -> Result<GemvPlan> {
         const OP: &str = "gemv";
         if cfg.kind != w.kind() {
             return Err(QuantError::Shape { what: OP, reason: format!("kernel for {} given {}", cfg.kind.name(), w.kind().name()) });
@@ -527,6 +561,14 @@ impl GemvPlan {
             (false, None) => {}
         }
         let (outputs, qkv) = io.output.checked(OP, cfg.split_qkv, m, w.rows)?;
+        let rope = match rope {
+            _ if cfg.rope_kv != rope.is_some() => return Err(QuantError::Config { what: OP, reason: "rope_kv is built with GemvPlan::with_rope_kv".into() }),
+            Some(_) if cfg.split_qkv || cfg.accumulate || !matches!(io.output, GemvOutput::Single(_)) => {
+                return Err(QuantError::Config { what: OP, reason: "rope_kv with split_qkv, accumulate or a column output".into() });
+            }
+            Some(rk) => Some(super::rope_kv::check(ctx, OP, w, cfg.activation_rows, cfg.rows_per_workgroup, 0, rk)?),
+            None => None,
+        };
         let src = cfg.source(&env_of(caps));
         let src = if cfg.unchecked {
             // SAFETY: the GEMV's indices are bounded as follows, by what was validated above.
@@ -545,6 +587,7 @@ impl GemvPlan {
             // - `red` (tree): `(lidx + s) * v + i` with `lidx < s <= threads / 2`; `red`
             //   (subgroups): slots `sg_idx < min(sg_count, slots)`. `inv_rms[lidx]` under
             //   `lidx < activation_rows`. Every product above fits 32 bits (checked).
+            // - The RoPE + KV epilogue: as stated in `gemv_q8.rs` (`rope_kv::check`).
             unsafe { src.assume_in_bounds() }
         } else {
             src
@@ -557,6 +600,7 @@ impl GemvPlan {
             bind.push(part.binding());
             bind.push(part.binding());
             bind.extend(outputs.iter().cloned());
+            bind.extend(rope.iter().flat_map(|c| c.bindings().iter().cloned()));
             let group = ctx.bind(&kernel, &bind)?;
             let grid = grid_for(ctx, part.rows.div_ceil(cfg.rows_per_workgroup as usize))?;
             let d = set_out_cols(set_part(PlanDispatch::new(&kernel, group, grid)?, w, part)?, part, out_cols(&io.output, w.rows))?
@@ -564,7 +608,10 @@ impl GemvPlan {
                 .set_usize("nq", qkv[0])?
                 .set_usize("nk", qkv[1])?
                 .set_usize("nv", qkv[2])?;
-            plan.push(d);
+            plan.push(match &rope {
+                Some(c) => c.set(d)?,
+                None => d,
+            });
         }
         Ok(GemvPlan { plan })
     }

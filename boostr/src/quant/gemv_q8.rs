@@ -1,7 +1,7 @@
 //! [`QuantGemvQ8`]: the integer-dot GEMV (decode), `y[m][n] = sum_k x[m][k] * W[n][k]` for
 //! 1..=8 activation rows, with the activations quantized to int8 per 32-element block first.
 //!
-//! Two dispatches, recorded together by [`Q8GemvPlan`]:
+//! Two dispatches, recorded together by [`super::Q8GemvPlan`]:
 //! 1. [`super::QuantizeQ8`] or the fused [`super::RmsNormQuantizeQ8`] (file `q8_activations.rs`): `d = max|x| / 127`,
 //!    `q = round(x / d)` packed four per word (`xq`, two `vec4<u32>` per block), and per block
 //!    `vec4(d, d * sum(q[0..16]), d * sum(q[16..32]), 0)` (`xs`). In a model the same quantized
@@ -25,17 +25,15 @@
 //! (f32 tolerance) and against the unquantized reference (1e-2).
 //!
 //! Subgroups are placed by the `subgroup_id` / `num_subgroups` builtins (`sg_idx`, `sg_count`),
-//! never by `lidx / sg_size`. `unchecked` is honoured by [`Q8GemvPlan`] once it has validated
+//! never by `lidx / sg_size`. `unchecked` is honoured by [`super::Q8GemvPlan`] once it has validated
 //! every binding; [`QuantGemvQ8::source`] is always compiled with bounds checks.
 
-use numr::gpu::{Access, Binding, BufferKind, GpuContext, KernelBuilder, KernelEnv, KernelSource, Plan, PlanDispatch, Recorder, StepValues};
+use numr::gpu::{Access, KernelBuilder, KernelEnv, KernelSource};
 
+use super::WeightKind;
 use super::decode::{decoder, is_quantized};
-use super::gemv::{GemvOutput, PARAMS, grid_for, out_cols, reduce_args, reduce_fn, set_out_cols, set_part};
-use super::q8_activations::Q8Activations;
+use super::gemv::{PARAMS, reduce_args, reduce_fn};
 use super::q8_epilogue::Q8Epilogue;
-use super::validate::{check_binding, check_threads, env_of, mul};
-use super::{QuantError, QuantMatrix, Result, WeightKind};
 
 /// An integer-dot GEMV configuration (quantized formats only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -77,7 +75,14 @@ pub struct QuantGemvQ8 {
     /// What the GEMV writes besides its output ([`super::q8_epilogue`]): its own output
     /// quantized for the next projection.
     pub epilogue: Q8Epilogue,
-    /// Compile without naga's bounds checks: honoured only by [`Q8GemvPlan`], once it has validated
+    /// Row groups (of `rows_per_workgroup` rows) per workgroup, taken one after the other at a
+    /// stride of the grid (`wg, wg + n_wg, ...`): fewer workgroups per dispatch, each launched
+    /// once (1: one group per workgroup).
+    pub row_groups: u32,
+    /// Rotate the Q/K rows and store K/V into the cache ([`super::rope_kv`]; build with
+    /// [`super::Q8GemvPlan::with_rope_kv`]).
+    pub rope_kv: bool,
+    /// Compile without naga's bounds checks: honoured only by [`super::Q8GemvPlan`], once it has validated
     /// every binding; the config's own `source` is always checked.
     pub unchecked: bool,
 }
@@ -109,6 +114,8 @@ impl QuantGemvQ8 {
             activation_rows: m,
             rms_scale: false,
             epilogue: Q8Epilogue::None,
+            row_groups: 1,
+            rope_kv: false,
             unchecked: false,
         }
     }
@@ -144,6 +151,12 @@ impl QuantGemvQ8 {
                 v.push(QuantGemvQ8 { accumulate: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base });
                 v.push(QuantGemvQ8 { rms_scale: true, ..base });
                 v.push(QuantGemvQ8 { rms_scale: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base });
+                v.push(QuantGemvQ8 { row_groups: 4, ..base });
+                if m == 1 {
+                    v.push(QuantGemvQ8 { row_groups: 3, rms_scale: true, epilogue: Q8Epilogue::Glu { act: crate::act::ActKind::Silu }, ..base });
+                    v.push(QuantGemvQ8 { rope_kv: true, rms_scale: true, rows_per_workgroup: 2, ..base });
+                    v.push(QuantGemvQ8 { rope_kv: true, subgroup_rows: 2, rows_per_workgroup: 8, threads: 128, ..base });
+                }
                 if m == 1 && env.coherent {
                     for epilogue in [
                         Q8Epilogue::Quantize { norm: true, gemma: false },
@@ -164,7 +177,7 @@ impl QuantGemvQ8 {
 
     fn name(&self) -> String {
         format!(
-            "quant_gemv_q8_{}_r{}_t{}_u{}{}{}_m{}{}{}{}{}{}",
+            "quant_gemv_q8_{}_r{}_t{}_u{}{}{}_m{}{}{}{}{}{}{}{}",
             self.kind.name().to_lowercase(),
             self.rows_per_workgroup,
             self.threads,
@@ -181,11 +194,13 @@ impl QuantGemvQ8 {
             if self.accumulate { "_acc" } else { "" },
             if self.rms_scale { "_rms" } else { "" },
             self.epilogue.name(),
+            if self.rope_kv { "_ropekv" } else { "" },
+            if self.row_groups > 1 { format!("_g{}", self.row_groups) } else { String::new() },
         )
     }
 
     /// Whether the kernel runs in subgroup-rows mode on `env`.
-    fn per_subgroup(&self, env: &KernelEnv) -> bool {
+    pub(crate) fn per_subgroup(&self, env: &KernelEnv) -> bool {
         self.subgroups && env.subgroups && self.subgroup_rows > 0
     }
 
@@ -268,7 +283,7 @@ impl QuantGemvQ8 {
         }
     }
 
-    /// The WGSL source for `env` (compiled with bounds checks; see [`Q8GemvPlan`] for
+    /// The WGSL source for `env` (compiled with bounds checks; see [`super::Q8GemvPlan`] for
     /// `unchecked`).
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let r = self.rows_per_workgroup as usize;
@@ -276,7 +291,16 @@ impl QuantGemvQ8 {
         let (wg, un) = (self.threads, self.unroll as usize);
         let sg = self.subgroups && env.subgroups;
         let mut pre = decoder(self.kind);
-        let mut b = format!("    let row0 = wg_linear * {r}u;\n    if (row0 >= p.rows) {{ return; }}\n");
+        let groups = self.row_groups > 1;
+        let mut b = if groups {
+            // Uniform per workgroup: the loop bounds depend on the workgroup and parameters only.
+            format!(
+                "    if (wg_linear >= p.n_wg) {{ return; }}\n    for (var rgi = 0u; rgi < {}u; rgi++) {{\n    let row0 = (wg_linear + rgi * p.n_wg) * {r}u;\n    if (row0 >= p.rows) {{ break; }}\n",
+                self.row_groups
+            )
+        } else {
+            format!("    let row0 = wg_linear * {r}u;\n    if (row0 >= p.rows) {{ return; }}\n")
+        };
         if self.per_subgroup(env) {
             // Each subgroup (`sg_idx` of `sg_count`) walks its rows `n` at a time; lanes split K;
             // no workgroup barrier.
@@ -302,10 +326,16 @@ impl QuantGemvQ8 {
                 b.push_str(&format!("    let t{j} = subgroupAdd(acc[{j}]);\n"));
             }
             b.push_str("    if (sg_id == 0u) {\n");
-            for i in 0..n {
+            let val = |j: usize, m: usize| if self.rms_scale { format!("t{j} * rinv{m}") } else { format!("t{j}") };
+            if self.rope_kv {
+                pre.push_str(&super::rope_kv::prelude(None));
+                for i in (0..n).step_by(2) {
+                    b.push_str(&format!("        if (r0 + {i}u < p.rows) {{ rope_kv(p.row0 + r0 + {i}u, {}, {}); }}\n", val(i, 0), val(i + 1, 0)));
+                }
+            }
+            for i in (0..n).filter(|_| !self.rope_kv) {
                 for m in 0..mm {
-                    let val = if self.rms_scale { format!("t{} * rinv{m}", i * mm + m) } else { format!("t{}", i * mm + m) };
-                    let st = self.store(&format!("{m}u"), &format!("p.row0 + r0 + {i}u"), &val);
+                    let st = self.store(&format!("{m}u"), &format!("p.row0 + r0 + {i}u"), &val(i * mm + m, m));
                     b.push_str(&format!("        if (r0 + {i}u < p.rows) {{ {st} }}\n"));
                 }
             }
@@ -335,13 +365,21 @@ impl QuantGemvQ8 {
             } else {
                 b.push_str(&format!("    let tot = wg_reduce_{v}(acc, {rargs});\n"));
             }
-            b.push_str(&format!(
+            if self.rope_kv {
+                pre.push_str(&super::rope_kv::prelude(Some(v)));
+                b.push_str(&super::rope_kv::store_reduced(v, &val.replace("[m]", "[0]")));
+            } else {
+                b.push_str(&format!(
                 "    if (lidx < {v}u) {{\n        let row = row0 + lidx / {mm}u;\n        let m = lidx % {mm}u;\n        if (row < p.rows) {{ {} }}\n    }}\n",
-                self.store("m", "p.row0 + row", &val)
-            ));
+                    self.store("m", "p.row0 + row", &val)
+                ));
+            }
         }
         pre.push_str(&self.epilogue.prelude());
         b.push_str(&self.epilogue.body("p.row0 + row0", &format!("min({r}u, p.rows - row0)")));
+        if groups {
+            b.push_str("    }\n");
+        }
         let mut kb = KernelBuilder::new(self.name(), *env).workgroup(wg, 1, 1);
         if sg {
             kb = kb.subgroup_builtins();
@@ -357,221 +395,12 @@ impl QuantGemvQ8 {
             kb = kb.storage("yk", Access::ReadWrite, "array<f32>").storage("yv", Access::ReadWrite, "array<f32>");
         }
         kb = self.epilogue.bind(kb);
-        let params: Vec<&str> = PARAMS.iter().copied().chain(["epf"]).collect();
+        if self.rope_kv {
+            kb = super::rope_kv::bind(kb);
+        }
+        let rope_params = if self.rope_kv { super::rope_kv::PARAMS } else { &[] };
+        let group_params: &[&str] = if groups { &["n_wg"] } else { &[] };
+        let params: Vec<&str> = PARAMS.iter().chain(["epf"].iter()).chain(rope_params).chain(group_params).copied().collect();
         kb.params(&params).prelude(&pre).body(&b).build()
-    }
-}
-
-/// The integer-dot GEMV over every part of a matrix (one dispatch per part), reading a
-/// [`Q8Activations`] (record that first). Built once; it depends on no step value (its
-/// activation rows are the config's).
-#[derive(Clone, Debug)]
-pub struct Q8GemvPlan {
-    plan: Plan,
-}
-
-impl Q8GemvPlan {
-    /// Validates `cfg`, `w`, the activations (`xa` quantizes at least the config's activation
-    /// rows of `w.cols` inputs) and the output(s) ([`GemvOutput::Qkv`] with `cfg.split_qkv`), each
-    /// short binding a [`QuantError::BufferTooSmall`] naming it, then builds the dispatches.
-    pub fn new(ctx: &GpuContext, cfg: &QuantGemvQ8, w: &QuantMatrix, xa: &Q8Activations, output: &GemvOutput) -> Result<Q8GemvPlan> {
-        Self::build(ctx, cfg, w, xa, output, None)
-    }
-
-    /// [`Q8GemvPlan::new`] with the config's [`Q8Epilogue`]: the GEMV also quantizes its output
-    /// into `target` (scratch from [`Q8Activations::written_by_producer`] of `w.rows` inputs, or
-    /// `w.rows / 2` for the GLU), multiplied by `norm_weight` (`w.rows` f32) for
-    /// [`Q8Epilogue::Quantize`] with `norm`. `target` must defer the RMSNorm exactly when the
-    /// epilogue applies a norm weight. Needs `@coherent` storage and 9 storage bindings per
-    /// stage (8 without a norm); one activation row, one part, a [`GemvOutput::Single`] output
-    /// and rows per workgroup dividing 32 ([`QuantError::Config`] / [`QuantError::Unsupported`]
-    /// otherwise).
-    pub fn with_epilogue(
-        ctx: &GpuContext,
-        cfg: &QuantGemvQ8,
-        w: &QuantMatrix,
-        xa: &Q8Activations,
-        output: &GemvOutput,
-        target: &Q8Activations,
-        norm_weight: Option<&Binding>,
-    ) -> Result<Q8GemvPlan> {
-        Self::build(ctx, cfg, w, xa, output, Some((target, norm_weight)))
-    }
-
-    /// Whether the adapter runs a GEMV with `epilogue` (`@coherent` storage, enough storage
-    /// bindings per stage).
-    pub fn epilogue_supported(ctx: &GpuContext, epilogue: Q8Epilogue) -> bool {
-        let caps = ctx.capabilities();
-        caps.coherent_memory && caps.limits.max_storage_buffers_per_shader_stage as usize >= 5 + epilogue.extra_bindings()
-    }
-
-    fn build(
-        ctx: &GpuContext,
-        cfg: &QuantGemvQ8,
-        w: &QuantMatrix,
-        xa: &Q8Activations,
-        output: &GemvOutput,
-        ep: Option<(&Q8Activations, Option<&Binding>)>,
-    ) -> Result<Q8GemvPlan> {
-        const OP: &str = "gemv_q8";
-        if cfg.kind != w.kind() || !QuantGemvQ8::supports(cfg.kind) {
-            return Err(QuantError::Shape { what: OP, reason: format!("kernel for {} given {}", cfg.kind.name(), w.kind().name()) });
-        }
-        w.validate()?;
-        let m = cfg.activation_rows as usize;
-        if !(1..=8).contains(&m) {
-            return Err(QuantError::Shape { what: OP, reason: format!("{m} activation rows (1..=8)") });
-        }
-        if xa.k() != w.cols || xa.max_rows() < m {
-            return Err(QuantError::Shape { what: OP, reason: format!("activations of {} rows x {} for {m} rows x {} inputs", xa.max_rows(), xa.k(), w.cols) });
-        }
-        let r = cfg.rows_per_workgroup;
-        if !(1..=32).contains(&r) || !(1..=8).contains(&cfg.unroll) || (cfg.subgroup_rows > 0 && !r.is_multiple_of(cfg.subgroup_rows)) {
-            return Err(QuantError::Config {
-                what: OP,
-                reason: format!("{r} rows per workgroup in groups of {}, unroll {} (1..=32 rows, 1..=8 unroll)", cfg.subgroup_rows, cfg.unroll),
-            });
-        }
-        let caps = ctx.capabilities();
-        let env = env_of(caps);
-        // Subgroup-rows mode reduces inside each subgroup; the workgroup reduction needs one
-        // invocation per sum.
-        let sums = if cfg.per_subgroup(&env) { 1 } else { r * cfg.activation_rows };
-        check_threads(OP, caps, cfg.threads, sums)?;
-        let cpr = w.chunks_per_row();
-        // What the kernel reads of the activations: blocks `m * cpr + c`, `c < cpr`, of the
-        // config's rows (xq two vec4 words per block, xs one vec4).
-        let blocks = mul("activation blocks", m, cpr)?;
-        check_binding(OP, "xq", &xa.xq_binding(), mul("xq words", blocks, 2)?, 16)?;
-        check_binding(OP, "xs", &xa.xs_binding(), blocks, 16)?;
-        if cfg.accumulate && cfg.split_qkv {
-            return Err(QuantError::Config { what: OP, reason: "accumulate with split_qkv".into() });
-        }
-        let (outputs, qkv) = output.checked(OP, cfg.split_qkv, m, w.rows)?;
-        if cfg.rms_scale != xa.deferred_rms().is_some() {
-            return Err(QuantError::Config {
-                what: OP,
-                reason: format!("rms_scale = {} for activations that defer no RMSNorm / defer one (deferred: {:?})", cfg.rms_scale, xa.deferred_rms()),
-            });
-        }
-        let eps = xa.deferred_rms().unwrap_or(0.0);
-        let ep_bind = Self::check_epilogue(ctx, cfg, w, output, ep)?;
-        let src = cfg.source(&env);
-        let src = if cfg.unchecked {
-            // SAFETY: the integer-dot GEMV's indices are bounded as follows, by what was
-            // validated above.
-            // - `xq[(m * cpr + c) * 2 + {0, 1}]` and `xs[m * cpr + c]` with `m < activation_rows`
-            //   and `c = min(k, cpr - 1) < cpr` (every chunk index, the prefetched ones included,
-            //   is clamped to the row); `xq` holds `2 * activation_rows * cpr` vec4 and `xs`
-            //   `activation_rows * cpr` vec4 (checked).
-            // - Weight chunk `rb + c` with `rb = min(row0 + r, rows - 1) * cpr` (`rows >= 1`) is
-            //   below the part's `rows * cpr` chunks; `w.validate()` checked the part's sections
-            //   against its rows and its buffer, so every decoder read is inside it.
-            // - Stores: `y[m * n_out + g]`, `g = row0 + row` with `row < rows` tested first, so
-            //   `g < N` (with `GemvOutput::Columns`, `g < offset + N <= stride = n_out`, and `y`
-            //   holds `activation_rows * stride`, checked); with `split_qkv` `g < nq`, `g - nq < nk`, `g - nq - nk < nv`, `nq + nk +
-            //   nv = N`; each output holds `activation_rows` of its rows (checked).
-            // - The workgroup reduction: tree indices below `threads * v`; subgroup slots
-            //   `sg_idx < min(sg_count, slots)`. Subgroup-rows mode uses no workgroup array.
-            //   Every product above fits 32 bits (checked).
-            unsafe { src.assume_in_bounds() }
-        } else {
-            src
-        };
-        let kernel = ctx.kernel(&src)?;
-        let mut plan = Plan::new();
-        for part in &w.parts {
-            let mut bind = vec![xa.xq_binding(), xa.xs_binding(), part.binding(), part.binding()];
-            bind.extend(outputs.iter().cloned());
-            bind.extend(ep_bind.iter().cloned());
-            let group = ctx.bind(&kernel, &bind)?;
-            let grid = grid_for(ctx, part.rows.div_ceil(r as usize))?;
-            let d = set_out_cols(set_part(PlanDispatch::new(&kernel, group, grid)?, w, part)?, part, out_cols(output, w.rows))?
-                .set_usize("nq", qkv[0])?
-                .set_usize("nk", qkv[1])?
-                .set_usize("nv", qkv[2])?
-                .set_f32("eps", eps)?
-                .set_usize("epf", w.rows / 2)?;
-            plan.push(d);
-        }
-        Ok(Q8GemvPlan { plan })
-    }
-
-    /// Checks the epilogue against the config, the matrix and the adapter, and returns its
-    /// bindings (`cnt`, zeroed, then the target's `xq`/`xs`, then the norm weight).
-    fn check_epilogue(
-        ctx: &GpuContext,
-        cfg: &QuantGemvQ8,
-        w: &QuantMatrix,
-        output: &GemvOutput,
-        ep: Option<(&Q8Activations, Option<&Binding>)>,
-    ) -> Result<Vec<Binding>> {
-        const OP: &str = "gemv_q8 epilogue";
-        let config = |reason: String| QuantError::Config { what: OP, reason };
-        let Some((target, norm)) = ep else {
-            return if cfg.epilogue.is_some() { Err(config("the config has an epilogue: build with Q8GemvPlan::with_epilogue".into())) } else { Ok(vec![]) };
-        };
-        if !cfg.epilogue.is_some() {
-            return Err(config("an epilogue target for a config without an epilogue".into()));
-        }
-        if !Self::epilogue_supported(ctx, cfg.epilogue) {
-            return Err(QuantError::Unsupported {
-                name: w.name.clone(),
-                reason: format!("a GEMV epilogue needs @coherent storage and {} storage bindings per stage", 5 + cfg.epilogue.extra_bindings()),
-            });
-        }
-        let r = cfg.rows_per_workgroup;
-        if cfg.activation_rows != 1 || cfg.split_qkv || w.parts.len() != 1 || !matches!(output, GemvOutput::Single(_)) || !32u32.is_multiple_of(r) {
-            return Err(config(format!(
-                "an epilogue needs one activation row ({}), one part ({}), a single output and rows per workgroup dividing 32 ({r})",
-                cfg.activation_rows,
-                w.parts.len()
-            )));
-        }
-        let glu = matches!(cfg.epilogue, Q8Epilogue::Glu { .. });
-        let k = if glu { w.rows / 2 } else { w.rows };
-        if !w.rows.is_multiple_of(cfg.epilogue.block_rows() as usize) || target.k() != k || target.max_rows() != 1 {
-            return Err(QuantError::Shape { what: OP, reason: format!("{} output rows into activations of {} x {}", w.rows, target.max_rows(), target.k()) });
-        }
-        if cfg.epilogue.has_norm() != norm.is_some() || target.deferred_rms().is_some() != cfg.epilogue.has_norm() {
-            return Err(config(format!(
-                "epilogue {:?} with a norm weight: {}, into activations deferring an RMSNorm: {}",
-                cfg.epilogue,
-                norm.is_some(),
-                target.deferred_rms().is_some()
-            )));
-        }
-        let blocks = k / 32;
-        let cnt = ctx.alloc(4 * blocks as u64, BufferKind::Storage)?;
-        ctx.write(&cnt, 0, &vec![0u8; 4 * blocks])?;
-        let mut b = vec![Binding::whole(&cnt), target.xq_binding(), target.xs_binding()];
-        if let Some(nw) = norm {
-            check_binding(OP, "norm weight", nw, k, 4)?;
-            b.push(nw.clone());
-        }
-        Ok(b)
-    }
-
-    /// The fused Q/K/V projection: `w` holds Q, K and V rows (`rows[0] + rows[1] + rows[2]`),
-    /// written to `outputs` (`m x rows[i]` f32 each); `cfg.split_qkv` must be set. The same as
-    /// [`Q8GemvPlan::new`] with [`GemvOutput::Qkv`].
-    pub fn new_qkv(ctx: &GpuContext, cfg: &QuantGemvQ8, w: &QuantMatrix, xa: &Q8Activations, outputs: [&Binding; 3], rows: [usize; 3]) -> Result<Q8GemvPlan> {
-        let [q, k, v] = outputs.map(|b| b.clone());
-        Self::new(ctx, cfg, w, xa, &GemvOutput::Qkv { q, k, v, rows })
-    }
-
-    /// The dispatches, for an engine to append to its own plan.
-    pub fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
-    /// Records the GEMV dispatches (one per part); record the [`Q8Activations`] first.
-    pub fn record(&self, rec: &mut Recorder, step: &StepValues) -> Result<()> {
-        Ok(self.plan.record(rec, step)?)
-    }
-
-    /// Records into the context's implicit stream (the eager path).
-    pub fn run(&self, ctx: &GpuContext, step: &StepValues) -> Result<()> {
-        Ok(self.plan.run(ctx, step)?)
     }
 }

@@ -37,8 +37,10 @@ pub mod decode;
 pub mod gemm;
 pub mod gemv;
 pub mod gemv_q8;
+mod gemv_q8_plan;
 pub mod q8_activations;
 pub mod q8_epilogue;
+pub mod rope_kv;
 pub mod upload;
 mod validate;
 
@@ -46,9 +48,11 @@ use crate::formats::{FormatError, GgmlType, PackedFormat};
 
 pub use gemm::{GemmPlan, QuantGemm};
 pub use gemv::{GemvIo, GemvOutput, GemvPlan, Prologue, QuantGemv};
-pub use gemv_q8::{Q8GemvPlan, QuantGemvQ8};
+pub use gemv_q8::QuantGemvQ8;
+pub use gemv_q8_plan::Q8GemvPlan;
 pub use q8_activations::{DeferredRmsQuantizeQ8, GluQuantizeQ8, Q8Activations, QuantizeQ8, RmsNormQuantizeQ8};
 pub use q8_epilogue::Q8Epilogue;
+pub use rope_kv::RopeKv;
 pub use upload::{QuantMatrix, QuantPart};
 
 /// The decoder a kernel needs: a GGUF type, or the int4 layout shared by AWQ and GPTQ (whose

@@ -4,7 +4,10 @@
 //! - `Norm { x: Hidden, w, out: o }`: pending for `o` likewise;
 //! - a pending norm is taken by the next op when it is a `Linear`/`LmHead` reading `o`
 //!   (`Prologue::RmsNorm` over the stream), else it runs as a norm of the stream;
-//! - `Glu { x: gu, out: h }` then `Linear { x: h }`: the GEMV runs on the GLU of `gu`.
+//! - `Glu { x: gu, out: h }` then `Linear { x: h }`: the GEMV runs on the GLU of `gu`;
+//! - `Linear { out: Qkv }` then `QkvRope` without a QK-norm and with "normal" pairs: the GEMV
+//!   rotates Q and K and writes the KV cache itself (boostr's `rope_kv` epilogue), where the
+//!   plan builder says the GEMV can (`rope_ok`).
 //!
 //! A fusion that skips writing a slot (the delta, the normed or the GLU output) is made only when
 //! no later op reads that slot before writing it.
@@ -36,6 +39,8 @@ pub(crate) struct Fused {
     pub(crate) input: Input,
     /// A linear op adds into the residual stream.
     pub(crate) accumulate: bool,
+    /// A linear op also runs this `QkvRope` op (skipped): RoPE and the KV write in its epilogue.
+    pub(crate) rope: Option<usize>,
 }
 
 /// Per op.
@@ -46,7 +51,7 @@ pub(crate) struct Fusions {
 impl Fusions {
     /// Every op as it is.
     pub(crate) fn none(n: usize) -> Fusions {
-        Fusions { ops: vec![Fused { skip: false, materialize: false, input: Input::Plain, accumulate: false }; n] }
+        Fusions { ops: vec![Fused { skip: false, materialize: false, input: Input::Plain, accumulate: false, rope: None }; n] }
     }
 }
 
@@ -106,16 +111,19 @@ pub(crate) struct Allow {
     pub(crate) residual: bool,
     /// The GLU into the down projection.
     pub(crate) glu: bool,
+    /// RoPE and the KV-cache write into the Q/K/V projection.
+    pub(crate) rope: bool,
 }
 
 impl Allow {
     /// Every fusion.
     #[cfg(test)]
-    pub(crate) const ALL: Allow = Allow { norm_max_k: usize::MAX, residual: true, glu: true };
+    pub(crate) const ALL: Allow = Allow { norm_max_k: usize::MAX, residual: true, glu: true, rope: true };
 }
 
-/// The decode fusions of `ops`; `k_of(i)`: the input features of linear op `i`.
-pub(crate) fn fuse_decode(ops: &[Op], allow: Allow, k_of: &dyn Fn(usize) -> usize) -> Fusions {
+/// The decode fusions of `ops`; `k_of(i)`: the input features of linear op `i`; `rope_ok(i)`:
+/// whether linear op `i`'s GEMV can take the next op's RoPE and KV write.
+pub(crate) fn fuse_decode(ops: &[Op], allow: Allow, k_of: &dyn Fn(usize) -> usize, rope_ok: &dyn Fn(usize) -> bool) -> Fusions {
     let mut f = Fusions::none(ops.len());
     // A norm of the residual stream into `o` (its op index and weight) not yet recorded.
     let mut pending: Option<(usize, Slot, String)> = None;
@@ -141,6 +149,15 @@ pub(crate) fn fuse_decode(ops: &[Op], allow: Allow, k_of: &dyn Fn(usize) -> usiz
             Op::Norm { x: Slot::Hidden, w, out } => {
                 f.ops[i].skip = true;
                 pending = Some((i, *out, w.name.clone()));
+            }
+            Op::Linear { out: Slot::Qkv, .. } => {
+                if let Some(Op::QkvRope { qk_norm: None, neox: false, .. }) = ops.get(i + 1)
+                    && allow.rope
+                    && rope_ok(i)
+                {
+                    f.ops[i].rope = Some(i + 1);
+                    f.ops[i + 1].skip = true;
+                }
             }
             Op::Linear { out, .. } => {
                 if let Some(Op::AddNorm { x, w, out: o }) = ops.get(i + 1)
@@ -214,7 +231,7 @@ mod tests {
     #[test]
     fn a_llama_layer_is_six_ops_and_nothing_reads_a_skipped_slot() {
         let g = build(&config(Arch::Llama, 3), &FileFacts::default());
-        let f = fuse_decode(&g.ops, Allow::ALL, &|_| 64);
+        let f = fuse_decode(&g.ops, Allow::ALL, &|_| 64, &|_| false);
         // Embedding, 6 per layer, the LM head (with the final norm in it).
         assert_eq!(recorded(&f), 2 + 6 * 3);
         let acc = f.ops.iter().filter(|o| o.accumulate).count();
@@ -223,21 +240,40 @@ mod tests {
         assert_eq!((acc, norm, glu), (6, 7, 3));
         assert!(f.ops.iter().all(|o| !(o.accumulate && matches!(o.input, Input::Norm(_)))), "a GEMV may not read and add into the stream");
         // Without fusions every op is recorded as it is.
-        let none = fuse_decode(&g.ops, Allow { norm_max_k: 0, residual: false, glu: false }, &|_| 64);
+        let none = fuse_decode(&g.ops, Allow { norm_max_k: 0, residual: false, glu: false, rope: false }, &|_| 64, &|_| true);
         assert_eq!(recorded(&none), g.ops.len());
         assert!(none.ops.iter().all(|o| o.input == Input::Plain && !o.accumulate));
         // (Only the first norm, of the stream itself, is recorded as a norm of the stream.)
         assert_eq!(none.ops.iter().filter(|o| o.materialize).count(), 1);
         // Norms over wider inputs than allowed run on their own (the residual add stays fused).
-        let wide = fuse_decode(&g.ops, Allow { norm_max_k: 32, ..Allow::ALL }, &|_| 64);
+        let wide = fuse_decode(&g.ops, Allow { norm_max_k: 32, ..Allow::ALL }, &|_| 64, &|_| false);
         assert_eq!(recorded(&wide), 2 + 8 * 3 + 1);
         assert!(wide.ops.iter().all(|o| !matches!(o.input, Input::Norm(_))));
     }
 
     #[test]
+    fn rope_goes_into_the_qkv_gemv_where_the_plan_can_take_it() {
+        let g = build(&config(Arch::Llama, 3), &FileFacts::default());
+        let f = fuse_decode(&g.ops, Allow::ALL, &|_| 64, &|_| true);
+        // Embedding, 5 per layer, the LM head.
+        assert_eq!(recorded(&f), 2 + 5 * 3);
+        for (i, fu) in f.ops.iter().enumerate() {
+            if let Some(r) = fu.rope {
+                assert!(matches!(g.ops[i], Op::Linear { out: Slot::Qkv, .. }) && matches!(g.ops[r], Op::QkvRope { .. }) && f.ops[r].skip);
+            }
+        }
+        assert_eq!(f.ops.iter().filter(|o| o.rope.is_some()).count(), 3);
+        // Not where the GEMV cannot, nor where a QK-norm or NeoX pairs need the rope kernel.
+        assert!(fuse_decode(&g.ops, Allow::ALL, &|_| 64, &|_| false).ops.iter().all(|o| o.rope.is_none()));
+        assert!(fuse_decode(&g.ops, Allow { rope: false, ..Allow::ALL }, &|_| 64, &|_| true).ops.iter().all(|o| o.rope.is_none()));
+        let gemma = build(&config(Arch::Gemma3, 2), &FileFacts::default());
+        assert!(fuse_decode(&gemma.ops, Allow::ALL, &|_| 64, &|_| true).ops.iter().all(|o| o.rope.is_none()));
+    }
+
+    #[test]
     fn gemma_post_norms_keep_their_residual_adds() {
         let g = build(&config(Arch::Gemma3, 2), &FileFacts::default());
-        let f = fuse_decode(&g.ops, Allow::ALL, &|_| 64);
+        let f = fuse_decode(&g.ops, Allow::ALL, &|_| 64, &|_| false);
         // The deltas are normed before they are added: no GEMV adds into the stream.
         assert!(f.ops.iter().all(|o| !o.accumulate));
         assert!(f.ops.iter().any(|o| matches!(o.input, Input::Glu(..))));

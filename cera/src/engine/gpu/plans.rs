@@ -27,7 +27,9 @@ use boostr::embedding::EmbeddingPlan;
 use boostr::kv_cache::{KvCache, KvDtype};
 use boostr::norm::{Norm, NormIo, NormPlan};
 use boostr::ops_common::{GpuView, OpPlan};
-use boostr::quant::{GemmPlan, GemvIo, GemvOutput, GemvPlan, Prologue, Q8Activations, Q8Epilogue, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, WeightKind};
+use boostr::quant::{
+    GemmPlan, GemvIo, GemvOutput, GemvPlan, Prologue, Q8Activations, Q8Epilogue, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, RopeKv, WeightKind,
+};
 use boostr::rope::{QkvLayout, QkvRope, QkvRopeInputs, QkvRopePlan, RopeParams, RopePositions, RopeScaling, RopeStyle};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, Plan};
 
@@ -143,11 +145,11 @@ pub(crate) fn kv_dtype(kv: super::super::KvType) -> Result<KvDtype, EngineError>
 /// `CERA_NORM_FUSE_MAX_K`: the RMSNorm goes into GEMVs of at most this many input features
 /// (default [`NORM_FUSE_MAX_K`]).
 fn decode_fusions() -> (Allow, Epilogues) {
-    let list = std::env::var("CERA_DECODE_FUSION").unwrap_or_else(|_| "norm,residual,glu,epilogue,attn_q8".into());
+    let list = std::env::var("CERA_DECODE_FUSION").unwrap_or_else(|_| "norm,residual,glu,epilogue,attn_q8,rope".into());
     let has = |f: &str| list.split(',').any(|x| x.trim() == f);
     let max_k = std::env::var("CERA_NORM_FUSE_MAX_K").ok().and_then(|v| v.parse().ok()).unwrap_or(NORM_FUSE_MAX_K);
     (
-        Allow { norm_max_k: if has("norm") { max_k } else { 0 }, residual: has("residual"), glu: has("glu") },
+        Allow { norm_max_k: if has("norm") { max_k } else { 0 }, residual: has("residual"), glu: has("glu"), rope: has("rope") },
         Epilogues { gemv: has("epilogue"), attention: has("attn_q8") },
     )
 }
@@ -163,7 +165,7 @@ struct Epilogues {
 
 /// A diagnostic override (`CERA_GEMV_ROWS`, `CERA_GEMV_THREADS`: the f32 decode GEMV's rows per
 /// workgroup and invocations; `CERA_Q8_ROWS`, `CERA_Q8_THREADS`, `CERA_Q8_UNROLL`,
-/// `CERA_Q8_SG_ROWS`, `CERA_Q8_PREFETCH`: the integer-dot GEMV's).
+/// `CERA_Q8_SG_ROWS`, `CERA_Q8_PREFETCH`, `CERA_Q8_MAX_WGS`: the integer-dot GEMV's).
 fn env_u32(name: &str) -> Option<u32> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
@@ -203,6 +205,10 @@ fn norm_stage_k() -> u32 {
 /// prefetching were all slower.
 const Q8_ROWS: u32 = 2;
 
+/// Workgroups per integer-dot decode GEMV at most, each taking several row groups where the
+/// matrix has more (`CERA_Q8_MAX_WGS`; 0: one row group per workgroup).
+const Q8_MAX_WGS: u32 = 0;
+
 /// Decode GEMVs over at least this many input features take 8 rows per workgroup (each
 /// activation load shared by twice the rows): +24% decode on llama-8b, neutral on llama-1b,
 /// -20% on SmolLM2's 576 (H200, README).
@@ -220,7 +226,8 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
         _ => 0,
     };
     let (allow, epilogues) = decode_fusions();
-    let fused = if mode == Mode::Decode { fuse_decode(&g.ops, allow, &k_of) } else { Fusions::none(g.ops.len()) };
+    let rope_ok = |i: usize| rope_fusable(ctx, &env, inp, i);
+    let fused = if mode == Mode::Decode { fuse_decode(&g.ops, allow, &k_of, &rope_ok) } else { Fusions::none(g.ops.len()) };
     let links = if mode == Mode::Decode { epilogue_links(ctx, &env, inp, &fused, epilogues)? } else { Links::default() };
     for (i, op) in g.ops.iter().enumerate() {
         let f = &fused.ops[i];
@@ -230,11 +237,11 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
         let gemv = |x: Slot, out: Slot| -> GemvFusion {
             // Accumulating GEMVs add into the residual stream instead of writing their slot.
             let out = slots.bind(if f.accumulate { Slot::Hidden } else { out });
-            let accumulate = f.accumulate;
+            let (accumulate, rope) = (f.accumulate, f.rope);
             match &f.input {
-                Input::Norm(w) => GemvFusion { x: slots.bind(Slot::Hidden), out, norm: Some(w.clone()), glu: None, accumulate },
-                Input::Glu(act, src) => GemvFusion { x: slots.bind(*src), out, norm: None, glu: Some(*act), accumulate },
-                Input::Plain => GemvFusion { x: slots.bind(x), out, norm: None, glu: None, accumulate },
+                Input::Norm(w) => GemvFusion { x: slots.bind(Slot::Hidden), out, norm: Some(w.clone()), glu: None, accumulate, rope },
+                Input::Glu(act, src) => GemvFusion { x: slots.bind(*src), out, norm: None, glu: Some(*act), accumulate, rope },
+                Input::Plain => GemvFusion { x: slots.bind(x), out, norm: None, glu: None, accumulate, rope },
             }
         };
         match op {
@@ -366,6 +373,8 @@ struct GemvFusion {
     glu: Option<ActKind>,
     /// `out += x Wᵀ` (out is then the residual stream).
     accumulate: bool,
+    /// The `QkvRope` op whose RoPE and KV write the GEMV runs (decode Q/K/V projection).
+    rope: Option<usize>,
 }
 
 /// One GEMV (decode) or GEMM (prefill) per part of the op's weights, each writing its columns.
@@ -403,9 +412,26 @@ fn linear(
     } else {
         None
     };
+    let c = &inp.graph.cfg;
+    let rope_layer = f.rope.and_then(|r| match &inp.graph.ops[r] {
+        Op::QkvRope { layer, .. } => Some(*layer),
+        _ => None,
+    });
+    let freqs = rope_layer.map(|l| Binding::whole(&inp.freqs[l]));
+    let rope = rope_layer.zip(freqs.as_ref()).map(|(layer, freqs)| RopeKv {
+        n_q: c.n_heads,
+        n_kv: c.n_kv_heads,
+        head_dim: c.head_dim,
+        rot_dim: c.rope_dim,
+        freqs,
+        cache: inp.cache,
+        layer,
+    });
     for part in parts {
         let w = &part.w;
-        let output = if let Some(qkv) = qkv_outputs(ctx, inp, op, mode, &y, parts.len()) {
+        let output = if rope.is_some() {
+            GemvOutput::Single(y.clone())
+        } else if let Some(qkv) = qkv_outputs(ctx, inp, op, mode, &y, parts.len()) {
             qkv
         } else if parts.len() == 1 && w.rows == width {
             GemvOutput::Single(y.clone())
@@ -418,6 +444,10 @@ fn linear(
             (Mode::Decode | Mode::Head, Some(xa)) => {
                 let cfg = QuantGemvQ8 { accumulate: f.accumulate, rms_scale: xa.deferred_rms().is_some(), split_qkv, ..q8_config(env, w) };
                 let p = match links.producers.get(&op) {
+                    _ if rope.is_some() => {
+                        let rk = rope.as_ref().expect("checked");
+                        Q8GemvPlan::with_rope_kv(ctx, &QuantGemvQ8 { rope_kv: true, ..cfg }, w, xa, &y, rk)
+                    }
                     Some(l) => {
                         let cfg = QuantGemvQ8 { epilogue: l.epilogue, ..cfg };
                         Q8GemvPlan::with_epilogue(ctx, &cfg, w, xa, &output, &links.targets[&l.consumer], l.norm.as_ref())
@@ -439,13 +469,17 @@ fn linear(
                     prologue,
                     split_qkv,
                     accumulate: f.accumulate,
-                    rows_per_workgroup: env_u32("CERA_GEMV_ROWS").unwrap_or(if w.cols >= WIDE_K { 8 } else { base.rows_per_workgroup }),
+                    rows_per_workgroup: f32_rows(env, w),
                     threads: env_u32("CERA_GEMV_THREADS").unwrap_or(base.threads),
                     ..base
                 };
                 let norm_weight = f.norm.as_ref().map(|n| inp.weights.vecs[n].binding.clone());
                 let io = GemvIo { x: x.clone(), norm_weight, eps, output };
-                plan.append(GemvPlan::new(ctx, &cfg, w, &io).map_err(|e| quant_err(ctx, &w.name, e))?.plan());
+                let p = match &rope {
+                    Some(rk) => GemvPlan::with_rope_kv(ctx, &QuantGemv { rope_kv: true, ..cfg }, w, &io, rk),
+                    None => GemvPlan::new(ctx, &cfg, w, &io),
+                };
+                plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
             }
             (Mode::Prefill { max_tok }, _) => {
                 let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
@@ -456,12 +490,48 @@ fn linear(
     Ok(())
 }
 
+/// Rows per workgroup of the f32 decode GEMV over `w` (with the diagnostic override).
+fn f32_rows(env: &KernelEnv, w: &boostr::quant::QuantMatrix) -> u32 {
+    env_u32("CERA_GEMV_ROWS").unwrap_or(if w.cols >= WIDE_K { 8 } else { QuantGemv::new(WeightKind::of(w.format), env, 1).rows_per_workgroup })
+}
+
+/// Whether linear op `op`'s decode GEMV can run the next op's RoPE and KV write (boostr's
+/// `rope_kv` epilogue): one part of exactly the Q, K and V rows, an f16 cache of one segment per
+/// layer, 8 storage bindings, and even rows per workgroup (and per subgroup) in its layout.
+fn rope_fusable(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs, op: usize) -> bool {
+    let c = &inp.graph.cfg;
+    let Some(parts) = inp.weights.linear.get(&op) else { return false };
+    let cc = inp.cache.config();
+    let one_segment = inp.cache.segment_len() >= inp.cache.capacity();
+    if parts.len() != 1
+        || parts[0].w.rows != (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
+        || cc.dtype != KvDtype::F16
+        || !one_segment
+        || ctx.capabilities().limits.max_storage_buffers_per_shader_stage < 8
+    {
+        return false;
+    }
+    let w = &parts[0].w;
+    if uses_int8(inp, op, Mode::Decode) {
+        let q = q8_config(env, w);
+        let sg_rows = if q.subgroups && env.subgroups { q.subgroup_rows } else { 0 };
+        q.rows_per_workgroup.is_multiple_of(2) && sg_rows.is_multiple_of(2)
+    } else {
+        f32_rows(env, w).is_multiple_of(2)
+    }
+}
+
 /// The integer-dot GEMV configuration of a decode projection (with the diagnostic overrides).
 fn q8_config(env: &KernelEnv, w: &boostr::quant::QuantMatrix) -> QuantGemvQ8 {
     let base = QuantGemvQ8::for_matrix(WeightKind::of(w.format), env, 1, w.rows, w.cols);
+    let rows = env_u32("CERA_Q8_ROWS").unwrap_or(Q8_ROWS.max(base.rows_per_workgroup));
+    // Row groups per workgroup: at most `Q8_MAX_WGS` workgroups per dispatch (0: one group each).
+    let max_wgs = env_u32("CERA_Q8_MAX_WGS").unwrap_or(Q8_MAX_WGS) as usize;
+    let groups = if max_wgs == 0 { 1 } else { w.rows.div_ceil(rows.max(1) as usize).div_ceil(max_wgs).clamp(1, 64) as u32 };
     QuantGemvQ8 {
         unchecked: true,
-        rows_per_workgroup: env_u32("CERA_Q8_ROWS").unwrap_or(Q8_ROWS.max(base.rows_per_workgroup)),
+        rows_per_workgroup: rows,
+        row_groups: groups,
         threads: env_u32("CERA_Q8_THREADS").unwrap_or(base.threads),
         unroll: env_u32("CERA_Q8_UNROLL").unwrap_or(base.unroll),
         subgroup_rows: env_u32("CERA_Q8_SG_ROWS").unwrap_or(base.subgroup_rows),
