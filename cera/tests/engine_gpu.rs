@@ -10,8 +10,9 @@
 //! - The int8 decode path (`DecodeGemv::Int8`: activations quantized to int8 before every
 //!   projection, as llama.cpp's CPU run does) over two cases, within `INT8_ORACLE_TOL` (+ a slope in `|lp|`) of the
 //!   CPU reference forward rounding the same activations through int8.
-//! - A decode step of SmolLM2 allocates nothing, creates no bind group, and is 184 dispatches
-//!   (6 per layer) in one compute pass and one submit; 275 (9 per layer) on the int8 path.
+//! - A decode step of SmolLM2 allocates nothing, creates no bind group, and is 154 dispatches
+//!   (5 per layer) in one compute pass and one submit; 155 on the int8 path (its first
+//!   RMSNorm + quantize).
 
 use cera::engine::arch::{FileFacts, build};
 use cera::engine::cpu_ref::CpuRefModel;

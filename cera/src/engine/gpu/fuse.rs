@@ -232,7 +232,7 @@ mod tests {
     fn a_llama_layer_is_six_ops_and_nothing_reads_a_skipped_slot() {
         let g = build(&config(Arch::Llama, 3), &FileFacts::default());
         let f = fuse_decode(&g.ops, Allow::ALL, &|_| 64, &|_| false);
-        // Embedding, 6 per layer, the LM head (with the final norm in it).
+        // Embedding, 6 per layer (the rope kept apart here), the LM head (with the final norm).
         assert_eq!(recorded(&f), 2 + 6 * 3);
         let acc = f.ops.iter().filter(|o| o.accumulate).count();
         let norm = f.ops.iter().filter(|o| matches!(o.input, Input::Norm(_))).count();

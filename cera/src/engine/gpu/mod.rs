@@ -3,6 +3,7 @@
 //! and a step recorded and submitted once per token (`state.rs`).
 
 mod fuse;
+mod links;
 mod plans;
 mod state;
 mod weights;

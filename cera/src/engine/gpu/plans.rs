@@ -27,9 +27,7 @@ use boostr::embedding::EmbeddingPlan;
 use boostr::kv_cache::{KvCache, KvDtype};
 use boostr::norm::{Norm, NormIo, NormPlan};
 use boostr::ops_common::{GpuView, OpPlan};
-use boostr::quant::{
-    GemmPlan, GemvIo, GemvOutput, GemvPlan, Prologue, Q8Activations, Q8Epilogue, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, RopeKv, WeightKind,
-};
+use boostr::quant::{GemmPlan, GemvIo, GemvOutput, GemvPlan, Prologue, Q8Activations, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, RopeKv, WeightKind};
 use boostr::rope::{QkvLayout, QkvRope, QkvRopeInputs, QkvRopePlan, RopeParams, RopePositions, RopeScaling, RopeStyle};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, Plan};
 
@@ -38,6 +36,7 @@ use super::super::backend::CONV_RING;
 use super::super::graph::{ModelGraph, Op, Slot};
 use super::super::options::DecodeGemv;
 use super::fuse::{Allow, Fusions, Input, act_kind, fuse_decode};
+use super::links::{Epilogues, Links, epilogue_links};
 use super::weights::GpuWeights;
 use super::{dev_err, ops_err, quant_err};
 
@@ -152,15 +151,6 @@ fn decode_fusions() -> (Allow, Epilogues) {
         Allow { norm_max_k: if has("norm") { max_k } else { 0 }, residual: has("residual"), glu: has("glu"), rope: has("rope") },
         Epilogues { gemv: has("epilogue"), attention: has("attn_q8") },
     )
-}
-
-/// Which producers quantize the int8 GEMVs' activations ([`epilogue_links`]).
-#[derive(Clone, Copy, Debug)]
-struct Epilogues {
-    /// GEMV epilogues (the next norm's input, the GLU).
-    gemv: bool,
-    /// The decode attention's merge (the output projection's input).
-    attention: bool,
 }
 
 /// A diagnostic override (`CERA_GEMV_ROWS`, `CERA_GEMV_THREADS`: the f32 decode GEMV's rows per
@@ -522,7 +512,7 @@ fn rope_fusable(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs, op: usize) 
 }
 
 /// The integer-dot GEMV configuration of a decode projection (with the diagnostic overrides).
-fn q8_config(env: &KernelEnv, w: &boostr::quant::QuantMatrix) -> QuantGemvQ8 {
+pub(super) fn q8_config(env: &KernelEnv, w: &boostr::quant::QuantMatrix) -> QuantGemvQ8 {
     let base = QuantGemvQ8::for_matrix(WeightKind::of(w.format), env, 1, w.rows, w.cols);
     let rows = env_u32("CERA_Q8_ROWS").unwrap_or(Q8_ROWS.max(base.rows_per_workgroup));
     // Row groups per workgroup: at most `Q8_MAX_WGS` workgroups per dispatch (0: one group each).
@@ -542,90 +532,11 @@ fn q8_config(env: &KernelEnv, w: &boostr::quant::QuantMatrix) -> QuantGemvQ8 {
 
 /// Whether linear op `op` runs as integer-dot GEMVs (decode, the int8 path, every part a
 /// quantized format).
-fn uses_int8(inp: &PlanInputs, op: usize, mode: Mode) -> bool {
+pub(super) fn uses_int8(inp: &PlanInputs, op: usize, mode: Mode) -> bool {
     let parts = &inp.weights.linear[&op];
     matches!(mode, Mode::Decode | Mode::Head)
         && inp.decode_gemv.int8_for(inp.graph.cfg.dim)
         && parts.iter().all(|p| QuantGemvQ8::supports(WeightKind::of(p.w.format)))
-}
-
-/// A producing GEMV's epilogue: what it quantizes and for which op.
-struct Link {
-    consumer: usize,
-    epilogue: Q8Epilogue,
-    /// The next RMSNorm's weight.
-    norm: Option<Binding>,
-}
-
-/// Which int8 GEMVs quantize their own output for the next projection (boostr's
-/// [`Q8Epilogue`]), replacing the quantizer dispatch before it: the consumers' scratch (written
-/// by their producer) and the producers' links.
-#[derive(Default)]
-pub(crate) struct Links {
-    targets: HashMap<usize, Q8Activations>,
-    producers: HashMap<usize, Link>,
-    /// Attention ops whose merge writes the next op's int8 activations (the consumer's index).
-    attention: HashMap<usize, usize>,
-}
-
-/// The epilogue links of the decode plan. A consumer is an int8 linear op that reads
-/// - the RMSNorm of the residual stream, when the op recorded before it is an int8 GEMV adding
-///   into that stream (the O or down projection): that GEMV quantizes `h * w` per block and
-///   the consumer applies `1 / rms` ([`Q8Epilogue::Quantize`]);
-/// - the GLU of `[gate | up]`, when the op recorded before it is the int8 GEMV writing them
-///   ([`Q8Epilogue::Glu`]);
-/// - the attention output, when the op recorded before it is the decode attention, whose fused
-///   merge then writes the int8 activations (boostr's `DecodePlanBuilder::quantized_output`).
-///
-/// The producer must be one part with a plain output, and the adapter must run epilogues
-/// ([`Q8GemvPlan::epilogue_supported`]); anything else keeps its quantizer dispatch.
-fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs, fused: &Fusions, allow: Epilogues) -> Result<Links, EngineError> {
-    let (g, mode) = (inp.graph, Mode::Decode);
-    let mut links = Links::default();
-    for (i, op) in g.ops.iter().enumerate() {
-        let f = &fused.ops[i];
-        if f.skip || !matches!(op, Op::Linear { .. } | Op::LmHead { .. }) || !uses_int8(inp, i, mode) {
-            continue;
-        }
-        // The op recorded just before this one.
-        let Some(p) = (0..i).rev().find(|&j| !fused.ops[j].skip) else { continue };
-        let k = inp.weights.linear.get(&i).and_then(|v| v.first()).map_or(0, |q| q.w.cols);
-        if let (Op::Attention { layer, .. }, Op::Linear { x: Slot::Attn, .. }, Input::Plain) = (&g.ops[p], op, &f.input) {
-            // The attention's merge writes the output projection's int8 activations.
-            if allow.attention && DecodePlan::quantized_output_supported(ctx, inp.cache, *layer) && k == g.width(Slot::Attn) {
-                let target = Q8Activations::written_by_producer(ctx, k, None).map_err(|e| quant_err(ctx, "attention output", e))?;
-                links.targets.insert(i, target);
-                links.attention.insert(p, i);
-            }
-            continue;
-        }
-        let Op::Linear { out: p_out, .. } = &g.ops[p] else { continue };
-        if !allow.gemv {
-            continue;
-        }
-        let parts = &inp.weights.linear[&p];
-        if !uses_int8(inp, p, mode) || parts.len() != 1 || parts[0].w.rows != g.width(*p_out) || links.producers.contains_key(&p) {
-            continue;
-        }
-        let w = &parts[0].w;
-        let (epilogue, norm, deferred) = match &f.input {
-            Input::Norm(n) if fused.ops[p].accumulate && w.rows == k => {
-                (Q8Epilogue::Quantize { norm: true, gemma: false }, Some(inp.weights.vecs[n].binding.clone()), Some(g.cfg.norm_eps))
-            }
-            Input::Glu(act, src) if src == p_out && !fused.ops[p].accumulate && w.rows == 2 * k => (Q8Epilogue::Glu { act: *act }, None, None),
-            _ => continue,
-        };
-        if !Q8GemvPlan::epilogue_supported(ctx, epilogue)
-            || !32u32.is_multiple_of(q8_config(env, w).rows_per_workgroup)
-            || !w.rows.is_multiple_of(epilogue.block_rows() as usize)
-        {
-            continue;
-        }
-        let target = Q8Activations::written_by_producer(ctx, k, deferred).map_err(|e| quant_err(ctx, &w.name, e))?;
-        links.targets.insert(i, target);
-        links.producers.insert(p, Link { consumer: i, epilogue, norm });
-    }
-    Ok(links)
 }
 
 /// The decode Q/K/V projection's three outputs: views of the packed `[q | k | v]` row, written

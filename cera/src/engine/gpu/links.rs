@@ -1,0 +1,102 @@
+//! Which int8 GEMVs of the decode plan write the next projection's int8 activations themselves
+//! (boostr's GEMV epilogues and the attention's quantized merge), replacing a quantizer dispatch.
+
+use std::collections::HashMap;
+
+use boostr::attention::DecodePlan;
+use boostr::quant::{Q8Activations, Q8Epilogue, Q8GemvPlan};
+use numr::gpu::{Binding, GpuContext, KernelEnv};
+
+use super::super::EngineError;
+use super::super::graph::{Op, Slot};
+use super::fuse::{Fusions, Input};
+use super::plans::{Mode, PlanInputs, q8_config, uses_int8};
+use super::quant_err;
+
+/// Which producers quantize the int8 GEMVs' activations ([`epilogue_links`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Epilogues {
+    /// GEMV epilogues (the next norm's input, the GLU).
+    pub(super) gemv: bool,
+    /// The decode attention's merge (the output projection's input).
+    pub(super) attention: bool,
+}
+
+/// A producing GEMV's epilogue: what it quantizes and for which op.
+pub(super) struct Link {
+    pub(super) consumer: usize,
+    pub(super) epilogue: Q8Epilogue,
+    /// The next RMSNorm's weight.
+    pub(super) norm: Option<Binding>,
+}
+
+/// Which int8 GEMVs quantize their own output for the next projection (boostr's
+/// [`Q8Epilogue`]), replacing the quantizer dispatch before it: the consumers' scratch (written
+/// by their producer) and the producers' links.
+#[derive(Default)]
+pub(crate) struct Links {
+    pub(super) targets: HashMap<usize, Q8Activations>,
+    pub(super) producers: HashMap<usize, Link>,
+    /// Attention ops whose merge writes the next op's int8 activations (the consumer's index).
+    pub(super) attention: HashMap<usize, usize>,
+}
+
+/// The epilogue links of the decode plan. A consumer is an int8 linear op that reads
+/// - the RMSNorm of the residual stream, when the op recorded before it is an int8 GEMV adding
+///   into that stream (the O or down projection): that GEMV quantizes `h * w` per block and
+///   the consumer applies `1 / rms` ([`Q8Epilogue::Quantize`]);
+/// - the GLU of `[gate | up]`, when the op recorded before it is the int8 GEMV writing them
+///   ([`Q8Epilogue::Glu`]);
+/// - the attention output, when the op recorded before it is the decode attention, whose fused
+///   merge then writes the int8 activations (boostr's `DecodePlanBuilder::quantized_output`).
+///
+/// The producer must be one part with a plain output, and the adapter must run epilogues
+/// ([`Q8GemvPlan::epilogue_supported`]); anything else keeps its quantizer dispatch.
+pub(super) fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs, fused: &Fusions, allow: Epilogues) -> Result<Links, EngineError> {
+    let (g, mode) = (inp.graph, Mode::Decode);
+    let mut links = Links::default();
+    for (i, op) in g.ops.iter().enumerate() {
+        let f = &fused.ops[i];
+        if f.skip || !matches!(op, Op::Linear { .. } | Op::LmHead { .. }) || !uses_int8(inp, i, mode) {
+            continue;
+        }
+        // The op recorded just before this one.
+        let Some(p) = (0..i).rev().find(|&j| !fused.ops[j].skip) else { continue };
+        let k = inp.weights.linear.get(&i).and_then(|v| v.first()).map_or(0, |q| q.w.cols);
+        if let (Op::Attention { layer, .. }, Op::Linear { x: Slot::Attn, .. }, Input::Plain) = (&g.ops[p], op, &f.input) {
+            // The attention's merge writes the output projection's int8 activations.
+            if allow.attention && DecodePlan::quantized_output_supported(ctx, inp.cache, *layer) && k == g.width(Slot::Attn) {
+                let target = Q8Activations::written_by_producer(ctx, k, None).map_err(|e| quant_err(ctx, "attention output", e))?;
+                links.targets.insert(i, target);
+                links.attention.insert(p, i);
+            }
+            continue;
+        }
+        let Op::Linear { out: p_out, .. } = &g.ops[p] else { continue };
+        if !allow.gemv {
+            continue;
+        }
+        let parts = &inp.weights.linear[&p];
+        if !uses_int8(inp, p, mode) || parts.len() != 1 || parts[0].w.rows != g.width(*p_out) || links.producers.contains_key(&p) {
+            continue;
+        }
+        let w = &parts[0].w;
+        let (epilogue, norm, deferred) = match &f.input {
+            Input::Norm(n) if fused.ops[p].accumulate && w.rows == k => {
+                (Q8Epilogue::Quantize { norm: true, gemma: false }, Some(inp.weights.vecs[n].binding.clone()), Some(g.cfg.norm_eps))
+            }
+            Input::Glu(act, src) if src == p_out && !fused.ops[p].accumulate && w.rows == 2 * k => (Q8Epilogue::Glu { act: *act }, None, None),
+            _ => continue,
+        };
+        if !Q8GemvPlan::epilogue_supported(ctx, epilogue)
+            || !32u32.is_multiple_of(q8_config(env, w).rows_per_workgroup)
+            || !w.rows.is_multiple_of(epilogue.block_rows() as usize)
+        {
+            continue;
+        }
+        let target = Q8Activations::written_by_producer(ctx, k, deferred).map_err(|e| quant_err(ctx, &w.name, e))?;
+        links.targets.insert(i, target);
+        links.producers.insert(p, Link { consumer: i, epilogue, norm });
+    }
+    Ok(links)
+}
