@@ -6,6 +6,7 @@
 //! ([`time_reps`]), which is what a user of the eager API gets.
 
 pub mod attention;
+pub mod l2_prefetch;
 pub mod probe;
 pub mod quant;
 pub mod recording;

@@ -46,7 +46,7 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
     }
 }
 
-fn err(e: impl std::fmt::Display) -> NumrError {
+pub(crate) fn err(e: impl std::fmt::Display) -> NumrError {
     NumrError::Validation { context: "quant bench".into(), message: e.to_string() }
 }
 

@@ -39,7 +39,8 @@ enum Cmd {
         /// With --kernels: `gemv` (only the GEMV rows) or `sweep` (GEMV rows plus a sweep of the
         /// integer-dot GEMV configurations) or `probe` (the fixed cost of a GEMV-sized dispatch:
         /// small streaming reads, empty grids, one-copy GEMVs; see `benches::probe`) or `gemm`
-        /// (the coopmat GEMM over every candidate block shape).
+        /// (the coopmat GEMM over every candidate block shape) or `prefetch` (dependent chains with
+        /// and without an L2 prefetch of the next kernel's weights; see `benches::l2_prefetch`).
         #[arg(long, default_value = "")]
         only: String,
         /// The attention table instead (decode GB/s of KV read at 4K/32K beside the roofline of
@@ -115,6 +116,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 benches::attention::attention_table(&ctx, quick)?
             } else if kernels && only == "gemm" {
                 benches::quant::gemm_sweep(&ctx, quick)?
+            } else if kernels && only == "prefetch" {
+                benches::l2_prefetch::prefetch_table(&ctx, quick)?
             } else if kernels && only == "probe" {
                 benches::probe::probe_table(&ctx, quick)?
             } else if kernels {
