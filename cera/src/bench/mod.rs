@@ -18,6 +18,9 @@
 pub mod llama_cpp;
 mod report;
 pub mod roofline;
+mod warm;
+
+pub use warm::ClockWarmer;
 
 use std::path::{Path, PathBuf};
 
@@ -41,6 +44,9 @@ pub enum BenchError {
     /// The llama.cpp side.
     #[error("llama.cpp: {0}")]
     LlamaCpp(String),
+    /// Loading the GPU before a timed run.
+    #[error("warming the GPU: {0}")]
+    Warm(String),
     /// Bad options.
     #[error("{0}")]
     Usage(String),
@@ -67,6 +73,9 @@ pub struct BenchOpts {
     pub llama_cpp: Option<PathBuf>,
     /// The port llama-server listens on.
     pub llama_cpp_port: u16,
+    /// Milliseconds of GPU load right before every timed run of either engine, so that each
+    /// starts at full clocks ([`ClockWarmer`]; 0: none).
+    pub warm_ms: u64,
 }
 
 impl Default for BenchOpts {
@@ -81,6 +90,7 @@ impl Default for BenchOpts {
             profile_top: 15,
             llama_cpp: None,
             llama_cpp_port: 8097,
+            warm_ms: 200,
         }
     }
 }
@@ -178,6 +188,8 @@ pub struct BenchReport {
     pub reps: usize,
     /// Whether decoding was pipelined.
     pub pipeline: bool,
+    /// Milliseconds of GPU load before each timed run (GPU runs; 0: none).
+    pub warm_ms: u64,
     /// The decode GEMVs' activations (`auto`, `f32`, `int8`).
     pub decode_gemv: String,
     /// What went wrong on the way (a llama.cpp run that failed).
@@ -262,6 +274,8 @@ pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> 
         llama_cpp: None,
         profile: Vec::new(),
     };
+    let warmer = if engine.is_gpu() { ClockWarmer::new(opts.warm_ms).map_err(|e| BenchError::Warm(e.to_string()))? } else { None };
+    let warm_up = || warm::warm(warmer.as_ref()).map_err(|e| BenchError::Warm(e.to_string()));
     let mut rows = Vec::new();
     let mut s = engine.session()?;
     for &p in opts.prompts.iter().filter(|&&p| p > 0) {
@@ -270,6 +284,7 @@ pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> 
         for rep in 0..=opts.reps {
             s.clear_cache()?;
             s.append_tokens(&ids)?;
+            warm_up()?;
             let g = s.generate(&GenerateOpts { pipeline: opts.pipeline, ..GenerateOpts::greedy(1) }, &mut |_: &crate::engine::TokenEvent| {})?;
             if g.prefilled != p {
                 return Err(BenchError::Usage(format!("pp{p}: {} prompt tokens ran ({:?})", g.prefilled, g.finish)));
@@ -295,6 +310,7 @@ pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> 
         for rep in 0..=opts.reps {
             s.clear_cache()?;
             s.append_tokens(&ids)?;
+            warm_up()?;
             let g = s.generate(&opts_tg, &mut |_: &crate::engine::TokenEvent| {})?;
             if g.timings.decode_steps != n {
                 return Err(BenchError::Usage(format!("tg{n}: {} decode steps ran ({:?})", g.timings.decode_steps, g.finish)));
@@ -323,10 +339,11 @@ pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> 
 }
 
 /// The llama.cpp figures for `rows` of one model (the same tests, `reps` runs after a warm-up).
-fn llama_cpp_rows(server: &llama_cpp::LlamaServer, rows: &mut [BenchRow], vocab: usize, reps: usize) -> Result<(), BenchError> {
+fn llama_cpp_rows(server: &llama_cpp::LlamaServer, rows: &mut [BenchRow], vocab: usize, reps: usize, warmer: Option<&ClockWarmer>) -> Result<(), BenchError> {
     for r in rows.iter_mut() {
         let mut v = Vec::new();
         for rep in 0..=reps {
+            warm::warm(warmer).map_err(|e| BenchError::Warm(e.to_string()))?;
             let speed = if let Some(p) = r.test.strip_prefix("pp") {
                 let p: usize = p.parse().map_err(|_| BenchError::Usage(r.test.clone()))?;
                 server.prompt_speed(&prompt_ids(p, vocab, p as u64))?
@@ -337,7 +354,10 @@ fn llama_cpp_rows(server: &llama_cpp::LlamaServer, rows: &mut [BenchRow], vocab:
                 // prompt gives other text. The speed does not depend on the prompt's ids.
                 let mut last = None;
                 let mut speed = None;
-                for salt in [7u64, 8, 9, 10] {
+                for (i, salt) in [7u64, 8, 9, 10].into_iter().enumerate() {
+                    if i > 0 {
+                        warm::warm(warmer).map_err(|e| BenchError::Warm(e.to_string()))?;
+                    }
                     match server.generation_speed(&prompt_ids(TG_PROMPT, vocab, salt), n) {
                         Ok(s) => {
                             speed = Some(s);
@@ -373,6 +393,7 @@ pub fn run(models: &[PathBuf], opts: &BenchOpts, progress: &mut dyn FnMut(&str))
         rows: Vec::new(),
         reps: opts.reps,
         pipeline: opts.pipeline,
+        warm_ms: opts.warm_ms,
         decode_gemv: opts.load.decode_gemv.name().to_string(),
         notes: Vec::new(),
     };
@@ -405,9 +426,11 @@ pub fn run(models: &[PathBuf], opts: &BenchOpts, progress: &mut dyn FnMut(&str))
         if let Some(dir) = &opts.llama_cpp {
             progress(&format!("llama.cpp: {}", path.display()));
             // A failure on the llama.cpp side is reported beside the rows, not fatal to them.
+            // The same clocks before each of its runs as before cera's (a GPU run only).
+            let warmer = if roofline.is_some() { ClockWarmer::new(opts.warm_ms).map_err(|e| BenchError::Warm(e.to_string()))? } else { None };
             let done = llama_cpp::LlamaServer::start(dir, path, opts.llama_cpp_port).and_then(|server| {
                 report.llama_cpp_device = server.device().or(report.llama_cpp_device.take());
-                llama_cpp_rows(&server, &mut rows, vocab, opts.reps)
+                llama_cpp_rows(&server, &mut rows, vocab, opts.reps, warmer.as_ref())
             });
             if let Err(e) = done {
                 progress(&format!("llama.cpp failed on {}: {e}", path.display()));

@@ -55,8 +55,9 @@ pub fn print_table(report: &BenchReport) -> String {
     }
     let _ = writeln!(
         s,
-        "median of {} runs after a warm-up (min–max); pipelined decoding {}; decode GEMV activations {}",
+        "median of {} runs after a warm-up (min–max){}; pipelined decoding {}; decode GEMV activations {}",
         report.reps,
+        if report.warm_ms > 0 && report.roofline_gb_s.is_some() { format!(", each after {} ms of GPU load", report.warm_ms) } else { String::new() },
         if report.pipeline { "on" } else { "off" },
         report.decode_gemv
     );

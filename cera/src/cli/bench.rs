@@ -42,6 +42,10 @@ pub struct Args {
     /// The port llama-server listens on.
     #[arg(long = "llama-cpp-port", default_value_t = 8097, value_name = "PORT")]
     pub llama_cpp_port: u16,
+    /// Milliseconds of GPU load (streaming reads) right before every timed run of either engine,
+    /// so that each starts at full clocks (0: none).
+    #[arg(long = "warm-ms", default_value_t = 200, value_name = "MS")]
+    pub warm_ms: u64,
 }
 
 /// Runs `cera bench`.
@@ -56,6 +60,7 @@ pub fn run(a: Args, out: &mut Output) -> Result<(), CliError> {
         profile: a.profile,
         llama_cpp: a.vs_llama_cpp,
         llama_cpp_port: a.llama_cpp_port,
+        warm_ms: a.warm_ms,
         ..BenchOpts::default()
     };
     let report = bench::run(&models, &opts, &mut |what| super::generation::note(&format!("bench: {what}"))).map_err(CliError::from_err)?;
