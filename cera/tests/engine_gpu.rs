@@ -235,6 +235,11 @@ fn decode_budget(ctx: &numr::gpu::GpuContext, g: &ModelGraph, file: &GgufFile, g
     let mut state = backend.new_state(&StateOpts { n_ctx: 64, ubatch: 16, kv: KvType::F16 }).unwrap();
     let prompt = [1u32, 504, 3458, 282, 4649, 314];
     let StepOutput::Argmax(_) = state.step(StepInput::Tokens(&prompt), 0, Want::Argmax).unwrap() else { panic!("argmax") };
+    // The prompt chunk's prefill plan goes out in submits of 16, 32, 64, ... dispatches while the
+    // host encodes the rest; the last submit holds the rest with the LM head and the argmax.
+    let c = state.last_step_counters();
+    let early = c.submits - 1;
+    assert!(early >= 1 && 16 * ((1usize << early) - 1) < c.dispatches && c.dispatches <= 16 * ((1usize << (early + 1)) - 1) + 8, "{c:?}");
     state.step(StepInput::LastArgmax, prompt.len(), Want::Argmax).unwrap();
     let before = (ctx.pool_stats().created, ctx.bind_groups_created());
     let wants = [Want::Argmax, Want::Argmax, Want::Logits, Want::TopK(40), Want::Argmax];

@@ -1,10 +1,12 @@
 //! One sequence on the GPU: its KV cache, activation buffers, the decode and prefill plans built
 //! over them, the sampling plans, and the id buffer `[ubatch prompt slots | argmax slot]`.
 //!
-//! A step is ONE recording and ONE submit. A step of one token runs the decode plan; a chunk
-//! of several runs the prefill plan over all its tokens and, when the step wants a
+//! A decode step is ONE recording and ONE submit. A step of one token runs the decode plan; a
+//! chunk of several runs the prefill plan over all its tokens and, when the step wants a
 //! distribution, copies the chunk's last normalised row into the decode slots and runs the
-//! head plan (the LM head's GEMV alone) on it. Then argmax / top-k / nothing, and one readback
+//! head plan (the LM head's GEMV alone) on it. A chunk's prefill plan (hundreds of dispatches)
+//! goes out in submits of doubling size ([`PREFILL_LEAD`] dispatches first), so the GPU starts
+//! on the first layers while the host encodes the rest. Then argmax / top-k / nothing, and one readback
 //! of what the sampler needs (4 bytes for greedy).
 //! Greedy decoding leaves the id in the argmax slot, where the next step's embedding reads it,
 //! so the next step can be recorded and submitted before this one's id is read back (up to
@@ -26,6 +28,17 @@ use super::super::graph::{ModelGraph, Slot};
 use super::plans::{Mode, PlanInputs, Slots, build, inv_freqs, kv_dtype};
 use super::weights::GpuWeights;
 use super::{GpuBackend, dev_err, ops_err};
+
+/// Dispatches of a prefill chunk submitted first; each further submit takes twice the one
+/// before, the last one the rest with the step's tail (`CERA_PREFILL_LEAD`, a diagnostic: 0
+/// submits a chunk at once). Encoding costs the host about 4 us per dispatch on the H200, a
+/// prompt's dispatch runs 20 us or more, so each submit is encoded while the GPU runs the one
+/// before and the GPU waits only for the first.
+const PREFILL_LEAD: usize = 16;
+
+fn prefill_lead() -> usize {
+    std::env::var("CERA_PREFILL_LEAD").ok().and_then(|v| v.parse().ok()).unwrap_or(PREFILL_LEAD)
+}
 
 pub(crate) struct GpuState {
     ctx: Arc<GpuContext>,
@@ -161,7 +174,9 @@ enum Reads {
 
 impl GpuState {
     /// Records a step (see the module docs) and returns its readbacks.
-    fn record(&mut self, rec: &mut Recorder, input: StepInput<'_>, pos: usize, want: Want) -> Result<Reads, EngineError> {
+    /// Records a step into `rec`; with `early`, a prefill chunk's first dispatches are submitted
+    /// on the way (see the module docs) and counted there.
+    fn record(&mut self, rec: &mut Recorder, input: StepInput<'_>, pos: usize, want: Want, early: &mut Option<StepCounters>) -> Result<Reads, EngineError> {
         let vocab = self.graph.cfg.vocab;
         let n = match input {
             StepInput::Tokens(t) => t.len(),
@@ -200,7 +215,27 @@ impl GpuState {
         // runs the prefill plan (GEMM) over all of its tokens, then the LM head over its last row.
         let step = StepValues::decode(word("position", pos + n - 1)?);
         if n > 1 {
-            self.prefill.record(rec, &StepValues::chunk(word("position", pos)?, word("tokens", n)?).with_token(0)).map_err(|e| self.err(e))?;
+            let chunk = StepValues::chunk(word("position", pos)?, word("tokens", n)?).with_token(0);
+            let dispatches = self.prefill.dispatches();
+            let mut at = 0;
+            if let Some(made) = early.as_mut() {
+                let mut size = prefill_lead();
+                while size > 0 && at + size < dispatches.len() {
+                    let mut part = self.ctx.recorder();
+                    for d in &dispatches[at..at + size] {
+                        d.record(&mut part, &chunk).map_err(|e| self.err(e))?;
+                    }
+                    made.dispatches += part.dispatch_count();
+                    made.passes += part.pass_count();
+                    made.submits += 1;
+                    part.submit().map_err(|e| self.err(e))?;
+                    at += size;
+                    size *= 2;
+                }
+            }
+            for d in &dispatches[at..] {
+                d.record(rec, &chunk).map_err(|e| self.err(e))?;
+            }
             if want == Want::Nothing {
                 return Ok(Reads::Nothing);
             }
@@ -256,10 +291,12 @@ impl BackendState for GpuState {
         }
         let start = std::time::Instant::now();
         let mut rec = self.ctx.recorder();
-        let reads = self.record(&mut rec, input, pos, want)?;
-        let (dispatches, passes) = (rec.dispatch_count(), rec.pass_count());
+        let mut early = Some(StepCounters::default());
+        let reads = self.record(&mut rec, input, pos, want, &mut early)?;
+        let e = early.unwrap_or_default();
+        let (dispatches, passes) = (e.dispatches + rec.dispatch_count(), e.passes + rec.pass_count());
         rec.submit().map_err(|e| self.err(e))?;
-        self.counters = StepCounters { dispatches, passes, submits: 1, host_ns: start.elapsed().as_nanos() as u64 };
+        self.counters = StepCounters { dispatches, passes, submits: e.submits + 1, host_ns: start.elapsed().as_nanos() as u64 };
         self.pending.push_back(reads);
         Ok(())
     }
@@ -293,7 +330,8 @@ impl BackendState for GpuState {
             return Err(EngineError::Usage("a profiled step with steps outstanding (collect them first)".into()));
         }
         let mut rec = self.ctx.recorder();
-        let reads = self.record(&mut rec, input, pos, want)?;
+        // One profiled submit holds the whole step.
+        let reads = self.record(&mut rec, input, pos, want, &mut None)?;
         let profile = rec.submit_profiled().map_err(|e| self.err(e))?;
         let times = profile.by_label().into_iter().map(|(label, (ns, count))| KernelTime { label, ns, count }).collect();
         Ok((self.collect_reads(reads)?, times))
