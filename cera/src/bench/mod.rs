@@ -274,8 +274,7 @@ pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> 
         llama_cpp: None,
         profile: Vec::new(),
     };
-    let warmer = if engine.is_gpu() { ClockWarmer::new(opts.warm_ms).map_err(|e| BenchError::Warm(e.to_string()))? } else { None };
-    let warm_up = || warm::warm(warmer.as_ref()).map_err(|e| BenchError::Warm(e.to_string()));
+    let warmer = if engine.is_gpu() { ClockWarmer::new(opts.warm_ms)? } else { None };
     let mut rows = Vec::new();
     let mut s = engine.session()?;
     for &p in opts.prompts.iter().filter(|&&p| p > 0) {
@@ -284,7 +283,7 @@ pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> 
         for rep in 0..=opts.reps {
             s.clear_cache()?;
             s.append_tokens(&ids)?;
-            warm_up()?;
+            warm::warm(warmer.as_ref())?;
             let g = s.generate(&GenerateOpts { pipeline: opts.pipeline, ..GenerateOpts::greedy(1) }, &mut |_: &crate::engine::TokenEvent| {})?;
             if g.prefilled != p {
                 return Err(BenchError::Usage(format!("pp{p}: {} prompt tokens ran ({:?})", g.prefilled, g.finish)));
@@ -310,7 +309,7 @@ pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> 
         for rep in 0..=opts.reps {
             s.clear_cache()?;
             s.append_tokens(&ids)?;
-            warm_up()?;
+            warm::warm(warmer.as_ref())?;
             let g = s.generate(&opts_tg, &mut |_: &crate::engine::TokenEvent| {})?;
             if g.timings.decode_steps != n {
                 return Err(BenchError::Usage(format!("tg{n}: {} decode steps ran ({:?})", g.timings.decode_steps, g.finish)));
@@ -343,7 +342,7 @@ fn llama_cpp_rows(server: &llama_cpp::LlamaServer, rows: &mut [BenchRow], vocab:
     for r in rows.iter_mut() {
         let mut v = Vec::new();
         for rep in 0..=reps {
-            warm::warm(warmer).map_err(|e| BenchError::Warm(e.to_string()))?;
+            warm::warm(warmer)?;
             let speed = if let Some(p) = r.test.strip_prefix("pp") {
                 let p: usize = p.parse().map_err(|_| BenchError::Usage(r.test.clone()))?;
                 server.prompt_speed(&prompt_ids(p, vocab, p as u64))?
@@ -356,7 +355,7 @@ fn llama_cpp_rows(server: &llama_cpp::LlamaServer, rows: &mut [BenchRow], vocab:
                 let mut speed = None;
                 for (i, salt) in [7u64, 8, 9, 10].into_iter().enumerate() {
                     if i > 0 {
-                        warm::warm(warmer).map_err(|e| BenchError::Warm(e.to_string()))?;
+                        warm::warm(warmer)?;
                     }
                     match server.generation_speed(&prompt_ids(TG_PROMPT, vocab, salt), n) {
                         Ok(s) => {
@@ -427,7 +426,7 @@ pub fn run(models: &[PathBuf], opts: &BenchOpts, progress: &mut dyn FnMut(&str))
             progress(&format!("llama.cpp: {}", path.display()));
             // A failure on the llama.cpp side is reported beside the rows, not fatal to them.
             // The same clocks before each of its runs as before cera's (a GPU run only).
-            let warmer = if roofline.is_some() { ClockWarmer::new(opts.warm_ms).map_err(|e| BenchError::Warm(e.to_string()))? } else { None };
+            let warmer = if roofline.is_some() { ClockWarmer::new(opts.warm_ms)? } else { None };
             let done = llama_cpp::LlamaServer::start(dir, path, opts.llama_cpp_port).and_then(|server| {
                 report.llama_cpp_device = server.device().or(report.llama_cpp_device.take());
                 llama_cpp_rows(&server, &mut rows, vocab, opts.reps, warmer.as_ref())

@@ -10,9 +10,10 @@
 use std::time::{Duration, Instant};
 
 use numr::NumrError;
-use numr::gpu::{Binding, BoundGroup, BufferKind, GpuContext, Kernel, KernelEnv, grid_2d};
-use numr::kernels::stream::StreamRead;
-use std::sync::Arc;
+use numr::gpu::GpuContext;
+
+use super::BenchError;
+use super::roofline::StreamReads;
 
 /// Bytes each warm-up dispatch reads.
 const WARM_BYTES: u64 = 64 << 20;
@@ -20,31 +21,24 @@ const WARM_BYTES: u64 = 64 << 20;
 /// Streaming reads on a device of its own (see the module docs).
 pub struct ClockWarmer {
     ctx: GpuContext,
-    kernel: Arc<Kernel>,
-    group: BoundGroup,
-    params: [u32; 2],
-    grid: [u32; 3],
+    reads: StreamReads,
     time: Duration,
 }
 
 impl ClockWarmer {
     /// A warmer loading the default adapter for `ms` milliseconds per call, or `None` when `ms`
     /// is 0.
-    pub fn new(ms: u64) -> Result<Option<ClockWarmer>, NumrError> {
+    pub fn new(ms: u64) -> Result<Option<ClockWarmer>, BenchError> {
         if ms == 0 {
             return Ok(None);
         }
+        Self::open(Duration::from_millis(ms)).map(Some).map_err(|e| BenchError::Warm(e.to_string()))
+    }
+
+    fn open(time: Duration) -> Result<ClockWarmer, NumrError> {
         let ctx = GpuContext::new()?;
-        let limits = &ctx.capabilities().limits;
-        let bytes = WARM_BYTES.min(limits.max_storage_buffer_binding_size.min(limits.max_buffer_size)) / 16 * 16;
-        let kernel = ctx.kernel(&StreamRead.source(&KernelEnv::from_caps(ctx.capabilities())))?;
-        let n_vec4 = u32::try_from(bytes / 16).unwrap_or(u32::MAX);
-        let workgroups = (n_vec4 / 256).clamp(1, 16384);
-        let src = ctx.alloc(bytes, BufferKind::Storage)?;
-        let dst = ctx.alloc(workgroups as u64 * 4, BufferKind::Storage)?;
-        let group = ctx.bind(&kernel, &[Binding::whole(&src), Binding::whole(&dst)])?;
-        let grid = grid_2d(workgroups as u64, 65535).expect("at most 16384 workgroups");
-        Ok(Some(ClockWarmer { ctx, kernel, group, params: [n_vec4, workgroups * 256], grid, time: Duration::from_millis(ms) }))
+        let reads = StreamReads::new(&ctx, WARM_BYTES)?;
+        Ok(ClockWarmer { ctx, reads, time })
     }
 
     /// Keeps the GPU busy for the configured time, then returns with it idle.
@@ -52,9 +46,7 @@ impl ClockWarmer {
         let start = Instant::now();
         while start.elapsed() < self.time {
             let mut rec = self.ctx.recorder();
-            for _ in 0..8 {
-                rec.dispatch(&self.kernel, &self.group, &self.params, self.grid)?;
-            }
+            self.reads.record(&mut rec, 8)?;
             rec.submit()?;
             self.ctx.sync()?;
         }
@@ -63,8 +55,8 @@ impl ClockWarmer {
 }
 
 /// Runs `w.warm()` when there is a warmer.
-pub(crate) fn warm(w: Option<&ClockWarmer>) -> Result<(), NumrError> {
-    w.map_or(Ok(()), ClockWarmer::warm)
+pub(crate) fn warm(w: Option<&ClockWarmer>) -> Result<(), BenchError> {
+    w.map_or(Ok(()), ClockWarmer::warm).map_err(|e| BenchError::Warm(e.to_string()))
 }
 
 #[cfg(test)]

@@ -53,6 +53,8 @@ pub(crate) struct GpuState {
     ids: Arc<GpuBuffer>,
     n_ctx: usize,
     ubatch: usize,
+    /// Dispatches of a prefill chunk's first early submit ([`PREFILL_LEAD`], read once).
+    prefill_lead: usize,
     decode: Plan,
     prefill: Plan,
     /// The LM head over the decode slots' `Normed` row (a prefill chunk's logits).
@@ -145,6 +147,7 @@ impl GpuState {
             ids,
             n_ctx: opts.n_ctx,
             ubatch,
+            prefill_lead: prefill_lead(),
             decode,
             prefill,
             head,
@@ -173,8 +176,7 @@ enum Reads {
 }
 
 impl GpuState {
-    /// Records a step (see the module docs) and returns its readbacks.
-    /// Records a step into `rec`; with `early`, a prefill chunk's first dispatches are submitted
+    /// Records a step into `rec` and returns its readbacks; with `early`, a prefill chunk's first dispatches are submitted
     /// on the way (see the module docs) and counted there.
     fn record(&mut self, rec: &mut Recorder, input: StepInput<'_>, pos: usize, want: Want, early: &mut Option<StepCounters>) -> Result<Reads, EngineError> {
         let vocab = self.graph.cfg.vocab;
@@ -219,7 +221,7 @@ impl GpuState {
             let dispatches = self.prefill.dispatches();
             let mut at = 0;
             if let Some(made) = early.as_mut() {
-                let mut size = prefill_lead();
+                let mut size = self.prefill_lead;
                 while size > 0 && at + size < dispatches.len() {
                     let mut part = self.ctx.recorder();
                     for d in &dispatches[at..at + size] {
