@@ -2,6 +2,8 @@
 //! compute kernel from one description, so the names, the bind group layout and the parameter
 //! block can never disagree. Kernel families (in numr and boostr) generate the body.
 
+use std::sync::Arc;
+
 use super::capabilities::{Capabilities, ParamMode};
 
 /// How a kernel accesses one storage binding.
@@ -81,6 +83,31 @@ pub struct KernelSource {
     /// Compile without naga's runtime bounds checks: only set through the `unsafe`
     /// [`KernelSource::assume_in_bounds`] (or [`KernelBuilder::unchecked`]).
     unchecked: bool,
+    /// The pieces the builder assembled (for [`super::chain`], which fuses kernels); `None` for
+    /// hand-written modules.
+    pub parts: Option<Arc<KernelParts>>,
+}
+
+/// What a [`KernelBuilder`] assembled a kernel from: its declarations, prelude and body, kept so
+/// that [`super::chain`] can put several kernels into one module.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KernelParts {
+    /// `enable f16;` was emitted.
+    pub f16: bool,
+    /// Other `enable` directives.
+    pub enables: Vec<String>,
+    /// Storage bindings in binding order: name, access, WGSL type, `@coherent`.
+    pub bindings: Vec<(String, Access, String, bool)>,
+    /// Parameter names (padding excluded).
+    pub params: Vec<String>,
+    /// Module-scope WGSL.
+    pub prelude: String,
+    /// The body of `fn main`.
+    pub body: String,
+    /// `@workgroup_size`.
+    pub workgroup: [u32; 3],
+    /// `main` takes the subgroup builtins.
+    pub subgroup_builtins: bool,
 }
 
 impl KernelSource {
@@ -266,15 +293,26 @@ impl KernelBuilder {
             "@compute @workgroup_size({x}, {y}, {z})\nfn main(\n    @builtin(global_invocation_id) gid: vec3<u32>,\n    @builtin(local_invocation_id) lid: vec3<u32>,\n    @builtin(local_invocation_index) lidx: u32,\n    @builtin(workgroup_id) wid: vec3<u32>,\n    @builtin(num_workgroups) nwg: vec3<u32>{sg}\n) {{\n    let wg_linear = wid.y * nwg.x + wid.x;\n{}\n}}\n",
             self.body
         ));
+        let parts = KernelParts {
+            f16: self.f16,
+            enables: self.enables,
+            bindings: self.bindings.iter().zip(&self.coherent).map(|((n, a, t), &c)| (n.clone(), *a, t.clone(), c)).collect(),
+            params: self.params.clone(),
+            prelude: self.prelude,
+            body: self.body,
+            workgroup: self.workgroup,
+            subgroup_builtins: self.subgroup_builtins,
+        };
         KernelSource {
             name: self.name,
             wgsl: w,
             entry: "main".to_string(),
             bindings: self.bindings.iter().map(|b| b.1).collect(),
             param_words: words.len() as u32,
-            param_names: self.params.clone(),
+            param_names: self.params,
             param_mode: self.env.param_mode,
             unchecked: self.unchecked,
+            parts: Some(Arc::new(parts)),
         }
     }
 }

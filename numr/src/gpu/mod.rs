@@ -2,6 +2,7 @@
 //! recorder, profiler and transfers.
 
 pub mod capabilities;
+pub mod chain;
 pub mod context;
 pub mod kernel;
 pub mod pipeline;
@@ -11,10 +12,12 @@ pub mod profiler;
 pub mod recorder;
 pub mod submission;
 pub mod transfer;
+mod wgsl_names;
 
 pub use capabilities::{Capabilities, CoopMatShape, ParamMode};
+pub use chain::{ChainOptions, chain, chain_bindings, chain_plan, chainable};
 pub use context::{GpuContext, GpuOptions, RuntimeChecks};
-pub use kernel::{Access, KernelBuilder, KernelEnv, KernelSource, MAX_PARAM_WORDS, grid_2d};
+pub use kernel::{Access, KernelBuilder, KernelEnv, KernelParts, KernelSource, MAX_PARAM_WORDS, grid_2d};
 pub use pipeline::{Binding, BoundGroup, Kernel};
 pub use plan::{Plan, PlanDispatch, StepGrid, StepParam, StepValues};
 pub use pool::{BufferKind, GpuBuffer, PoolStats, size_class};

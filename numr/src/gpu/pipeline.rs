@@ -21,9 +21,15 @@ pub struct Kernel {
     pub(crate) param_bytes: u32,
     pub(crate) param_names: Vec<String>,
     pub(crate) param_mode: ParamMode,
+    pub(crate) source: KernelSource,
 }
 
 impl Kernel {
+    /// The source the kernel was compiled from.
+    pub fn source(&self) -> &KernelSource {
+        &self.source
+    }
+
     /// The kernel's label (from [`KernelSource::name`]).
     pub fn name(&self) -> &str {
         &self.name
@@ -69,7 +75,14 @@ impl Binding {
 pub struct BoundGroup {
     pub(crate) group: wgpu::BindGroup,
     pub(crate) layout_key: Vec<Access>,
-    pub(crate) buffers: Vec<Arc<GpuBuffer>>,
+    pub(crate) bindings: Vec<Binding>,
+}
+
+impl BoundGroup {
+    /// The buffer ranges bound, in binding order.
+    pub fn bindings(&self) -> &[Binding] {
+        &self.bindings
+    }
 }
 
 type BindKey = (Vec<Access>, Vec<(u64, u64, u64)>);
@@ -195,6 +208,7 @@ impl GpuContext {
             param_bytes,
             param_names: src.param_names.clone(),
             param_mode: src.param_mode,
+            source: src.clone(),
         });
         self.inner.pipelines.kernels.lock().unwrap_or_else(|p| p.into_inner()).insert(key, k.clone());
         Ok(k)
@@ -267,7 +281,7 @@ impl GpuContext {
                 g
             }
         };
-        Ok(BoundGroup { group, layout_key: kernel.layout_key.clone(), buffers: bindings.iter().map(|b| b.buffer.clone()).collect() })
+        Ok(BoundGroup { group, layout_key: kernel.layout_key.clone(), bindings: bindings.to_vec() })
     }
 
     /// Forgets cached bind groups (called when pooled buffers are destroyed).

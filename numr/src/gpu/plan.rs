@@ -82,12 +82,12 @@ pub type StepGrid = Arc<dyn Fn(&StepValues) -> [u32; 3] + Send + Sync>;
 /// One dispatch of a plan: kernel, bind group, named parameters and grid, made once.
 #[derive(Clone)]
 pub struct PlanDispatch {
-    kernel: Arc<Kernel>,
-    group: BoundGroup,
-    params: Vec<u32>,
-    per_step: Vec<(usize, StepParam)>,
-    grid: [u32; 3],
-    grid_fn: Option<StepGrid>,
+    pub(crate) kernel: Arc<Kernel>,
+    pub(crate) group: BoundGroup,
+    pub(crate) params: Vec<u32>,
+    pub(crate) per_step: Vec<(usize, StepParam)>,
+    pub(crate) grid: [u32; 3],
+    pub(crate) grid_fn: Option<StepGrid>,
 }
 
 impl std::fmt::Debug for PlanDispatch {

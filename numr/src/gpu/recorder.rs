@@ -120,7 +120,7 @@ impl Recorder {
         self.rec.params.resize(start, 0);
         self.rec.params.extend_from_slice(bytemuck::cast_slice(params));
         self.rec.params.resize(start + kernel.param_bytes as usize, 0);
-        self.rec.keep.extend(group.buffers.iter().cloned());
+        self.rec.keep.extend(group.bindings.iter().map(|b| b.buffer.clone()));
         self.rec.commands.push(Command::Dispatch {
             pipeline: kernel.pipeline.clone(),
             group: group.group.clone(),

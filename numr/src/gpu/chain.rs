@@ -1,0 +1,394 @@
+//! Chains: several dependent dispatches fused into one, so that the GPU never drains between
+//! them.
+//!
+//! Between two dispatches that share a written buffer, wgpu records a barrier: every workgroup
+//! of the first finishes, the GPU drains, and only then do the second's workgroups launch and
+//! ramp up (about 4–6 µs on the H200 for a decode GEMV). A chain runs stages `0..S` (each a
+//! builder kernel with its own grid, bindings and parameters) as one dispatch:
+//! 1. Each workgroup takes a ticket (`atomicAdd` on a counter) when it starts; tickets
+//!    `[start_k, end_k)` run stage `k`, with its own workgroup id recovered from the ticket.
+//! 2. A workgroup of stage `k > 0` first waits until every workgroup of stage `k - 1` has
+//!    finished (one invocation spins on that stage's arrival counter, then `storageBarrier()`);
+//!    each workgroup ends with `storageBarrier()` and adds itself to its stage's counter.
+//! 3. The last workgroup to finish resets the counters for the next dispatch.
+//!
+//! So stage `k` starts only after stage `k - 1` ended, as with the barrier, but its workgroups are
+//! already resident and waiting when it does. **Forward progress**: tickets are taken in order,
+//! so when a workgroup holds a ticket of stage `k`, every ticket of the stages before it has been
+//! taken by a workgroup that is running or done, and those wait only on earlier stages; no
+//! workgroup ever waits on one that has not started. **Memory model**: the waits and arrivals
+//! are the release/acquire pattern of boostr's GEMV epilogues (a device-scope
+//! `storageBarrier()` on each side of a relaxed atomic), and every buffer that one stage writes
+//! and another touches is declared `@coherent`, so each stage sees everything the earlier stages
+//! stored. Chains need [`super::Capabilities::coherent_memory`].
+//!
+//! The stages' WGSL is renamed apart ([`super::wgsl_names`]): module-scope names get a stage
+//! prefix, bindings become one declaration per distinct buffer range (promoted to read-write
+//! where any stage writes that buffer: wgpu rejects a buffer bound both read-only and
+//! read-write in one dispatch), and each stage's parameters become the chain's (inlined as
+//! constants when they do not fit [`super::kernel::MAX_PARAM_WORDS`]). All stages must share one
+//! workgroup size.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use super::context::GpuContext;
+use super::kernel::{Access, KernelBuilder, KernelEnv, KernelParts, MAX_PARAM_WORDS, grid_2d};
+use super::pipeline::Binding;
+use super::plan::{Plan, PlanDispatch, StepValues};
+use super::pool::BufferKind;
+use super::wgsl_names::{Name, module_names, rewrite};
+use crate::error::{NumrError, Result};
+
+/// Why a set of dispatches cannot be chained.
+fn refuse(message: String) -> NumrError {
+    NumrError::Validation { context: "chaining dispatches".into(), message }
+}
+
+/// Whether `d` can be a stage of a chain on `ctx` (a builder kernel, `@coherent` storage).
+pub fn chainable(ctx: &GpuContext, d: &PlanDispatch) -> bool {
+    ctx.capabilities().coherent_memory && d.kernel.source().parts.is_some()
+}
+
+/// The storage bindings a chain of `stages` declares (distinct buffer ranges and types, plus
+/// the counters): compare with the adapter's `max_storage_buffers_per_shader_stage`.
+pub fn chain_bindings(stages: &[PlanDispatch]) -> usize {
+    let mut seen = HashSet::new();
+    for d in stages {
+        let Some(parts) = &d.kernel.source().parts else { continue };
+        for (b, (_, _, ty, _)) in d.group.bindings().iter().zip(&parts.bindings) {
+            seen.insert((b.buffer.id(), b.offset, b.size, ty.clone()));
+        }
+    }
+    seen.len() + 1
+}
+
+/// A stage's value of a chain parameter: fixed, or computed per step.
+enum Value {
+    Fixed(u32),
+    Step(Arc<dyn Fn(&StepValues) -> u32 + Send + Sync>),
+}
+
+/// The grid of `d` at `step` (zero workgroups when it is skipped).
+fn stage_grid(d: &PlanDispatch, step: &StepValues) -> [u32; 3] {
+    let mut w = [0u32; MAX_PARAM_WORDS];
+    d.resolve(step, &mut w).unwrap_or([0, 1, 1])
+}
+
+fn count(g: [u32; 3]) -> u32 {
+    g[0] * g[1] * g[2]
+}
+
+/// Fuses `stages` (at least two, run in order, each depending on everything before it) into one
+/// dispatch. Errors when the adapter lacks `@coherent` storage, a stage is not a builder kernel,
+/// the workgroup sizes differ, or the fused module needs more bindings or parameter words than
+/// the adapter has.
+pub fn chain(ctx: &GpuContext, stages: &[PlanDispatch]) -> Result<PlanDispatch> {
+    let caps = ctx.capabilities();
+    if !caps.coherent_memory {
+        return Err(refuse("the adapter has no @coherent storage".into()));
+    }
+    if stages.len() < 2 {
+        return Err(refuse(format!("{} stages (at least 2)", stages.len())));
+    }
+    let parts: Vec<Arc<KernelParts>> = stages
+        .iter()
+        .map(|d| d.kernel.source().parts.clone().ok_or_else(|| refuse(format!("kernel {} is not a builder kernel", d.kernel.name()))))
+        .collect::<Result<_>>()?;
+    let wg = parts[0].workgroup;
+    if let Some((d, p)) = stages.iter().zip(&parts).find(|(_, p)| p.workgroup != wg) {
+        return Err(refuse(format!("kernel {} has workgroup size {:?}, the chain {wg:?}", d.kernel.name(), p.workgroup)));
+    }
+    let n = stages.len();
+
+    // Bindings: one declaration per (buffer range, type); read-write for every range of a
+    // buffer that any stage binds read-write; coherent where a written buffer is shared.
+    let mut written: HashSet<u64> = HashSet::new();
+    let mut users: HashMap<u64, HashSet<usize>> = HashMap::new();
+    for (k, (d, p)) in stages.iter().zip(&parts).enumerate() {
+        for (b, (_, access, _, _)) in d.group.bindings().iter().zip(&p.bindings) {
+            if *access == Access::ReadWrite {
+                written.insert(b.buffer.id());
+            }
+            users.entry(b.buffer.id()).or_default().insert(k);
+        }
+    }
+    type Key = (u64, u64, u64, String);
+    let mut globals: Vec<(Key, Binding, bool)> = Vec::new(); // key, range, coherent
+    let mut names: Vec<HashMap<String, String>> = vec![HashMap::new(); n];
+    for (k, (d, p)) in stages.iter().zip(&parts).enumerate() {
+        for (b, (name, _, ty, coherent)) in d.group.bindings().iter().zip(&p.bindings) {
+            let id = b.buffer.id();
+            let key: Key = (id, b.offset, b.size, ty.clone());
+            let shared = written.contains(&id) && users[&id].len() > 1;
+            let j = match globals.iter().position(|g| g.0 == key) {
+                Some(j) => j,
+                None => {
+                    globals.push((key, b.clone(), false));
+                    globals.len() - 1
+                }
+            };
+            globals[j].2 |= *coherent || shared;
+            names[k].insert(name.clone(), format!("cb{j}"));
+        }
+    }
+    let n_bind = globals.len() + 1;
+    let limit = caps.limits.max_storage_buffers_per_shader_stage as usize;
+    if n_bind > limit {
+        return Err(NumrError::TooManyBindings { kernel: "chain".into(), needed: n_bind as u32, limit: limit as u32 });
+    }
+
+    // Parameters: each stage's reads, then the chain's own (per stage: end ticket, grid x, y).
+    let mut values: Vec<(String, Value)> = Vec::new();
+    let mut reads: Vec<HashMap<String, String>> = vec![HashMap::new(); n];
+    for (k, (d, p)) in stages.iter().zip(&parts).enumerate() {
+        let mut used: Vec<String> = Vec::new();
+        for src in [&p.prelude, &p.body] {
+            rewrite(src, &mut |nm| {
+                if let Name::Param(x) = nm
+                    && !used.iter().any(|u| u == x)
+                {
+                    used.push(x.to_string());
+                }
+                None
+            });
+        }
+        for x in used {
+            let idx = d.kernel.param_index(&x).ok_or_else(|| refuse(format!("kernel {} reads p.{x}, which it does not declare", d.kernel.name())))?;
+            let v = match d.per_step.iter().find(|(i, _)| *i == idx) {
+                Some(_) => {
+                    let stage = d.clone();
+                    Value::Step(Arc::new(move |s: &StepValues| {
+                        let mut w = [0u32; MAX_PARAM_WORDS];
+                        stage.resolve(s, &mut w);
+                        w[idx]
+                    }))
+                }
+                None => Value::Fixed(d.params[idx]),
+            };
+            let cname = format!("s{k}_{x}");
+            reads[k].insert(x, cname.clone());
+            values.push((cname, v));
+        }
+    }
+    let stepped = stages.iter().any(|d| d.grid_fn.is_some());
+    for k in 0..n {
+        if stepped {
+            let st: Vec<PlanDispatch> = stages[..=k].to_vec();
+            values.push((format!("c_e{k}"), Value::Step(Arc::new(move |s: &StepValues| st.iter().map(|d| count(stage_grid(d, s))).sum()))));
+            for (dim, tag) in [(0usize, "x"), (1, "y")] {
+                let d = stages[k].clone();
+                values.push((format!("c_{tag}{k}"), Value::Step(Arc::new(move |s: &StepValues| stage_grid(&d, s)[dim].max(1)))));
+            }
+        } else {
+            values.push((format!("c_e{k}"), Value::Fixed(stages[..=k].iter().map(|d| count(d.grid)).sum())));
+            values.push((format!("c_x{k}"), Value::Fixed(stages[k].grid[0].max(1))));
+            values.push((format!("c_y{k}"), Value::Fixed(stages[k].grid[1].max(1))));
+        }
+    }
+    // Inline the fixed values when the words do not fit.
+    let inline = values.len() > MAX_PARAM_WORDS;
+    let fixed: HashMap<String, u32> = values.iter().filter_map(|(nm, v)| if let Value::Fixed(x) = v { Some((nm.clone(), *x)) } else { None }).collect();
+    let pv = |nm: &str| -> String { if inline && let Some(x) = fixed.get(nm) { format!("{x}u") } else { format!("p.{nm}") } };
+    let param_names: Vec<String> = values.iter().filter(|(_, v)| !(inline && matches!(v, Value::Fixed(_)))).map(|(nm, _)| nm.clone()).collect();
+    if param_names.len() > MAX_PARAM_WORDS {
+        return Err(NumrError::ParamsTooLarge { kernel: "chain".into(), needed: param_names.len() * 4, limit: MAX_PARAM_WORDS * 4 });
+    }
+
+    // The module: each stage's prelude and body renamed apart, a function per stage, and main.
+    let sg = parts.iter().any(|p| p.subgroup_builtins);
+    let mut pre = String::from("var<workgroup> chain_t: u32;\n");
+    let (wx, wy, wz) = (wg[0], wg[1], wg[2]);
+    for (k, p) in parts.iter().enumerate() {
+        let module: HashSet<String> = module_names(&p.prelude).into_iter().collect();
+        let mut f = |nm: Name| -> Option<String> {
+            match nm {
+                Name::Param(x) => Some(pv(&reads[k][x])),
+                Name::Ident(id) if module.contains(id) => Some(format!("s{k}_{id}")),
+                Name::Ident(id) => names[k].get(id).cloned(),
+            }
+        };
+        pre.push_str(&rewrite(&p.prelude, &mut f));
+        pre.push('\n');
+        let body = rewrite(&p.body, &mut f);
+        let sg_args = if p.subgroup_builtins { ", sg_size: u32, sg_id: u32, sg_idx: u32, sg_count: u32" } else { "" };
+        let start = if k == 0 { "0u".to_string() } else { pv(&format!("c_e{}", k - 1)) };
+        let (end, gx, gy) = (pv(&format!("c_e{k}")), pv(&format!("c_x{k}")), pv(&format!("c_y{k}")));
+        pre.push_str(&format!(
+            "fn s{k}_main(lid: vec3<u32>, lidx: u32{sg_args}) {{
+    let wg_linear = workgroupUniformLoad(&chain_t) - {start};
+    let nwg = vec3<u32>({gx}, {gy}, ({end} - {start}) / ({gx} * {gy}));
+    let wid = vec3<u32>(wg_linear % nwg.x, (wg_linear / nwg.x) % nwg.y, wg_linear / (nwg.x * nwg.y));
+    let gid = wid * vec3<u32>({wx}u, {wy}u, {wz}u) + lid;
+{body}
+}}
+"
+        ));
+    }
+    let last = n;
+    pre.push_str(&format!(
+        "fn chain_wait(lidx: u32, k: u32, n: u32) {{
+    if (lidx == 0u) {{
+        loop {{
+            if (atomicLoad(&chain_cnt[1u + k]) >= n) {{ break; }}
+        }}
+    }}
+    storageBarrier();
+}}
+"
+    ));
+    let total = pv(&format!("c_e{}", n - 1));
+    let mut body = format!(
+        "    if (wg_linear >= {total}) {{ return; }}
+    if (lidx == 0u) {{ chain_t = atomicAdd(&chain_cnt[0], 1u); }}
+    let t = workgroupUniformLoad(&chain_t);
+    var stage = 0u;
+"
+    );
+    for (k, p) in parts.iter().enumerate() {
+        let args = if p.subgroup_builtins { "lid, lidx, sg_size, sg_id, sg_idx, sg_count" } else { "lid, lidx" };
+        let cond = if k + 1 == n { String::new() } else { format!("if (t < {}) ", pv(&format!("c_e{k}"))) };
+        let wait = if k == 0 {
+            String::new()
+        } else {
+            let prev_start = if k == 1 { "0u".to_string() } else { pv(&format!("c_e{}", k - 2)) };
+            format!("chain_wait(lidx, {}u, {} - {prev_start}); ", k - 1, pv(&format!("c_e{}", k - 1)))
+        };
+        let els = if k == 0 { "    " } else { " else " };
+        body.push_str(&format!("{els}{cond}{{ {wait}s{k}_main({args}); stage = {k}u; }}"));
+    }
+    body.push_str(&format!(
+        "
+    storageBarrier();
+    if (lidx == 0u) {{
+        atomicAdd(&chain_cnt[1u + stage], 1u);
+        if (atomicAdd(&chain_cnt[{}u], 1u) + 1u == {total}) {{
+            for (var i = 0u; i < {}u; i++) {{ atomicStore(&chain_cnt[i], 0u); }}
+        }}
+    }}
+",
+        last + 1,
+        last + 2
+    ));
+
+    let env = KernelEnv::from_caps(caps);
+    let name = format!("chain[{}]", stages.iter().map(|d| d.kernel.name()).collect::<Vec<_>>().join("+"));
+    let mut kb = KernelBuilder::new(name, env).workgroup(wx, wy, wz);
+    if sg {
+        kb = kb.subgroup_builtins();
+    }
+    if parts.iter().any(|p| p.f16) {
+        kb = kb.enable_f16();
+    }
+    let mut enables: Vec<&String> = parts.iter().flat_map(|p| &p.enables).collect();
+    enables.sort();
+    enables.dedup();
+    for e in enables {
+        kb = kb.enable(e);
+    }
+    for (j, (key, b, coherent)) in globals.iter().enumerate() {
+        let nm = format!("cb{j}");
+        kb = if *coherent {
+            kb.storage_coherent(&nm, &key.3)
+        } else if written.contains(&b.buffer.id()) {
+            kb.storage(&nm, Access::ReadWrite, &key.3)
+        } else {
+            kb.storage(&nm, Access::Read, &key.3)
+        };
+    }
+    kb = kb.storage("chain_cnt", Access::ReadWrite, "array<atomic<u32>>");
+    let refs: Vec<&str> = param_names.iter().map(|s| s.as_str()).collect();
+    let src = kb.params(&refs).prelude(&pre).body(&body).build();
+    let src = if stages.iter().all(|d| d.kernel.source().is_unchecked()) {
+        // SAFETY: each stage indexes exactly as its own kernel does, over the same buffer ranges
+        // (one declaration per range and type) with the same parameter values, and every stage
+        // kernel was marked in bounds by the plan that validated those ranges and values. The
+        // chain's own accesses are `chain_cnt[i]`, `i < S + 2`, into a binding of `S + 2` words.
+        unsafe { src.assume_in_bounds() }
+    } else {
+        src
+    };
+    let kernel = ctx.kernel(&src)?;
+    let cnt = ctx.alloc(4 * (n as u64 + 2), BufferKind::Storage)?;
+    ctx.write(&cnt, 0, &vec![0u8; 4 * (n + 2)])?;
+    let mut binds: Vec<Binding> = globals.iter().map(|g| g.1.clone()).collect();
+    binds.push(Binding::whole(&cnt));
+    let group = ctx.bind(&kernel, &binds)?;
+    let limit = caps.limits.max_compute_workgroups_per_dimension;
+    let grid_of = move |total: u32| grid_2d(total as u64, limit).unwrap_or([0, 1, 1]);
+    let total_fixed: u32 = stages.iter().map(|d| count(d.grid)).sum();
+    let grid = grid_2d(total_fixed as u64, limit).ok_or(NumrError::GridTooLarge { workgroups: total_fixed as u64, limit })?;
+    let mut d = PlanDispatch::new(&kernel, group, grid)?;
+    if stepped {
+        let st: Vec<PlanDispatch> = stages.to_vec();
+        d = d.grid_per_step(move |s| grid_of(st.iter().map(|x| count(stage_grid(x, s))).sum()));
+    }
+    for (nm, v) in values {
+        if inline && matches!(v, Value::Fixed(_)) {
+            continue;
+        }
+        d = match v {
+            Value::Fixed(x) => d.set(&nm, x)?,
+            Value::Step(f) => d.per_step(&nm, move |s| f(s))?,
+        };
+    }
+    Ok(d)
+}
+
+/// Which consecutive dispatches [`chain_plan`] may fuse.
+#[derive(Clone)]
+pub struct ChainOptions {
+    /// Stages per chain at most.
+    pub max_stages: usize,
+    /// Whether a dispatch may be a stage (default: every builder kernel).
+    pub filter: Arc<dyn Fn(&PlanDispatch) -> bool + Send + Sync>,
+}
+
+impl Default for ChainOptions {
+    fn default() -> Self {
+        ChainOptions { max_stages: usize::MAX, filter: Arc::new(|_| true) }
+    }
+}
+
+/// `plan` with runs of consecutive chainable dispatches of one workgroup size fused into chains
+/// ([`chain`]), as long as each fits the adapter's bindings; a run whose chain does not build
+/// stays as it was, and why is returned beside the plan. The result records the same work in
+/// the same order.
+pub fn chain_plan(ctx: &GpuContext, plan: &Plan, opts: &ChainOptions) -> (Plan, Vec<NumrError>) {
+    let limit = ctx.capabilities().limits.max_storage_buffers_per_shader_stage as usize;
+    let mut out = Plan::new();
+    let mut run: Vec<PlanDispatch> = Vec::new();
+    let mut refused = Vec::new();
+    let mut flush = |run: &mut Vec<PlanDispatch>, out: &mut Plan| {
+        if run.len() >= 2 {
+            match chain(ctx, run) {
+                Ok(d) => out.push(d),
+                Err(e) => {
+                    refused.push(e);
+                    run.iter().for_each(|d| out.push(d.clone()));
+                }
+            }
+        } else {
+            run.iter().for_each(|d| out.push(d.clone()));
+        }
+        run.clear();
+    };
+    for d in plan.dispatches() {
+        let ok = chainable(ctx, d) && (opts.filter)(d);
+        if !ok {
+            flush(&mut run, &mut out);
+            out.push(d.clone());
+            continue;
+        }
+        let same_wg =
+            run.first().is_none_or(|r| r.kernel.source().parts.as_ref().map(|p| p.workgroup) == d.kernel.source().parts.as_ref().map(|p| p.workgroup));
+        let mut next = run.clone();
+        next.push(d.clone());
+        if !same_wg || run.len() >= opts.max_stages || chain_bindings(&next) > limit {
+            flush(&mut run, &mut out);
+        }
+        run.push(d.clone());
+    }
+    flush(&mut run, &mut out);
+    (out, refused)
+}

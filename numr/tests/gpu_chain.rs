@@ -1,0 +1,129 @@
+//! Chains (`numr::gpu::chain`): dependent dispatches fused into one give exactly the results of
+//! the same dispatches recorded one after the other, over many recordings (the counters reset
+//! themselves), with per-step parameters and grids, and with stages whose module-scope names
+//! collide (renamed apart).
+
+use numr::gpu::{Access, Binding, ChainOptions, KernelBuilder, KernelEnv, Plan, PlanDispatch, StepValues, chain, chain_plan};
+use numr::testing::test_gpu;
+use numr::{GpuContext, gpu::BufferKind};
+
+const N: u32 = 64 * 1500;
+
+/// Stage 0: `x[i] = 3 i + pos`.
+fn fill(ctx: &GpuContext, x: &Binding, stepped_grid: bool) -> PlanDispatch {
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let src = KernelBuilder::new("chain_fill", env)
+        .storage("x", Access::ReadWrite, "array<u32>")
+        .params(&["n", "pos"])
+        .prelude("var<workgroup> tmp: array<u32, 64>;\nfn f(i: u32) -> u32 { return 3u * i; }\n")
+        .body("    let i = wg_linear * 64u + lidx;\n    tmp[lidx] = f(i);\n    workgroupBarrier();\n    if (i < p.n) { x[i] = tmp[lidx] + p.pos; }\n")
+        .build();
+    let k = ctx.kernel(&src).unwrap();
+    let g = ctx.bind(&k, std::slice::from_ref(x)).unwrap();
+    let d = PlanDispatch::new(&k, g, [N / 64, 1, 1]).unwrap().set("n", N).unwrap().per_step("pos", |s| s.pos).unwrap();
+    if stepped_grid { d.grid_per_step(|s| [if s.n_tok == 0 { 0 } else { N / 64 }, 1, 1]) } else { d }
+}
+
+/// Stage 1: `y[i] = x[n - 1 - i] + 1` (reads what other workgroups of stage 0 wrote), over a
+/// 2-D grid.
+fn reverse(ctx: &GpuContext, x: &Binding, y: &Binding) -> PlanDispatch {
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let src = KernelBuilder::new("chain_rev", env)
+        .storage("x", Access::Read, "array<u32>")
+        .storage("y", Access::ReadWrite, "array<u32>")
+        .params(&["n"])
+        .prelude("var<workgroup> tmp: array<u32, 64>;\nfn f(i: u32) -> u32 { return i + 1u; }\n")
+        .body("    let i = (wid.y * nwg.x + wid.x) * 64u + lid.x;\n    if (i < p.n) { tmp[lidx] = f(x[p.n - 1u - i]); }\n    workgroupBarrier();\n    if (i < p.n) { y[i] = tmp[lidx]; }\n")
+        .build();
+    let k = ctx.kernel(&src).unwrap();
+    let g = ctx.bind(&k, &[x.clone(), y.clone()]).unwrap();
+    PlanDispatch::new(&k, g, [N / 64 / 4, 4, 1]).unwrap().set("n", N).unwrap()
+}
+
+/// Stage 2: `z[w] = sum of y over the workgroup's grid-stride slice`.
+fn sum(ctx: &GpuContext, y: &Binding, z: &Binding) -> PlanDispatch {
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let src = KernelBuilder::new("chain_sum", env)
+        .storage("y", Access::Read, "array<u32>")
+        .storage("z", Access::ReadWrite, "array<u32>")
+        .params(&["n"])
+        .prelude("var<workgroup> tmp: array<u32, 64>;\n")
+        .body(
+            "    var s = 0u;\n    for (var i = wg_linear * 64u + lidx; i < p.n; i += nwg.x * 64u) { s += y[i]; }\n    tmp[lidx] = s;\n    workgroupBarrier();\n    if (lidx == 0u) { var t = 0u; for (var j = 0u; j < 64u; j++) { t += tmp[j]; } z[wg_linear] = t; }\n",
+        )
+        .build();
+    let k = ctx.kernel(&src).unwrap();
+    let g = ctx.bind(&k, &[y.clone(), z.clone()]).unwrap();
+    PlanDispatch::new(&k, g, [37, 1, 1]).unwrap().set("n", N).unwrap()
+}
+
+fn expected(pos: u32) -> (Vec<u32>, Vec<u32>) {
+    let y: Vec<u32> = (0..N).map(|i| 3 * (N - 1 - i) + pos + 1).collect();
+    let z: Vec<u32> = (0..37u32).map(|w| (0..N).filter(|i| (i / 64) % 37 == w).map(|i| y[i as usize]).fold(0u32, |a, b| a.wrapping_add(b))).collect();
+    (y, z)
+}
+
+fn read_u32(ctx: &GpuContext, b: &Binding) -> Vec<u32> {
+    bytemuck::cast_slice(&ctx.read_bytes(&b.buffer, 0, b.size).unwrap()).to_vec()
+}
+
+fn run_chain(stepped_grid: bool) {
+    let Some(ctx) = test_gpu() else { return };
+    if !ctx.capabilities().coherent_memory {
+        eprintln!("chains need @coherent storage, which {} lacks: nothing to test", ctx.capabilities().adapter_name);
+        return;
+    }
+    let buf = |n: u32| Binding::whole(&ctx.alloc(4 * n as u64, BufferKind::Storage).unwrap());
+    let (x, y, z) = (buf(N), buf(N), buf(37));
+    let stages = [fill(&ctx, &x, stepped_grid), reverse(&ctx, &x, &y), sum(&ctx, &y, &z)];
+    let fused = Plan::from(chain(&ctx, &stages).unwrap());
+    assert_eq!(fused.dispatches().len(), 1);
+    for pos in [0u32, 7, 1000, 5] {
+        let mut rec = ctx.recorder();
+        fused.record(&mut rec, &StepValues::decode(pos)).unwrap();
+        rec.submit().unwrap();
+        let (ey, ez) = expected(pos);
+        assert_eq!(read_u32(&ctx, &y), ey, "y at pos {pos}");
+        assert_eq!(read_u32(&ctx, &z), ez, "z at pos {pos}");
+    }
+    // Several recordings of the chain in one submit: each waits for the one before.
+    let mut rec = ctx.recorder();
+    for pos in [11u32, 12, 13] {
+        fused.record(&mut rec, &StepValues::decode(pos)).unwrap();
+    }
+    rec.submit().unwrap();
+    assert_eq!(read_u32(&ctx, &z), expected(13).1);
+}
+
+#[test]
+fn chain_matches_separate_dispatches() {
+    run_chain(false);
+}
+
+#[test]
+fn chain_with_a_per_step_grid() {
+    run_chain(true);
+}
+
+#[test]
+fn chain_plan_fuses_runs_and_keeps_the_rest() {
+    let Some(ctx) = test_gpu() else { return };
+    if !ctx.capabilities().coherent_memory {
+        return;
+    }
+    let buf = |n: u32| Binding::whole(&ctx.alloc(4 * n as u64, BufferKind::Storage).unwrap());
+    let (x, y, z) = (buf(N), buf(N), buf(37));
+    let mut plan = Plan::new();
+    for d in [fill(&ctx, &x, false), reverse(&ctx, &x, &y), sum(&ctx, &y, &z)] {
+        plan.push(d);
+    }
+    // Only the first two may be stages.
+    let opts = ChainOptions { filter: std::sync::Arc::new(|d: &PlanDispatch| d.kernel().name() != "chain_sum"), ..ChainOptions::default() };
+    let (fused, refused) = chain_plan(&ctx, &plan, &opts);
+    assert!(refused.is_empty(), "{refused:?}");
+    assert_eq!(fused.dispatches().len(), 2);
+    let mut rec = ctx.recorder();
+    fused.record(&mut rec, &StepValues::decode(9)).unwrap();
+    rec.submit().unwrap();
+    assert_eq!(read_u32(&ctx, &z), expected(9).1);
+}
