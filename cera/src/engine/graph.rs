@@ -154,6 +154,18 @@ pub enum Op {
 }
 
 impl Op {
+    /// The layer the op belongs to (from its cache index or its weights' `blk.{layer}.` names);
+    /// `None` for the embedding, the final norm and the LM head.
+    pub fn layer(&self) -> Option<usize> {
+        match self {
+            Op::QkvRope { layer, .. } | Op::Attention { layer, .. } => Some(*layer),
+            _ => {
+                let name = self.mats().first().map(|m| m.name.as_str()).or_else(|| self.vecs().first().map(|v| v.name.as_str()))?;
+                name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+            }
+        }
+    }
+
     /// The op's weights, matrices first.
     pub fn mats(&self) -> Vec<&MatRef> {
         match self {

@@ -47,7 +47,7 @@ pub use graph::{DecodeTraffic, ModelGraph, Op, Slot};
 pub use hf::HfModel;
 pub use load::{DEFAULT_MAX_CTX, is_hardware_gpu};
 pub use model::{Engine, EngineParts, end_of_generation_ids};
-pub use options::{DecodeGemv, DeviceChoice, FinishReason, GenerateOpts, LoadOptions};
+pub use options::{Chains, DecodeGemv, DeviceChoice, FinishReason, GenerateOpts, LoadOptions};
 pub use sampler::SamplerOpts;
 pub use session::{CancelToken, Session};
 pub use stop::StopMatcher;

@@ -77,6 +77,45 @@ impl std::str::FromStr for DecodeGemv {
     }
 }
 
+/// Whether the GPU decode step runs each layer's dependent dispatches as one chain
+/// ([`numr::gpu::chain`]: the stages wait on arrival counters, not on a barrier).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Chains {
+    /// On adapters with `@coherent` storage that are not CPU adapters: on a software adapter
+    /// the waiting workgroups spin on the cores that run the others (lavapipe decodes about
+    /// ten times slower with them).
+    #[default]
+    Auto,
+    /// Wherever the adapter has `@coherent` storage.
+    On,
+    /// Never.
+    Off,
+}
+
+impl Chains {
+    /// Whether chains run on an adapter with these capabilities.
+    pub fn enabled(self, caps: &numr::gpu::Capabilities) -> bool {
+        caps.coherent_memory
+            && match self {
+                Chains::Auto => caps.device_type != "Cpu",
+                Chains::On => true,
+                Chains::Off => false,
+            }
+    }
+}
+
+impl std::str::FromStr for Chains {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Chains, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Chains::Auto),
+            "on" => Ok(Chains::On),
+            "off" => Ok(Chains::Off),
+            other => Err(format!("unknown chain mode `{other}` (auto, on, off)")),
+        }
+    }
+}
+
 /// How to load a model.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoadOptions {

@@ -342,11 +342,13 @@ pub struct ChainOptions {
     pub max_stages: usize,
     /// Whether a dispatch may be a stage (default: every builder kernel).
     pub filter: Arc<dyn Fn(&PlanDispatch) -> bool + Send + Sync>,
+    /// Dispatch indices where a new chain starts (a chain never spans one).
+    pub breaks: Vec<usize>,
 }
 
 impl Default for ChainOptions {
     fn default() -> Self {
-        ChainOptions { max_stages: usize::MAX, filter: Arc::new(|_| true) }
+        ChainOptions { max_stages: usize::MAX, filter: Arc::new(|_| true), breaks: Vec::new() }
     }
 }
 
@@ -373,7 +375,10 @@ pub fn chain_plan(ctx: &GpuContext, plan: &Plan, opts: &ChainOptions) -> (Plan, 
         }
         run.clear();
     };
-    for d in plan.dispatches() {
+    for (i, d) in plan.dispatches().iter().enumerate() {
+        if opts.breaks.contains(&i) {
+            flush(&mut run, &mut out);
+        }
         let ok = chainable(ctx, d) && (opts.filter)(d);
         if !ok {
             flush(&mut run, &mut out);

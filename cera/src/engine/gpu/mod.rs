@@ -2,6 +2,7 @@
 //! sequence the graph turned into boostr plans over its own buffers and KV cache (`plans.rs`),
 //! and a step recorded and submitted once per token (`state.rs`).
 
+mod chains;
 mod fuse;
 mod links;
 mod plans;
@@ -15,7 +16,7 @@ use numr::gpu::GpuContext;
 use super::EngineError;
 use super::backend::{Backend, BackendState, ProgressFn, StateOpts};
 use super::graph::ModelGraph;
-use super::options::DecodeGemv;
+use super::options::{Chains, DecodeGemv};
 use super::weights::WeightSource;
 
 /// The model uploaded to one GPU.
@@ -25,6 +26,7 @@ pub struct GpuBackend {
     weights: Arc<weights::GpuWeights>,
     device: String,
     decode_gemv: DecodeGemv,
+    chains: Chains,
 }
 
 pub(crate) fn device_name(ctx: &GpuContext) -> String {
@@ -54,12 +56,18 @@ impl GpuBackend {
         let weights = weights::GpuWeights::upload(&ctx, graph, src, progress)?;
         ctx.flush().map_err(|e| dev_err(&ctx, e))?;
         let device = device_name(&ctx);
-        Ok(GpuBackend { ctx, graph: Arc::new(graph.clone()), weights: Arc::new(weights), device, decode_gemv: DecodeGemv::Auto })
+        Ok(GpuBackend { ctx, graph: Arc::new(graph.clone()), weights: Arc::new(weights), device, decode_gemv: DecodeGemv::Auto, chains: Chains::Auto })
     }
 
     /// The decode step's GEMV activations for the sequences made from now on.
     pub fn with_decode_gemv(mut self, d: DecodeGemv) -> GpuBackend {
         self.decode_gemv = d;
+        self
+    }
+
+    /// Whether the decode step of the sequences made from now on runs each layer as one chain.
+    pub fn with_chains(mut self, c: Chains) -> GpuBackend {
+        self.chains = c;
         self
     }
 

@@ -213,6 +213,11 @@ const SMALL_GEMV: usize = 1024;
 
 /// Builds the plan of `mode` over `slots`.
 pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mode) -> Result<Plan, EngineError> {
+    Ok(build_layers(ctx, inp, slots, mode)?.0)
+}
+
+/// [`build`], with the index of each layer's first dispatch in the plan.
+pub(crate) fn build_layers(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mode) -> Result<(Plan, Vec<usize>), EngineError> {
     let (g, c) = (inp.graph, &inp.graph.cfg);
     let rows = mode.rows();
     let env = KernelEnv::from_caps(ctx.capabilities());
@@ -226,10 +231,18 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
     let rope_ok = |i: usize| rope_fusable(ctx, &env, inp, i);
     let fused = if mode == Mode::Decode { fuse_decode(&g.ops, allow, &k_of, &rope_ok) } else { Fusions::none(g.ops.len()) };
     let links = if mode == Mode::Decode { epilogue_links(ctx, &env, inp, &fused, epilogues)? } else { Links::default() };
+    let mut layer_starts = Vec::new();
+    let mut layer = None;
     for (i, op) in g.ops.iter().enumerate() {
         let f = &fused.ops[i];
         if f.skip || (mode == Mode::Head && !matches!(op, Op::LmHead { .. })) {
             continue;
+        }
+        if let Some(l) = op.layer()
+            && layer != Some(l)
+        {
+            layer = Some(l);
+            layer_starts.push(plan.dispatches().len());
         }
         let gemv = |x: Slot, out: Slot| -> GemvFusion {
             // Accumulating GEMVs add into the residual stream instead of writing their slot.
@@ -357,7 +370,7 @@ pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mod
             }
         }
     }
-    Ok(plan)
+    Ok((plan, layer_starts))
 }
 
 /// The bindings of one linear op and what its GEMV fuses (decode).
