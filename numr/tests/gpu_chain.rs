@@ -127,3 +127,46 @@ fn chain_plan_fuses_runs_and_keeps_the_rest() {
     rec.submit().unwrap();
     assert_eq!(read_u32(&ctx, &z), expected(9).1);
 }
+
+/// Stage 0 adds into `y` (two outputs per workgroup, read-modify-write); stage 1 reads all of
+/// `y` through a `vec4` view of the same buffer (another declaration of the same range).
+#[test]
+fn chain_over_a_buffer_seen_through_two_types() {
+    let Some(ctx) = test_gpu() else { return };
+    if !ctx.capabilities().coherent_memory {
+        return;
+    }
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    const R: u32 = 1024;
+    let y = Binding::whole(&ctx.alloc(4 * R as u64, BufferKind::Storage).unwrap());
+    let z = Binding::whole(&ctx.alloc(4 * 64, BufferKind::Storage).unwrap());
+    let add = KernelBuilder::new("chain_add", env)
+        .storage("y", Access::ReadWrite, "array<f32>")
+        .params(&["rows"])
+        .body("    let o = wg_linear * 2u + lidx;\n    if (lidx < 2u && o < p.rows) { y[o] = y[o] + f32(o % 7u); }\n")
+        .build();
+    let norm = KernelBuilder::new("chain_norm", env)
+        .storage("x", Access::Read, "array<vec4<f32>>")
+        .storage("z", Access::ReadWrite, "array<f32>")
+        .params(&["k4"])
+        .prelude("var<workgroup> red: array<f32, 64>;\n")
+        .body("    var s = 0.0;\n    for (var i = lidx; i < p.k4; i += 64u) { s += dot(x[i], vec4<f32>(1.0)); }\n    red[lidx] = s;\n    workgroupBarrier();\n    if (lidx == 0u) { var t = 0.0; for (var j = 0u; j < 64u; j++) { t += red[j]; } z[wg_linear] = t; }\n")
+        .build();
+    let (ka, kn) = (ctx.kernel(&add).unwrap(), ctx.kernel(&norm).unwrap());
+    let da = PlanDispatch::new(&ka, ctx.bind(&ka, std::slice::from_ref(&y)).unwrap(), [R / 2, 1, 1]).unwrap().set("rows", R).unwrap();
+    let dn = PlanDispatch::new(&kn, ctx.bind(&kn, &[y.clone(), z.clone()]).unwrap(), [64, 1, 1]).unwrap().set("k4", R / 4).unwrap();
+    let fused = Plan::from(chain(&ctx, &[da, dn]).unwrap());
+    ctx.write(&y.buffer, 0, &vec![0u8; 4 * R as usize]).unwrap();
+    let one: f32 = (0..R).map(|o| (o % 7) as f32).sum();
+    for step in 1..=20u32 {
+        let mut rec = ctx.recorder();
+        fused.record(&mut rec, &StepValues::decode(0)).unwrap();
+        rec.submit().unwrap();
+        let zs: Vec<f32> = bytemuck::cast_slice(&ctx.read_bytes(&z.buffer, 0, z.size).unwrap()).to_vec();
+        let cnt = fused.dispatches()[0].group().bindings().last().unwrap().clone();
+        let c: Vec<u32> = bytemuck::cast_slice(&ctx.read_bytes(&cnt.buffer, 0, cnt.size).unwrap()).to_vec();
+        let ys: Vec<f32> = bytemuck::cast_slice(&ctx.read_bytes(&y.buffer, 0, y.size).unwrap()).to_vec();
+        eprintln!("step {step}: counters {c:?}, sum y {}", ys.iter().sum::<f32>());
+        assert!(zs.iter().all(|&v| v == one * step as f32), "step {step}: {zs:?}");
+    }
+}

@@ -7,10 +7,13 @@
 //! builder kernel with its own grid, bindings and parameters) as one dispatch:
 //! 1. Each workgroup takes a ticket (`atomicAdd` on a counter) when it starts; tickets
 //!    `[start_k, end_k)` run stage `k`, with its own workgroup id recovered from the ticket.
-//! 2. A workgroup of stage `k > 0` first waits until every workgroup of stage `k - 1` has
-//!    finished (one invocation spins on that stage's arrival counter, then `storageBarrier()`);
-//!    each workgroup ends with `storageBarrier()` and adds itself to its stage's counter.
-//! 3. The last workgroup to finish resets the counters for the next dispatch.
+//! 2. Every workgroup ends with `storageBarrier()` and adds itself to its stage's arrival
+//!    counter; the one that completes the stage runs `storageBarrier()` again and raises the
+//!    stage's completion flags (32 of them, one per 128-byte line, so that waiting workgroups do
+//!    not all poll one address). A workgroup of stage `k > 0` first waits, every invocation
+//!    spinning on flag `ticket % 32` of each earlier stage that has workgroups at this step, then
+//!    runs `storageBarrier()`.
+//! 3. The last workgroup to finish resets the counters and flags for the next dispatch.
 //!
 //! So stage `k` starts only after stage `k - 1` ended, as with the barrier, but its workgroups are
 //! already resident and waiting when it does. **Forward progress**: tickets are taken in order,
@@ -39,6 +42,13 @@ use super::plan::{Plan, PlanDispatch, StepValues};
 use super::pool::BufferKind;
 use super::wgsl_names::{Name, module_names, rewrite};
 use crate::error::{NumrError, Result};
+
+/// The first word of the completion flags in the counter buffer.
+const FLAG0: usize = 64;
+/// Completion flags per stage (waiting workgroups poll flag `ticket % FLAGS`).
+const FLAGS: usize = 32;
+/// Words between two flags (128 bytes: one cache line each).
+const FLAG_STRIDE: usize = 32;
 
 /// Why a set of dispatches cannot be chained.
 fn refuse(message: String) -> NumrError {
@@ -225,50 +235,59 @@ pub fn chain(ctx: &GpuContext, stages: &[PlanDispatch]) -> Result<PlanDispatch> 
 "
         ));
     }
-    let last = n;
-    pre.push_str(&format!(
-        "fn chain_wait(lidx: u32, k: u32, n: u32) {{
-    if (lidx == 0u) {{
-        loop {{
-            if (atomicLoad(&chain_cnt[1u + k]) >= n) {{ break; }}
-        }}
-    }}
-    storageBarrier();
-}}
-"
-    ));
+    // Counter words: the ticket, per stage its arrivals, the finished count, then per stage
+    // FLAGS completion flags, each on its own 128-byte line, so that the waiting workgroups
+    // poll FLAGS addresses instead of one.
+    let fin = n + 1;
+    let words = FLAG0 + n * FLAGS * FLAG_STRIDE;
     let total = pv(&format!("c_e{}", n - 1));
+    let start_of = |k: usize| if k == 0 { "0u".to_string() } else { pv(&format!("c_e{}", k - 1)) };
+    let count_of = |k: usize| format!("({} - {})", pv(&format!("c_e{k}")), start_of(k));
     let mut body = format!(
         "    if (wg_linear >= {total}) {{ return; }}
     if (lidx == 0u) {{ chain_t = atomicAdd(&chain_cnt[0], 1u); }}
     let t = workgroupUniformLoad(&chain_t);
     var stage = 0u;
+    var n_stage = 0u;
 "
     );
     for (k, p) in parts.iter().enumerate() {
         let args = if p.subgroup_builtins { "lid, lidx, sg_size, sg_id, sg_idx, sg_count" } else { "lid, lidx" };
         let cond = if k + 1 == n { String::new() } else { format!("if (t < {}) ", pv(&format!("c_e{k}"))) };
-        let wait = if k == 0 {
-            String::new()
-        } else {
-            let prev_start = if k == 1 { "0u".to_string() } else { pv(&format!("c_e{}", k - 2)) };
-            format!("chain_wait(lidx, {}u, {} - {prev_start}); ", k - 1, pv(&format!("c_e{}", k - 1)))
-        };
+        // Wait for every earlier stage that has workgroups at this step (an empty one sets no
+        // flag); a finished stage costs one load.
+        let mut wait = String::new();
+        for j in 0..k {
+            wait.push_str(&format!(
+                "if ({} > 0u) {{ loop {{ if (atomicLoad(&chain_cnt[{FLAG0}u + ({}u + t % {FLAGS}u) * {FLAG_STRIDE}u]) != 0u) {{ break; }} }} }} ",
+                count_of(j),
+                j * FLAGS
+            ));
+        }
+        if k > 0 {
+            wait.push_str("storageBarrier(); ");
+        }
         let els = if k == 0 { "    " } else { " else " };
-        body.push_str(&format!("{els}{cond}{{ {wait}s{k}_main({args}); stage = {k}u; }}"));
+        body.push_str(&format!("{els}{cond}{{ {wait}s{k}_main({args}); stage = {k}u; n_stage = {}; }}", count_of(k)));
     }
     body.push_str(&format!(
         "
     storageBarrier();
+    if (lidx == 0u) {{ chain_t = select(0u, 1u, atomicAdd(&chain_cnt[1u + stage], 1u) + 1u == n_stage); }}
+    if (workgroupUniformLoad(&chain_t) != 0u) {{
+        // The stage's last workgroup: acquire every arrival, then raise the stage's flags.
+        storageBarrier();
+        for (var f = lidx; f < {FLAGS}u; f += {}u) {{ atomicStore(&chain_cnt[{FLAG0}u + (stage * {FLAGS}u + f) * {FLAG_STRIDE}u], 1u); }}
+    }}
     if (lidx == 0u) {{
-        atomicAdd(&chain_cnt[1u + stage], 1u);
-        if (atomicAdd(&chain_cnt[{}u], 1u) + 1u == {total}) {{
-            for (var i = 0u; i < {}u; i++) {{ atomicStore(&chain_cnt[i], 0u); }}
+        if (atomicAdd(&chain_cnt[{fin}u], 1u) + 1u == {total}) {{
+            for (var i = 0u; i <= {fin}u; i++) {{ atomicStore(&chain_cnt[i], 0u); }}
+            for (var f = 0u; f < {}u; f++) {{ atomicStore(&chain_cnt[{FLAG0}u + f * {FLAG_STRIDE}u], 0u); }}
         }}
     }}
 ",
-        last + 1,
-        last + 2
+        wx * wy * wz,
+        n * FLAGS
     ));
 
     let env = KernelEnv::from_caps(caps);
@@ -303,14 +322,15 @@ pub fn chain(ctx: &GpuContext, stages: &[PlanDispatch]) -> Result<PlanDispatch> 
         // SAFETY: each stage indexes exactly as its own kernel does, over the same buffer ranges
         // (one declaration per range and type) with the same parameter values, and every stage
         // kernel was marked in bounds by the plan that validated those ranges and values. The
-        // chain's own accesses are `chain_cnt[i]`, `i < S + 2`, into a binding of `S + 2` words.
+        // chain's own accesses are `chain_cnt[i]`, `i <= S + 1` or `i = FLAG0 + (j * FLAGS + f) *
+        // FLAG_STRIDE` with `j < S`, `f < FLAGS`, into a binding of `FLAG0 + S * FLAGS * FLAG_STRIDE` words.
         unsafe { src.assume_in_bounds() }
     } else {
         src
     };
     let kernel = ctx.kernel(&src)?;
-    let cnt = ctx.alloc(4 * (n as u64 + 2), BufferKind::Storage)?;
-    ctx.write(&cnt, 0, &vec![0u8; 4 * (n + 2)])?;
+    let cnt = ctx.alloc(4 * words as u64, BufferKind::Storage)?;
+    ctx.write(&cnt, 0, &vec![0u8; 4 * words])?;
     let mut binds: Vec<Binding> = globals.iter().map(|g| g.1.clone()).collect();
     binds.push(Binding::whole(&cnt));
     let group = ctx.bind(&kernel, &binds)?;

@@ -161,6 +161,11 @@ impl PlanDispatch {
         &self.kernel
     }
 
+    /// The bind group.
+    pub fn group(&self) -> &BoundGroup {
+        &self.group
+    }
+
     /// The fixed value of parameter `name` (per-step parameters read as their build-time 0).
     pub fn param(&self, name: &str) -> Option<u32> {
         self.kernel.param_index(name).map(|i| self.params[i])

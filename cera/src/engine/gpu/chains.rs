@@ -8,7 +8,7 @@
 //!
 //! Diagnostic switches, to measure what the chains give: `CERA_CHAIN` = `off`, `all` or a comma
 //! list of kernel-name prefixes a stage must start with (for example `quant_gemv_q8`), which
-//! overrides [`Chains`]; `CERA_CHAIN_LAYERS`: layers per chain; `CERA_CHAIN_MAX`: stages per
+//! overrides [`Chains::Auto`]; `CERA_CHAIN_LAYERS`: layers per chain; `CERA_CHAIN_MAX`: stages per
 //! chain at most; `CERA_CHAIN_VERBOSE`: print the chains and why a run
 //! was left unchained.
 
@@ -24,7 +24,8 @@ pub(crate) const LAYERS_PER_CHAIN: usize = 1;
 /// `plan` (whose layers start at dispatches `layer_starts`) with its chainable runs fused, where
 /// `chains` (or `CERA_CHAIN`) enables them on this adapter.
 pub(crate) fn chained(ctx: &GpuContext, plan: Plan, layer_starts: &[usize], chains: Chains) -> Plan {
-    let mode = std::env::var("CERA_CHAIN").unwrap_or_else(|_| if chains.enabled(ctx.capabilities()) { "all".into() } else { "off".into() });
+    let env = std::env::var("CERA_CHAIN").ok().filter(|_| chains == Chains::Auto);
+    let mode = env.unwrap_or_else(|| if chains.enabled(ctx.capabilities()) { "all".into() } else { "off".into() });
     if mode == "off" || !ctx.capabilities().coherent_memory {
         return plan;
     }
