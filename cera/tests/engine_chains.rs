@@ -1,8 +1,8 @@
 //! The decode step with each layer as one chain (`numr::gpu::chain`, `Chains::On`) gives the
-//! logits of the same step dispatched op by op (`Chains::Off`), bit for bit,, on SmolLM2 over several steps
-//! (the chains' counters reset themselves between steps), and records one dispatch per layer.
-//! lavapipe runs the chains (it has `@coherent` storage) but `Chains::Auto` leaves them off there,
-//! so this is the test that covers them in CI.
+//! logits of the same step dispatched op by op (`Chains::Off`), bit for bit, on SmolLM2 over several
+//! steps (the chains' counters reset themselves between steps), and records one dispatch per layer.
+//! `Chains::Auto` leaves them off, so this is the test that runs them in CI (lavapipe has
+//! `@coherent` storage).
 
 use cera::engine::arch::{FileFacts, build};
 use cera::engine::gpu::GpuBackend;

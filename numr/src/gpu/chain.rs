@@ -25,7 +25,7 @@
 //! and another touches is declared `@coherent`, so each stage sees everything the earlier stages
 //! stored. Chains need [`super::Capabilities::coherent_memory`].
 //!
-//! The stages' WGSL is renamed apart ([`super::wgsl_names`]): module-scope names get a stage
+//! The stages' WGSL is renamed apart (`wgsl_names.rs`): module-scope names get a stage
 //! prefix, bindings become one declaration per distinct buffer range (promoted to read-write
 //! where any stage writes that buffer: wgpu rejects a buffer bound both read-only and
 //! read-write in one dispatch), and each stage's parameters become the chain's (inlined as

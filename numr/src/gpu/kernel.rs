@@ -83,13 +83,13 @@ pub struct KernelSource {
     /// Compile without naga's runtime bounds checks: only set through the `unsafe`
     /// [`KernelSource::assume_in_bounds`] (or [`KernelBuilder::unchecked`]).
     unchecked: bool,
-    /// The pieces the builder assembled (for [`super::chain`], which fuses kernels); `None` for
+    /// The pieces the builder assembled (for [`mod@super::chain`], which fuses kernels); `None` for
     /// hand-written modules.
     pub parts: Option<Arc<KernelParts>>,
 }
 
 /// What a [`KernelBuilder`] assembled a kernel from: its declarations, prelude and body, kept so
-/// that [`super::chain`] can put several kernels into one module.
+/// that [`mod@super::chain`] can put several kernels into one module.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct KernelParts {
     /// `enable f16;` was emitted.

@@ -1,4 +1,4 @@
-//! The decode plan's dependent dispatches fused into chains ([`numr::gpu::chain`]): each run
+//! The decode plan's dependent dispatches fused into chains ([`mod@numr::gpu::chain`]): each run
 //! of consecutive dispatches with one workgroup size becomes one dispatch whose stages wait on
 //! arrival counters instead of a barrier, so the GPU does not drain and ramp up between them.
 //!
