@@ -1,8 +1,8 @@
 //! The decode step with each layer as one chain (`numr::gpu::chain`, `Chains::On`) gives the
 //! logits of the same step dispatched op by op (`Chains::Off`), bit for bit, on SmolLM2 over several
 //! steps (the chains' counters reset themselves between steps), and records one dispatch per layer.
-//! `Chains::Auto` leaves them off, so this is the test that runs them in CI (lavapipe has
-//! `@coherent` storage).
+//! On a CPU adapter (lavapipe in CI) numr refuses chains, and `Chains::On` must fall back to the
+//! plain plan with the same logits.
 
 use cera::engine::arch::{FileFacts, build};
 use cera::engine::gpu::GpuBackend;
@@ -22,10 +22,8 @@ fn logits(out: StepOutput) -> Vec<f32> {
 #[test]
 fn chained_decode_gives_the_unchained_logits() {
     let Some(ctx) = test_gpu() else { return };
-    if !ctx.capabilities().coherent_memory {
-        eprintln!("{} has no @coherent storage: no chains to test", ctx.capabilities().adapter_name);
-        return;
-    }
+    let caps = ctx.capabilities();
+    let chained = caps.coherent_memory && caps.device_type != "Cpu";
     let file = GgufFile::open(ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2")).unwrap();
     let rows = file.tensor("token_embd.weight").and_then(|t| t.dims.get(1)).map(|&r| r as usize);
     let cfg = ModelConfig::from_hparams(&file.hparams().unwrap(), rows).unwrap();
@@ -41,9 +39,11 @@ fn chained_decode_gives_the_unchained_logits() {
         for (i, id) in forced.iter().enumerate() {
             steps.push(logits(state.step(StepInput::Tokens(&[*id]), prompt.len() + i, Want::Logits).unwrap()));
             let c = state.last_step_counters();
-            if chains == Chains::On {
+            if chains == Chains::On && chained {
                 // The embedding and one chain per layer (the last one ends with the LM head).
                 assert_eq!(c.dispatches, 1 + g.cfg.n_layers, "{c:?}");
+            } else {
+                assert!(c.dispatches > 3 * g.cfg.n_layers, "{c:?}");
             }
         }
         runs.push(steps);
