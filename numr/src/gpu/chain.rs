@@ -44,8 +44,6 @@ use super::pool::BufferKind;
 use super::wgsl_names::{Name, module_names, rewrite};
 use crate::error::{NumrError, Result};
 
-/// The first word of the completion flags in the counter buffer.
-const FLAG0: usize = 64;
 /// Completion flags per stage (waiting workgroups poll flag `ticket % FLAGS`).
 const FLAGS: usize = 32;
 /// Words between two flags (128 bytes: one cache line each).
@@ -246,7 +244,9 @@ pub fn chain(ctx: &GpuContext, stages: &[PlanDispatch]) -> Result<PlanDispatch> 
     // FLAGS completion flags, each on its own 128-byte line, so that the waiting workgroups
     // poll FLAGS addresses instead of one.
     let fin = n + 1;
-    let words = FLAG0 + n * FLAGS * FLAG_STRIDE;
+    // The flags start on the first line after the counters, however many stages there are.
+    let flag0 = (fin + 1).next_multiple_of(FLAG_STRIDE);
+    let words = flag0 + n * FLAGS * FLAG_STRIDE;
     let total = pv(&format!("c_e{}", n - 1));
     let start_of = |k: usize| if k == 0 { "0u".to_string() } else { pv(&format!("c_e{}", k - 1)) };
     let count_of = |k: usize| format!("({} - {})", pv(&format!("c_e{k}")), start_of(k));
@@ -266,7 +266,7 @@ pub fn chain(ctx: &GpuContext, stages: &[PlanDispatch]) -> Result<PlanDispatch> 
         let mut wait = String::new();
         for j in 0..k {
             wait.push_str(&format!(
-                "if ({} > 0u) {{ loop {{ if (atomicLoad(&chain_cnt[{FLAG0}u + ({}u + t % {FLAGS}u) * {FLAG_STRIDE}u]) != 0u) {{ break; }} }} }} ",
+                "if ({} > 0u) {{ loop {{ if (atomicLoad(&chain_cnt[{flag0}u + ({}u + t % {FLAGS}u) * {FLAG_STRIDE}u]) != 0u) {{ break; }} }} }} ",
                 count_of(j),
                 j * FLAGS
             ));
@@ -284,12 +284,12 @@ pub fn chain(ctx: &GpuContext, stages: &[PlanDispatch]) -> Result<PlanDispatch> 
     if (workgroupUniformLoad(&chain_t) != 0u) {{
         // The stage's last workgroup: acquire every arrival, then raise the stage's flags.
         storageBarrier();
-        for (var f = lidx; f < {FLAGS}u; f += {}u) {{ atomicStore(&chain_cnt[{FLAG0}u + (stage * {FLAGS}u + f) * {FLAG_STRIDE}u], 1u); }}
+        for (var f = lidx; f < {FLAGS}u; f += {}u) {{ atomicStore(&chain_cnt[{flag0}u + (stage * {FLAGS}u + f) * {FLAG_STRIDE}u], 1u); }}
     }}
     if (lidx == 0u) {{
         if (atomicAdd(&chain_cnt[{fin}u], 1u) + 1u == {total}) {{
             for (var i = 0u; i <= {fin}u; i++) {{ atomicStore(&chain_cnt[i], 0u); }}
-            for (var f = 0u; f < {}u; f++) {{ atomicStore(&chain_cnt[{FLAG0}u + f * {FLAG_STRIDE}u], 0u); }}
+            for (var f = 0u; f < {}u; f++) {{ atomicStore(&chain_cnt[{flag0}u + f * {FLAG_STRIDE}u], 0u); }}
         }}
     }}
 ",
@@ -329,8 +329,9 @@ pub fn chain(ctx: &GpuContext, stages: &[PlanDispatch]) -> Result<PlanDispatch> 
         // SAFETY: each stage indexes exactly as its own kernel does, over the same buffer ranges
         // (one declaration per range and type) with the same parameter values, and every stage
         // kernel was marked in bounds by the plan that validated those ranges and values. The
-        // chain's own accesses are `chain_cnt[i]`, `i <= S + 1` or `i = FLAG0 + (j * FLAGS + f) *
-        // FLAG_STRIDE` with `j < S`, `f < FLAGS`, into a binding of `FLAG0 + S * FLAGS * FLAG_STRIDE` words.
+        // chain's own accesses are `chain_cnt[i]`, `i <= S + 1` or `i = flag0 + (j * FLAGS + f) *
+        // FLAG_STRIDE` with `j < S`, `f < FLAGS`, into a binding of `flag0 + S * FLAGS * FLAG_STRIDE` words
+        // (`flag0 > S + 1`).
         unsafe { src.assume_in_bounds() }
     } else {
         src

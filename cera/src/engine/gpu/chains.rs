@@ -22,11 +22,12 @@ use super::super::options::Chains;
 pub(crate) const LAYERS_PER_CHAIN: usize = 1;
 
 /// `plan` (whose layers start at dispatches `layer_starts`) with its chainable runs fused, where
-/// `chains` (or `CERA_CHAIN`) enables them on this adapter.
+/// `chains` (or `CERA_CHAIN`) enables them (`chain_plan` leaves every dispatch as it is on an
+/// adapter that cannot run chains).
 pub(crate) fn chained(ctx: &GpuContext, plan: Plan, layer_starts: &[usize], chains: Chains) -> Plan {
     let env = std::env::var("CERA_CHAIN").ok().filter(|_| chains == Chains::Auto);
     let mode = env.unwrap_or_else(|| if chains.enabled(ctx.capabilities()) { "all".into() } else { "off".into() });
-    if mode == "off" || !ctx.capabilities().coherent_memory {
+    if mode == "off" {
         return plan;
     }
     let per = std::env::var("CERA_CHAIN_LAYERS").ok().and_then(|v| v.parse().ok()).unwrap_or(LAYERS_PER_CHAIN).max(1);
