@@ -13,7 +13,9 @@
 //!    not all poll one address). A workgroup of stage `k > 0` first waits, every invocation
 //!    spinning on flag `ticket % 32` of each earlier stage that has workgroups at this step, then
 //!    runs `storageBarrier()`.
-//! 3. The last workgroup to finish resets the counters and flags for the next dispatch.
+//! 3. Each stage's last workgroup, once its flags are stored, counts the stage as finished; the
+//!    one that finishes the last stage (when every workgroup has arrived and none still waits)
+//!    resets the counters and flags for the next dispatch.
 //!
 //! So stage `k` starts only after stage `k - 1` ended, as with the barrier, but its workgroups are
 //! already resident and waiting when it does. **Forward progress**: tickets are taken in order,
@@ -250,6 +252,8 @@ pub fn chain(ctx: &GpuContext, stages: &[PlanDispatch]) -> Result<PlanDispatch> 
     let total = pv(&format!("c_e{}", n - 1));
     let start_of = |k: usize| if k == 0 { "0u".to_string() } else { pv(&format!("c_e{}", k - 1)) };
     let count_of = |k: usize| format!("({} - {})", pv(&format!("c_e{k}")), start_of(k));
+    // The stages with workgroups at this step (an empty one has no last workgroup).
+    let live = (0..n).map(|k| format!("select(0u, 1u, {} > 0u)", count_of(k))).collect::<Vec<_>>().join(" + ");
     let mut body = format!(
         "    if (wg_linear >= {total}) {{ return; }}
     if (lidx == 0u) {{ chain_t = atomicAdd(&chain_cnt[0], 1u); }}
@@ -285,9 +289,10 @@ pub fn chain(ctx: &GpuContext, stages: &[PlanDispatch]) -> Result<PlanDispatch> 
         // The stage's last workgroup: acquire every arrival, then raise the stage's flags.
         storageBarrier();
         for (var f = lidx; f < {FLAGS}u; f += {}u) {{ atomicStore(&chain_cnt[{flag0}u + (stage * {FLAGS}u + f) * {FLAG_STRIDE}u], 1u); }}
-    }}
-    if (lidx == 0u) {{
-        if (atomicAdd(&chain_cnt[{fin}u], 1u) + 1u == {total}) {{
+        // Every flag of the stage is stored before the stage counts as finished; the last
+        // stage to finish (every workgroup has arrived, none still waits) resets everything.
+        storageBarrier();
+        if (lidx == 0u && atomicAdd(&chain_cnt[{fin}u], 1u) + 1u == {live}) {{
             for (var i = 0u; i <= {fin}u; i++) {{ atomicStore(&chain_cnt[i], 0u); }}
             for (var f = 0u; f < {}u; f++) {{ atomicStore(&chain_cnt[{flag0}u + f * {FLAG_STRIDE}u], 0u); }}
         }}
