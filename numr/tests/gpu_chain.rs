@@ -4,7 +4,7 @@
 //! collide (renamed apart). On a CPU adapter (lavapipe in CI) chains are refused with a typed
 //! error, which the tests assert instead.
 
-use numr::gpu::{Access, Binding, ChainOptions, KernelBuilder, KernelEnv, Plan, PlanDispatch, StepValues, chain, chain_plan};
+use numr::gpu::{Access, Binding, ChainOptions, KernelBuilder, KernelEnv, Plan, PlanDispatch, Poll, StepValues, chain, chain_plan, chain_with};
 use numr::testing::test_gpu;
 use numr::{GpuContext, gpu::BufferKind};
 
@@ -83,7 +83,7 @@ fn read_u32(ctx: &GpuContext, b: &Binding) -> Vec<u32> {
     bytemuck::cast_slice(&ctx.read_bytes(&b.buffer, 0, b.size).unwrap()).to_vec()
 }
 
-fn run_chain(stepped_grid: bool) {
+fn run_chain(stepped_grid: bool, poll: Poll) {
     let Some(ctx) = test_gpu() else { return };
     let buf = |n: u32| Binding::whole(&ctx.alloc(4 * n as u64, BufferKind::Storage).unwrap());
     let (x, y, z) = (buf(N), buf(N), buf(37));
@@ -91,7 +91,7 @@ fn run_chain(stepped_grid: bool) {
     if !runs_chains(&ctx, &stages) {
         return;
     }
-    let fused = Plan::from(chain(&ctx, &stages).unwrap());
+    let fused = Plan::from(chain_with(&ctx, &stages, poll).unwrap());
     assert_eq!(fused.dispatches().len(), 1);
     for pos in [0u32, 7, 1000, 5] {
         let mut rec = ctx.recorder();
@@ -112,12 +112,18 @@ fn run_chain(stepped_grid: bool) {
 
 #[test]
 fn chain_matches_separate_dispatches() {
-    run_chain(false);
+    run_chain(false, Poll::Every);
 }
 
 #[test]
 fn chain_with_a_per_step_grid() {
-    run_chain(true);
+    run_chain(true, Poll::Every);
+}
+
+#[test]
+fn chain_polled_by_one_invocation() {
+    run_chain(false, Poll::First);
+    run_chain(true, Poll::First);
 }
 
 #[test]

@@ -96,6 +96,22 @@ fn count(g: [u32; 3]) -> u32 {
 /// the workgroup sizes differ, or the fused module needs more bindings or parameter words than
 /// the adapter has.
 pub fn chain(ctx: &GpuContext, stages: &[PlanDispatch]) -> Result<PlanDispatch> {
+    chain_with(ctx, stages, Poll::default())
+}
+
+/// Who polls a waiting workgroup's flags ([`chain_with`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Poll {
+    /// Every invocation spins on the flag, then `storageBarrier()` (the default).
+    #[default]
+    Every,
+    /// Invocation 0 spins while the others wait at `workgroupBarrier()`, then
+    /// `storageBarrier()`: fewer loads in flight while a stage runs.
+    First,
+}
+
+/// [`chain`], with the waiting workgroups polling as `poll` says.
+pub fn chain_with(ctx: &GpuContext, stages: &[PlanDispatch], poll: Poll) -> Result<PlanDispatch> {
     let caps = ctx.capabilities();
     if !caps.coherent_memory {
         return Err(refuse("the adapter has no @coherent storage".into()));
@@ -242,12 +258,12 @@ pub fn chain(ctx: &GpuContext, stages: &[PlanDispatch]) -> Result<PlanDispatch> 
 "
         ));
     }
-    // Counter words: the ticket, per stage its arrivals, the finished count, then per stage
-    // FLAGS completion flags, each on its own 128-byte line, so that the waiting workgroups
-    // poll FLAGS addresses instead of one.
-    let fin = n + 1;
-    // The flags start on the first line after the counters, however many stages there are.
-    let flag0 = (fin + 1).next_multiple_of(FLAG_STRIDE);
+    // Counter words, each on its own 128-byte line: the ticket, per stage its arrivals, the
+    // finished count (every workgroup adds to the ticket and to its stage's arrivals, and those
+    // should not queue behind each other), then per stage FLAGS completion flags, so that the
+    // waiting workgroups poll FLAGS lines instead of one.
+    let fin = (n + 1) * FLAG_STRIDE;
+    let flag0 = fin + FLAG_STRIDE;
     let words = flag0 + n * FLAGS * FLAG_STRIDE;
     let total = pv(&format!("c_e{}", n - 1));
     let start_of = |k: usize| if k == 0 { "0u".to_string() } else { pv(&format!("c_e{}", k - 1)) };
@@ -275,6 +291,9 @@ pub fn chain(ctx: &GpuContext, stages: &[PlanDispatch]) -> Result<PlanDispatch> 
                 j * FLAGS
             ));
         }
+        if k > 0 && poll == Poll::First {
+            wait = format!("if (lidx == 0u) {{ {wait}}} workgroupBarrier(); ");
+        }
         if k > 0 {
             wait.push_str("storageBarrier(); ");
         }
@@ -284,7 +303,7 @@ pub fn chain(ctx: &GpuContext, stages: &[PlanDispatch]) -> Result<PlanDispatch> 
     body.push_str(&format!(
         "
     storageBarrier();
-    if (lidx == 0u) {{ chain_t = select(0u, 1u, atomicAdd(&chain_cnt[1u + stage], 1u) + 1u == n_stage); }}
+    if (lidx == 0u) {{ chain_t = select(0u, 1u, atomicAdd(&chain_cnt[(1u + stage) * {FLAG_STRIDE}u], 1u) + 1u == n_stage); }}
     if (workgroupUniformLoad(&chain_t) != 0u) {{
         // The stage's last workgroup: acquire every arrival, then raise the stage's flags.
         storageBarrier();
@@ -293,7 +312,7 @@ pub fn chain(ctx: &GpuContext, stages: &[PlanDispatch]) -> Result<PlanDispatch> 
         // stage to finish (every workgroup has arrived, none still waits) resets everything.
         storageBarrier();
         if (lidx == 0u && atomicAdd(&chain_cnt[{fin}u], 1u) + 1u == {live}) {{
-            for (var i = 0u; i <= {fin}u; i++) {{ atomicStore(&chain_cnt[i], 0u); }}
+            for (var i = 0u; i <= {fin}u; i += {FLAG_STRIDE}u) {{ atomicStore(&chain_cnt[i], 0u); }}
             for (var f = 0u; f < {}u; f++) {{ atomicStore(&chain_cnt[{flag0}u + f * {FLAG_STRIDE}u], 0u); }}
         }}
     }}
@@ -334,9 +353,9 @@ pub fn chain(ctx: &GpuContext, stages: &[PlanDispatch]) -> Result<PlanDispatch> 
         // SAFETY: each stage indexes exactly as its own kernel does, over the same buffer ranges
         // (one declaration per range and type) with the same parameter values, and every stage
         // kernel was marked in bounds by the plan that validated those ranges and values. The
-        // chain's own accesses are `chain_cnt[i]`, `i <= S + 1` or `i = flag0 + (j * FLAGS + f) *
-        // FLAG_STRIDE` with `j < S`, `f < FLAGS`, into a binding of `flag0 + S * FLAGS * FLAG_STRIDE` words
-        // (`flag0 > S + 1`).
+        // chain's own accesses are `chain_cnt[i * FLAG_STRIDE]`, `i <= S + 1`, or `chain_cnt[flag0
+        // + (j * FLAGS + f) * FLAG_STRIDE]` with `j < S`, `f < FLAGS`, into a binding of `flag0 +
+        // S * FLAGS * FLAG_STRIDE` words (`flag0 = (S + 2) * FLAG_STRIDE`).
         unsafe { src.assume_in_bounds() }
     } else {
         src
@@ -377,11 +396,13 @@ pub struct ChainOptions {
     pub filter: Arc<dyn Fn(&PlanDispatch) -> bool + Send + Sync>,
     /// Dispatch indices where a new chain starts (a chain never spans one).
     pub breaks: Vec<usize>,
+    /// Who polls the flags in a waiting workgroup.
+    pub poll: Poll,
 }
 
 impl Default for ChainOptions {
     fn default() -> Self {
-        ChainOptions { max_stages: usize::MAX, filter: Arc::new(|_| true), breaks: Vec::new() }
+        ChainOptions { max_stages: usize::MAX, filter: Arc::new(|_| true), breaks: Vec::new(), poll: Poll::default() }
     }
 }
 
@@ -396,7 +417,7 @@ pub fn chain_plan(ctx: &GpuContext, plan: &Plan, opts: &ChainOptions) -> (Plan, 
     let mut refused = Vec::new();
     let mut flush = |run: &mut Vec<PlanDispatch>, out: &mut Plan| {
         if run.len() >= 2 {
-            match chain(ctx, run) {
+            match chain_with(ctx, run, opts.poll) {
                 Ok(d) => out.push(d),
                 Err(e) => {
                     refused.push(e);

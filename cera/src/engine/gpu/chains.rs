@@ -9,12 +9,12 @@
 //! Diagnostic switches, to measure what the chains give: `CERA_CHAIN` = `off`, `all` or a comma
 //! list of kernel-name prefixes a stage must start with (for example `quant_gemv_q8`), which
 //! overrides [`Chains::Auto`]; `CERA_CHAIN_LAYERS`: layers per chain; `CERA_CHAIN_MAX`: stages per
-//! chain at most; `CERA_CHAIN_VERBOSE`: print the chains and why a run
-//! was left unchained.
+//! chain at most; `CERA_CHAIN_POLL` = `first`: only invocation 0 of a waiting workgroup polls
+//! ([`numr::gpu::Poll`]); `CERA_CHAIN_VERBOSE`: print the chains and why a run was left unchained.
 
 use std::sync::Arc;
 
-use numr::gpu::{ChainOptions, GpuContext, Plan, PlanDispatch, chain_plan};
+use numr::gpu::{ChainOptions, GpuContext, Plan, PlanDispatch, Poll, chain_plan};
 
 use super::super::options::Chains;
 
@@ -39,7 +39,8 @@ pub(crate) fn chained(ctx: &GpuContext, plan: Plan, layer_starts: &[usize], chai
         let prefixes: Vec<String> = mode.split(',').map(|s| s.trim().to_string()).collect();
         Arc::new(move |d: &PlanDispatch| prefixes.iter().any(|p| d.kernel().name().starts_with(p.as_str())))
     };
-    let (fused, refused) = chain_plan(ctx, &plan, &ChainOptions { max_stages, filter, breaks });
+    let poll = if std::env::var("CERA_CHAIN_POLL").is_ok_and(|v| v == "first") { Poll::First } else { Poll::Every };
+    let (fused, refused) = chain_plan(ctx, &plan, &ChainOptions { max_stages, filter, breaks, poll });
     if std::env::var_os("CERA_CHAIN_VERBOSE").is_some() {
         eprintln!("chains: {} decode dispatches -> {}", plan.dispatches().len(), fused.dispatches().len());
         for d in fused.dispatches() {
