@@ -4,7 +4,7 @@
 //! collide (renamed apart). On a CPU adapter (lavapipe in CI) chains are refused with a typed
 //! error, which the tests assert instead.
 
-use numr::gpu::{Access, Binding, ChainOptions, KernelBuilder, KernelEnv, Plan, PlanDispatch, Poll, StepValues, chain, chain_plan, chain_with};
+use numr::gpu::{Access, Binding, ChainOptions, KernelBuilder, KernelEnv, Plan, PlanDispatch, Poll, StepValues, chain, chain_plan, chain_source, chain_with};
 use numr::testing::test_gpu;
 use numr::{GpuContext, gpu::BufferKind};
 
@@ -118,6 +118,22 @@ fn chain_matches_separate_dispatches() {
 #[test]
 fn chain_with_a_per_step_grid() {
     run_chain(true, Poll::Every);
+}
+
+/// The chain's WGSL passes naga on every adapter, including the CPU adapters that refuse to run
+/// it (so CI checks what the GPUs compile).
+#[test]
+fn chain_wgsl_validates() {
+    let Some(ctx) = test_gpu() else { return };
+    let buf = |n: u32| Binding::whole(&ctx.alloc(4 * n as u64, BufferKind::Storage).unwrap());
+    let (x, y, z) = (buf(N), buf(N), buf(37));
+    for stepped in [false, true] {
+        let stages = [fill(&ctx, &x, stepped), reverse(&ctx, &x, &y), sum(&ctx, &y, &z)];
+        for poll in [Poll::Every, Poll::First] {
+            let src = chain_source(&ctx, &stages, poll).unwrap();
+            numr::testing::validate_wgsl(&src.wgsl).unwrap_or_else(|e| panic!("{poll:?}: {e}\n{}", src.wgsl));
+        }
+    }
 }
 
 #[test]

@@ -39,7 +39,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::context::GpuContext;
-use super::kernel::{Access, KernelBuilder, KernelEnv, KernelParts, MAX_PARAM_WORDS, grid_2d};
+use super::kernel::{Access, KernelBuilder, KernelEnv, KernelParts, KernelSource, MAX_PARAM_WORDS, grid_2d};
 use super::pipeline::Binding;
 use super::plan::{Plan, PlanDispatch, StepValues};
 use super::pool::BufferKind;
@@ -116,11 +116,33 @@ pub fn chain_with(ctx: &GpuContext, stages: &[PlanDispatch], poll: Poll) -> Resu
     if !caps.coherent_memory {
         return Err(refuse("the adapter has no @coherent storage".into()));
     }
+    let built = build(ctx, stages, poll)?;
     if caps.device_type == "Cpu" {
         // lavapipe gave wrong values (the first waiting workgroups saw partial data) in about one
         // run in 40 under load: workgroups that spin for others get no guarantee there.
         return Err(refuse(format!("{} is a CPU adapter: its workgroups are not guaranteed to see each other's progress", caps.adapter_name)));
     }
+    built.dispatch(ctx, stages)
+}
+
+/// The WGSL of the chain of `stages` ([`chain_with`]), on any adapter: to validate it where
+/// chains are refused.
+pub fn chain_source(ctx: &GpuContext, stages: &[PlanDispatch], poll: Poll) -> Result<KernelSource> {
+    Ok(build(ctx, stages, poll)?.src)
+}
+
+/// A chain's module and what its dispatch binds and sets.
+struct Built {
+    src: KernelSource,
+    bindings: Vec<Binding>,
+    values: Vec<(String, Value)>,
+    inline: bool,
+    stepped: bool,
+    words: usize,
+}
+
+fn build(ctx: &GpuContext, stages: &[PlanDispatch], poll: Poll) -> Result<Built> {
+    let caps = ctx.capabilities();
     if stages.len() < 2 {
         return Err(refuse(format!("{} stages (at least 2)", stages.len())));
     }
@@ -360,31 +382,39 @@ pub fn chain_with(ctx: &GpuContext, stages: &[PlanDispatch], poll: Poll) -> Resu
     } else {
         src
     };
-    let kernel = ctx.kernel(&src)?;
-    let cnt = ctx.alloc(4 * words as u64, BufferKind::Storage)?;
-    ctx.write(&cnt, 0, &vec![0u8; 4 * words])?;
-    let mut binds: Vec<Binding> = globals.iter().map(|g| g.1.clone()).collect();
-    binds.push(Binding::whole(&cnt));
-    let group = ctx.bind(&kernel, &binds)?;
-    let limit = caps.limits.max_compute_workgroups_per_dimension;
-    let grid_of = move |total: u32| grid_2d(total as u64, limit).unwrap_or([0, 1, 1]);
-    let total_fixed: u32 = stages.iter().map(|d| count(d.grid)).sum();
-    let grid = grid_2d(total_fixed as u64, limit).ok_or(NumrError::GridTooLarge { workgroups: total_fixed as u64, limit })?;
-    let mut d = PlanDispatch::new(&kernel, group, grid)?;
-    if stepped {
-        let st: Vec<PlanDispatch> = stages.to_vec();
-        d = d.grid_per_step(move |s| grid_of(st.iter().map(|x| count(stage_grid(x, s))).sum()));
-    }
-    for (nm, v) in values {
-        if inline && matches!(v, Value::Fixed(_)) {
-            continue;
+    let bindings = globals.into_iter().map(|g| g.1).collect();
+    Ok(Built { src, bindings, values, inline, stepped, words })
+}
+
+impl Built {
+    /// The chain's dispatch: its kernel, its counters, its bindings and parameters.
+    fn dispatch(self, ctx: &GpuContext, stages: &[PlanDispatch]) -> Result<PlanDispatch> {
+        let Built { src, mut bindings, values, inline, stepped, words } = self;
+        let kernel = ctx.kernel(&src)?;
+        let cnt = ctx.alloc(4 * words as u64, BufferKind::Storage)?;
+        ctx.write(&cnt, 0, &vec![0u8; 4 * words])?;
+        bindings.push(Binding::whole(&cnt));
+        let group = ctx.bind(&kernel, &bindings)?;
+        let limit = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
+        let grid_of = move |total: u32| grid_2d(total as u64, limit).unwrap_or([0, 1, 1]);
+        let total_fixed: u32 = stages.iter().map(|d| count(d.grid)).sum();
+        let grid = grid_2d(total_fixed as u64, limit).ok_or(NumrError::GridTooLarge { workgroups: total_fixed as u64, limit })?;
+        let mut d = PlanDispatch::new(&kernel, group, grid)?;
+        if stepped {
+            let st: Vec<PlanDispatch> = stages.to_vec();
+            d = d.grid_per_step(move |s| grid_of(st.iter().map(|x| count(stage_grid(x, s))).sum()));
         }
-        d = match v {
-            Value::Fixed(x) => d.set(&nm, x)?,
-            Value::Step(f) => d.per_step(&nm, move |s| f(s))?,
-        };
+        for (nm, v) in values {
+            if inline && matches!(v, Value::Fixed(_)) {
+                continue;
+            }
+            d = match v {
+                Value::Fixed(x) => d.set(&nm, x)?,
+                Value::Step(f) => d.per_step(&nm, move |s| f(s))?,
+            };
+        }
+        Ok(d)
     }
-    Ok(d)
 }
 
 /// Which consecutive dispatches [`chain_plan`] may fuse.
