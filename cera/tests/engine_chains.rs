@@ -22,8 +22,7 @@ fn logits(out: StepOutput) -> Vec<f32> {
 #[test]
 fn chained_decode_gives_the_unchained_logits() {
     let Some(ctx) = test_gpu() else { return };
-    let caps = ctx.capabilities();
-    let chained = caps.coherent_memory && caps.device_type != "Cpu";
+    let chained = numr::gpu::chains_run_on(ctx.capabilities());
     let file = GgufFile::open(ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2")).unwrap();
     let rows = file.tensor("token_embd.weight").and_then(|t| t.dims.get(1)).map(|&r| r as usize);
     let cfg = ModelConfig::from_hparams(&file.hparams().unwrap(), rows).unwrap();

@@ -96,7 +96,7 @@ pub enum Chains {
 impl Chains {
     /// Whether chains run on an adapter with these capabilities.
     pub fn enabled(self, caps: &numr::gpu::Capabilities) -> bool {
-        caps.coherent_memory && self == Chains::On
+        self == Chains::On && numr::gpu::chains_run_on(caps)
     }
 }
 

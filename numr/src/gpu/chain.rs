@@ -38,6 +38,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use super::capabilities::Capabilities;
 use super::context::GpuContext;
 use super::kernel::{Access, KernelBuilder, KernelEnv, KernelParts, KernelSource, MAX_PARAM_WORDS, grid_2d};
 use super::pipeline::Binding;
@@ -56,10 +57,29 @@ fn refuse(message: String) -> NumrError {
     NumrError::Validation { context: "chaining dispatches".into(), message }
 }
 
-/// Whether `d` can be a stage of a chain on `ctx` (a builder kernel, `@coherent` storage, not a
-/// CPU adapter).
+/// Why an adapter with capabilities `caps` cannot run chains (`None`: it can).
+fn adapter_refusal(caps: &Capabilities) -> Option<NumrError> {
+    if !caps.coherent_memory {
+        return Some(refuse("the adapter has no @coherent storage".into()));
+    }
+    if caps.device_type == "Cpu" {
+        // lavapipe gave wrong values (the first waiting workgroups saw partial data) in about one
+        // run in 40 under load: workgroups that spin for others get no guarantee there.
+        return Some(refuse(format!("{} is a CPU adapter: its workgroups are not guaranteed to see each other's progress", caps.adapter_name)));
+    }
+    None
+}
+
+/// Whether an adapter with capabilities `caps` runs chains (`@coherent` storage, not a CPU
+/// adapter); elsewhere [`chain`] refuses and [`chain_plan`] leaves plans as they are.
+pub fn chains_run_on(caps: &Capabilities) -> bool {
+    adapter_refusal(caps).is_none()
+}
+
+/// Whether `d` can be a stage of a chain on `ctx` (a builder kernel, an adapter that runs
+/// chains).
 pub fn chainable(ctx: &GpuContext, d: &PlanDispatch) -> bool {
-    ctx.capabilities().coherent_memory && ctx.capabilities().device_type != "Cpu" && d.kernel.source().parts.is_some()
+    chains_run_on(ctx.capabilities()) && d.kernel.source().parts.is_some()
 }
 
 /// The storage bindings a chain of `stages` declares (distinct buffer ranges and types, plus
@@ -112,17 +132,10 @@ pub enum Poll {
 
 /// [`chain`], with the waiting workgroups polling as `poll` says.
 pub fn chain_with(ctx: &GpuContext, stages: &[PlanDispatch], poll: Poll) -> Result<PlanDispatch> {
-    let caps = ctx.capabilities();
-    if !caps.coherent_memory {
-        return Err(refuse("the adapter has no @coherent storage".into()));
+    if let Some(e) = adapter_refusal(ctx.capabilities()) {
+        return Err(e);
     }
-    let built = build(ctx, stages, poll)?;
-    if caps.device_type == "Cpu" {
-        // lavapipe gave wrong values (the first waiting workgroups saw partial data) in about one
-        // run in 40 under load: workgroups that spin for others get no guarantee there.
-        return Err(refuse(format!("{} is a CPU adapter: its workgroups are not guaranteed to see each other's progress", caps.adapter_name)));
-    }
-    built.dispatch(ctx, stages)
+    build(ctx, stages, poll)?.dispatch(ctx, stages)
 }
 
 /// The WGSL of the chain of `stages` ([`chain_with`]), on any adapter: to validate it where

@@ -15,7 +15,7 @@ pub mod transfer;
 mod wgsl_names;
 
 pub use capabilities::{Capabilities, CoopMatShape, ParamMode};
-pub use chain::{ChainOptions, Poll, chain, chain_bindings, chain_plan, chain_source, chain_with, chainable};
+pub use chain::{ChainOptions, Poll, chain, chain_bindings, chain_plan, chain_source, chain_with, chainable, chains_run_on};
 pub use context::{GpuContext, GpuOptions, RuntimeChecks};
 pub use kernel::{Access, KernelBuilder, KernelEnv, KernelParts, KernelSource, MAX_PARAM_WORDS, grid_2d};
 pub use pipeline::{Binding, BoundGroup, Kernel};
