@@ -23,7 +23,7 @@ use boostr::ops_common::OpPlan;
 use boostr::ops_common::{OpsError, env_of, pseudo_random as rnd};
 use boostr::rope::{QkvLayout, QkvRope, QkvRopeInputs, QkvRopePlan, RopeParams, RopePositions, RopeScaling, RopeStyle};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, ParamMode, StepValues};
-use numr::testing::{check_close_rtol, test_gpu};
+use numr::testing::{check_close_rtol, test_gpu, test_gpu_private};
 use numr::{Device, Tensor};
 use std::sync::Arc;
 
@@ -192,7 +192,7 @@ fn sg_available(ctx: &GpuContext) -> bool {
 /// segmented cache (two-pass always); f16 and q8_0; GQA, window, softcap.
 #[test]
 fn decode_plan_subgroup_steps() {
-    let Some(ctx) = test_gpu() else { return };
+    let Some(ctx) = test_gpu_private() else { return };
     if !sg_available(&ctx) {
         eprintln!("adapter lacks subgroups of 8: the subgroup decode kernel is not run");
         return;
@@ -211,7 +211,7 @@ fn decode_plan_subgroup_steps() {
 /// The portable tiled kernel: unsegmented and segmented, f16 and q8_0, GQA, window, softcap.
 #[test]
 fn decode_plan_tiled_steps() {
-    let Some(ctx) = test_gpu() else { return };
+    let Some(ctx) = test_gpu_private() else { return };
     let windowed = AttnOptions { scale: 1.0 / 8.0, softcap: None, window: Some(77) };
     let capped = AttnOptions { scale: 1.0 / 16.0, softcap: Some(5.0), window: None };
     let t = DecodeKernel::Tiled;

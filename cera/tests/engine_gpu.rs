@@ -20,7 +20,7 @@ use cera::engine::gpu::GpuBackend;
 use cera::engine::{Backend, BackendState, DecodeGemv, KvType, ModelConfig, ModelGraph, StateOpts, StepInput, StepOutput, Want};
 use cera::fetch::{ModelId, ensure_model};
 use cera::gguf::GgufFile;
-use numr::testing::test_gpu;
+use numr::testing::{test_gpu, test_gpu_private};
 use serde_json::Value;
 use std::sync::Arc;
 
@@ -215,12 +215,9 @@ const GEMMA_LLAMA_CPP_TOL: f64 = 0.5;
 
 #[test]
 fn a_decode_step_allocates_nothing_and_keeps_the_dispatch_budget() {
-    if test_gpu().is_none() {
-        return;
-    }
     // A context of its own: the other tests of this binary run in parallel on the shared one and
     // would move its pool and bind-group counters.
-    let ctx = numr::gpu::GpuContext::new().expect("a second context on the test adapter");
+    let Some(ctx) = test_gpu_private() else { return };
     let file = GgufFile::open(ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2")).unwrap();
     let g = graph(&file);
     // SmolLM2's projections (576 and 1536 inputs) take the f32 path under `Auto`.

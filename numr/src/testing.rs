@@ -62,6 +62,16 @@ pub fn validate_wgsl(src: &str) -> Result<(), String> {
 /// The environment variable that lets GPU tests skip when no adapter exists. CI never sets it.
 pub const ALLOW_NO_GPU: &str = "NUMR_ALLOW_NO_GPU";
 
+/// A GPU context of the test's own (its own buffer pool, bind-group cache and counters), under
+/// the same rule as [`test_gpu`] when no adapter exists. For tests that assert what a recording
+/// creates ([`crate::GpuContext::bind_groups_created`], [`crate::GpuContext::pool_stats`]): on
+/// the shared context, tests running beside them move those counters (a free buffer taken, the
+/// bind-group cache cleared when full).
+pub fn test_gpu_private() -> Option<crate::GpuContext> {
+    test_gpu()?;
+    Some(crate::GpuContext::new().unwrap_or_else(|e| panic!("a second context on the test adapter: {e}")))
+}
+
 /// The GPU for tests, shared by every test in the process. When no adapter is found the test
 /// fails, unless `NUMR_ALLOW_NO_GPU=1` is set, in which case this returns `None` and the caller
 /// skips.

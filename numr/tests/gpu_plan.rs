@@ -8,7 +8,7 @@
 //! - A readback waits for the submission that wrote its bytes, and `is_ready` never blocks.
 
 use numr::gpu::{Access, Binding, KernelBuilder, KernelEnv, Plan, PlanDispatch, StepValues};
-use numr::testing::test_gpu;
+use numr::testing::{test_gpu, test_gpu_private};
 use numr::{DType, Device, NumrError, Tensor};
 
 /// `x[i] = a * i + step.pos` for `i < n`, over a grid of `ceil(n / 64)` workgroups.
@@ -54,10 +54,7 @@ fn explicit_recorder_sees_stream_clears_first() {
 fn plan_parameters_by_name_and_per_step() {
     // A context of its own: the tests of this file run in parallel, and the counters below must
     // move only for this test's work.
-    if test_gpu().is_none() {
-        return;
-    }
-    let ctx = numr::GpuContext::new().unwrap();
+    let Some(ctx) = test_gpu_private() else { return };
     let k = affine_kernel(&ctx);
     let buf = ctx.upload(&vec![0u8; 3 * 64 * 4]).unwrap();
     let group = ctx.bind(&k, &[Binding::whole(&buf)]).unwrap();
