@@ -6,12 +6,22 @@
 //! (from [`super::Recorder::read`]) waits for the submission that wrote its bytes, so "submit
 //! token n+1, then read token n" overlaps instead of serialising.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 
 use super::context::GpuContext;
 use super::pool::GpuBuffer;
 use crate::error::{NumrError, Result};
+
+/// Readbacks whose map callback had not run once their submission was waited for, so that
+/// [`PendingRead::wait`] fell back to waiting for everything queued (a diagnostic).
+static READ_WAIT_FALLBACKS: AtomicU64 = AtomicU64::new(0);
+
+/// How many readbacks so far waited for all queued work instead of their own submission
+/// (process-wide; a pipelined decode loop that sees this grow serialises host and GPU).
+pub fn read_wait_fallbacks() -> u64 {
+    READ_WAIT_FALLBACKS.load(Ordering::Relaxed)
+}
 
 /// One queued submission.
 #[derive(Clone)]
@@ -58,6 +68,16 @@ impl Submission {
         }
         self.ctx.inner.device.poll(wgpu::PollType::Poll).map_err(|e| NumrError::DeviceLost(e.to_string()))?;
         Ok(self.done.load(Ordering::Acquire))
+    }
+
+    /// Polls the device up to this submission, blocking until it is done, even when it is known
+    /// to be done already (so that callbacks registered since, like a buffer map, run).
+    fn poll_through(&self) -> Result<()> {
+        let kind = match self.index.clone() {
+            Some(index) => wgpu::PollType::Wait { submission_index: Some(index), timeout: None },
+            None => wgpu::PollType::Poll,
+        };
+        self.ctx.inner.device.poll(kind).map(|_| ()).map_err(|e| NumrError::DeviceLost(e.to_string()))
     }
 
     /// Blocks until the GPU has finished this submission (and those before it), not later ones.
@@ -122,11 +142,17 @@ impl PendingRead {
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        submission.wait()?;
-        // The map callback runs inside a poll; the wait above polled up to our submission.
+        // Poll even when the submission is already known to be done: a map requested after its
+        // submission finished resolves only in a later poll. Without one, the fallback below
+        // waited for everything queued since, so a decode loop that had fallen behind once
+        // (token t done before t+1 was submitted) waited for t+1 at every token from then on,
+        // and its host and GPU ran one after the other (`numr/tests/gpu_plan.rs`).
+        submission.poll_through()?;
+        // The map callback runs inside a poll; the one above polled up to our submission.
         let r = match rx.try_recv() {
             Ok(r) => r,
             Err(_) => {
+                READ_WAIT_FALLBACKS.fetch_add(1, Ordering::Relaxed);
                 self.ctx.inner.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: None }).map_err(|e| NumrError::DeviceLost(e.to_string()))?;
                 rx.recv().map_err(|e| NumrError::Map(e.to_string()))?
             }

@@ -7,6 +7,7 @@ mod fuse;
 mod links;
 mod plans;
 mod state;
+mod trace;
 mod weights;
 
 use std::sync::Arc;

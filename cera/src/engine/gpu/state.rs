@@ -20,6 +20,7 @@ use boostr::ops_common::{GpuView, OpPlan};
 use boostr::sampling::{ArgmaxPlan, MaskPlan, TopKPlan};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, PendingRead, Plan, Recorder, StepValues};
 
+use super::trace::StepTrace;
 use super::super::EngineError;
 use super::super::backend::{
     BackendState, CONV_RING, KernelTime, MAX_IN_FLIGHT, MAX_TOP_K, RecurrentWindow, StateOpts, StepCounters, StepInput, StepOutput, Want,
@@ -70,6 +71,7 @@ pub(crate) struct GpuState {
     /// Submitted steps' readbacks, oldest first.
     pending: VecDeque<Reads>,
     counters: StepCounters,
+    trace: StepTrace,
 }
 
 fn word(what: &str, v: usize) -> Result<u32, EngineError> {
@@ -160,6 +162,7 @@ impl GpuState {
             has_last: false,
             pending: VecDeque::new(),
             counters: StepCounters::default(),
+            trace: StepTrace::from_env(),
         })
     }
 
@@ -293,6 +296,7 @@ impl BackendState for GpuState {
             return Err(EngineError::Usage(format!("a step submitted with {MAX_IN_FLIGHT} outstanding (collect one first)")));
         }
         let start = std::time::Instant::now();
+        let traced = self.trace.start();
         let mut rec = self.ctx.recorder();
         let mut early = Some(StepCounters::default());
         let reads = self.record(&mut rec, input, pos, want, &mut early)?;
@@ -301,12 +305,16 @@ impl BackendState for GpuState {
         rec.submit().map_err(|e| self.err(e))?;
         self.counters = StepCounters { dispatches, passes, submits: e.submits + 1, host_ns: start.elapsed().as_nanos() as u64 };
         self.pending.push_back(reads);
+        self.trace.submitted(traced);
         Ok(())
     }
 
     fn collect(&mut self) -> Result<StepOutput, EngineError> {
         let reads = self.pending.pop_front().ok_or_else(|| EngineError::Usage("collecting a step that was not submitted".into()))?;
-        self.collect_reads(reads)
+        let traced = self.trace.start();
+        let out = self.collect_reads(reads);
+        self.trace.collected(traced);
+        out
     }
 
     fn in_flight(&self) -> usize {
@@ -349,6 +357,7 @@ impl BackendState for GpuState {
             self.collect_reads(r)?;
         }
         self.has_last = false;
+        self.trace.flush();
         Ok(())
     }
 
