@@ -20,13 +20,13 @@ use boostr::ops_common::{GpuView, OpPlan};
 use boostr::sampling::{ArgmaxPlan, MaskPlan, TopKPlan};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, PendingRead, Plan, Recorder, StepValues};
 
-use super::trace::StepTrace;
 use super::super::EngineError;
 use super::super::backend::{
     BackendState, CONV_RING, KernelTime, MAX_IN_FLIGHT, MAX_TOP_K, RecurrentWindow, StateOpts, StepCounters, StepInput, StepOutput, Want,
 };
 use super::super::graph::{ModelGraph, Slot};
 use super::plans::{Mode, PlanInputs, Slots, build, build_layers, inv_freqs, kv_dtype};
+use super::trace::StepTrace;
 use super::weights::GpuWeights;
 use super::{GpuBackend, dev_err, ops_err};
 
