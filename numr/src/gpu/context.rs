@@ -102,6 +102,8 @@ pub(crate) struct GpuInner {
     pub(crate) arena: Mutex<Option<ParamArena>>,
     pub(crate) submit_lock: Mutex<()>,
     pub(crate) uncaptured: Arc<Mutex<Vec<String>>>,
+    /// Readbacks that waited for all queued work ([`GpuContext::read_wait_fallbacks`]).
+    pub(crate) read_fallbacks: std::sync::atomic::AtomicU64,
     _adapter: wgpu::Adapter,
     _instance: wgpu::Instance,
 }
@@ -288,6 +290,7 @@ impl GpuContext {
                 arena: Mutex::new(None),
                 submit_lock: Mutex::new(()),
                 uncaptured,
+                read_fallbacks: Default::default(),
                 _adapter: adapter,
                 _instance: instance,
             }),

@@ -6,22 +6,12 @@
 //! (from [`super::Recorder::read`]) waits for the submission that wrote its bytes, so "submit
 //! token n+1, then read token n" overlaps instead of serialising.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 
 use super::context::GpuContext;
 use super::pool::GpuBuffer;
 use crate::error::{NumrError, Result};
-
-/// Readbacks whose map callback had not run once their submission was waited for, so that
-/// [`PendingRead::wait`] fell back to waiting for everything queued (a diagnostic).
-static READ_WAIT_FALLBACKS: AtomicU64 = AtomicU64::new(0);
-
-/// How many readbacks so far waited for all queued work instead of their own submission
-/// (process-wide; a pipelined decode loop that sees this grow serialises host and GPU).
-pub fn read_wait_fallbacks() -> u64 {
-    READ_WAIT_FALLBACKS.load(Ordering::Relaxed)
-}
 
 /// One queued submission.
 #[derive(Clone)]
@@ -110,6 +100,15 @@ impl std::fmt::Debug for PendingRead {
     }
 }
 
+impl GpuContext {
+    /// How many readbacks of this context so far found their map unresolved after polling up to
+    /// their own submission, and so waited for everything queued (another thread's poll can
+    /// take the callback; a pipelined decode loop that sees this grow serialises host and GPU).
+    pub fn read_wait_fallbacks(&self) -> u64 {
+        self.inner.read_fallbacks.load(Ordering::Relaxed)
+    }
+}
+
 impl PendingRead {
     pub(crate) fn new(ctx: GpuContext, staging: Arc<GpuBuffer>, skip: usize, len: usize, slot: Arc<Mutex<ReadSlot>>) -> Self {
         PendingRead { ctx, staging, skip, len, slot }
@@ -152,7 +151,7 @@ impl PendingRead {
         let r = match rx.try_recv() {
             Ok(r) => r,
             Err(_) => {
-                READ_WAIT_FALLBACKS.fetch_add(1, Ordering::Relaxed);
+                self.ctx.inner.read_fallbacks.fetch_add(1, Ordering::Relaxed);
                 self.ctx.inner.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: None }).map_err(|e| NumrError::DeviceLost(e.to_string()))?;
                 rx.recv().map_err(|e| NumrError::Map(e.to_string()))?
             }

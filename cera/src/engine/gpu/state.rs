@@ -162,7 +162,7 @@ impl GpuState {
             has_last: false,
             pending: VecDeque::new(),
             counters: StepCounters::default(),
-            trace: StepTrace::from_env(),
+            trace: StepTrace::from_env(ctx),
         })
     }
 
@@ -357,7 +357,7 @@ impl BackendState for GpuState {
             self.collect_reads(r)?;
         }
         self.has_last = false;
-        self.trace.flush();
+        self.trace.flush(&self.ctx);
         Ok(())
     }
 
