@@ -2,6 +2,7 @@
 //! sequence the graph turned into boostr plans over its own buffers and KV cache (`plans.rs`),
 //! and a step recorded and submitted once per token (`state.rs`).
 
+mod ablate;
 mod chains;
 mod fuse;
 mod links;

@@ -116,7 +116,7 @@ impl GpuState {
         let dec_slots = Slots::new(ctx, g, 1)?;
         let pre_slots = Slots::new(ctx, g, ubatch)?;
         let (decode, layer_starts) = build_layers(ctx, &inp, &dec_slots, Mode::Decode)?;
-        let decode = super::chains::chained(ctx, decode, &layer_starts, b.chains);
+        let decode = super::ablate::ablated(super::chains::chained(ctx, decode, &layer_starts, b.chains));
         let prefill = build(ctx, &inp, &pre_slots, Mode::Prefill { max_tok: ubatch })?;
         let head = build(ctx, &inp, &dec_slots, Mode::Head)?;
         let logits = GpuView::whole(dec_slots.buf(Slot::Logits));
