@@ -357,7 +357,7 @@ impl BackendState for GpuState {
             self.collect_reads(r)?;
         }
         self.has_last = false;
-        self.trace.flush(&self.ctx);
+        self.trace.flush();
         Ok(())
     }
 

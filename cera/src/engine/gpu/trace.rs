@@ -1,8 +1,8 @@
 //! `CERA_STEP_TRACE=1`: where a decode loop's host time goes (a diagnostic, off by default).
 //!
 //! Each submitted step records when its recording started and was submitted, and when its
-//! readback was waited for and returned. When the executor is reset (a new generation), the
-//! summary goes to stderr: per step, the host's recording and submit, the time blocked in the
+//! readback was waited for and returned. When the executor is reset (a new generation) or
+//! dropped (the end of `cera run`), the summary goes to stderr: per step, the host's recording and submit, the time blocked in the
 //! readback, the period between two readbacks, and how many readbacks had to wait for all
 //! queued work ([`numr::GpuContext::read_wait_fallbacks`]). A GPU-bound loop blocks in the readback
 //! for most of the period; a host-bound one hardly at all.
@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use numr::GpuContext;
 
-#[derive(Default)]
 pub(crate) struct StepTrace {
+    ctx: GpuContext,
     on: bool,
     submits: Vec<(Instant, Instant)>,
     collects: Vec<(Instant, Instant)>,
@@ -30,7 +30,7 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 impl StepTrace {
     pub(crate) fn from_env(ctx: &GpuContext) -> Self {
         let on = std::env::var("CERA_STEP_TRACE").is_ok_and(|v| v == "1");
-        StepTrace { on, fallbacks_at_start: ctx.read_wait_fallbacks(), ..Default::default() }
+        StepTrace { ctx: ctx.clone(), on, submits: Vec::new(), collects: Vec::new(), fallbacks_at_start: ctx.read_wait_fallbacks() }
     }
 
     pub(crate) fn start(&self) -> Option<Instant> {
@@ -50,7 +50,7 @@ impl StepTrace {
     }
 
     /// Prints the summary of the steps since the last flush (when on and any ran).
-    pub(crate) fn flush(&mut self, ctx: &GpuContext) {
+    pub(crate) fn flush(&mut self) {
         if !self.on || self.collects.len() < 3 {
             self.submits.clear();
             self.collects.clear();
@@ -60,7 +60,7 @@ impl StepTrace {
         let mut record: Vec<f64> = self.submits.iter().map(|&(a, b)| us(a, b)).collect();
         let mut wait: Vec<f64> = self.collects.iter().map(|&(a, b)| us(a, b)).collect();
         let mut period: Vec<f64> = self.collects.windows(2).map(|w| us(w[0].1, w[1].1)).collect();
-        let fallbacks = ctx.read_wait_fallbacks() - self.fallbacks_at_start;
+        let fallbacks = self.ctx.read_wait_fallbacks() - self.fallbacks_at_start;
         let total = us(self.collects[0].1, self.collects[self.collects.len() - 1].1);
         eprintln!(
             "step trace: {} steps, {:.0} µs/step over the run; record+submit p50 {:.0} p90 {:.0}; readback wait p10 {:.0} p50 {:.0} p90 {:.0}; period p10 {:.0} p50 {:.0} p90 {:.0}; readbacks that waited for everything: {}",
@@ -78,6 +78,12 @@ impl StepTrace {
         );
         self.submits.clear();
         self.collects.clear();
-        self.fallbacks_at_start = ctx.read_wait_fallbacks();
+        self.fallbacks_at_start = self.ctx.read_wait_fallbacks();
+    }
+}
+
+impl Drop for StepTrace {
+    fn drop(&mut self) {
+        self.flush();
     }
 }
