@@ -2,10 +2,10 @@
 //!
 //! Each submitted step records when its recording started and was submitted, and when its
 //! readback was waited for and returned. When the executor is reset (a new generation) or
-//! dropped (the end of `cera run`), the summary goes to stderr: per step, the host's recording and submit, the time blocked in the
-//! readback, the period between two readbacks, and how many readbacks had to wait for all
-//! queued work ([`numr::GpuContext::read_wait_fallbacks`]). A GPU-bound loop blocks in the readback
-//! for most of the period; a host-bound one hardly at all.
+//! dropped (the end of `cera run`), the summary goes to stderr: per step, the host's recording
+//! and submit, the time blocked in the readback, the period between two readbacks, and how many
+//! readbacks had to wait for all queued work ([`numr::GpuContext::read_wait_fallbacks`]). A
+//! GPU-bound loop blocks in the readback for most of the period; a host-bound one hardly at all.
 
 use std::time::Instant;
 
@@ -49,13 +49,18 @@ impl StepTrace {
         }
     }
 
-    /// Prints the summary of the steps since the last flush (when on and any ran).
+    /// Prints the summary of the steps since the last flush (when on and at least three ran),
+    /// and starts counting anew.
     pub(crate) fn flush(&mut self) {
-        if !self.on || self.collects.len() < 3 {
-            self.submits.clear();
-            self.collects.clear();
-            return;
+        if self.on && self.collects.len() >= 3 {
+            self.print();
         }
+        self.submits.clear();
+        self.collects.clear();
+        self.fallbacks_at_start = self.ctx.read_wait_fallbacks();
+    }
+
+    fn print(&self) {
         let us = |a: Instant, b: Instant| b.duration_since(a).as_secs_f64() * 1e6;
         let mut record: Vec<f64> = self.submits.iter().map(|&(a, b)| us(a, b)).collect();
         let mut wait: Vec<f64> = self.collects.iter().map(|&(a, b)| us(a, b)).collect();
@@ -76,9 +81,6 @@ impl StepTrace {
             pct(&mut period, 0.9),
             fallbacks
         );
-        self.submits.clear();
-        self.collects.clear();
-        self.fallbacks_at_start = self.ctx.read_wait_fallbacks();
     }
 }
 
