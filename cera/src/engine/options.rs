@@ -80,7 +80,7 @@ impl std::str::FromStr for DecodeGemv {
 /// Whether the GPU decode step runs each layer's dependent dispatches as one chain
 /// ([`mod@numr::gpu::chain`]: the stages wait on arrival counters and completion flags, not on a
 /// barrier). The chains give the same bits as the plain plan, but measured slower on the H200
-/// (README, "Chains"), so `Auto` leaves them off.
+/// (BENCHMARKS.md, "Chains"), so `Auto` leaves them off.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Chains {
     /// Off (the chains measured slower than the barrier between dispatches on the H200, and on a
