@@ -349,6 +349,11 @@ impl GpuContext {
 
     /// Blocks until the GPU has finished all submitted work.
     pub fn wait_idle(&self) -> Result<()> {
-        self.inner.device.poll(wgpu::PollType::wait_indefinitely()).map(|_| ()).map_err(|e| NumrError::DeviceLost(e.to_string()))
+        self.poll(wgpu::PollType::wait_indefinitely())
+    }
+
+    /// Polls the device (running the callbacks of finished work); a lost device is a typed error.
+    pub(crate) fn poll(&self, kind: wgpu::PollType) -> Result<()> {
+        self.inner.device.poll(kind).map(|_| ()).map_err(|e| NumrError::DeviceLost(e.to_string()))
     }
 }

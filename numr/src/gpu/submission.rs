@@ -56,7 +56,7 @@ impl Submission {
         if self.done.load(Ordering::Acquire) {
             return Ok(true);
         }
-        self.ctx.inner.device.poll(wgpu::PollType::Poll).map_err(|e| NumrError::DeviceLost(e.to_string()))?;
+        self.ctx.poll(wgpu::PollType::Poll)?;
         Ok(self.done.load(Ordering::Acquire))
     }
 
@@ -67,21 +67,15 @@ impl Submission {
             Some(index) => wgpu::PollType::Wait { submission_index: Some(index), timeout: None },
             None => wgpu::PollType::Poll,
         };
-        self.ctx.inner.device.poll(kind).map(|_| ()).map_err(|e| NumrError::DeviceLost(e.to_string()))
+        self.ctx.poll(kind)
     }
 
     /// Blocks until the GPU has finished this submission (and those before it), not later ones.
     pub fn wait(&self) -> Result<()> {
-        let Some(index) = self.index.clone() else { return Ok(()) };
-        if self.done.load(Ordering::Acquire) {
+        if self.index.is_none() || self.done.load(Ordering::Acquire) {
             return Ok(());
         }
-        self.ctx
-            .inner
-            .device
-            .poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: None })
-            .map(|_| ())
-            .map_err(|e| NumrError::DeviceLost(e.to_string()))
+        self.poll_through()
     }
 }
 
@@ -152,7 +146,7 @@ impl PendingRead {
             Ok(r) => r,
             Err(_) => {
                 self.ctx.inner.read_fallbacks.fetch_add(1, Ordering::Relaxed);
-                self.ctx.inner.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: None }).map_err(|e| NumrError::DeviceLost(e.to_string()))?;
+                self.ctx.wait_idle()?;
                 rx.recv().map_err(|e| NumrError::Map(e.to_string()))?
             }
         };

@@ -6,7 +6,7 @@
 //! switch changes the decode plan instead, and the bench's tok/s difference is the family's
 //! cost in place: `CERA_ABLATE` is a comma list of `-NAME` (drop every dispatch whose kernel
 //! name contains NAME) and `+NAME` (record each such dispatch twice in a row, so the cost of
-//! one more dependent copy shows). Example: `CERA_ABLATE=+attn_decode` or `-argmax`.
+//! one more dependent copy shows). Example: `CERA_ABLATE=+attn_decode` or `-attn_decode,+_epglu`.
 
 use numr::gpu::Plan;
 
