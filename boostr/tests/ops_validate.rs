@@ -13,8 +13,8 @@ use numr::testing::validate_wgsl;
 
 fn sources(env: &KernelEnv) -> Vec<KernelSource> {
     let mut v = Vec::new();
-    v.extend(Norm::all().iter().map(|c| c.source(env)));
-    v.extend(Act::all().iter().map(|c| c.source(env)));
+    v.extend(Norm::all().iter().flat_map(|c| [false, true].map(|v4| c.source_vec(env, v4))));
+    v.extend(Act::all().iter().flat_map(|c| [false, true].map(|v4| c.source_vec(env, v4))));
     v.extend(QkvRope::all().iter().map(|c| c.source(env)));
     v.extend(DecodeAttn::all().iter().map(|c| c.source(env).unwrap()));
     if DecodeKernel::best(env) == DecodeKernel::Subgroup {

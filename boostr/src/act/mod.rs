@@ -82,30 +82,41 @@ impl Act {
         v
     }
 
+    /// WGSL over scalars ([`Act::source_vec`] with `vec4 = false`).
+    pub fn source(&self, env: &KernelEnv) -> KernelSource {
+        self.source_vec(env, false)
+    }
+
     /// WGSL. Bindings `a`, `b`, `out`; params `total, n, a_off, a_stride, b_off, b_stride,
-    /// out_off`.
+    /// out_off`. With `vec4` every binding is an array of `vec4<f32>`, each invocation produces
+    /// four outputs, and every parameter counts `vec4`s ([`ActPlan`] takes it when `n` and every
+    /// offset are multiples of 4).
     ///
     /// Bounds: invocation `i < total` (rows = `total / n`) reads `a[a_off + r * a_stride + c]`
     /// (and `+ n` when packed), `b[b_off + r * b_stride + c]` and writes `out[out_off + i]`;
     /// [`ActPlan::new`] checks every binding holds its extent for the largest step.
-    pub fn source(&self, env: &KernelEnv) -> KernelSource {
-        let name = format!("act_{:?}_{:?}", self.kind, self.input).to_lowercase();
+    pub fn source_vec(&self, env: &KernelEnv, vec4: bool) -> KernelSource {
+        let name = format!("act_{:?}_{:?}{}", self.kind, self.input, if vec4 { "_v4" } else { "" }).to_lowercase();
+        let f = if vec4 { "act4" } else { "act" };
         let value = match self.input {
-            GluInput::None => "act(a[ab + c])",
-            GluInput::TwoTensors => "act(a[ab + c]) * b[p.b_off + r * p.b_stride + c]",
-            GluInput::Packed => "act(a[ab + c]) * a[ab + p.n + c]",
+            GluInput::None => format!("{f}(a[ab + c])"),
+            GluInput::TwoTensors => format!("{f}(a[ab + c]) * b[p.b_off + r * p.b_stride + c]"),
+            GluInput::Packed => format!("{f}(a[ab + c]) * a[ab + p.n + c]"),
         };
         let body = format!(
             "    let i = wg_linear * 256u + lidx;\n    if (i >= p.total) {{ return; }}\n    let r = i / p.n;\n    let c = i - r * p.n;\n    let ab = p.a_off + r * p.a_stride;\n    out[p.out_off + i] = {value};\n"
         );
+        let arr = if vec4 { "array<vec4<f32>>" } else { "array<f32>" };
+        let act4 = if vec4 { "fn act4(v: vec4<f32>) -> vec4<f32> { return vec4<f32>(act(v.x), act(v.y), act(v.z), act(v.w)); }\n" } else { "" };
         KernelBuilder::new(name, *env)
             .workgroup(256, 1, 1)
-            .storage("a", Access::Read, "array<f32>")
-            .storage("b", Access::Read, "array<f32>")
-            .storage("out", Access::ReadWrite, "array<f32>")
+            .storage("a", Access::Read, arr)
+            .storage("b", Access::Read, arr)
+            .storage("out", Access::ReadWrite, arr)
             .params(&["total", "n", "a_off", "a_stride", "b_off", "b_stride", "out_off"])
             .prelude(SAFE_TANH)
             .prelude(self.kind.wgsl())
+            .prelude(act4)
             .body(&body)
             .build()
     }

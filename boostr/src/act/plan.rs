@@ -50,16 +50,21 @@ impl ActPlan {
             Some(b) => (b.binding.clone(), b.offset_u32(OP)?),
             None => (dummy(ctx)?, 0),
         };
-        let kernel = ctx.kernel(&cfg.source(&env_of(ctx)))?;
+        let offs = [io.a.offset_u32(OP)?, bo, out.offset_u32(OP)?];
+        // Whole vec4s everywhere: four outputs per invocation, every parameter in vec4s.
+        let vec4 = n32.is_multiple_of(4) && offs.iter().all(|o| o.is_multiple_of(4));
+        let l = if vec4 { 4 } else { 1 };
+        let ([ao, bo, oo], n32, w32) = (offs.map(|o| o / l), n32 / l, w32 / l);
+        let kernel = ctx.kernel(&cfg.source_vec(&env_of(ctx), vec4))?;
         let group = ctx.bind(&kernel, &[io.a.binding.clone(), bb, out.binding.clone()])?;
-        let grid = step_grid(ctx, total as u64, 256, move |s| s.n_tok.min(max32) as u64 * n32 as u64)?;
+        let grid = step_grid(ctx, total as u64 / l as u64, 256, move |s| s.n_tok.min(max32) as u64 * n32 as u64)?;
         let d = PlanDispatch::new(&kernel, group, [1, 1, 1])?
             .set("n", n32)?
-            .set("a_off", io.a.offset_u32(OP)?)?
+            .set("a_off", ao)?
             .set("a_stride", w32)?
             .set("b_off", bo)?
             .set("b_stride", n32)?
-            .set("out_off", out.offset_u32(OP)?)?
+            .set("out_off", oo)?
             // At most max_rows * n, which fits 32 bits (checked above).
             .per_step("total", move |s| s.n_tok.min(max32) * n32)?
             .grid_per_step(grid);

@@ -63,38 +63,52 @@ impl Norm {
         v
     }
 
+    /// WGSL over scalars ([`Norm::source_vec`] with `vec4 = false`).
+    pub fn source(&self, env: &KernelEnv) -> KernelSource {
+        self.source_vec(env, false)
+    }
+
     /// WGSL. Bindings: `x`, `w`, `b`, `res` (read-write), `out`; params `rows, n, eps, x_off,
-    /// x_stride, res_off, res_stride, out_off, out_stride, w_off, b_off`.
+    /// x_stride, res_off, res_stride, out_off, out_stride, w_off, b_off`. With `vec4` every
+    /// binding is an array of `vec4<f32>` and `n`, the offsets and the strides count `vec4`s (a
+    /// quarter of the loads and instructions; [`NormPlan`] takes it when the row length and every
+    /// offset are multiples of 4).
     ///
     /// Bounds: workgroup `row < rows` reads `x[x_off + row * x_stride + i]`, `res[res_off + row *
     /// res_stride + i]` and writes `out[out_off + row * out_stride + i]` for `i < n`, and reads
     /// `w[w_off + i]`, `b[b_off + i]`; [`NormPlan::new`] checks every binding holds its extent.
-    pub fn source(&self, env: &KernelEnv) -> KernelSource {
-        let name = format!("norm_{:?}_o{}_b{}_r{}", self.kind, self.weight_offset as u8, self.bias as u8, self.residual as u8).to_lowercase();
+    pub fn source_vec(&self, env: &KernelEnv, vec4: bool) -> KernelSource {
+        let name = format!("norm_{:?}_o{}_b{}_r{}{}", self.kind, self.weight_offset as u8, self.bias as u8, self.residual as u8, if vec4 { "_v4" } else { "" })
+            .to_lowercase();
         let args = reduce_args(env);
+        let (ty, lanes) = if vec4 { ("vec4<f32>", 4) } else { ("f32", 1) };
+        // Sums of a value's lanes and of its squares.
+        let (sum, sq) = if vec4 { ("dot(v, vec4<f32>(1.0))", "dot(v, v)") } else { ("v", "v * v") };
         let load = if self.residual { "var v = x[xb + i] + res[rb + i]; res[rb + i] = v;" } else { "let v = x[xb + i];" };
         let reload = if self.residual { "res[rb + i]" } else { "x[xb + i]" };
         let w = if self.weight_offset { "(1.0 + w[p.w_off + i])" } else { "w[p.w_off + i]" };
         let b = if self.bias { " + b[p.b_off + i]" } else { "" };
+        let count = format!("f32(p.n * {lanes}u)");
         let stats = match self.kind {
             NormKind::Rms => format!(
-                "    var ss = 0.0;\n    for (var i = lidx; i < p.n; i += 256u) {{ {load} ss += v * v; }}\n    let mean = 0.0;\n    let inv = inverseSqrt(wg_sum(ss, {args}) / f32(p.n) + bitcast<f32>(p.eps));\n"
+                "    var ss = 0.0;\n    for (var i = lidx; i < p.n; i += 256u) {{ {load} ss += {sq}; }}\n    let mean = 0.0;\n    let inv = inverseSqrt(wg_sum(ss, {args}) / {count} + bitcast<f32>(p.eps));\n"
             ),
             NormKind::Layer => format!(
-                "    var sm = 0.0;\n    for (var i = lidx; i < p.n; i += 256u) {{ {load} sm += v; }}\n    let mean = wg_sum(sm, {args}) / f32(p.n);\n    var ss = 0.0;\n    for (var i = lidx; i < p.n; i += 256u) {{ let d = {reload} - mean; ss += d * d; }}\n    let inv = inverseSqrt(wg_sum(ss, {args}) / f32(p.n) + bitcast<f32>(p.eps));\n"
+                "    var sm = 0.0;\n    for (var i = lidx; i < p.n; i += 256u) {{ {load} sm += {sum}; }}\n    let mean = wg_sum(sm, {args}) / {count};\n    var ss = 0.0;\n    for (var i = lidx; i < p.n; i += 256u) {{ let v = {reload} - mean; ss += {sq}; }}\n    let inv = inverseSqrt(wg_sum(ss, {args}) / {count} + bitcast<f32>(p.eps));\n"
             ),
         };
         let body = format!(
             "    let row = wg_linear;\n    if (row >= p.rows) {{ return; }}\n    let xb = p.x_off + row * p.x_stride;\n    let rb = p.res_off + row * p.res_stride;\n    let ob = p.out_off + row * p.out_stride;\n{stats}    for (var i = lidx; i < p.n; i += 256u) {{ out[ob + i] = ({reload} - mean) * inv * {w}{b}; }}\n"
         );
+        let arr = format!("array<{ty}>");
         KernelBuilder::new(name, *env)
             .workgroup(256, 1, 1)
             .subgroup_builtins()
-            .storage("x", Access::Read, "array<f32>")
-            .storage("w", Access::Read, "array<f32>")
-            .storage("b", Access::Read, "array<f32>")
-            .storage("res", Access::ReadWrite, "array<f32>")
-            .storage("out", Access::ReadWrite, "array<f32>")
+            .storage("x", Access::Read, &arr)
+            .storage("w", Access::Read, &arr)
+            .storage("b", Access::Read, &arr)
+            .storage("res", Access::ReadWrite, &arr)
+            .storage("out", Access::ReadWrite, &arr)
             .params(&["rows", "n", "eps", "x_off", "x_stride", "res_off", "res_stride", "out_off", "out_stride", "w_off", "b_off"])
             .prelude(&workgroup_reduce_fns(env))
             .body(&body)

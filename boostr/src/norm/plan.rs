@@ -69,19 +69,25 @@ impl NormPlan {
             Some(r) => (r.binding.clone(), r.offset_u32(OP)?),
             None => (dummy(ctx)?, 0),
         };
-        let kernel = ctx.kernel(&cfg.source(&env_of(ctx)))?;
+        let offs = [io.x.offset_u32(OP)?, ro, out.offset_u32(OP)?, io.w.offset_u32(OP)?, bo];
+        // Whole vec4s everywhere: the kernel loads and stores four values at a time, and counts
+        // the row length, offsets and strides in vec4s.
+        let vec4 = n32.is_multiple_of(4) && offs.iter().all(|o| o.is_multiple_of(4));
+        let l = if vec4 { 4 } else { 1 };
+        let [xo, ro, oo, wo, bo] = offs.map(|o| o / l);
+        let kernel = ctx.kernel(&cfg.source_vec(&env_of(ctx), vec4))?;
         let group = ctx.bind(&kernel, &[io.x.binding.clone(), io.w.binding.clone(), bb, rb, out.binding.clone()])?;
         let grid = step_grid(ctx, max_rows as u64, 1, move |s| s.n_tok.min(max32) as u64)?;
         let d = PlanDispatch::new(&kernel, group, [1, 1, 1])?
-            .set("n", n32)?
+            .set("n", n32 / l)?
             .set_f32("eps", eps)?
-            .set("x_off", io.x.offset_u32(OP)?)?
-            .set("x_stride", n32)?
+            .set("x_off", xo)?
+            .set("x_stride", n32 / l)?
             .set("res_off", ro)?
-            .set("res_stride", n32)?
-            .set("out_off", out.offset_u32(OP)?)?
-            .set("out_stride", n32)?
-            .set("w_off", io.w.offset_u32(OP)?)?
+            .set("res_stride", n32 / l)?
+            .set("out_off", oo)?
+            .set("out_stride", n32 / l)?
+            .set("w_off", wo)?
             .set("b_off", bo)?
             .per_step("rows", move |s| s.n_tok.min(max32))?
             .grid_per_step(grid);
