@@ -1,7 +1,8 @@
 //! RMSNorm (with Gemma's `1 + weight` option) and LayerNorm over rows of f32, optionally fused
 //! with the residual add: `h = x + residual; residual = h; out = norm(h) * w (+ b)`.
 //!
-//! One workgroup of 256 invocations per row; the sums use subgroup reductions where the adapter
+//! One workgroup of 256 invocations per row, loading `vec4`s where the row length and every
+//! offset allow ([`Norm::source_vec`]); the sums use subgroup reductions where the adapter
 //! has them, else workgroup memory (numr's `workgroup_reduce_fns`). The mean and variance are
 //! two passes over the row (no `E[x²] - E[x]²` cancellation).
 //!
