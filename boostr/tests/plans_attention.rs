@@ -458,6 +458,49 @@ fn rope_plan_positions_from_buffer() {
     assert!(matches!(plan.record(&mut ctx.recorder(), &step_u32(0, 3).with_token(4)), Err(OpsError::BadArgs { .. })), "positions past the buffer");
 }
 
+/// A projection split over K leaves two partial sums `part_off` apart
+/// ([`QkvRopePlan::with_partial_sum`]): the rotated Q/K rows written back and the cached K/V are
+/// those of their sum, for a chunk of 3 tokens at slots 2..5; variants that write nothing back,
+/// and an `x` too short for the second partial, are typed errors.
+#[test]
+fn rope_plan_sums_split_partials() {
+    let Some(ctx) = test_gpu() else { return };
+    let (hd, n_q, n_kv, n) = (64, 4, 2, 3);
+    let cfg = QkvRope { style: RopeStyle::Normal, rope: true, qk_norm: false, norm_offset: false, kv_write: Some(KvDtype::F16) };
+    let rp = rope_params(hd, 64, RopeStyle::Normal);
+    let l = QkvLayout::packed(n, n_q, n_kv, hd);
+    let part = n * l.tok_stride;
+    let x = rnd(2 * part, 31, 1.0);
+    let xt = up(&ctx, &x);
+    let cache = new_cache(&ctx, n_kv, hd, 8, KvDtype::F16, None);
+    let inp = QkvRopeInputs { x: &bind(&xt), layout: l, rope: &rp, positions: &RopePositions::Step, qw: None, kw: None, eps: 0.0, cache: Some((&cache, 0)) };
+    let freqs = ctx.upload(bytemuck::cast_slice(&rp.inv_freqs())).unwrap();
+    let plan = QkvRopePlan::with_partial_sum(&ctx, &cfg, &inp, &Binding::whole(&freqs), part).unwrap();
+    let mut rec = ctx.recorder();
+    plan.record(&mut rec, &step_u32(2, n)).unwrap();
+    rec.submit().unwrap();
+    let mut want: Vec<f32> = (0..part).map(|i| x[i] + x[part + i]).collect();
+    let (ks, vs) = cfg.reference(&mut want, &l, &rp, &[2, 3, 4], None, None, 0.0).unwrap();
+    let got = xt.to_vec::<f32>().unwrap();
+    // Q and K rows of each token (V rows stay the first partial's: they only go to the cache).
+    for t in 0..n {
+        let qk = t * l.tok_stride..t * l.tok_stride + (n_q + n_kv) * hd;
+        close(&got[qk.clone()], &want[qk], 1e-4, &format!("Q/K of token {t}"));
+    }
+    // The cache is `[kv head][slot][hd]`, the reference `[token][kv head][hd]`.
+    let (kc, vc) = cache.read_layer(&ctx, 0, 5).unwrap();
+    let slots = |c: &[f32]| -> Vec<f32> {
+        (0..n).flat_map(|t| (0..n_kv).flat_map(move |h| (0..hd).map(move |d| (h, t, d)))).map(|(h, t, d)| c[(h * 5 + 2 + t) * hd + d]).collect()
+    };
+    close(&slots(&kc), &ks, 2e-3, "K");
+    close(&slots(&vc), &vs, 2e-3, "V");
+    let kv_only = QkvRope { rope: false, ..cfg };
+    assert!(QkvRopePlan::with_partial_sum(&ctx, &kv_only, &inp, &Binding::whole(&freqs), part).is_err(), "a variant that writes nothing back");
+    let short = up(&ctx, &x[..part + 10]);
+    let inp = QkvRopeInputs { x: &bind(&short), ..inp };
+    assert!(QkvRopePlan::with_partial_sum(&ctx, &cfg, &inp, &Binding::whole(&freqs), part).is_err(), "x without room for the second partial");
+}
+
 /// KV-only writes, f16 and q8_0, two chunks in one recorder on a segmented cache, against the
 /// CPU model of the cache and the eager fused write with rotation off.
 #[test]

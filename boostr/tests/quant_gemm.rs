@@ -101,6 +101,46 @@ fn coopmat_gemm_matches_reference_for_every_shape() {
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
 }
 
+/// The K split ([`GemmPlan::with_split_k`]): each partial `z` lands `z * m * N` further on and
+/// the partials add up to the reference, for 2, 3 and 8 splits (8 of K = 544: some splits
+/// empty), checked and unchecked, and for a step of fewer rows than the plan's. Wrong uses are
+/// typed errors (the tiled variant, a short output, 0 or 9 splits).
+#[test]
+fn split_k_partials_add_up_to_the_reference() {
+    let Some(ctx) = test_gpu() else { return };
+    let mut rng = Rng(22);
+    let (rows, m, cols) = (200, 150, 544);
+    let p = random_weight(&mut rng, WeightKind::Ggml(GgmlType::Q4_0), rows, cols);
+    let w = QuantMatrix::upload(&ctx, "w", &p).unwrap();
+    let x = random_x(&mut rng, m * cols);
+    let xb = ctx.upload(bytemuck::cast_slice(&x)).unwrap();
+    let tiled = QuantGemm { kind: WeightKind::Ggml(GgmlType::Q4_0), coopmat: false, unchecked: false };
+    let y = ctx.alloc(4 * (3 * m * rows) as u64, BufferKind::Storage).unwrap();
+    assert!(GemmPlan::with_split_k(&ctx, &tiled, &w, &Binding::whole(&xb), &Binding::whole(&y), m, 2).is_err());
+    if !QuantGemm::coopmat_available(&ctx) {
+        eprintln!("no cooperative matrix here: only the typed errors were checked");
+        return;
+    }
+    let short = ctx.alloc(4 * (m * rows) as u64, BufferKind::Storage).unwrap();
+    for (splits, out) in [(2, &short), (0, &y), (9, &y)] {
+        let coop = QuantGemm { coopmat: true, ..tiled };
+        assert!(GemmPlan::with_split_k(&ctx, &coop, &w, &Binding::whole(&xb), &Binding::whole(out), m, splits).is_err(), "{splits} splits");
+    }
+    for (splits, unchecked, rows_now) in [(2, false, m), (3, true, m), (8, false, m), (2, true, 70)] {
+        let cfg = QuantGemm { coopmat: true, unchecked, ..tiled };
+        let y = ctx.alloc(4 * (splits * m * rows) as u64, BufferKind::Storage).unwrap();
+        ctx.write(&y, 0, &vec![0u8; 4 * splits * m * rows]).unwrap();
+        let plan = GemmPlan::with_split_k(&ctx, &cfg, &w, &Binding::whole(&xb), &Binding::whole(&y), m, splits as u32).unwrap();
+        let mut rec = ctx.recorder();
+        plan.record(&mut rec, &StepValues::chunk(0, rows_now as u32)).unwrap();
+        rec.submit().unwrap();
+        let all: Vec<f32> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(&y, 0, 4 * (splits * m * rows) as u64).unwrap());
+        let got: Vec<f64> = (0..rows_now * rows).map(|i| (0..splits).map(|z| all[z * m * rows + i] as f64).sum()).collect();
+        let want: Vec<f64> = matmul_ref(&p, &x[..rows_now * cols], rows_now).unwrap().iter().map(|&v| v as f64).collect();
+        check_close_rtol(&got, &want, RTOL_F16).unwrap_or_else(|e| panic!("{splits} splits, {rows_now} rows: {e}"));
+    }
+}
+
 /// Speed probe for the H200: TFLOP/s per format and block shape at M = 512, N = K = 4096,
 /// each checked against the CPU on the first 8 activation rows.
 #[test]

@@ -151,17 +151,49 @@ impl GemmPlan {
     /// Validates `w`, the tiles and both bindings (a short one is
     /// [`QuantError::BufferTooSmall`] naming it).
     pub fn with_tiles(ctx: &GpuContext, cfg: &QuantGemm, tiles: CoopTiles, w: &QuantMatrix, x: &Binding, y: &Binding, max_m: usize) -> Result<GemmPlan> {
-        Self::build(ctx, cfg, tiles, w, x, &GemvOutput::Single(y.clone()), max_m)
+        Self::build(ctx, cfg, tiles, w, x, &GemvOutput::Single(y.clone()), max_m, 1)
     }
 
     /// As [`GemmPlan::new`] with the output placed as `output` says: [`GemvOutput::Single`], or
     /// [`GemvOutput::Columns`] (columns `offset .. offset + N` of a row-major `max_m x stride`
     /// output: a projection into its part of an engine's packed rows).
     pub fn with_output(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, x: &Binding, output: &GemvOutput, max_m: usize) -> Result<GemmPlan> {
-        Self::build(ctx, cfg, CoopTiles::DEFAULT, w, x, output, max_m)
+        Self::build(ctx, cfg, CoopTiles::DEFAULT, w, x, output, max_m, 1)
     }
 
-    fn build(ctx: &GpuContext, cfg: &QuantGemm, tiles: CoopTiles, w: &QuantMatrix, x: &Binding, output: &GemvOutput, max_m: usize) -> Result<GemmPlan> {
+    /// The coopmat GEMM split over K into `splits` partial sums, for a grid of too few blocks to
+    /// fill the GPU evenly (the split multiplies the blocks): partial `z` goes to `y` at element
+    /// `z * max_m * N` (`y` holds `splits * max_m * N` f32), and the consumer adds them up (such
+    /// as [`crate::rope::QkvRopePlan::with_partial_sum`]). Needs the coopmat variant, one part and
+    /// 1..=8 splits (typed errors otherwise).
+    pub fn with_split_k(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, x: &Binding, y: &Binding, max_m: usize, splits: u32) -> Result<GemmPlan> {
+        if !cfg.coopmat || w.parts.len() != 1 || !(1..=8).contains(&splits) {
+            return Err(QuantError::Config {
+                what: "split-K GEMM",
+                reason: format!("coopmat: {}, {} parts, {splits} splits (the coopmat variant, one part, 1..=8 splits)", cfg.coopmat, w.parts.len()),
+            });
+        }
+        Self::build(ctx, cfg, CoopTiles::DEFAULT, w, x, &GemvOutput::Single(y.clone()), max_m, splits)
+    }
+
+    /// Blocks of the default coopmat shape a GEMM of `m` rows over `w` dispatches (without a K
+    /// split): what decides whether [`GemmPlan::with_split_k`] pays.
+    pub fn coop_blocks(w: &QuantMatrix, m: usize) -> usize {
+        let t = CoopTiles::DEFAULT;
+        m.div_ceil(t.bm as usize) * w.parts.iter().map(|p| p.rows.div_ceil(t.bn as usize)).sum::<usize>()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        ctx: &GpuContext,
+        cfg: &QuantGemm,
+        tiles: CoopTiles,
+        w: &QuantMatrix,
+        x: &Binding,
+        output: &GemvOutput,
+        max_m: usize,
+        splits: u32,
+    ) -> Result<GemmPlan> {
         const OP: &str = "gemm";
         if cfg.kind != w.kind() {
             return Err(QuantError::Shape { what: OP, reason: format!("kernel for {} given {}", cfg.kind.name(), w.kind().name()) });
@@ -179,6 +211,11 @@ impl GemmPlan {
         check_binding(OP, "x", x, mul("x elements", max_m, w.cols)?, 4)?;
         let (ys, _) = output.checked(OP, false, max_m, w.rows)?;
         let y = &ys[0];
+        // The partial sums of a K split, `max_m * N` apart.
+        let split_off = mul("GEMM output elements", max_m, w.rows)?;
+        if splits > 1 {
+            check_binding(OP, "y", y, mul("split outputs", split_off, splits as usize)?, 4)?;
+        }
         let cols = out_cols(output, w.rows);
         let caps = ctx.capabilities();
         let env = env_of(caps);
@@ -213,7 +250,9 @@ impl GemmPlan {
             // - Stores `y[gm * n_out + row0 + gn]` under `gm < m`, `gn < rows` (so `row0 + gn <
             //   N`, or with `GemvOutput::Columns` `< offset + N <= stride = n_out`, `y` holding
             //   `max_m * stride`, checked); the coopmat direct stores only when the whole `bm x bn` block is inside
-            //   (`m0 + bm <= m`, `n0 + bn <= rows`); `y` holds `max_m * N` f32.
+            //   (`m0 + bm <= m`, `n0 + bn <= rows`); `y` holds `max_m * N` f32. A K split adds
+            //   `z * max_m * N` with `z < splits` (the grid's z), and `y` then holds `splits *
+            //   max_m * N` f32 (checked above; `GemvOutput::Single`, so `n_out = N`).
             // - Workgroup tiles by construction of the (validated) tile shape; the coopmat
             //   kernel's per-subgroup scratch by `sg_idx < sg_count = sg_m * sg_n` (subgroups of
             //   exactly 32, which `coopmat_available` checked). Every product fits 32 bits.
@@ -225,9 +264,14 @@ impl GemmPlan {
         let mut plan = Plan::new();
         for (part, &gx) in w.parts.iter().zip(&gxs) {
             let group = ctx.bind(&kernel, &[x.clone(), part.binding(), part.binding(), y.clone()])?;
-            let d = set_out_cols(set_part(PlanDispatch::new(&kernel, group, [gx, 0, 1])?, w, part)?, part, cols)?
+            let mut d = set_out_cols(set_part(PlanDispatch::new(&kernel, group, [gx, 0, 1])?, w, part)?, part, cols)?
                 .per_step("m", move |s| step_rows(s, max))?
-                .grid_per_step(move |s| [gx, step_rows(s, max).div_ceil(bm), 1]);
+                .grid_per_step(move |s| [gx, step_rows(s, max).div_ceil(bm), splits]);
+            if cfg.coopmat {
+                let nsteps = w.chunks_per_row().div_ceil(tiles.bk as usize / 32);
+                let ks_per = if splits > 1 { nsteps.div_ceil(splits as usize) } else { 0 };
+                d = d.set_usize("ks_per", ks_per)?.set_usize("split_off", if splits > 1 { split_off } else { 0 })?;
+            }
             plan.push(d);
         }
         Ok(GemmPlan { plan, max_m })

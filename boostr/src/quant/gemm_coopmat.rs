@@ -161,6 +161,11 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, env: &KernelEnv) -> Result<K
     let sm = (sgi / {sg_n}u) * {tm}u;
     let sn = (sgi % {sg_n}u) * {tn}u;
     let nsteps = (p.cpr + {cpk}u - 1u) / {cpk}u;
+    // Split `wid.z` over K: steps `ks_lo .. ks_hi` (`ks_per` each; 0: every step), stored
+    // `split_off` elements further on per split.
+    let ks_lo = min(wid.z * p.ks_per, nsteps);
+    let ks_hi = select(nsteps, min(ks_lo + p.ks_per, nsteps), p.ks_per > 0u);
+    let yo = wid.z * p.split_off;
 ",
         bn = t.bn,
         bm = t.bm,
@@ -233,14 +238,14 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, env: &KernelEnv) -> Result<K
         let _ = writeln!(b, "    var wr{i}: array<vec4<f32>, 8>;");
     }
     if t.prefetch {
-        b.push_str(&load.replace("KS", "0u"));
-        b.push_str("    for (var ks = 0u; ks < nsteps; ks++) {\n");
+        b.push_str(&load.replace("KS", "ks_lo"));
+        b.push_str("    for (var ks = ks_lo; ks < ks_hi; ks++) {\n");
         b.push_str(&store);
-        b.push_str("        workgroupBarrier();\n        if (ks + 1u < nsteps) {\n");
+        b.push_str("        workgroupBarrier();\n        if (ks + 1u < ks_hi) {\n");
         b.push_str(&load.replace("KS", "(ks + 1u)"));
         b.push_str("        }\n");
     } else {
-        b.push_str("    for (var ks = 0u; ks < nsteps; ks++) {\n");
+        b.push_str("    for (var ks = ks_lo; ks < ks_hi; ks++) {\n");
         b.push_str(&load.replace("KS", "ks"));
         b.push_str(&store);
         b.push_str("        workgroupBarrier();\n");
@@ -265,7 +270,7 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, env: &KernelEnv) -> Result<K
     let _ = write!(b, "    if (m0 + {}u <= p.m && n0 + {}u <= p.rows) {{\n        let ny = p.n_out;\n", t.bm, t.bn);
     for i in 0..fm {
         for j in 0..fn_ {
-            let _ = writeln!(b, "        let iy{i}_{j} = (m0 + sm + {}u) * p.n_out + p.row0 + n0 + sn + {}u;", 16 * i, 16 * j);
+            let _ = writeln!(b, "        let iy{i}_{j} = yo + (m0 + sm + {}u) * p.n_out + p.row0 + n0 + sn + {}u;", 16 * i, 16 * j);
             let _ = writeln!(b, "        coopStoreT(c{i}_{j}, &y[iy{i}_{j}], ny);");
         }
     }
@@ -280,7 +285,7 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, env: &KernelEnv) -> Result<K
             let e = lane + t * 32u;
             let gm = m0 + sm + {mi}u + (e >> 4u);
             let gn = n0 + sn + {nj}u + (e & 15u);
-            if (gm < p.m && gn < p.rows) {{ y[gm * p.n_out + p.row0 + gn] = Cs[cs + e]; }}
+            if (gm < p.m && gn < p.rows) {{ y[yo + gm * p.n_out + p.row0 + gn] = Cs[cs + e]; }}
         }}
         workgroupBarrier();
 ",
@@ -301,6 +306,6 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, env: &KernelEnv) -> Result<K
         .storage("wv", Access::Read, "array<vec4<u32>>")
         .storage("ws", Access::Read, "array<u32>")
         .storage("y", Access::ReadWrite, "array<f32>")
-        .params(PARAMS)
+        .params(&PARAMS.iter().copied().chain(["ks_per", "split_off"]).collect::<Vec<_>>())
         .build())
 }

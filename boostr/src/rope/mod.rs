@@ -227,7 +227,9 @@ impl QkvRope {
     /// 2-D grid: Q heads, then K heads, then (with a KV write) V heads. Token `t` sits at position
     /// `pos0 + t` (`pos_mode` 0) or `pos[pos_base + t]` (`pos_mode` 1), and its K/V go to slot
     /// `pos0 + t` when that slot lies in the bound segment `seg_start .. seg_start + seg_len`
-    /// (others are dropped, so a write never leaves the segment's buffers).
+    /// (others are dropped, so a write never leaves the segment's buffers). With `part_off > 0`
+    /// each head row is the sum of the row at `base` and the one `part_off` further on (the two
+    /// partial sums of a projection split over K, [`QkvRopePlan::with_partial_sum`]).
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let name = format!(
             "qkv_rope_{:?}_r{}_n{}_o{}_{}",
@@ -319,6 +321,8 @@ impl QkvRope {
     if (h >= p.n_q + p.n_kv) {{ kind = 2u; hh = h - p.n_q - p.n_kv; off = p.v_off; }} else if (h >= p.n_q) {{ kind = 1u; hh = h - p.n_q; off = p.k_off; }}
     let base = p.x_off + t * p.tok_stride + off + hh * p.hd;
     for (var d = lidx; d < p.hd; d += {ROPE_WG}u) {{ row[d] = x[base + d]; }}
+    // A projection split over K left its second partial sum `part_off` further on.
+    if (p.part_off > 0u) {{ for (var d = lidx; d < p.hd; d += {ROPE_WG}u) {{ row[d] += x[base + p.part_off + d]; }} }}
     workgroupBarrier();
 {norm}{rope}{write_back}{kv}"
         );
@@ -341,6 +345,7 @@ impl QkvRope {
                 "rot",
                 "tok_stride",
                 "x_off",
+                "part_off",
                 "q_off",
                 "k_off",
                 "v_off",

@@ -79,6 +79,22 @@ impl QkvRopePlan {
     /// for frequencies [`RopeParams::inv_freqs`] cannot express, such as Llama 3.1's per-frequency
     /// factors as GGUF files store them (`rope_freqs.weight`).
     pub fn with_freqs(ctx: &GpuContext, cfg: &QkvRope, inp: &QkvRopeInputs, freqs: &Binding) -> Result<QkvRopePlan> {
+        Self::build(ctx, cfg, inp, freqs, 0)
+    }
+
+    /// [`Self::with_freqs`] over a projection that was split over K into two partial sums: `x`
+    /// holds the first at the layout's offsets and the second `part_off` f32 further on; each
+    /// head row is their sum. The variant must write Q and K back ([`QkvRope::transforms`]), so
+    /// that what reads them later finds the sums; V goes to the cache. Typed errors as
+    /// [`Self::new`], and for an `x` binding shorter than `part_off` plus the layout.
+    pub fn with_partial_sum(ctx: &GpuContext, cfg: &QkvRope, inp: &QkvRopeInputs, freqs: &Binding, part_off: usize) -> Result<QkvRopePlan> {
+        if !cfg.transforms() || cfg.kv_write.is_none() || part_off == 0 {
+            return Err(bad("qkv_rope", format!("a partial sum at {part_off} needs a variant that writes Q/K back and V to the cache ({cfg:?})")));
+        }
+        Self::build(ctx, cfg, inp, freqs, part_off)
+    }
+
+    fn build(ctx: &GpuContext, cfg: &QkvRope, inp: &QkvRopeInputs, freqs: &Binding, part_off: usize) -> Result<QkvRopePlan> {
         let (l, rope) = (&inp.layout, inp.rope);
         let hd = l.head_dim;
         if hd == 0 || hd > 256 || rope.rot_dim > hd || !rope.rot_dim.is_multiple_of(2) || rope.head_dim != hd {
@@ -92,8 +108,9 @@ impl QkvRopePlan {
         }
         let kv = cfg.kv_write.is_some();
         let extent = l.extent(kv).ok_or_else(|| bad("qkv_rope", "layout overflows"))?;
-        if (extent as u64) * 4 > inp.x.size {
-            return Err(bad("qkv_rope", format!("x binding of {} bytes, the layout reads {extent} f32", inp.x.size)));
+        let read = extent.checked_add(part_off).ok_or_else(|| bad("qkv_rope", "layout overflows"))?;
+        if (read as u64) * 4 > inp.x.size {
+            return Err(bad("qkv_rope", format!("x binding of {} bytes, the layout reads {read} f32", inp.x.size)));
         }
         if cfg.rope && freqs.size < (rope.rot_dim / 2 * 4) as u64 {
             return Err(bad("qkv_rope", "fewer inverse frequencies than rot_dim / 2"));
@@ -133,6 +150,7 @@ impl QkvRopePlan {
                 .set_usize("rot", rope.rot_dim)?
                 .set_usize("tok_stride", l.tok_stride)?
                 .set_usize("x_off", l.x_off)?
+                .set_usize("part_off", part_off)?
                 .set_usize("q_off", l.q_off)?
                 .set_usize("k_off", l.k_off)?
                 .set_usize("v_off", l.v_off)?

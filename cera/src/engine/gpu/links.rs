@@ -10,8 +10,9 @@ use numr::gpu::{Binding, GpuContext, KernelEnv};
 use super::super::EngineError;
 use super::super::graph::{Op, Slot};
 use super::fuse::{Fusions, Input};
-use super::plans::{Mode, PlanInputs, q8_config, uses_int8};
+use super::plans::{Mode, PlanInputs, uses_int8};
 use super::quant_err;
+use super::tuning::q8_config;
 
 /// Which producers quantize the int8 GEMVs' activations ([`epilogue_links`]).
 #[derive(Clone, Copy, Debug)]

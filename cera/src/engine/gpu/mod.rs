@@ -9,6 +9,7 @@ mod links;
 mod plans;
 mod state;
 mod trace;
+mod tuning;
 mod weights;
 
 use std::sync::Arc;

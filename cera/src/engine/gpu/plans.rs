@@ -6,21 +6,26 @@
 //!
 //! The decode plan fuses what the graph writes as separate ops ([`super::fuse`]): the residual
 //! add goes into the GEMV producing the delta (`accumulate`), the RMSNorm into the GEMV
-//! consuming it (`Prologue::RmsNorm`, reading the residual stream), and the GLU into the down
-//! projection (`Prologue::Glu`), so a llama layer is 6 dispatches.
+//! consuming it (`Prologue::RmsNorm`, reading the residual stream), the GLU into the down
+//! projection (`Prologue::Glu`), and RoPE with the KV write into the Q/K/V GEMV, so a llama layer
+//! is 5 dispatches.
 //!
 //! On the int8 path ([`DecodeGemv`]) each projection instead reads activations quantized to
-//! int8 by the dispatch before it, which takes the same fusions: the RMSNorm
-//! (`Q8Activations::with_rms_norm`), the GLU (`Q8Activations::with_glu`), or nothing
-//! (`Q8Activations::new`); the integer-dot GEMV adds into the residual stream as the f32 one
-//! does. A llama layer is then 9 dispatches, each GEMV reading a quarter of the activation
-//! bytes with a quarter of the instructions.
+//! int8, which takes the same fusions: the quantization runs in the epilogue of the GEMV or the
+//! attention that produces them ([`super::links`]), else in a dispatch of its own
+//! (`Q8Activations::with_rms_norm`, `with_glu`, `new`); a llama layer is 5 dispatches there too,
+//! each GEMV reading a quarter of the activation bytes with a quarter of the instructions.
+//!
+//! The prefill plan records the graph's ops as they are, except that a Q/K/V GEMM of too few
+//! blocks to fill the GPU is split over K, and the RoPE kernel after it adds the two partial
+//! sums ([`super::tuning::qkv_split_k`]). The measured constants and the `CERA_*` overrides are
+//! in [`super::tuning`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use boostr::act::{Act, ActIo, ActKind, ActPlan, GluInput};
-use boostr::attention::{AttnOptions, DecodeKernel, DecodePlan, PrefillPlan, QueryLayout};
+use boostr::attention::{AttnOptions, DecodePlan, PrefillPlan, QueryLayout};
 use boostr::bias::BiasPlan;
 use boostr::conv::{ShortConv, ShortConvIo, ShortConvPlan};
 use boostr::embedding::EmbeddingPlan;
@@ -35,8 +40,9 @@ use super::super::EngineError;
 use super::super::backend::CONV_RING;
 use super::super::graph::{ModelGraph, Op, Slot};
 use super::super::options::DecodeGemv;
-use super::fuse::{Allow, Fusions, Input, act_kind, fuse_decode};
-use super::links::{Epilogues, Links, epilogue_links};
+use super::fuse::{Fusions, Input, act_kind, fuse_decode};
+use super::links::{Links, epilogue_links};
+use super::tuning::{QKV_SPLIT_K, attn_tuning, decode_fusions, env_u32, f32_rows, norm_stage_k, prefill_attn_kernel, q8_config, qkv_split_k};
 use super::weights::GpuWeights;
 use super::{dev_err, ops_err, quant_err};
 
@@ -68,7 +74,12 @@ impl Slots {
     pub(crate) fn new(ctx: &GpuContext, graph: &ModelGraph, rows: usize) -> Result<Slots, EngineError> {
         let mut bufs = HashMap::new();
         for s in graph.slots() {
-            let r = if s == Slot::Logits { 1 } else { rows };
+            // A prefill's Q/K/V projection may be split over K: room for its second partial sum.
+            let r = match s {
+                Slot::Logits => 1,
+                Slot::Qkv if rows > 1 => rows * QKV_SPLIT_K as usize,
+                _ => rows,
+            };
             let bytes = (r * graph.width(s) * 4) as u64;
             let b = ctx.alloc(bytes.max(16), BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
             bufs.insert(s, b);
@@ -136,80 +147,6 @@ pub(crate) fn kv_dtype(kv: super::super::KvType) -> Result<KvDtype, EngineError>
         super::super::KvType::F32 => Err(EngineError::Unsupported { what: "an f32 KV cache on the GPU (f16 or q8_0)".into() }),
     }
 }
-
-/// The decode fusions to make, and whether int8 GEMVs quantize their outputs in their epilogue
-/// ([`epilogue_links`]). Diagnostic switches, to measure what each fusion gives:
-/// `CERA_DECODE_FUSION` = `none`, or a comma list of `norm`, `residual`, `glu`, `epilogue`,
-/// `attn_q8` (default: all);
-/// `CERA_NORM_FUSE_MAX_K`: the RMSNorm goes into GEMVs of at most this many input features
-/// (default [`NORM_FUSE_MAX_K`]).
-fn decode_fusions() -> (Allow, Epilogues) {
-    let list = std::env::var("CERA_DECODE_FUSION").unwrap_or_else(|_| "norm,residual,glu,epilogue,attn_q8,rope".into());
-    let has = |f: &str| list.split(',').any(|x| x.trim() == f);
-    let max_k = std::env::var("CERA_NORM_FUSE_MAX_K").ok().and_then(|v| v.parse().ok()).unwrap_or(NORM_FUSE_MAX_K);
-    (
-        Allow { norm_max_k: if has("norm") { max_k } else { 0 }, residual: has("residual"), glu: has("glu"), rope: has("rope") },
-        Epilogues { gemv: has("epilogue"), attention: has("attn_q8") },
-    )
-}
-
-/// A diagnostic override (`CERA_GEMV_ROWS`, `CERA_GEMV_THREADS`: the f32 decode GEMV's rows per
-/// workgroup and invocations; `CERA_Q8_ROWS`, `CERA_Q8_THREADS`, `CERA_Q8_UNROLL`,
-/// `CERA_Q8_SG_ROWS`, `CERA_Q8_PREFETCH`, `CERA_Q8_MAX_WGS`: the integer-dot GEMV's).
-fn env_u32(name: &str) -> Option<u32> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
-
-/// A diagnostic override of the decode attention's tuning (`CERA_ATTN_TUNING` =
-/// `heads,keys,target_wgs`, boostr's `DecodePlanBuilder::tuning`).
-fn attn_tuning() -> Option<(u32, u32, usize)> {
-    let v = std::env::var("CERA_ATTN_TUNING").ok()?;
-    let p: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
-    (p.len() == 3).then(|| (p[0] as u32, p[1] as u32, p[2]))
-}
-
-/// The prefill attention kernel forced by `CERA_PREFILL_ATTN` = `coop`, `subgroup` or `tiled`
-/// (a diagnostic for measuring; default: the best the adapter and the cache allow).
-fn prefill_attn_kernel() -> Option<DecodeKernel> {
-    match std::env::var("CERA_PREFILL_ATTN").ok()?.as_str() {
-        "coop" => Some(DecodeKernel::Coop),
-        "subgroup" => Some(DecodeKernel::Subgroup),
-        "tiled" => Some(DecodeKernel::Tiled),
-        _ => None,
-    }
-}
-
-/// Input features up to which the RMSNorm runs inside the consuming GEMV.
-const NORM_FUSE_MAX_K: usize = usize::MAX;
-
-/// Activations staged in workgroup memory by the RMSNorm prologue up to this many features
-/// (`CERA_NORM_STAGE_K`; default 0: normalised while loading, which measured faster on the
-/// H200 at every size: staging 4096 features cost llama-8b 20% of its decode speed).
-fn norm_stage_k() -> u32 {
-    env_u32("CERA_NORM_STAGE_K").unwrap_or(0)
-}
-
-/// Rows per workgroup of the decode step's integer-dot GEMVs, at least. Two (boostr's default
-/// takes one for most shapes) measured 331 -> 340 tok/s on llama-8b and 848 -> 860 on llama-1b
-/// (tg128, H200, 2026-12-01); 4 or 8 rows per workgroup with one row per subgroup, unroll 4 and
-/// prefetching were all slower.
-const Q8_ROWS: u32 = 2;
-
-/// Workgroups per integer-dot decode GEMV at most, each taking several row groups where the
-/// matrix has more (`CERA_Q8_MAX_WGS`; 0: one row group per workgroup).
-const Q8_MAX_WGS: u32 = 0;
-
-/// Decode GEMVs over at least this many input features take 8 rows per workgroup (each
-/// activation load shared by twice the rows): +24% decode on llama-8b, neutral on llama-1b,
-/// -20% on SmolLM2's 576 (H200, README).
-const WIDE_K: usize = 2048;
-
-/// Decode GEMVs below [`WIDE_K`] with fewer input features or fewer rows than this are bound by
-/// latency, not bytes: they take two rows per workgroup (twice the workgroups of boostr's
-/// default four, each with half the work). H200, tg128, three pairs each: SmolLM2-135M (K 576)
-/// 879 -> 977 tok/s, Gemma 3 270M (K 640) 644 -> 681; with two rows everywhere Qwen3-0.6B
-/// (K 1024, 4096 and more rows) lost 577 -> 517, so its projections keep four.
-const SMALL_GEMV: usize = 1024;
 
 /// Builds the plan of `mode` over `slots`.
 pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mode) -> Result<Plan, EngineError> {
@@ -318,8 +255,16 @@ pub(crate) fn build_layers(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mo
                     eps: c.norm_eps,
                     cache: Some((inp.cache, *layer)),
                 };
-                let p = QkvRopePlan::with_freqs(ctx, &cfg, &inputs, &Binding::whole(&inp.freqs[*layer])).map_err(ops_err)?;
-                plan.append(p.plan());
+                let freqs = Binding::whole(&inp.freqs[*layer]);
+                // The Q/K/V GEMM before it (a bias at most between) split over K?
+                let producer = (0..i).rev().find(|&j| !matches!(g.ops[j], Op::Bias { .. }));
+                let p = match (mode, producer) {
+                    (Mode::Prefill { max_tok }, Some(j)) if qkv_split_k(ctx, inp, j, max_tok) > 1 => {
+                        QkvRopePlan::with_partial_sum(ctx, &cfg, &inputs, &freqs, max_tok * g.width(Slot::Qkv))
+                    }
+                    _ => QkvRopePlan::with_freqs(ctx, &cfg, &inputs, &freqs),
+                };
+                plan.append(p.map_err(ops_err)?.plan());
             }
             Op::Attention { layer, window } => {
                 let opts = AttnOptions { scale: c.attn_scale, softcap: c.attn_softcap, window: *window };
@@ -493,23 +438,15 @@ fn linear(
             }
             (Mode::Prefill { max_tok }, _) => {
                 let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
-                plan.append(GemmPlan::with_output(ctx, &cfg, w, &x, &output, max_tok).map_err(|e| quant_err(ctx, &w.name, e))?.plan());
+                let p = match qkv_split_k(ctx, inp, op, max_tok) {
+                    1 => GemmPlan::with_output(ctx, &cfg, w, &x, &output, max_tok),
+                    splits => GemmPlan::with_split_k(ctx, &cfg, w, &x, &y, max_tok, splits),
+                };
+                plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
             }
         }
     }
     Ok(())
-}
-
-/// Rows per workgroup of the f32 decode GEMV over `w` (with the diagnostic override).
-fn f32_rows(env: &KernelEnv, w: &boostr::quant::QuantMatrix) -> u32 {
-    let small = w.cols < SMALL_GEMV || w.rows < SMALL_GEMV;
-    env_u32("CERA_GEMV_ROWS").unwrap_or(if w.cols >= WIDE_K {
-        8
-    } else if small {
-        2
-    } else {
-        QuantGemv::new(WeightKind::of(w.format), env, 1).rows_per_workgroup
-    })
 }
 
 /// Whether linear op `op`'s decode GEMV can run the next op's RoPE and KV write (boostr's
@@ -535,25 +472,6 @@ fn rope_fusable(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs, op: usize) 
         q.rows_per_workgroup.is_multiple_of(2) && sg_rows.is_multiple_of(2)
     } else {
         f32_rows(env, w).is_multiple_of(2)
-    }
-}
-
-/// The integer-dot GEMV configuration of a decode projection (with the diagnostic overrides).
-pub(super) fn q8_config(env: &KernelEnv, w: &boostr::quant::QuantMatrix) -> QuantGemvQ8 {
-    let base = QuantGemvQ8::for_matrix(WeightKind::of(w.format), env, 1, w.rows, w.cols);
-    let rows = env_u32("CERA_Q8_ROWS").unwrap_or(Q8_ROWS.max(base.rows_per_workgroup));
-    // Row groups per workgroup: at most `Q8_MAX_WGS` workgroups per dispatch (0: one group each).
-    let max_wgs = env_u32("CERA_Q8_MAX_WGS").unwrap_or(Q8_MAX_WGS) as usize;
-    let groups = if max_wgs == 0 { 1 } else { w.rows.div_ceil(rows.max(1) as usize).div_ceil(max_wgs).clamp(1, 64) as u32 };
-    QuantGemvQ8 {
-        unchecked: true,
-        rows_per_workgroup: rows,
-        row_groups: groups,
-        threads: env_u32("CERA_Q8_THREADS").unwrap_or(base.threads),
-        unroll: env_u32("CERA_Q8_UNROLL").unwrap_or(base.unroll),
-        subgroup_rows: env_u32("CERA_Q8_SG_ROWS").unwrap_or(base.subgroup_rows),
-        prefetch: env_u32("CERA_Q8_PREFETCH").map_or(base.prefetch, |v| v != 0),
-        ..base
     }
 }
 

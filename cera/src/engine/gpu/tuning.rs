@@ -1,0 +1,142 @@
+//! The plan builder's tuning: the measured constants (rows per workgroup of the decode GEMVs,
+//! when a prefill's Q/K/V GEMM is split over K) and the diagnostic overrides (`CERA_*`) that
+//! measured them, so an A/B needs no rebuild.
+
+use boostr::attention::DecodeKernel;
+use boostr::quant::{GemmPlan, QuantGemm, QuantGemv, QuantGemvQ8, WeightKind};
+use numr::gpu::{GpuContext, KernelEnv};
+
+use super::super::graph::{Op, Slot};
+use super::fuse::Allow;
+use super::links::Epilogues;
+use super::plans::PlanInputs;
+
+/// The decode fusions to make, and whether int8 GEMVs quantize their outputs in their epilogue
+/// ([`epilogue_links`]). Diagnostic switches, to measure what each fusion gives:
+/// `CERA_DECODE_FUSION` = `none`, or a comma list of `norm`, `residual`, `glu`, `epilogue`,
+/// `attn_q8` (default: all);
+/// `CERA_NORM_FUSE_MAX_K`: the RMSNorm goes into GEMVs of at most this many input features
+/// (default [`NORM_FUSE_MAX_K`]).
+pub(super) fn decode_fusions() -> (Allow, Epilogues) {
+    let list = std::env::var("CERA_DECODE_FUSION").unwrap_or_else(|_| "norm,residual,glu,epilogue,attn_q8,rope".into());
+    let has = |f: &str| list.split(',').any(|x| x.trim() == f);
+    let max_k = std::env::var("CERA_NORM_FUSE_MAX_K").ok().and_then(|v| v.parse().ok()).unwrap_or(NORM_FUSE_MAX_K);
+    (
+        Allow { norm_max_k: if has("norm") { max_k } else { 0 }, residual: has("residual"), glu: has("glu"), rope: has("rope") },
+        Epilogues { gemv: has("epilogue"), attention: has("attn_q8") },
+    )
+}
+
+/// A diagnostic override (`CERA_GEMV_ROWS`, `CERA_GEMV_THREADS`: the f32 decode GEMV's rows per
+/// workgroup and invocations; `CERA_Q8_ROWS`, `CERA_Q8_THREADS`, `CERA_Q8_UNROLL`,
+/// `CERA_Q8_SG_ROWS`, `CERA_Q8_PREFETCH`, `CERA_Q8_MAX_WGS`: the integer-dot GEMV's).
+pub(super) fn env_u32(name: &str) -> Option<u32> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// A diagnostic override of the decode attention's tuning (`CERA_ATTN_TUNING` =
+/// `heads,keys,target_wgs`, boostr's `DecodePlanBuilder::tuning`).
+pub(super) fn attn_tuning() -> Option<(u32, u32, usize)> {
+    let v = std::env::var("CERA_ATTN_TUNING").ok()?;
+    let p: Vec<usize> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+    (p.len() == 3).then(|| (p[0] as u32, p[1] as u32, p[2]))
+}
+
+/// The prefill attention kernel forced by `CERA_PREFILL_ATTN` = `coop`, `subgroup` or `tiled`
+/// (a diagnostic for measuring; default: the best the adapter and the cache allow).
+pub(super) fn prefill_attn_kernel() -> Option<DecodeKernel> {
+    match std::env::var("CERA_PREFILL_ATTN").ok()?.as_str() {
+        "coop" => Some(DecodeKernel::Coop),
+        "subgroup" => Some(DecodeKernel::Subgroup),
+        "tiled" => Some(DecodeKernel::Tiled),
+        _ => None,
+    }
+}
+
+/// K splits of a prefill's Q/K/V projection where its coopmat GEMM has few blocks
+/// ([`QKV_SPLIT_MAX_BLOCKS`]); the RoPE kernel after it adds the two partial sums.
+pub(super) const QKV_SPLIT_K: u32 = 2;
+
+/// A prefill's Q/K/V GEMM of at most this many coopmat blocks is split over K
+/// (`CERA_PREFILL_SPLIT_K` = 1 turns the split off, for measuring).
+const QKV_SPLIT_MAX_BLOCKS: usize = 256;
+
+/// K splits of the prefill GEMM of linear op `op` (1: none): its output is the Q/K/V slot, a
+/// RoPE op that writes Q and K back reads it next (after a bias at most), the GEMM runs on
+/// cooperative matrices over one part, and its grid has at most [`QKV_SPLIT_MAX_BLOCKS`] blocks.
+pub(super) fn qkv_split_k(ctx: &GpuContext, inp: &PlanInputs, op: usize, max_tok: usize) -> u32 {
+    let g = inp.graph;
+    // (A plan of one row shares the decode slots' size: no room for a second partial.)
+    if max_tok < 2 || !matches!(g.ops[op], Op::Linear { out: Slot::Qkv, .. }) || env_u32("CERA_PREFILL_SPLIT_K").unwrap_or(QKV_SPLIT_K) < 2 {
+        return 1;
+    }
+    let next = g.ops[op + 1..].iter().find(|o| !matches!(o, Op::Bias { .. }));
+    // The engine's RoPE op always rotates, so it writes Q and K back.
+    let rope_writes_back = matches!(next, Some(Op::QkvRope { .. }));
+    let Some(parts) = inp.weights.linear.get(&op) else { return 1 };
+    let coop = parts.len() == 1 && QuantGemm::new(WeightKind::of(parts[0].w.format), ctx).coopmat;
+    if rope_writes_back && coop && GemmPlan::coop_blocks(&parts[0].w, max_tok) <= QKV_SPLIT_MAX_BLOCKS { QKV_SPLIT_K } else { 1 }
+}
+
+/// Input features up to which the RMSNorm runs inside the consuming GEMV.
+const NORM_FUSE_MAX_K: usize = usize::MAX;
+
+/// Activations staged in workgroup memory by the RMSNorm prologue up to this many features
+/// (`CERA_NORM_STAGE_K`; default 0: normalised while loading, which measured faster on the
+/// H200 at every size: staging 4096 features cost llama-8b 20% of its decode speed).
+pub(super) fn norm_stage_k() -> u32 {
+    env_u32("CERA_NORM_STAGE_K").unwrap_or(0)
+}
+
+/// Rows per workgroup of the decode step's integer-dot GEMVs, at least. Two (boostr's default
+/// takes one for most shapes) measured 331 -> 340 tok/s on llama-8b and 848 -> 860 on llama-1b
+/// (tg128, H200, 2026-12-01); 4 or 8 rows per workgroup with one row per subgroup, unroll 4 and
+/// prefetching were all slower.
+const Q8_ROWS: u32 = 2;
+
+/// Workgroups per integer-dot decode GEMV at most, each taking several row groups where the
+/// matrix has more (`CERA_Q8_MAX_WGS`; 0: one row group per workgroup).
+const Q8_MAX_WGS: u32 = 0;
+
+/// Decode GEMVs over at least this many input features take 8 rows per workgroup (each
+/// activation load shared by twice the rows): +24% decode on llama-8b, neutral on llama-1b,
+/// -20% on SmolLM2's 576 (H200, README).
+const WIDE_K: usize = 2048;
+
+/// Decode GEMVs below [`WIDE_K`] with fewer input features or fewer rows than this are bound by
+/// latency, not bytes: they take two rows per workgroup (twice the workgroups of boostr's
+/// default four, each with half the work). H200, tg128, three pairs each: SmolLM2-135M (K 576)
+/// 879 -> 977 tok/s, Gemma 3 270M (K 640) 644 -> 681; with two rows everywhere Qwen3-0.6B
+/// (K 1024, 4096 and more rows) lost 577 -> 517, so its projections keep four.
+const SMALL_GEMV: usize = 1024;
+
+/// Rows per workgroup of the f32 decode GEMV over `w` (with the diagnostic override).
+pub(super) fn f32_rows(env: &KernelEnv, w: &boostr::quant::QuantMatrix) -> u32 {
+    let small = w.cols < SMALL_GEMV || w.rows < SMALL_GEMV;
+    env_u32("CERA_GEMV_ROWS").unwrap_or(if w.cols >= WIDE_K {
+        8
+    } else if small {
+        2
+    } else {
+        QuantGemv::new(WeightKind::of(w.format), env, 1).rows_per_workgroup
+    })
+}
+
+/// The integer-dot GEMV configuration of a decode projection (with the diagnostic overrides).
+pub(super) fn q8_config(env: &KernelEnv, w: &boostr::quant::QuantMatrix) -> QuantGemvQ8 {
+    let base = QuantGemvQ8::for_matrix(WeightKind::of(w.format), env, 1, w.rows, w.cols);
+    let rows = env_u32("CERA_Q8_ROWS").unwrap_or(Q8_ROWS.max(base.rows_per_workgroup));
+    // Row groups per workgroup: at most `Q8_MAX_WGS` workgroups per dispatch (0: one group each).
+    let max_wgs = env_u32("CERA_Q8_MAX_WGS").unwrap_or(Q8_MAX_WGS) as usize;
+    let groups = if max_wgs == 0 { 1 } else { w.rows.div_ceil(rows.max(1) as usize).div_ceil(max_wgs).clamp(1, 64) as u32 };
+    QuantGemvQ8 {
+        unchecked: true,
+        rows_per_workgroup: rows,
+        row_groups: groups,
+        threads: env_u32("CERA_Q8_THREADS").unwrap_or(base.threads),
+        unroll: env_u32("CERA_Q8_UNROLL").unwrap_or(base.unroll),
+        subgroup_rows: env_u32("CERA_Q8_SG_ROWS").unwrap_or(base.subgroup_rows),
+        prefetch: env_u32("CERA_Q8_PREFETCH").map_or(base.prefetch, |v| v != 0),
+        ..base
+    }
+}
