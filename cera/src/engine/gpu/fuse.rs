@@ -192,12 +192,12 @@ pub(crate) fn fuse_decode(ops: &[Op], allow: Allow, k_of: &dyn Fn(usize) -> usiz
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::engine::arch::{FileFacts, build};
     use crate::engine::config::{Arch, LayerKind, LayerRope, ModelConfig};
 
-    fn config(arch: Arch, n_layers: usize) -> ModelConfig {
+    pub(in crate::engine::gpu) fn config(arch: Arch, n_layers: usize) -> ModelConfig {
         ModelConfig {
             arch,
             n_layers,

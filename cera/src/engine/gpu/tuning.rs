@@ -65,17 +65,24 @@ const QKV_SPLIT_MAX_BLOCKS: usize = 256;
 /// RoPE op that writes Q and K back reads it next (after a bias at most), the GEMM runs on
 /// cooperative matrices over one part, and its grid has at most [`QKV_SPLIT_MAX_BLOCKS`] blocks.
 pub(super) fn qkv_split_k(ctx: &GpuContext, inp: &PlanInputs, op: usize, max_tok: usize) -> u32 {
-    let g = inp.graph;
-    // (A plan of one row shares the decode slots' size: no room for a second partial.)
-    if max_tok < 2 || !matches!(g.ops[op], Op::Linear { out: Slot::Qkv, .. }) || env_u32("CERA_PREFILL_SPLIT_K").unwrap_or(QKV_SPLIT_K) < 2 {
-        return 1;
-    }
-    let next = g.ops[op + 1..].iter().find(|o| !matches!(o, Op::Bias { .. }));
-    // The engine's RoPE op always rotates, so it writes Q and K back.
-    let rope_writes_back = matches!(next, Some(Op::QkvRope { .. }));
     let Some(parts) = inp.weights.linear.get(&op) else { return 1 };
     let coop = parts.len() == 1 && QuantGemm::new(WeightKind::of(parts[0].w.format), ctx).coopmat;
-    if rope_writes_back && coop && GemmPlan::coop_blocks(&parts[0].w, max_tok) <= QKV_SPLIT_MAX_BLOCKS { QKV_SPLIT_K } else { 1 }
+    let on = env_u32("CERA_PREFILL_SPLIT_K").unwrap_or(QKV_SPLIT_K) >= 2;
+    split_k_for(&inp.graph.ops, op, max_tok, (coop && on).then(|| GemmPlan::coop_blocks(&parts[0].w, max_tok)))
+}
+
+/// [`qkv_split_k`] on the op list alone: `blocks` is the coopmat grid's block count (`None`: no
+/// coopmat GEMM, or the split turned off).
+fn split_k_for(ops: &[Op], op: usize, max_tok: usize, blocks: Option<usize>) -> u32 {
+    // (A plan of one row shares the decode slots' size: no room for a second partial.)
+    if max_tok < 2 || !matches!(ops[op], Op::Linear { out: Slot::Qkv, .. }) {
+        return 1;
+    }
+    // The engine's RoPE op always rotates, so it writes Q and K back.
+    match (ops[op + 1..].iter().find(|o| !matches!(o, Op::Bias { .. })), blocks) {
+        (Some(Op::QkvRope { .. }), Some(b)) if b <= QKV_SPLIT_MAX_BLOCKS => QKV_SPLIT_K,
+        _ => 1,
+    }
 }
 
 /// Input features up to which the RMSNorm runs inside the consuming GEMV.
@@ -138,5 +145,33 @@ pub(super) fn q8_config(env: &KernelEnv, w: &boostr::quant::QuantMatrix) -> Quan
         subgroup_rows: env_u32("CERA_Q8_SG_ROWS").unwrap_or(base.subgroup_rows),
         prefetch: env_u32("CERA_Q8_PREFETCH").map_or(base.prefetch, |v| v != 0),
         ..base
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::arch::{FileFacts, build};
+    use crate::engine::config::Arch;
+    use crate::engine::gpu::fuse::tests::config;
+
+    #[test]
+    fn only_a_small_qkv_grid_before_rope_is_split() {
+        for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3] {
+            let g = build(&config(arch, 2), &FileFacts::default());
+            let qkv: Vec<usize> = (0..g.ops.len()).filter(|&i| matches!(g.ops[i], Op::Linear { out: Slot::Qkv, .. })).collect();
+            assert_eq!(qkv.len(), 2, "{arch:?}");
+            for &i in &qkv {
+                // Qwen2's bias sits between the projection and the RoPE op.
+                assert_eq!(split_k_for(&g.ops, i, 512, Some(192)), QKV_SPLIT_K, "{arch:?} op {i}");
+                assert_eq!(split_k_for(&g.ops, i, 512, Some(QKV_SPLIT_MAX_BLOCKS + 1)), 1, "{arch:?}: a grid that fills the GPU");
+                assert_eq!(split_k_for(&g.ops, i, 512, None), 1, "{arch:?}: no coopmat GEMM, or turned off");
+                assert_eq!(split_k_for(&g.ops, i, 1, Some(1)), 1, "{arch:?}: a plan of one row");
+            }
+            // No other projection is split.
+            for i in (0..g.ops.len()).filter(|i| !qkv.contains(i)) {
+                assert_eq!(split_k_for(&g.ops, i, 512, Some(1)), 1, "{arch:?} op {i}: {:?}", g.ops[i]);
+            }
+        }
     }
 }
