@@ -42,7 +42,8 @@ use super::super::graph::{ModelGraph, Op, Slot};
 use super::super::options::DecodeGemv;
 use super::fuse::{Fusions, Input, act_kind, fuse_decode};
 use super::links::{Links, epilogue_links};
-use super::tuning::{QKV_SPLIT_K, attn_tuning, decode_fusions, env_u32, f32_rows, norm_stage_k, prefill_attn_kernel, q8_config, qkv_split_k};
+pub(crate) use super::tuning::prefill_qkv_splits;
+use super::tuning::{attn_tuning, decode_fusions, env_u32, f32_rows, norm_stage_k, prefill_attn_kernel, q8_config, qkv_split_k};
 use super::weights::GpuWeights;
 use super::{dev_err, ops_err, quant_err};
 
@@ -71,13 +72,14 @@ pub(crate) struct Slots {
 }
 
 impl Slots {
-    pub(crate) fn new(ctx: &GpuContext, graph: &ModelGraph, rows: usize) -> Result<Slots, EngineError> {
+    /// `qkv_splits`: the K splits of the mode's Q/K/V projection ([`prefill_qkv_splits`]), each
+    /// partial sum needing its own `rows x width` of the Q/K/V slot.
+    pub(crate) fn new(ctx: &GpuContext, graph: &ModelGraph, rows: usize, qkv_splits: u32) -> Result<Slots, EngineError> {
         let mut bufs = HashMap::new();
         for s in graph.slots() {
-            // A prefill's Q/K/V projection may be split over K: room for its second partial sum.
             let r = match s {
                 Slot::Logits => 1,
-                Slot::Qkv if rows > 1 => rows * QKV_SPLIT_K as usize,
+                Slot::Qkv => rows * qkv_splits.max(1) as usize,
                 _ => rows,
             };
             let bytes = (r * graph.width(s) * 4) as u64;

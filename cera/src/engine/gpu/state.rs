@@ -25,7 +25,7 @@ use super::super::backend::{
     BackendState, CONV_RING, KernelTime, MAX_IN_FLIGHT, MAX_TOP_K, RecurrentWindow, StateOpts, StepCounters, StepInput, StepOutput, Want,
 };
 use super::super::graph::{ModelGraph, Slot};
-use super::plans::{Mode, PlanInputs, Slots, build, build_layers, inv_freqs, kv_dtype};
+use super::plans::{Mode, PlanInputs, Slots, build, build_layers, inv_freqs, kv_dtype, prefill_qkv_splits};
 use super::trace::StepTrace;
 use super::weights::GpuWeights;
 use super::{GpuBackend, dev_err, ops_err};
@@ -113,8 +113,8 @@ impl GpuState {
             conv.push(ring);
         }
         let inp = PlanInputs { graph: g, weights: &b.weights, cache: &cache, ids: &ids, freqs: &freqs, conv: &conv, decode_gemv: b.decode_gemv };
-        let dec_slots = Slots::new(ctx, g, 1)?;
-        let pre_slots = Slots::new(ctx, g, ubatch)?;
+        let dec_slots = Slots::new(ctx, g, 1, 1)?;
+        let pre_slots = Slots::new(ctx, g, ubatch, prefill_qkv_splits(ctx, &inp, ubatch))?;
         let (decode, layer_starts) = build_layers(ctx, &inp, &dec_slots, Mode::Decode)?;
         let decode = super::ablate::ablated(super::chains::chained(ctx, decode, &layer_starts, b.chains));
         let prefill = build(ctx, &inp, &pre_slots, Mode::Prefill { max_tok: ubatch })?;

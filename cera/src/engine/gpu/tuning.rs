@@ -55,7 +55,7 @@ pub(super) fn prefill_attn_kernel() -> Option<DecodeKernel> {
 
 /// K splits of a prefill's Q/K/V projection where its coopmat GEMM has few blocks
 /// ([`QKV_SPLIT_MAX_BLOCKS`]); the RoPE kernel after it adds the two partial sums.
-pub(super) const QKV_SPLIT_K: u32 = 2;
+const QKV_SPLIT_K: u32 = 2;
 
 /// A prefill's Q/K/V GEMM of at most this many coopmat blocks is split over K
 /// (`CERA_PREFILL_SPLIT_K` = 1 turns the split off, for measuring).
@@ -69,6 +69,12 @@ pub(super) fn qkv_split_k(ctx: &GpuContext, inp: &PlanInputs, op: usize, max_tok
     let coop = parts.len() == 1 && QuantGemm::new(WeightKind::of(parts[0].w.format), ctx).coopmat;
     let on = env_u32("CERA_PREFILL_SPLIT_K").unwrap_or(QKV_SPLIT_K) >= 2;
     split_k_for(&inp.graph.ops, op, max_tok, (coop && on).then(|| GemmPlan::coop_blocks(&parts[0].w, max_tok)))
+}
+
+/// The most K splits any Q/K/V projection of a prefill plan of `max_tok` rows takes (1: none):
+/// the rows its Q/K/V slot needs per token ([`super::plans::Slots::new`]).
+pub(crate) fn prefill_qkv_splits(ctx: &GpuContext, inp: &PlanInputs, max_tok: usize) -> u32 {
+    (0..inp.graph.ops.len()).map(|op| qkv_split_k(ctx, inp, op, max_tok)).max().unwrap_or(1)
 }
 
 /// [`qkv_split_k`] on the op list alone: `blocks` is the coopmat grid's block count (`None`: no
