@@ -4,7 +4,7 @@ use crate::ops_common::OpPlan;
 use numr::gpu::{GpuContext, Plan, PlanDispatch, StepValues};
 
 use super::{Act, GluInput};
-use crate::ops_common::{GpuView, Result, bad, check_n_tok, dummy, env_of, mul, out_or_owned, step_grid, to_u32};
+use crate::ops_common::{GpuView, Result, bad, check_n_tok, dummy, env_of, mul, out_or_owned, step_grid, to_u32, vec4_lanes};
 
 const OP: &str = "act plan";
 
@@ -51,11 +51,9 @@ impl ActPlan {
             None => (dummy(ctx)?, 0),
         };
         let offs = [io.a.offset_u32(OP)?, bo, out.offset_u32(OP)?];
-        // Whole vec4s everywhere: four outputs per invocation, every parameter in vec4s.
-        let vec4 = n32.is_multiple_of(4) && offs.iter().all(|o| o.is_multiple_of(4));
-        let l = if vec4 { 4 } else { 1 };
+        let l = vec4_lanes(n32, &offs);
         let ([ao, bo, oo], n32, w32) = (offs.map(|o| o / l), n32 / l, w32 / l);
-        let kernel = ctx.kernel(&cfg.source_vec(&env_of(ctx), vec4))?;
+        let kernel = ctx.kernel(&cfg.source_vec(&env_of(ctx), l == 4))?;
         let group = ctx.bind(&kernel, &[io.a.binding.clone(), bb, out.binding.clone()])?;
         let grid = step_grid(ctx, total as u64 / l as u64, 256, move |s| s.n_tok.min(max32) as u64 * n32 as u64)?;
         let d = PlanDispatch::new(&kernel, group, [1, 1, 1])?

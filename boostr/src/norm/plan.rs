@@ -5,7 +5,7 @@ use crate::ops_common::OpPlan;
 use numr::gpu::{GpuContext, Plan, PlanDispatch, StepValues};
 
 use super::Norm;
-use crate::ops_common::{GpuView, Result, bad, check_n_tok, dummy, env_of, mul, out_or_owned, step_grid, to_u32};
+use crate::ops_common::{GpuView, Result, bad, check_n_tok, dummy, env_of, mul, out_or_owned, step_grid, to_u32, vec4_lanes};
 
 const OP: &str = "norm plan";
 
@@ -70,12 +70,9 @@ impl NormPlan {
             None => (dummy(ctx)?, 0),
         };
         let offs = [io.x.offset_u32(OP)?, ro, out.offset_u32(OP)?, io.w.offset_u32(OP)?, bo];
-        // Whole vec4s everywhere: the kernel loads and stores four values at a time, and counts
-        // the row length, offsets and strides in vec4s.
-        let vec4 = n32.is_multiple_of(4) && offs.iter().all(|o| o.is_multiple_of(4));
-        let l = if vec4 { 4 } else { 1 };
+        let l = vec4_lanes(n32, &offs);
         let [xo, ro, oo, wo, bo] = offs.map(|o| o / l);
-        let kernel = ctx.kernel(&cfg.source_vec(&env_of(ctx), vec4))?;
+        let kernel = ctx.kernel(&cfg.source_vec(&env_of(ctx), l == 4))?;
         let group = ctx.bind(&kernel, &[io.x.binding.clone(), io.w.binding.clone(), bb, rb, out.binding.clone()])?;
         let grid = step_grid(ctx, max_rows as u64, 1, move |s| s.n_tok.min(max32) as u64)?;
         let d = PlanDispatch::new(&kernel, group, [1, 1, 1])?

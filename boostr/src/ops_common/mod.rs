@@ -255,6 +255,13 @@ pub fn dummy(ctx: &GpuContext) -> Result<Binding> {
     Ok(Binding { buffer: b, offset: 0, size: 16 })
 }
 
+/// Elements per load of an elementwise kernel over rows of `n` at word offsets `offs`: 4 (the
+/// `vec4` variant, which counts every length and offset in `vec4`s) when `n` and every offset
+/// are multiples of 4, else 1.
+pub(crate) fn vec4_lanes(n: u32, offs: &[u32]) -> u32 {
+    if n.is_multiple_of(4) && offs.iter().all(|o| o.is_multiple_of(4)) { 4 } else { 1 }
+}
+
 /// Uploads u32 words.
 pub fn upload_u32(ctx: &GpuContext, words: &[u32]) -> Result<Arc<GpuBuffer>> {
     let data: Vec<u32> = if words.is_empty() { vec![0] } else { words.to_vec() };

@@ -211,8 +211,8 @@ impl GemmPlan {
         check_binding(OP, "x", x, mul("x elements", max_m, w.cols)?, 4)?;
         let (ys, _) = output.checked(OP, false, max_m, w.rows)?;
         let y = &ys[0];
-        // The partial sums of a K split, `max_m * N` apart.
-        let split_off = mul("GEMM output elements", max_m, w.rows)?;
+        // The partial sums of a K split, `max_m * N` apart (0: no split).
+        let split_off = if splits > 1 { mul("GEMM output elements", max_m, w.rows)? } else { 0 };
         if splits > 1 {
             check_binding(OP, "y", y, mul("split outputs", split_off, splits as usize)?, 4)?;
         }
@@ -270,7 +270,7 @@ impl GemmPlan {
             if cfg.coopmat {
                 let nsteps = w.chunks_per_row().div_ceil(tiles.bk as usize / 32);
                 let ks_per = if splits > 1 { nsteps.div_ceil(splits as usize) } else { 0 };
-                d = d.set_usize("ks_per", ks_per)?.set_usize("split_off", if splits > 1 { split_off } else { 0 })?;
+                d = d.set_usize("ks_per", ks_per)?.set_usize("split_off", split_off)?;
             }
             plan.push(d);
         }
