@@ -10,6 +10,7 @@ pub mod l2_prefetch;
 pub mod probe;
 pub mod quant;
 pub mod recording;
+pub mod tall;
 
 use std::time::Instant;
 

@@ -80,7 +80,7 @@ pub fn random_weight(kind: WeightKind, rows: usize, cols: usize, seed: u64) -> R
     }
 }
 
-fn upload_x(ctx: &GpuContext, n: usize) -> Result<Arc<GpuBuffer>> {
+pub(crate) fn upload_x(ctx: &GpuContext, n: usize) -> Result<Arc<GpuBuffer>> {
     let v: Vec<f32> = (0..n).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 1000.0).collect();
     ctx.upload(bytemuck::cast_slice(&v))
 }

@@ -40,7 +40,8 @@ enum Cmd {
         /// integer-dot GEMV configurations) or `probe` (the fixed cost of a GEMV-sized dispatch:
         /// small streaming reads, empty grids, one-copy GEMVs; see `benches::probe`) or `gemm`
         /// (the coopmat GEMM over every candidate block shape) or `prefetch` (dependent chains with
-        /// and without an L2 prefetch of the next kernel's weights; see `benches::l2_prefetch`).
+        /// and without an L2 prefetch of the next kernel's weights; see `benches::l2_prefetch`) or
+        /// `tall` (every workgroup shape of the integer-dot GEMV at Q4_0 28672x4096).
         #[arg(long, default_value = "")]
         only: String,
         /// The attention table instead (decode GB/s of KV read at 4K/32K beside the roofline of
@@ -118,6 +119,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 benches::quant::gemm_sweep(&ctx, quick)?
             } else if kernels && only == "prefetch" {
                 benches::l2_prefetch::prefetch_table(&ctx, quick)?
+            } else if kernels && only == "tall" {
+                benches::tall::tall_sweep(&ctx, quick)?
             } else if kernels && only == "probe" {
                 benches::probe::probe_table(&ctx, quick)?
             } else if kernels {
