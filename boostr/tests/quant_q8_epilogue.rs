@@ -45,6 +45,8 @@ fn layouts(base: QuantGemvQ8) -> Vec<(&'static str, QuantGemvQ8)> {
     vec![
         ("default", base),
         ("r2", QuantGemvQ8 { rows_per_workgroup: 2, unchecked: true, ..base }),
+        // The engine's gate/up and LM head on tall matrices (cera's tuning, Q8_TALL_ROWS).
+        ("r4", QuantGemvQ8 { rows_per_workgroup: 4, unchecked: true, ..base }),
         ("sgrows", QuantGemvQ8 { subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base }),
         ("no-subgroups", QuantGemvQ8 { subgroups: false, rows_per_workgroup: 2, threads: 64, ..base }),
         ("row-groups", QuantGemvQ8 { row_groups: 3, rows_per_workgroup: 2, ..base }),

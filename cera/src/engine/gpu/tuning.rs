@@ -29,7 +29,9 @@ pub(super) fn decode_fusions() -> (Allow, Epilogues) {
 
 /// A diagnostic override (`CERA_GEMV_ROWS`, `CERA_GEMV_THREADS`: the f32 decode GEMV's rows per
 /// workgroup and invocations; `CERA_Q8_ROWS`, `CERA_Q8_THREADS`, `CERA_Q8_UNROLL`,
-/// `CERA_Q8_SG_ROWS`, `CERA_Q8_PREFETCH`, `CERA_Q8_MAX_WGS`: the integer-dot GEMV's).
+/// `CERA_Q8_SG_ROWS`, `CERA_Q8_PREFETCH`, `CERA_Q8_MAX_WGS`: the integer-dot GEMV's;
+/// `CERA_Q8_WIDE_THREADS`, `CERA_Q8_WIDE_UNROLL`: the same for its GEMVs over more than 4096
+/// input features only; `CERA_Q8_ROWS_BY_HEIGHT`: its rows per workgroup by matrix height).
 pub(super) fn env_u32(name: &str) -> Option<u32> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
@@ -107,6 +109,23 @@ pub(super) fn norm_stage_k() -> u32 {
 /// prefetching were all slower.
 const Q8_ROWS: u32 = 2;
 
+/// Integer-dot decode GEMVs of more than this many rows (Llama's gate and up packed into one
+/// matrix, the LM head) take [`Q8_TALL_ROWS`] rows per workgroup: with the GLU epilogue, whose
+/// arrivals and quantization each workgroup pays, four rows measured faster than two (H200,
+/// 2026-12-04: Q4_0 28672x4096 with the deferred RMSNorm and the GLU epilogue 26.4 -> 24.5 us in
+/// a dependent chain, `cargo xtask bench --kernels --only tall`; llama-8b tg128 451.8 -> 456.9
+/// tok/s).
+const Q8_TALL: usize = 8192;
+
+/// Rows per workgroup of the integer-dot decode GEMVs over more than [`Q8_TALL`] rows.
+const Q8_TALL_ROWS: u32 = 4;
+
+/// Rows per workgroup of an integer-dot decode GEMV of `height` rows whose boostr default is
+/// `base` rows (without the diagnostic overrides).
+fn q8_rows(height: usize, base: u32) -> u32 {
+    if height > Q8_TALL { Q8_TALL_ROWS.max(base) } else { Q8_ROWS.max(base) }
+}
+
 /// Workgroups per integer-dot decode GEMV at most, each taking several row groups where the
 /// matrix has more (`CERA_Q8_MAX_WGS`; 0: one row group per workgroup).
 const Q8_MAX_WGS: u32 = 0;
@@ -135,10 +154,23 @@ pub(super) fn f32_rows(env: &KernelEnv, w: &boostr::quant::QuantMatrix) -> u32 {
     })
 }
 
+/// A diagnostic override of the integer-dot GEMV's rows per workgroup by matrix height
+/// (`CERA_Q8_ROWS_BY_HEIGHT` = `MIN:ROWS,MIN:ROWS,...`: a matrix of at least `MIN` rows takes
+/// the `ROWS` of the largest such `MIN`).
+fn rows_by_height(height: usize) -> Option<u32> {
+    let v = std::env::var("CERA_Q8_ROWS_BY_HEIGHT").ok()?;
+    v.split(',')
+        .filter_map(|p| p.split_once(':'))
+        .filter_map(|(a, b)| Some((a.trim().parse::<usize>().ok()?, b.trim().parse::<u32>().ok()?)))
+        .filter(|&(min, _)| height >= min)
+        .max_by_key(|&(min, _)| min)
+        .map(|(_, rows)| rows)
+}
+
 /// The integer-dot GEMV configuration of a decode projection (with the diagnostic overrides).
 pub(super) fn q8_config(env: &KernelEnv, w: &boostr::quant::QuantMatrix) -> QuantGemvQ8 {
     let base = QuantGemvQ8::for_matrix(WeightKind::of(w.format), env, 1, w.rows, w.cols);
-    let rows = env_u32("CERA_Q8_ROWS").unwrap_or(Q8_ROWS.max(base.rows_per_workgroup));
+    let rows = env_u32("CERA_Q8_ROWS").or_else(|| rows_by_height(w.rows)).unwrap_or(q8_rows(w.rows, base.rows_per_workgroup));
     // Row groups per workgroup: at most `Q8_MAX_WGS` workgroups per dispatch (0: one group each).
     let max_wgs = env_u32("CERA_Q8_MAX_WGS").unwrap_or(Q8_MAX_WGS) as usize;
     let groups = if max_wgs == 0 { 1 } else { w.rows.div_ceil(rows.max(1) as usize).div_ceil(max_wgs).clamp(1, 64) as u32 };
@@ -146,8 +178,8 @@ pub(super) fn q8_config(env: &KernelEnv, w: &boostr::quant::QuantMatrix) -> Quan
         unchecked: true,
         rows_per_workgroup: rows,
         row_groups: groups,
-        threads: env_u32("CERA_Q8_THREADS").unwrap_or(base.threads),
-        unroll: env_u32("CERA_Q8_UNROLL").unwrap_or(base.unroll),
+        threads: env_u32("CERA_Q8_THREADS").or_else(|| (w.cols > 4096).then(|| env_u32("CERA_Q8_WIDE_THREADS")).flatten()).unwrap_or(base.threads),
+        unroll: env_u32("CERA_Q8_UNROLL").or_else(|| (w.cols > 4096).then(|| env_u32("CERA_Q8_WIDE_UNROLL")).flatten()).unwrap_or(base.unroll),
         subgroup_rows: env_u32("CERA_Q8_SG_ROWS").unwrap_or(base.subgroup_rows),
         prefetch: env_u32("CERA_Q8_PREFETCH").map_or(base.prefetch, |v| v != 0),
         ..base
@@ -160,6 +192,21 @@ mod tests {
     use crate::engine::arch::{FileFacts, build};
     use crate::engine::config::Arch;
     use crate::engine::gpu::fuse::tests::config;
+
+    #[test]
+    fn tall_int8_gemvs_take_four_rows_per_workgroup() {
+        // Llama-3-8B's gate/up (28672 rows) and LM head; Llama-3.2-1B's gate/up (16384).
+        for rows in [28672, 16384, 128256] {
+            assert_eq!(q8_rows(rows, 2), 4, "{rows}");
+        }
+        // Q/K/V (6144), O and down (4096): two; boostr's own default wins where larger.
+        for rows in [6144, 4096, Q8_TALL] {
+            assert_eq!(q8_rows(rows, 1), 2, "{rows}");
+            assert_eq!(q8_rows(rows, 2), 2, "{rows}");
+        }
+        assert_eq!(q8_rows(4096, 8), 8);
+        assert_eq!(q8_rows(28672, 8), 8);
+    }
 
     #[test]
     fn only_a_small_qkv_grid_before_rope_is_split() {
