@@ -227,6 +227,12 @@ fn epilogue_misuse_is_a_typed_error() {
         "3 rows per workgroup",
     );
     config(Q8GemvPlan::with_epilogue(&ctx, &ep, &w, &xa, &out, &plain, Some(&Binding::whole(&nw))), "norm into final activations");
+    // Fewer invocations than quantize a block together.
+    let narrow = QuantGemvQ8 { threads: Q8Epilogue::QUANT_LANES / 2, subgroups: false, rows_per_workgroup: 1, ..ep };
+    match Q8GemvPlan::with_epilogue(&ctx, &narrow, &w, &xa, &out, &deferred, Some(&Binding::whole(&nw))) {
+        Err(QuantError::Config { reason, .. }) => assert!(reason.contains("invocations"), "{reason}"),
+        other => panic!("4 invocations: {other:?}"),
+    }
     config(Q8GemvPlan::with_epilogue(&ctx, &ep, &w, &xa, &out, &deferred, None), "norm without its weight");
     // The GLU needs a target of half the rows.
     let glu = QuantGemvQ8 { epilogue: Q8Epilogue::Glu { act: ActKind::Silu }, ..base };

@@ -213,6 +213,10 @@ impl Q8GemvPlan {
                 w.parts.len()
             )));
         }
+        // Eight invocations quantize a block, a vec4 each (module q8_epilogue).
+        if cfg.threads < Q8Epilogue::QUANT_LANES {
+            return Err(config(format!("an epilogue needs at least {} invocations per workgroup ({})", Q8Epilogue::QUANT_LANES, cfg.threads)));
+        }
         let glu = matches!(cfg.epilogue, Q8Epilogue::Glu { .. });
         let k = if glu { w.rows / 2 } else { w.rows };
         if !w.rows.is_multiple_of(cfg.epilogue.block_rows() as usize) || target.k() != k || target.max_rows() != 1 {

@@ -64,6 +64,10 @@ pub enum Q8Epilogue {
 }
 
 impl Q8Epilogue {
+    /// Invocations that quantize a block together (one `vec4` of its 32 values each): the
+    /// workgroup needs at least this many.
+    pub const QUANT_LANES: u32 = 8;
+
     /// True unless [`Q8Epilogue::None`].
     pub fn is_some(&self) -> bool {
         *self != Q8Epilogue::None
