@@ -89,8 +89,10 @@ pub(super) fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs
             Input::Glu(act, src) if src == p_out && !fused.ops[p].accumulate && w.rows == 2 * k => (Q8Epilogue::Glu { act: *act }, None, None),
             _ => continue,
         };
+        let q8 = q8_config(env, w);
         if !Q8GemvPlan::epilogue_supported(ctx, epilogue)
-            || !32u32.is_multiple_of(q8_config(env, w).rows_per_workgroup)
+            || !32u32.is_multiple_of(q8.rows_per_workgroup)
+            || q8.threads < Q8Epilogue::QUANT_LANES
             || !w.rows.is_multiple_of(epilogue.block_rows() as usize)
         {
             continue;
