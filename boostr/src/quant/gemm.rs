@@ -16,7 +16,8 @@ use numr::gpu::{Access, Binding, GpuContext, KernelBuilder, KernelEnv, KernelSou
 use super::decode::decoder;
 #[path = "gemm_coopmat.rs"]
 pub mod coopmat;
-use super::gemv::{GemvOutput, PARAMS, out_cols, set_out_cols, set_part};
+use super::gemv::{PARAMS, set_part};
+use super::gemv_output::{GemvOutput, out_cols, set_out_cols};
 use super::validate::{check_binding, check_step, env_of, mul, step_rows, to_u32};
 use super::{QuantError, QuantMatrix, Result, WeightKind};
 pub use coopmat::{CoopTiles, coop_source};

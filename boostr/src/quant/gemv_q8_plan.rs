@@ -4,7 +4,8 @@
 
 use numr::gpu::{Binding, BufferKind, GpuContext, Plan, PlanDispatch, Recorder, StepValues};
 
-use super::gemv::{GemvOutput, grid_for, out_cols, set_out_cols, set_part};
+use super::gemv::{grid_for, set_part};
+use super::gemv_output::{GemvOutput, out_cols, set_out_cols};
 use super::gemv_q8::QuantGemvQ8;
 use super::q8_activations::Q8Activations;
 use super::q8_epilogue::Q8Epilogue;

@@ -36,6 +36,7 @@
 pub mod decode;
 pub mod gemm;
 pub mod gemv;
+mod gemv_output;
 pub mod gemv_q8;
 mod gemv_q8_plan;
 pub mod q8_activations;
