@@ -30,8 +30,8 @@ pub(super) fn decode_fusions() -> (Allow, Epilogues) {
 /// A diagnostic override (`CERA_GEMV_ROWS`, `CERA_GEMV_THREADS`: the f32 decode GEMV's rows per
 /// workgroup and invocations; `CERA_Q8_ROWS`, `CERA_Q8_THREADS`, `CERA_Q8_UNROLL`,
 /// `CERA_Q8_SG_ROWS`, `CERA_Q8_PREFETCH`, `CERA_Q8_MAX_WGS`: the integer-dot GEMV's;
-/// `CERA_Q8_WIDE_*` and `CERA_Q8_SMALL_*` of `ROWS`, `THREADS`, `UNROLL`: the same for some
-/// shapes only (`q8_env`); `CERA_Q8_ROWS_BY_HEIGHT`: its rows per workgroup by matrix height).
+/// `CERA_Q8_WIDE_*`, `CERA_Q8_TALL_*` and `CERA_Q8_SMALL_*` of `ROWS`, `THREADS`, `UNROLL`: the
+/// same for some shapes only, `q8_env`).
 pub(super) fn env_u32(name: &str) -> Option<u32> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
@@ -154,31 +154,19 @@ pub(super) fn f32_rows(env: &KernelEnv, w: &boostr::quant::QuantMatrix) -> u32 {
     })
 }
 
-/// A diagnostic override of the integer-dot GEMV's rows per workgroup by matrix height
-/// (`CERA_Q8_ROWS_BY_HEIGHT` = `MIN:ROWS,MIN:ROWS,...`: a matrix of at least `MIN` rows takes
-/// the `ROWS` of the largest such `MIN`).
-fn rows_by_height(height: usize) -> Option<u32> {
-    let v = std::env::var("CERA_Q8_ROWS_BY_HEIGHT").ok()?;
-    v.split(',')
-        .filter_map(|p| p.split_once(':'))
-        .filter_map(|(a, b)| Some((a.trim().parse::<usize>().ok()?, b.trim().parse::<u32>().ok()?)))
-        .filter(|&(min, _)| height >= min)
-        .max_by_key(|&(min, _)| min)
-        .map(|(_, rows)| rows)
-}
-
 /// A diagnostic override of the integer-dot GEMV's `CERA_Q8_{name}` for every matrix, or else
-/// `CERA_Q8_WIDE_{name}` for those of more than 4096 input features, or `CERA_Q8_SMALL_{name}`
-/// for those of at most 4096 features and [`Q8_TALL`] rows.
+/// `CERA_Q8_WIDE_{name}` for those of more than 4096 input features, `CERA_Q8_TALL_{name}` for
+/// those of more than [`Q8_TALL`] rows, or `CERA_Q8_SMALL_{name}` for the rest.
 fn q8_env(name: &str, w: &boostr::quant::QuantMatrix) -> Option<u32> {
     let part = |on: bool, prefix: &str| if on { env_u32(&format!("CERA_Q8_{prefix}{name}")) } else { None };
-    part(true, "").or_else(|| part(w.cols > 4096, "WIDE_")).or_else(|| part(w.cols <= 4096 && w.rows <= Q8_TALL, "SMALL_"))
+    let (wide, tall) = (w.cols > 4096, w.rows > Q8_TALL);
+    part(true, "").or_else(|| part(wide, "WIDE_")).or_else(|| part(tall, "TALL_")).or_else(|| part(!wide && !tall, "SMALL_"))
 }
 
 /// The integer-dot GEMV configuration of a decode projection (with the diagnostic overrides).
 pub(super) fn q8_config(env: &KernelEnv, w: &boostr::quant::QuantMatrix) -> QuantGemvQ8 {
     let base = QuantGemvQ8::for_matrix(WeightKind::of(w.format), env, 1, w.rows, w.cols);
-    let rows = q8_env("ROWS", w).or_else(|| rows_by_height(w.rows)).unwrap_or(q8_rows(w.rows, base.rows_per_workgroup));
+    let rows = q8_env("ROWS", w).unwrap_or(q8_rows(w.rows, base.rows_per_workgroup));
     // Row groups per workgroup: at most `Q8_MAX_WGS` workgroups per dispatch (0: one group each).
     let max_wgs = env_u32("CERA_Q8_MAX_WGS").unwrap_or(Q8_MAX_WGS) as usize;
     let groups = if max_wgs == 0 { 1 } else { w.rows.div_ceil(rows.max(1) as usize).div_ceil(max_wgs).clamp(1, 64) as u32 };
