@@ -58,6 +58,24 @@ const FUSED_SHAPES: [(u32, u32, u32, u32); 14] = [
     (8, 256, 2, 1),
 ];
 
+/// Workgroup shapes tried with the workgroup-local GLU epilogue (`Q8Epilogue::GluLocal`: each
+/// workgroup owns whole blocks, so no arrival counter), with the deferred RMSNorm (rows, threads,
+/// unroll, subgroup rows).
+const LOCAL_SHAPES: [(u32, u32, u32, u32); 12] = [
+    (64, 256, 2, 2),
+    (64, 512, 1, 1),
+    (64, 512, 1, 2),
+    (64, 512, 1, 4),
+    (64, 512, 2, 4),
+    (64, 256, 1, 4),
+    (64, 1024, 1, 2),
+    (64, 1024, 2, 2),
+    (64, 1024, 1, 1),
+    (128, 1024, 1, 4),
+    (128, 1024, 2, 4),
+    (128, 512, 1, 4),
+];
+
 /// The sweep (see the module docs).
 pub fn tall_sweep(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
     let env = KernelEnv::from_caps(ctx.capabilities());
@@ -80,6 +98,11 @@ pub fn tall_sweep(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
             let cfg = QuantGemvQ8 { rows_per_workgroup: r, threads: t, unroll: u, subgroup_rows: sg, ..base };
             v.push(fused(ctx, &cfg, &ws, bytes, reps, true, true)?);
         }
+    }
+    for (r, t, u, sg) in LOCAL_SHAPES {
+        let cfg =
+            QuantGemvQ8 { rows_per_workgroup: r, threads: t, unroll: u, subgroup_rows: sg, epilogue: Q8Epilogue::GluLocal { act: ActKind::Silu }, ..base };
+        v.push(fused(ctx, &cfg, &ws, bytes, reps, true, true)?);
     }
     for (r, t, u, c, sg, g, pf) in SHAPES {
         let cfg = QuantGemvQ8 { rows_per_workgroup: r, threads: t, unroll: u, contiguous: c, subgroup_rows: sg, row_groups: g, prefetch: pf, ..base };
@@ -109,7 +132,12 @@ fn fused(ctx: &GpuContext, cfg: &QuantGemvQ8, ws: &[QuantMatrix], bytes: usize, 
     let y = ctx.alloc(4 * w0.rows as u64, BufferKind::Storage)?;
     let out = GemvOutput::Single(Binding::whole(&y));
     let target = Q8Activations::written_by_producer(ctx, w0.rows / 2, None).map_err(err)?;
-    let epilogue = if glu { Q8Epilogue::Glu { act: ActKind::Silu } } else { Q8Epilogue::None };
+    // A config that names its GLU epilogue keeps it (the workgroup-local one).
+    let epilogue = match (glu, cfg.epilogue) {
+        (false, _) => Q8Epilogue::None,
+        (true, e) if e.is_glu() => e,
+        (true, _) => Q8Epilogue::Glu { act: ActKind::Silu },
+    };
     let cfg = QuantGemvQ8 { rms_scale: rms, epilogue, ..*cfg };
     let plans = ws
         .iter()
@@ -129,7 +157,11 @@ fn fused(ctx: &GpuContext, cfg: &QuantGemvQ8, ws: &[QuantMatrix], bytes: usize, 
         cfg.unroll,
         if cfg.subgroup_rows > 0 { format!(" sg-rows{}", cfg.subgroup_rows) } else { String::new() },
         if rms { " +deferred rms" } else { "" },
-        if glu { " +GLU quantize epilogue" } else { "" }
+        match epilogue {
+            Q8Epilogue::GluLocal { .. } => " +GLU quantize epilogue (workgroup-local blocks)",
+            Q8Epilogue::None => "",
+            _ => " +GLU quantize epilogue",
+        }
     );
     Ok(Measurement { label, seconds: wall, bytes: bytes as f64, flops: 0.0 })
 }

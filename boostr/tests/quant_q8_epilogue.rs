@@ -150,46 +150,101 @@ fn glu_epilogue_matches_the_standalone_quantizer_and_cpu() {
     let Some(ctx) = test_gpu() else { return };
     let env = KernelEnv::from_caps(ctx.capabilities());
     let mut rng = Rng(72);
-    let (k_in, f, n_out) = (256, 256, 64);
     for (ty, act) in [(GgmlType::Q4_0, ActKind::Silu), (GgmlType::Q6_K, ActKind::GeluTanh)] {
-        let wgu = random_ggml(&mut rng, ty, 2 * f, k_in);
-        let wd = random_ggml(&mut rng, ty, n_out, f);
-        let (mgu, md) = (QuantMatrix::upload(&ctx, "w_gu", &wgu).unwrap(), QuantMatrix::upload(&ctx, "w_d", &wd).unwrap());
-        let kind = WeightKind::of(wgu.format());
+        let kind = WeightKind::Ggml(ty);
         for (label, cfg) in layouts(QuantGemvQ8::new(kind, &env, 1)) {
-            let gu = ctx.alloc(4 * 2 * f as u64, BufferKind::Storage).unwrap();
-            let y = ctx.alloc(4 * n_out as u64, BufferKind::Storage).unwrap();
-            let xb = ctx.alloc(4 * k_in as u64, BufferKind::Storage).unwrap();
-            let xa = Q8Activations::new(&ctx, &Binding::whole(&xb), 1, k_in).unwrap();
-            let target = Q8Activations::written_by_producer(&ctx, f, None).unwrap();
-            let producer = QuantGemvQ8 { epilogue: Q8Epilogue::Glu { act }, ..cfg };
-            let pp = Q8GemvPlan::with_epilogue(&ctx, &producer, &mgu, &xa, &GemvOutput::Single(Binding::whole(&gu)), &target, None).unwrap();
-            let dp = Q8GemvPlan::new(&ctx, &cfg, &md, &target, &GemvOutput::Single(Binding::whole(&y))).unwrap();
-            let standalone = Q8Activations::with_glu(&ctx, &Binding::whole(&gu), act, 1, f).unwrap();
-            let step = StepValues::decode(0);
-            for round in 0..3 {
-                let x: Vec<f32> = (0..k_in).map(|_| rng.f32_in(-1.0, 1.0)).collect();
-                ctx.write(&xb, 0, bytemuck::cast_slice(&x)).unwrap();
-                let mut rec = ctx.recorder();
-                xa.record(&mut rec, &step).unwrap();
-                pp.record(&mut rec, &step).unwrap();
-                dp.record(&mut rec, &step).unwrap();
-                rec.submit().unwrap();
-                let what = format!("{ty:?} {act:?} {label} round {round}");
-                let (eq, es) = read_q8(&ctx, &target);
-                standalone.run(&ctx, &step).unwrap();
-                let (sq, ss) = read_q8(&ctx, &standalone);
-                assert_eq!(eq, sq, "{what}: epilogue codes differ from GluQuantizeQ8's");
-                assert_eq!(es, ss, "{what}: epilogue scales differ from GluQuantizeQ8's");
-                // The down projection on the GPU's own int8 GLU, and the GLU against the CPU.
-                let g: Vec<f32> = read_f32(&ctx, &gu, 2 * f);
-                let glu: Vec<f32> = (0..f).map(|i| (act.apply(g[i] as f64) * g[f + i] as f64) as f32).collect();
-                let deq = check_q8(&glu, &eq, &es, 1e-5);
-                let want = f64s(&matmul_ref(&wd, &deq, 1).unwrap());
-                check_close_rtol(&f64s(&read_f32(&ctx, &y, n_out)), &want, 1e-5).unwrap_or_else(|e| panic!("{what}: down: {e}"));
-            }
+            glu_case(&ctx, &mut rng, ty, label, QuantGemvQ8 { epilogue: Q8Epilogue::Glu { act }, ..cfg }, cfg);
         }
     }
+}
+
+/// The same with workgroups that own whole blocks (`Q8Epilogue::GluLocal`): every layout that
+/// holds 64 rows or more per workgroup, with and without subgroups, row groups, the deferred
+/// RMSNorm of the input.
+#[test]
+fn workgroup_local_glu_epilogue_matches_the_standalone_quantizer_and_cpu() {
+    let Some(ctx) = test_gpu() else { return };
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    assert!(Q8GemvPlan::epilogue_supported(&ctx, Q8Epilogue::GluLocal { act: ActKind::Silu }));
+    let mut rng = Rng(74);
+    for (ty, act) in [(GgmlType::Q4_0, ActKind::Silu), (GgmlType::Q6_K, ActKind::GeluTanh)] {
+        let base = QuantGemvQ8::new(WeightKind::Ggml(ty), &env, 1);
+        let epilogue = Q8Epilogue::GluLocal { act };
+        let layouts = [
+            ("r64 t64", QuantGemvQ8 { rows_per_workgroup: 64, threads: 64, ..base }),
+            ("r64 t128 no-subgroups", QuantGemvQ8 { rows_per_workgroup: 64, threads: 128, subgroups: false, ..base }),
+            ("r64 sgrows1 t128", QuantGemvQ8 { rows_per_workgroup: 64, threads: 128, subgroup_rows: 1, unchecked: true, ..base }),
+            ("r128 sgrows2 t256", QuantGemvQ8 { rows_per_workgroup: 128, threads: 256, subgroup_rows: 2, ..base }),
+            ("r64 sgrows4 t64 row-groups", QuantGemvQ8 { rows_per_workgroup: 64, threads: 64, subgroup_rows: 4, row_groups: 3, ..base }),
+        ];
+        for (label, cfg) in layouts {
+            glu_case(&ctx, &mut rng, ty, label, QuantGemvQ8 { epilogue, ..cfg }, base);
+        }
+    }
+}
+
+/// One GLU producer (`producer`, whose epilogue is a GLU) and the down projection (`consumer`)
+/// three times over fresh inputs: the epilogue's codes and scales against `GluQuantizeQ8` on
+/// the producer's own `[gate | up]`, the GLU and the down projection against the CPU.
+fn glu_case(ctx: &GpuContext, rng: &mut Rng, ty: GgmlType, label: &str, producer: QuantGemvQ8, consumer: QuantGemvQ8) {
+    let (k_in, f, n_out) = (256, 256, 64);
+    let act = match producer.epilogue {
+        Q8Epilogue::Glu { act } | Q8Epilogue::GluLocal { act } => act,
+        e => panic!("{e:?} is not a GLU"),
+    };
+    let wgu = random_ggml(rng, ty, 2 * f, k_in);
+    let wd = random_ggml(rng, ty, n_out, f);
+    let (mgu, md) = (QuantMatrix::upload(ctx, "w_gu", &wgu).unwrap(), QuantMatrix::upload(ctx, "w_d", &wd).unwrap());
+    let gu = ctx.alloc(4 * 2 * f as u64, BufferKind::Storage).unwrap();
+    let y = ctx.alloc(4 * n_out as u64, BufferKind::Storage).unwrap();
+    let xb = ctx.alloc(4 * k_in as u64, BufferKind::Storage).unwrap();
+    let nw = ctx.upload(bytemuck::cast_slice(&vec![1.0f32; k_in])).unwrap();
+    let xa = if producer.rms_scale {
+        Q8Activations::with_deferred_rms_norm(ctx, &Binding::whole(&xb), &Binding::whole(&nw), 1, k_in, 1e-5, false).unwrap()
+    } else {
+        Q8Activations::new(ctx, &Binding::whole(&xb), 1, k_in).unwrap()
+    };
+    let target = Q8Activations::written_by_producer(ctx, f, None).unwrap();
+    let pp = Q8GemvPlan::with_epilogue(ctx, &producer, &mgu, &xa, &GemvOutput::Single(Binding::whole(&gu)), &target, None).unwrap();
+    let dp = Q8GemvPlan::new(ctx, &consumer, &md, &target, &GemvOutput::Single(Binding::whole(&y))).unwrap();
+    let standalone = Q8Activations::with_glu(ctx, &Binding::whole(&gu), act, 1, f).unwrap();
+    let step = StepValues::decode(0);
+    for round in 0..3 {
+        let x: Vec<f32> = (0..k_in).map(|_| rng.f32_in(-1.0, 1.0)).collect();
+        ctx.write(&xb, 0, bytemuck::cast_slice(&x)).unwrap();
+        let mut rec = ctx.recorder();
+        xa.record(&mut rec, &step).unwrap();
+        pp.record(&mut rec, &step).unwrap();
+        dp.record(&mut rec, &step).unwrap();
+        rec.submit().unwrap();
+        let what = format!("{ty:?} {act:?} {label} round {round}");
+        let (eq, es) = read_q8(ctx, &target);
+        standalone.run(ctx, &step).unwrap();
+        let (sq, ss) = read_q8(ctx, &standalone);
+        assert_eq!(eq, sq, "{what}: epilogue codes differ from GluQuantizeQ8's");
+        assert_eq!(es, ss, "{what}: epilogue scales differ from GluQuantizeQ8's");
+        // [gate | up] against the CPU (on the GPU's own int8 input), the GLU, and the down
+        // projection on the GPU's own int8 GLU.
+        let g: Vec<f32> = read_f32(ctx, &gu, 2 * f);
+        let (xq, xs) = read_q8(ctx, &xa);
+        let mut xin = check_q8_raw(&xq, &xs);
+        if producer.rms_scale {
+            let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+            let inv = 1.0 / (ss / k_in as f64 + 1e-5).sqrt();
+            xin.iter_mut().for_each(|v| *v = (*v as f64 * inv) as f32);
+        }
+        let want_gu = f64s(&matmul_ref(&wgu, &xin, 1).unwrap());
+        check_close_rtol(&f64s(&g), &want_gu, 1e-4).unwrap_or_else(|e| panic!("{what}: gate/up: {e}"));
+        let glu: Vec<f32> = (0..f).map(|i| (act.apply(g[i] as f64) * g[f + i] as f64) as f32).collect();
+        let deq = check_q8(&glu, &eq, &es, 1e-5);
+        let want = f64s(&matmul_ref(&wd, &deq, 1).unwrap());
+        check_close_rtol(&f64s(&read_f32(ctx, &y, n_out)), &want, 1e-5).unwrap_or_else(|e| panic!("{what}: down: {e}"));
+    }
+}
+
+/// The values int8 activations stand for (`code * d` per block of 32).
+fn check_q8_raw(q: &[i8], s: &[f32]) -> Vec<f32> {
+    q.iter().enumerate().map(|(i, &c)| c as f32 * s[(i / 32) * 4]).collect()
 }
 
 fn packed(rng: &mut Rng, rows: usize, cols: usize) -> PackedWeights {
@@ -237,7 +292,22 @@ fn epilogue_misuse_is_a_typed_error() {
     // The GLU needs a target of half the rows.
     let glu = QuantGemvQ8 { epilogue: Q8Epilogue::Glu { act: ActKind::Silu }, ..base };
     config(Q8GemvPlan::with_epilogue(&ctx, &glu, &w, &xa, &out, &plain, None), "GLU into a full-width target");
+    // Workgroup-local GLU blocks: rows per workgroup a multiple of 64 that divides the rows.
+    let half = Q8Activations::written_by_producer(&ctx, 32, None).unwrap();
+    let local = QuantGemvQ8 { epilogue: Q8Epilogue::GluLocal { act: ActKind::Silu }, threads: 64, ..base };
+    assert!(Q8GemvPlan::with_epilogue(&ctx, &QuantGemvQ8 { rows_per_workgroup: 64, ..local }, &w, &plain_row(&ctx, &x), &out, &half, None).is_ok());
+    for r in [32, 128] {
+        match Q8GemvPlan::with_epilogue(&ctx, &QuantGemvQ8 { rows_per_workgroup: r, threads: 128, ..local }, &w, &plain_row(&ctx, &x), &out, &half, None) {
+            Err(QuantError::Config { reason, .. }) => assert!(reason.contains("multiple of 64"), "{reason}"),
+            other => panic!("local GLU with {r} rows per workgroup over 64 rows: {other:?}"),
+        }
+    }
     // A consumer must apply 1 / rms exactly when its activations defer it.
     config(Q8GemvPlan::new(&ctx, &base, &w, &deferred, &out), "deferred activations without rms_scale");
     config(Q8GemvPlan::new(&ctx, &QuantGemvQ8 { rms_scale: true, ..base }, &w, &plain, &out), "rms_scale on final activations");
+}
+
+/// One activation row of `x`, quantized (the misuse test's other activations hold two).
+fn plain_row(ctx: &GpuContext, x: &std::sync::Arc<numr::gpu::GpuBuffer>) -> Q8Activations {
+    Q8Activations::new(ctx, &Binding::whole(x), 1, 64).unwrap()
 }

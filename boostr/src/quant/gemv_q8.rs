@@ -156,6 +156,13 @@ impl QuantGemvQ8 {
                     v.push(QuantGemvQ8 { row_groups: 3, rms_scale: true, epilogue: Q8Epilogue::Glu { act: crate::act::ActKind::Silu }, ..base });
                     v.push(QuantGemvQ8 { rope_kv: true, rms_scale: true, rows_per_workgroup: 2, ..base });
                     v.push(QuantGemvQ8 { rope_kv: true, subgroup_rows: 2, rows_per_workgroup: 8, threads: 128, ..base });
+                    // Workgroup-local GLU blocks (no coherent storage needed).
+                    for act in [crate::act::ActKind::Silu, crate::act::ActKind::GeluTanh] {
+                        let epilogue = Q8Epilogue::GluLocal { act };
+                        v.push(QuantGemvQ8 { epilogue, rows_per_workgroup: 64, threads: 64, ..base });
+                        v.push(QuantGemvQ8 { epilogue, rms_scale: true, rows_per_workgroup: 128, threads: 256, subgroup_rows: 2, ..base });
+                        v.push(QuantGemvQ8 { epilogue, rms_scale: true, rows_per_workgroup: 64, threads: 128, subgroup_rows: 1, row_groups: 2, ..base });
+                    }
                 }
                 if m == 1 && env.coherent {
                     for epilogue in [
@@ -270,6 +277,18 @@ impl QuantGemvQ8 {
         b
     }
 
+    /// Whether workgroups own whole GLU blocks ([`Q8Epilogue::GluLocal`]).
+    fn glu_local(&self) -> bool {
+        matches!(self.epilogue, Q8Epilogue::GluLocal { .. })
+    }
+
+    /// The WGSL weight row of local row `l` (an expression) of the workgroup at `row0`, clamped
+    /// to the matrix (with [`Q8Epilogue::GluLocal`] the plan checked that every workgroup's
+    /// rows exist).
+    fn phys(&self, l: &str) -> String {
+        if self.glu_local() { format!("prow(row0, {l})") } else { format!("min(row0 + {l}, p.rows - 1u)") }
+    }
+
     /// The WGSL statement storing `val` for activation row `m` and global weight row `g`.
     fn store(&self, m: &str, g: &str, val: &str) -> String {
         if self.split_qkv {
@@ -318,7 +337,7 @@ impl QuantGemvQ8 {
                 "    for (var rr = sg_idx * {n}u; rr < {r}u; rr += sg_count * {n}u) {{\n    let r0 = row0 + rr;\n    if (r0 >= p.rows) {{ break; }}\n"
             ));
             for i in 0..n {
-                b.push_str(&format!("    let rb{i} = min(r0 + {i}u, p.rows - 1u) * p.cpr;\n"));
+                b.push_str(&format!("    let rb{i} = {} * p.cpr;\n", self.phys(&format!("rr + {i}u"))));
             }
             let (first, stride) = if self.contiguous { (format!("sg_id * {un}u"), "1u".to_string()) } else { ("sg_id".to_string(), "sg_size".to_string()) };
             b.push_str(&self.k_loop(n, 0, &first, &format!("sg_size * {un}u"), &stride));
@@ -335,8 +354,9 @@ impl QuantGemvQ8 {
             }
             for i in (0..n).filter(|_| !self.rope_kv) {
                 for m in 0..mm {
-                    let st = self.store(&format!("{m}u"), &format!("p.row0 + r0 + {i}u"), &val(i * mm + m, m));
-                    b.push_str(&format!("        if (r0 + {i}u < p.rows) {{ {st} }}\n"));
+                    let st = self.store(&format!("{m}u"), &format!("p.row0 + {}", self.phys(&format!("rr + {i}u"))), &val(i * mm + m, m));
+                    let local = if self.glu_local() { format!(" gl_v[rr + {i}u] = {};", val(i * mm + m, m)) } else { String::new() };
+                    b.push_str(&format!("        if (r0 + {i}u < p.rows) {{ {st}{local} }}\n"));
                 }
             }
             b.push_str("    }\n    }\n");
@@ -348,7 +368,7 @@ impl QuantGemvQ8 {
             pre.push_str(&reduce_fn(vt, wg, sg, env));
             let rargs = reduce_args(sg);
             for i in 0..r {
-                b.push_str(&format!("    let rb{i} = min(row0 + {i}u, p.rows - 1u) * p.cpr;\n"));
+                b.push_str(&format!("    let rb{i} = {} * p.cpr;\n", self.phys(&format!("{i}u"))));
             }
             let (first, stride) = if self.contiguous { (format!("lidx * {un}u"), "1u".to_string()) } else { ("lidx".to_string(), format!("{wg}u")) };
             b.push_str(&self.k_loop(r, extra, &first, &format!("{}u", wg as usize * un), &stride));
@@ -368,6 +388,13 @@ impl QuantGemvQ8 {
             if self.rope_kv {
                 pre.push_str(&super::rope_kv::prelude(Some(v)));
                 b.push_str(&super::rope_kv::store_reduced(v, &val.replace("[m]", "[0]")));
+            } else if self.glu_local() {
+                // One activation row (checked by the plan): local row `lidx`, stored at its
+                // physical row and kept in workgroup memory for the epilogue.
+                b.push_str(
+                    &format!("    if (lidx < {v}u) {{\n        gl_v[lidx] = {val};\n        {}\n    }}\n", self.store("0u", "p.row0 + prow(row0, lidx)", &val))
+                        .replace("[m]", "[0]"),
+                );
             } else {
                 b.push_str(&format!(
                 "    if (lidx < {v}u) {{\n        let row = row0 + lidx / {mm}u;\n        let m = lidx % {mm}u;\n        if (row < p.rows) {{ {} }}\n    }}\n",
@@ -375,8 +402,16 @@ impl QuantGemvQ8 {
                 ));
             }
         }
-        pre.push_str(&self.epilogue.prelude());
-        b.push_str(&self.epilogue.body("p.row0 + row0", &format!("min({r}u, p.rows - row0)")));
+        pre.push_str(&self.epilogue.prelude(self.rows_per_workgroup));
+        if self.glu_local() {
+            // Local row `l` of the workgroup at virtual row `row0`: gate rows of outputs
+            // `row0 / 2 ..` in the first half, the up rows of the same outputs in the second.
+            pre.push_str(&format!(
+                "fn prow(row0: u32, l: u32) -> u32 {{\n    let h = {}u;\n    return select(p.epf + row0 / 2u + l - h, row0 / 2u + l, l < h);\n}}\n",
+                r / 2
+            ));
+        }
+        b.push_str(&self.epilogue.body("p.row0 + row0", &format!("min({r}u, p.rows - row0)"), self.rows_per_workgroup));
         if groups {
             b.push_str("    }\n");
         }
@@ -390,7 +425,7 @@ impl QuantGemvQ8 {
             .storage("wv", Access::Read, "array<vec4<u32>>")
             .storage("ws", Access::Read, "array<u32>");
         // The epilogue reads rows other workgroups stored: coherent (module q8_epilogue).
-        kb = if self.epilogue.is_some() { kb.storage_coherent("y", "array<f32>") } else { kb.storage("y", Access::ReadWrite, "array<f32>") };
+        kb = if self.epilogue.uses_arrivals() { kb.storage_coherent("y", "array<f32>") } else { kb.storage("y", Access::ReadWrite, "array<f32>") };
         if self.split_qkv {
             kb = kb.storage("yk", Access::ReadWrite, "array<f32>").storage("yv", Access::ReadWrite, "array<f32>");
         }

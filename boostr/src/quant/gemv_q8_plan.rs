@@ -41,10 +41,11 @@ impl Q8GemvPlan {
     /// into `target` (scratch from [`Q8Activations::written_by_producer`] of `w.rows` inputs, or
     /// `w.rows / 2` for the GLU), multiplied by `norm_weight` (`w.rows` f32) for
     /// [`Q8Epilogue::Quantize`] with `norm`. `target` must defer the RMSNorm exactly when the
-    /// epilogue applies a norm weight. Needs `@coherent` storage and 9 storage bindings per
-    /// stage (8 without a norm); one activation row, one part, a [`GemvOutput::Single`] output
-    /// and rows per workgroup dividing 32 ([`QuantError::Config`] / [`QuantError::Unsupported`]
-    /// otherwise).
+    /// epilogue applies a norm weight. The arrival-counter epilogues need `@coherent` storage,
+    /// 9 storage bindings per stage (8 without a norm) and rows per workgroup dividing 32;
+    /// [`Q8Epilogue::GluLocal`] needs 7 and rows per workgroup a multiple of 64 dividing the
+    /// matrix's; all need one activation row, one part and a [`GemvOutput::Single`] output
+    /// ([`QuantError::Config`] / [`QuantError::Unsupported`] otherwise).
     pub fn with_epilogue(
         ctx: &GpuContext,
         cfg: &QuantGemvQ8,
@@ -61,7 +62,7 @@ impl Q8GemvPlan {
     /// bindings per stage).
     pub fn epilogue_supported(ctx: &GpuContext, epilogue: Q8Epilogue) -> bool {
         let caps = ctx.capabilities();
-        caps.coherent_memory && caps.limits.max_storage_buffers_per_shader_stage as usize >= 5 + epilogue.extra_bindings()
+        (caps.coherent_memory || !epilogue.uses_arrivals()) && caps.limits.max_storage_buffers_per_shader_stage as usize >= 5 + epilogue.extra_bindings()
     }
 
     fn build(
@@ -86,7 +87,7 @@ impl Q8GemvPlan {
             return Err(QuantError::Shape { what: OP, reason: format!("activations of {} rows x {} for {m} rows x {} inputs", xa.max_rows(), xa.k(), w.cols) });
         }
         let r = cfg.rows_per_workgroup;
-        if !(1..=32).contains(&r)
+        if !(1..=128).contains(&r)
             || !(1..=64).contains(&cfg.row_groups)
             || !(1..=8).contains(&cfg.unroll)
             || (cfg.subgroup_rows > 0 && !r.is_multiple_of(cfg.subgroup_rows))
@@ -94,7 +95,7 @@ impl Q8GemvPlan {
             return Err(QuantError::Config {
                 what: OP,
                 reason: format!(
-                    "{r} rows per workgroup in groups of {}, {} row groups, unroll {} (1..=32 rows, 1..=64 row groups, 1..=8 unroll)",
+                    "{r} rows per workgroup in groups of {}, {} row groups, unroll {} (1..=128 rows, 1..=64 row groups, 1..=8 unroll)",
                     cfg.subgroup_rows, cfg.row_groups, cfg.unroll
                 ),
             });
@@ -207,18 +208,22 @@ impl Q8GemvPlan {
             });
         }
         let r = cfg.rows_per_workgroup;
-        if cfg.activation_rows != 1 || cfg.split_qkv || w.parts.len() != 1 || !matches!(output, GemvOutput::Single(_)) || !32u32.is_multiple_of(r) {
-            return Err(config(format!(
-                "an epilogue needs one activation row ({}), one part ({}), a single output and rows per workgroup dividing 32 ({r})",
-                cfg.activation_rows,
-                w.parts.len()
-            )));
+        if cfg.activation_rows != 1 || cfg.split_qkv || w.parts.len() != 1 || !matches!(output, GemvOutput::Single(_)) {
+            return Err(config(format!("an epilogue needs one activation row ({}), one part ({}) and a single output", cfg.activation_rows, w.parts.len())));
+        }
+        if cfg.epilogue.uses_arrivals() && !32u32.is_multiple_of(r) {
+            return Err(config(format!("an epilogue with arrival counters needs rows per workgroup dividing 32 ({r})")));
+        }
+        // GluLocal: every workgroup owns whole blocks (its rows a multiple of 64, every
+        // workgroup's rows inside the matrix).
+        if !cfg.epilogue.uses_arrivals() && (!r.is_multiple_of(64) || !w.rows.is_multiple_of(r as usize)) {
+            return Err(config(format!("a workgroup-local GLU epilogue needs rows per workgroup a multiple of 64 dividing the {} rows ({r})", w.rows)));
         }
         // Eight invocations quantize a block, a vec4 each (module q8_epilogue).
         if cfg.threads < Q8Epilogue::QUANT_LANES {
             return Err(config(format!("an epilogue needs at least {} invocations per workgroup ({})", Q8Epilogue::QUANT_LANES, cfg.threads)));
         }
-        let glu = matches!(cfg.epilogue, Q8Epilogue::Glu { .. });
+        let glu = cfg.epilogue.is_glu();
         let k = if glu { w.rows / 2 } else { w.rows };
         if !w.rows.is_multiple_of(cfg.epilogue.block_rows() as usize) || target.k() != k || target.max_rows() != 1 {
             return Err(QuantError::Shape { what: OP, reason: format!("{} output rows into activations of {} x {}", w.rows, target.max_rows(), target.k()) });
@@ -231,10 +236,14 @@ impl Q8GemvPlan {
                 target.deferred_rms().is_some()
             )));
         }
-        let blocks = k / 32;
-        let cnt = ctx.alloc(4 * blocks as u64, BufferKind::Storage)?;
-        ctx.write(&cnt, 0, &vec![0u8; 4 * blocks])?;
-        let mut b = vec![Binding::whole(&cnt), target.xq_binding(), target.xs_binding()];
+        let mut b = Vec::new();
+        if cfg.epilogue.uses_arrivals() {
+            let blocks = k / 32;
+            let cnt = ctx.alloc(4 * blocks as u64, BufferKind::Storage)?;
+            ctx.write(&cnt, 0, &vec![0u8; 4 * blocks])?;
+            b.push(Binding::whole(&cnt));
+        }
+        b.extend([target.xq_binding(), target.xs_binding()]);
         if let Some(nw) = norm {
             check_binding(OP, "norm weight", nw, k, 4)?;
             b.push(nw.clone());

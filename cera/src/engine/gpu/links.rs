@@ -12,7 +12,7 @@ use super::super::graph::{Op, Slot};
 use super::fuse::{Fusions, Input};
 use super::plans::{Mode, PlanInputs, uses_int8};
 use super::quant_err;
-use super::tuning::q8_config;
+use super::tuning::{glu_local_shape, q8_config};
 
 /// Which producers quantize the int8 GEMVs' activations ([`epilogue_links`]).
 #[derive(Clone, Copy, Debug)]
@@ -86,13 +86,26 @@ pub(super) fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs
             Input::Norm(n) if fused.ops[p].accumulate && w.rows == k => {
                 (Q8Epilogue::Quantize { norm: true, gemma: false }, Some(inp.weights.vecs[n].binding.clone()), Some(g.cfg.norm_eps))
             }
-            Input::Glu(act, src) if src == p_out && !fused.ops[p].accumulate && w.rows == 2 * k => (Q8Epilogue::Glu { act: *act }, None, None),
+            Input::Glu(act, src) if src == p_out && !fused.ops[p].accumulate && w.rows == 2 * k => {
+                // Workgroups that own whole blocks where the shape fits the matrix and the
+                // adapter (its invocations per workgroup; rows per subgroup need subgroups).
+                let max_inv = ctx.capabilities().limits.max_compute_invocations_per_workgroup;
+                let fits = |&(r, t, _, sg): &(u32, u32, u32, u32)| {
+                    r.is_multiple_of(64)
+                        && w.rows.is_multiple_of(r as usize)
+                        && t >= Q8Epilogue::QUANT_LANES.max(r)
+                        && t <= max_inv
+                        && (sg == 0 || env.subgroups)
+                };
+                let local = glu_local_shape().filter(fits);
+                (if local.is_some() { Q8Epilogue::GluLocal { act: *act } } else { Q8Epilogue::Glu { act: *act } }, None, None)
+            }
             _ => continue,
         };
         let q8 = q8_config(env, w);
+        let arrivals_fit = 32u32.is_multiple_of(q8.rows_per_workgroup) && q8.threads >= Q8Epilogue::QUANT_LANES;
         if !Q8GemvPlan::epilogue_supported(ctx, epilogue)
-            || !32u32.is_multiple_of(q8.rows_per_workgroup)
-            || q8.threads < Q8Epilogue::QUANT_LANES
+            || (epilogue.uses_arrivals() && !arrivals_fit)
             || !w.rows.is_multiple_of(epilogue.block_rows() as usize)
         {
             continue;

@@ -120,6 +120,29 @@ const Q8_TALL: usize = 8192;
 /// Rows per workgroup of the integer-dot decode GEMVs over more than [`Q8_TALL`] rows.
 const Q8_TALL_ROWS: u32 = 4;
 
+/// The workgroup shape (rows, invocations, unroll, rows per subgroup) of a decode GLU
+/// producer whose workgroups own whole blocks (boostr's `Q8Epilogue::GluLocal`: no arrival
+/// counter, no `@coherent` storage); `None`: the arrival-counter epilogue (`Q8Epilogue::Glu`).
+/// Measured on the H200 (2026-12-04, `cargo xtask bench --kernels --only tall`, Q4_0 28672x4096
+/// with the deferred RMSNorm in a dependent chain): 24.3 us with arrivals at four rows per
+/// workgroup, 22.1 us at 64 rows over 512 invocations (sixteen subgroups of two rows at a time,
+/// unroll 1); tg128 llama-8b 459.8 -> 480.5 tok/s, llama-1b 1,382.6 -> 1,396.5. The other 25
+/// local shapes of the sweep were slower (23.1-60.9 us), some slower than the arrivals.
+const GLU_LOCAL: Option<(u32, u32, u32, u32)> = Some((64, 512, 1, 2));
+
+/// [`GLU_LOCAL`], or the diagnostic override `CERA_GLU_LOCAL` = `off` or
+/// `rows,threads,unroll,sg_rows`.
+pub(super) fn glu_local_shape() -> Option<(u32, u32, u32, u32)> {
+    match std::env::var("CERA_GLU_LOCAL") {
+        Ok(v) if v.trim() == "off" => None,
+        Ok(v) => {
+            let p: Vec<u32> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+            if let [r, t, u, sg] = p[..] { Some((r, t, u, sg)) } else { GLU_LOCAL }
+        }
+        Err(_) => GLU_LOCAL,
+    }
+}
+
 /// Rows per workgroup of an integer-dot decode GEMV of `height` rows whose boostr default is
 /// `base` rows (without the diagnostic overrides).
 fn q8_rows(height: usize, base: u32) -> u32 {
