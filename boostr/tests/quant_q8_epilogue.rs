@@ -86,18 +86,30 @@ fn norm_epilogue_and_rms_consumer_match_the_standalone_quantizer_and_cpu() {
         let kind = WeightKind::of(wo.format());
         let nw: Vec<f32> = (0..dim).map(|_| rng.f32_in(0.5, 1.5)).collect();
         let nwb = ctx.upload(bytemuck::cast_slice(&nw)).unwrap();
-        for (label, cfg) in layouts(QuantGemvQ8::new(kind, &env, 1)) {
+        let base = QuantGemvQ8::new(kind, &env, 1);
+        let arrivals = Q8Epilogue::Quantize { norm: true, gemma };
+        let local = Q8Epilogue::QuantizeLocal { norm: true, gemma };
+        // Every arrival layout, and workgroups that own whole blocks (32 rows or more).
+        let mut cases: Vec<(&str, QuantGemvQ8, Q8Epilogue)> = layouts(base).into_iter().map(|(l, c)| (l, c, arrivals)).collect();
+        cases.extend([
+            ("local r32 t32", QuantGemvQ8 { rows_per_workgroup: 32, threads: 32, ..base }, local),
+            ("local r32 t64 no-subgroups", QuantGemvQ8 { rows_per_workgroup: 32, threads: 64, subgroups: false, ..base }, local),
+            ("local r32 sgrows1 t1024", QuantGemvQ8 { rows_per_workgroup: 32, threads: 1024, subgroup_rows: 1, unchecked: true, ..base }, local),
+            ("local r64 sgrows2 t512", QuantGemvQ8 { rows_per_workgroup: 64, threads: 512, subgroup_rows: 2, ..base }, local),
+            ("local r32 sgrows2 t64 row-groups", QuantGemvQ8 { rows_per_workgroup: 32, threads: 64, subgroup_rows: 2, row_groups: 3, ..base }, local),
+        ]);
+        for (label, cfg, ep) in cases {
             let mut h: Vec<f32> = (0..dim).map(|_| rng.f32_in(-2.0, 2.0)).collect();
             let ab = ctx.alloc(4 * k_in as u64, BufferKind::Storage).unwrap();
             let hb = ctx.upload(bytemuck::cast_slice(&h)).unwrap();
             let y = ctx.alloc(4 * n_out as u64, BufferKind::Storage).unwrap();
             let xa = Q8Activations::new(&ctx, &Binding::whole(&ab), 1, k_in).unwrap();
             let target = Q8Activations::written_by_producer(&ctx, dim, Some(eps)).unwrap();
-            let ep = Q8Epilogue::Quantize { norm: true, gemma };
             let producer = QuantGemvQ8 { accumulate: true, epilogue: ep, ..cfg };
             let pp =
                 Q8GemvPlan::with_epilogue(&ctx, &producer, &mo, &xa, &GemvOutput::Single(Binding::whole(&hb)), &target, Some(&Binding::whole(&nwb))).unwrap();
-            let consumer = QuantGemvQ8 { rms_scale: true, ..cfg };
+            // (The local producers' wide workgroups are not consumer shapes.)
+            let consumer = QuantGemvQ8 { rms_scale: true, ..if ep.is_local() { base } else { cfg } };
             let cp = Q8GemvPlan::new(&ctx, &consumer, &mc, &target, &GemvOutput::Single(Binding::whole(&y))).unwrap();
             // The standalone quantizer of the same residual, for the bit-exact comparison.
             let standalone = Q8Activations::with_deferred_rms_norm(&ctx, &Binding::whole(&hb), &Binding::whole(&nwb), 1, dim, eps, gemma).unwrap();
@@ -112,7 +124,7 @@ fn norm_epilogue_and_rms_consumer_match_the_standalone_quantizer_and_cpu() {
                 cp.record(&mut rec, &step).unwrap();
                 assert_eq!(rec.dispatch_count(), 3);
                 rec.submit().unwrap();
-                let what = format!("{ty:?} {label} round {round}");
+                let what = format!("{ty:?} {label} {ep:?} round {round}");
                 let (aq, as_) = read_q8(&ctx, &xa);
                 let deq_a = check_q8(&a, &aq, &as_, 0.0);
                 // The residual: h + W_o a (on the GPU's own int8 a).
@@ -305,6 +317,15 @@ fn epilogue_misuse_is_a_typed_error() {
     // A consumer must apply 1 / rms exactly when its activations defer it.
     config(Q8GemvPlan::new(&ctx, &base, &w, &deferred, &out), "deferred activations without rms_scale");
     config(Q8GemvPlan::new(&ctx, &QuantGemvQ8 { rms_scale: true, ..base }, &w, &plain, &out), "rms_scale on final activations");
+    // The workgroup reduction of a consumer holds its rows' sums and the sum of squares: a
+    // workgroup of exactly as many invocations as rows has none left for the latter (it read
+    // an unset 1 / rms, 0, before the plan counted it).
+    let full = QuantGemvQ8 { rms_scale: true, rows_per_workgroup: 32, threads: 32, subgroups: false, ..base };
+    match Q8GemvPlan::new(&ctx, &full, &w, &deferred, &out) {
+        Err(QuantError::Config { reason, .. }) => assert!(reason.contains("33 sums"), "{reason}"),
+        other => panic!("32 rows over 32 invocations with rms_scale: {other:?}"),
+    }
+    assert!(Q8GemvPlan::new(&ctx, &QuantGemvQ8 { threads: 64, ..full }, &w, &deferred, &out).is_ok());
 }
 
 /// One activation row of `x`, quantized (the misuse test's other activations hold two).

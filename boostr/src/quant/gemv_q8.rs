@@ -156,7 +156,13 @@ impl QuantGemvQ8 {
                     v.push(QuantGemvQ8 { row_groups: 3, rms_scale: true, epilogue: Q8Epilogue::Glu { act: crate::act::ActKind::Silu }, ..base });
                     v.push(QuantGemvQ8 { rope_kv: true, rms_scale: true, rows_per_workgroup: 2, ..base });
                     v.push(QuantGemvQ8 { rope_kv: true, subgroup_rows: 2, rows_per_workgroup: 8, threads: 128, ..base });
-                    // Workgroup-local GLU blocks (no coherent storage needed).
+                    // Workgroup-local blocks (no coherent storage needed).
+                    for (norm, gemma) in [(true, false), (true, true), (false, false)] {
+                        let epilogue = Q8Epilogue::QuantizeLocal { norm, gemma };
+                        v.push(QuantGemvQ8 { epilogue, accumulate: true, rows_per_workgroup: 32, threads: 32, ..base });
+                        v.push(QuantGemvQ8 { epilogue, accumulate: true, rows_per_workgroup: 64, threads: 512, subgroup_rows: 2, ..base });
+                        v.push(QuantGemvQ8 { epilogue, rms_scale: true, rows_per_workgroup: 32, threads: 128, subgroup_rows: 1, row_groups: 2, ..base });
+                    }
                     for act in [crate::act::ActKind::Silu, crate::act::ActKind::GeluTanh] {
                         let epilogue = Q8Epilogue::GluLocal { act };
                         v.push(QuantGemvQ8 { epilogue, rows_per_workgroup: 64, threads: 64, ..base });
@@ -289,6 +295,16 @@ impl QuantGemvQ8 {
         if self.glu_local() { format!("prow(row0, {l})") } else { format!("min(row0 + {l}, p.rows - 1u)") }
     }
 
+    /// The WGSL statement storing `val` at output row `g` of one activation row and keeping the
+    /// stored value (with `accumulate`, the sum) at `gl_v[l]` for a local epilogue.
+    fn store_local(&self, g: &str, val: &str, l: &str) -> String {
+        if self.accumulate {
+            format!("let o = {g}; let nv = y[o] + {val}; y[o] = nv; gl_v[{l}] = nv;")
+        } else {
+            format!("let nv = {val}; y[{g}] = nv; gl_v[{l}] = nv;")
+        }
+    }
+
     /// The WGSL statement storing `val` for activation row `m` and global weight row `g`.
     fn store(&self, m: &str, g: &str, val: &str) -> String {
         if self.split_qkv {
@@ -354,9 +370,13 @@ impl QuantGemvQ8 {
             }
             for i in (0..n).filter(|_| !self.rope_kv) {
                 for m in 0..mm {
-                    let st = self.store(&format!("{m}u"), &format!("p.row0 + {}", self.phys(&format!("rr + {i}u"))), &val(i * mm + m, m));
-                    let local = if self.glu_local() { format!(" gl_v[rr + {i}u] = {};", val(i * mm + m, m)) } else { String::new() };
-                    b.push_str(&format!("        if (r0 + {i}u < p.rows) {{ {st}{local} }}\n"));
+                    let g = format!("p.row0 + {}", self.phys(&format!("rr + {i}u")));
+                    let st = if self.epilogue.is_local() {
+                        self.store_local(&g, &val(i * mm + m, m), &format!("rr + {i}u"))
+                    } else {
+                        self.store(&format!("{m}u"), &g, &val(i * mm + m, m))
+                    };
+                    b.push_str(&format!("        if (r0 + {i}u < p.rows) {{ {st} }}\n"));
                 }
             }
             b.push_str("    }\n    }\n");
@@ -388,13 +408,11 @@ impl QuantGemvQ8 {
             if self.rope_kv {
                 pre.push_str(&super::rope_kv::prelude(Some(v)));
                 b.push_str(&super::rope_kv::store_reduced(v, &val.replace("[m]", "[0]")));
-            } else if self.glu_local() {
+            } else if self.epilogue.is_local() {
                 // One activation row (checked by the plan): local row `lidx`, stored at its
                 // physical row and kept in workgroup memory for the epilogue.
-                b.push_str(
-                    &format!("    if (lidx < {v}u) {{\n        gl_v[lidx] = {val};\n        {}\n    }}\n", self.store("0u", "p.row0 + prow(row0, lidx)", &val))
-                        .replace("[m]", "[0]"),
-                );
+                let g = format!("p.row0 + {}", self.phys("lidx"));
+                b.push_str(&format!("    if (lidx < {v}u) {{\n        {}\n    }}\n", self.store_local(&g, &val.replace("[m]", "[0]"), "lidx")));
             } else {
                 b.push_str(&format!(
                 "    if (lidx < {v}u) {{\n        let row = row0 + lidx / {mm}u;\n        let m = lidx % {mm}u;\n        if (row < p.rows) {{ {} }}\n    }}\n",

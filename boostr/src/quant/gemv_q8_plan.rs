@@ -43,7 +43,8 @@ impl Q8GemvPlan {
     /// [`Q8Epilogue::Quantize`] with `norm`. `target` must defer the RMSNorm exactly when the
     /// epilogue applies a norm weight. The arrival-counter epilogues need `@coherent` storage,
     /// 9 storage bindings per stage (8 without a norm) and rows per workgroup dividing 32;
-    /// [`Q8Epilogue::GluLocal`] needs 7 and rows per workgroup a multiple of 64 dividing the
+    /// the local forms ([`Q8Epilogue::GluLocal`], [`Q8Epilogue::QuantizeLocal`]) one binding
+    /// fewer and rows per workgroup a multiple of the block's rows (64, 32) dividing the
     /// matrix's; all need one activation row, one part and a [`GemvOutput::Single`] output
     /// ([`QuantError::Config`] / [`QuantError::Unsupported`] otherwise).
     pub fn with_epilogue(
@@ -103,8 +104,10 @@ impl Q8GemvPlan {
         let caps = ctx.capabilities();
         let env = env_of(caps);
         // Subgroup-rows mode reduces inside each subgroup; the workgroup reduction needs one
-        // invocation per sum.
-        let sums = if cfg.per_subgroup(&env) { 1 } else { r * cfg.activation_rows };
+        // invocation per sum (with `rms_scale`, also one per activation row's sum of squares,
+        // read back by the invocations past the row sums).
+        let m_rows = cfg.activation_rows;
+        let sums = if cfg.per_subgroup(&env) { 1 } else { r * m_rows + if cfg.rms_scale { m_rows } else { 0 } };
         check_threads(OP, caps, cfg.threads, sums)?;
         let cpr = w.chunks_per_row();
         // What the kernel reads of the activations: blocks `m * cpr + c`, `c < cpr`, of the
@@ -214,10 +217,11 @@ impl Q8GemvPlan {
         if cfg.epilogue.uses_arrivals() && !32u32.is_multiple_of(r) {
             return Err(config(format!("an epilogue with arrival counters needs rows per workgroup dividing 32 ({r})")));
         }
-        // GluLocal: every workgroup owns whole blocks (its rows a multiple of 64, every
-        // workgroup's rows inside the matrix).
-        if !cfg.epilogue.uses_arrivals() && (!r.is_multiple_of(64) || !w.rows.is_multiple_of(r as usize)) {
-            return Err(config(format!("a workgroup-local GLU epilogue needs rows per workgroup a multiple of 64 dividing the {} rows ({r})", w.rows)));
+        // The local forms: every workgroup owns whole blocks (its rows a multiple of the block's
+        // rows, every workgroup's rows inside the matrix).
+        let br = cfg.epilogue.block_rows();
+        if cfg.epilogue.is_local() && (!r.is_multiple_of(br) || !w.rows.is_multiple_of(r as usize)) {
+            return Err(config(format!("a workgroup-local epilogue needs rows per workgroup a multiple of {br} dividing the {} rows ({r})", w.rows)));
         }
         // Eight invocations quantize a block, a vec4 each (module q8_epilogue).
         if cfg.threads < Q8Epilogue::QUANT_LANES {

@@ -12,7 +12,7 @@ use super::super::graph::{Op, Slot};
 use super::fuse::{Fusions, Input};
 use super::plans::{Mode, PlanInputs, uses_int8};
 use super::quant_err;
-use super::tuning::{glu_local_shape, q8_config};
+use super::tuning::{Shape, glu_local_shape, norm_local_shape, q8_config};
 
 /// Which producers quantize the int8 GEMVs' activations ([`epilogue_links`]).
 #[derive(Clone, Copy, Debug)]
@@ -82,23 +82,21 @@ pub(super) fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs
             continue;
         }
         let w = &parts[0].w;
+        // Workgroups that own whole blocks where the shape fits the matrix and the adapter (its
+        // invocations per workgroup; rows per subgroup need subgroups).
+        let max_inv = ctx.capabilities().limits.max_compute_invocations_per_workgroup;
+        let fits = |block: u32, &(r, t, _, sg): &Shape| {
+            r.is_multiple_of(block) && w.rows.is_multiple_of(r as usize) && t >= Q8Epilogue::QUANT_LANES.max(r) && t <= max_inv && (sg == 0 || env.subgroups)
+        };
         let (epilogue, norm, deferred) = match &f.input {
             Input::Norm(n) if fused.ops[p].accumulate && w.rows == k => {
-                (Q8Epilogue::Quantize { norm: true, gemma: false }, Some(inp.weights.vecs[n].binding.clone()), Some(g.cfg.norm_eps))
+                let local = norm_local_shape(w.cols).filter(|s| fits(32, s)).is_some();
+                let epilogue = if local { Q8Epilogue::QuantizeLocal { norm: true, gemma: false } } else { Q8Epilogue::Quantize { norm: true, gemma: false } };
+                (epilogue, Some(inp.weights.vecs[n].binding.clone()), Some(g.cfg.norm_eps))
             }
             Input::Glu(act, src) if src == p_out && !fused.ops[p].accumulate && w.rows == 2 * k => {
-                // Workgroups that own whole blocks where the shape fits the matrix and the
-                // adapter (its invocations per workgroup; rows per subgroup need subgroups).
-                let max_inv = ctx.capabilities().limits.max_compute_invocations_per_workgroup;
-                let fits = |&(r, t, _, sg): &(u32, u32, u32, u32)| {
-                    r.is_multiple_of(64)
-                        && w.rows.is_multiple_of(r as usize)
-                        && t >= Q8Epilogue::QUANT_LANES.max(r)
-                        && t <= max_inv
-                        && (sg == 0 || env.subgroups)
-                };
-                let local = glu_local_shape().filter(fits);
-                (if local.is_some() { Q8Epilogue::GluLocal { act: *act } } else { Q8Epilogue::Glu { act: *act } }, None, None)
+                let local = glu_local_shape().filter(|s| fits(64, s)).is_some();
+                (if local { Q8Epilogue::GluLocal { act: *act } } else { Q8Epilogue::Glu { act: *act } }, None, None)
             }
             _ => continue,
         };

@@ -130,17 +130,48 @@ const Q8_TALL_ROWS: u32 = 4;
 /// local shapes of the sweep were slower (23.1-60.9 us), some slower than the arrivals.
 const GLU_LOCAL: Option<(u32, u32, u32, u32)> = Some((64, 512, 1, 2));
 
+/// A workgroup shape: rows, invocations, unroll, rows per subgroup.
+pub(super) type Shape = (u32, u32, u32, u32);
+
+/// A diagnostic shape override: unset or unparsable `None`, `off` `Some(None)`, else
+/// `rows,threads,unroll,sg_rows`.
+fn shape_env(name: &str) -> Option<Option<Shape>> {
+    let v = std::env::var(name).ok()?;
+    if v.trim() == "off" {
+        return Some(None);
+    }
+    let p: Vec<u32> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+    if let [r, t, u, sg] = p[..] { Some(Some((r, t, u, sg))) } else { None }
+}
+
 /// [`GLU_LOCAL`], or the diagnostic override `CERA_GLU_LOCAL` = `off` or
 /// `rows,threads,unroll,sg_rows`.
-pub(super) fn glu_local_shape() -> Option<(u32, u32, u32, u32)> {
-    match std::env::var("CERA_GLU_LOCAL") {
-        Ok(v) if v.trim() == "off" => None,
-        Ok(v) => {
-            let p: Vec<u32> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
-            if let [r, t, u, sg] = p[..] { Some((r, t, u, sg)) } else { GLU_LOCAL }
-        }
-        Err(_) => GLU_LOCAL,
-    }
+pub(super) fn glu_local_shape() -> Option<Shape> {
+    shape_env("CERA_GLU_LOCAL").unwrap_or(GLU_LOCAL)
+}
+
+/// The workgroup shape of a decode GEMV of at most [`NORM_LOCAL_MAX_K`] inputs adding into the
+/// residual stream (the O projection) whose workgroups own whole blocks of the next RMSNorm's
+/// int8 input (boostr's `Q8Epilogue::QuantizeLocal`): 32 rows, one per subgroup of a 1024-wide
+/// workgroup. Measured on the H200 (2026-12-04, tg128, medians of 3): llama-8b 480.2 -> 483.8
+/// tok/s, llama-1b 1,407.7-1,410.3 -> 1,438.6-1,439.0; with 2 rows per subgroup over 512
+/// invocations, 4 over 256, unroll 2, or 64 rows, slower (359-463 on llama-8b, O and down
+/// together).
+const NORM_LOCAL: Option<Shape> = Some((32, 1024, 1, 1));
+
+/// Inputs up to which a residual GEMV takes [`NORM_LOCAL`]. Wider ones (Llama's down, 14336 or
+/// 8192 inputs) keep the arrival counters: 480.2 -> 475.1 tok/s on llama-8b with the down
+/// projection local too.
+const NORM_LOCAL_MAX_K: usize = 4096;
+
+/// The shape for the norm epilogue of a matrix of `cols` inputs ([`NORM_LOCAL`] up to [`NORM_LOCAL_MAX_K`] inputs,
+/// else none), or the diagnostic override `CERA_NORM_LOCAL`, or `CERA_NORM_LOCAL_WIDE` (more
+/// than 4096 inputs) / `CERA_NORM_LOCAL_SMALL` (the rest), each `off` or
+/// `rows,threads,unroll,sg_rows`.
+pub(super) fn norm_local_shape(cols: usize) -> Option<Shape> {
+    let wide = cols > NORM_LOCAL_MAX_K;
+    let class = if wide { "CERA_NORM_LOCAL_WIDE" } else { "CERA_NORM_LOCAL_SMALL" };
+    shape_env("CERA_NORM_LOCAL").or_else(|| shape_env(class)).unwrap_or(if wide { None } else { NORM_LOCAL })
 }
 
 /// Rows per workgroup of an integer-dot decode GEMV of `height` rows whose boostr default is
@@ -225,6 +256,27 @@ mod tests {
         }
         assert_eq!(q8_rows(4096, 8), 8);
         assert_eq!(q8_rows(28672, 8), 8);
+    }
+
+    #[test]
+    fn workgroup_local_epilogues_take_their_measured_shapes() {
+        // Whole blocks per workgroup: 64 rows for the GLU (gate and up of 32 outputs), 32 for a
+        // residual GEMV's norm quantization, each within a workgroup of the invocations given.
+        let (r, t, _, sg) = GLU_LOCAL.expect("the GLU takes workgroup-local blocks");
+        assert!(r.is_multiple_of(64) && t >= r && sg > 0);
+        let (r, t, _, sg) = NORM_LOCAL.expect("the O projection takes workgroup-local blocks");
+        assert!(r.is_multiple_of(32) && t >= r && sg > 0);
+        if std::env::var_os("CERA_NORM_LOCAL").is_none()
+            && std::env::var_os("CERA_NORM_LOCAL_SMALL").is_none()
+            && std::env::var_os("CERA_NORM_LOCAL_WIDE").is_none()
+        {
+            // Llama-3-8B's O (4096 inputs) and Llama-3.2-1B's (2048) local; the down
+            // projections (14336, 8192 inputs) keep the arrival counters.
+            assert_eq!(norm_local_shape(4096), NORM_LOCAL);
+            assert_eq!(norm_local_shape(2048), NORM_LOCAL);
+            assert_eq!(norm_local_shape(14336), None);
+            assert_eq!(norm_local_shape(8192), None);
+        }
     }
 
     #[test]
