@@ -66,7 +66,8 @@ fn quantized_output_equals_quantize_q8_of_the_output() {
         let plan = DecodePlan::builder(&ctx, &qbind, 0, n_q, &kv_cache, 0, &opts).output(&obind, 0).quantized_output(&target).build().unwrap();
         assert!(plan.is_fused());
         let standalone = Q8Activations::new(&ctx, &obind, 1, n_q * hd).unwrap();
-        for kv in [1usize, 150, 400] {
+        // The single split (one and two workgroup steps, its last length), then the split variants.
+        for kv in [1usize, 100, 128, 129, 150, 400] {
             let step = DecodePlan::step(kv).unwrap();
             let mut rec = ctx.recorder();
             plan.record(&mut rec, &step).unwrap();

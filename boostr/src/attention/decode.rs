@@ -87,7 +87,8 @@ pub struct DecodeAttnSg {
     /// to arrive merges all splits of its heads into `out` and resets the counter to 0 (at most
     /// [`DECODE_SG_WG`] splits: one invocation per split computes the merge weights).
     pub fused: bool,
-    /// With `fused`: the merge also writes its output quantized to int8 per block of 32
+    /// With `fused` (or `normalised`: a single split): the merge also writes its output
+    /// quantized to int8 per block of 32
     /// (`xq`/`xs`, the layout of [`crate::quant::Q8Activations`], block `out index / 32`), the
     /// input of an integer-dot output projection, so no quantizer dispatch runs between them.
     pub quantize: bool,
@@ -126,8 +127,8 @@ impl DecodeAttnSg {
         if self.normalised && self.fused {
             return bad("normalised and fused together".into());
         }
-        if self.quantize && !self.fused {
-            return bad("a quantized output needs the fused merge".into());
+        if self.quantize && !self.fused && !self.normalised {
+            return bad("a quantized output needs the fused merge or the normalised output".into());
         }
         Ok(())
     }
@@ -153,6 +154,7 @@ impl DecodeAttnSg {
                             v.push(DecodeAttnSg { fused: true, ..c });
                             v.push(DecodeAttnSg { fused: true, keys: DECODE_KEYS_PER_STEP, ..c });
                             v.push(DecodeAttnSg { fused: true, quantize: true, keys: DECODE_KEYS_PER_STEP, ..c });
+                            v.push(DecodeAttnSg { normalised: true, quantize: true, heads: 1, keys: DECODE_KEYS_PER_STEP, ..c });
                             if group == 4 && !softcap {
                                 v.push(DecodeAttnSg { heads: 2, keys: 1, ..c });
                                 v.push(DecodeAttnSg { heads: 1, keys: 4, ..c });
@@ -331,8 +333,9 @@ impl DecodeAttnSg {
         for (var i = lidx; i < {hd4}u; i += {DECODE_SG_WG}u) {{
             var acc = vec4<f32>(0.0);
             for (var s = 0u; s < {nslot}u; s++) {{ acc += sacc[s * {hd4}u + i]; }}
-            o_part[{obase}row * {hd4}u + i] = select(vec4<f32>(nanv), acc * inv, full);
-        }}
+            let o = select(vec4<f32>(nanv), acc * inv, full);
+            o_part[{obase}row * {hd4}u + i] = o;
+{nstore}        }}
         if (lidx == 0u && {partial}) {{
             ml[row * 2u] = select(nanv, mx, full);
             ml[row * 2u + 1u] = l;
@@ -345,7 +348,25 @@ impl DecodeAttnSg {
                     o1 = 2 * gi + 1,
                     inv = if self.normalised { "select(0.0, 1.0 / l, l > 0.0)" } else { "1.0" },
                     partial = !self.normalised,
-                    obase = if self.normalised { "p.o_base + " } else { "" }
+                    obase = if self.normalised { "p.o_base + " } else { "" },
+                    nstore = if self.normalised && self.quantize { format!("            sq[{}u + i] = o;\n", gi * hd4) } else { String::new() },
+                ),
+            );
+        }
+        if self.normalised && self.quantize {
+            // The single split's output, quantized as the fused merge does (the heads' loop
+            // ended on a barrier, so `sq` is complete).
+            let nb = hd / 32;
+            let loads = (0..8).map(|i| format!("sq[lidx * 8u + {i}u]")).collect::<Vec<_>>().join(", ");
+            w(
+                &mut b,
+                format!(
+                    "    if (lidx < {}u) {{
+        let row = tok * p.n_q + kvh * {g}u + hb * {h}u + lidx / {nb}u;
+        quant_block(array<vec4<f32>, 8>({loads}), (4u * p.o_base + row * {hd}u) / 32u + lidx % {nb}u, 0.0);
+    }}
+",
+                    h * nb
                 ),
             );
         }

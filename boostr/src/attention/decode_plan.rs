@@ -96,6 +96,7 @@ struct Variant {
     sched: Schedule,
     gate: (u32, u32),
     fused: bool,
+    single: bool,
 }
 
 /// Options of a [`DecodePlan`] (from [`DecodePlan::builder`]).
@@ -113,6 +114,7 @@ pub struct DecodePlanBuilder<'a> {
     tuning: Option<(u32, u32, usize)>,
     out: Option<(&'a Binding, usize)>,
     quantized: Option<&'a crate::quant::Q8Activations>,
+    single_kv: u32,
 }
 
 impl<'a> DecodePlanBuilder<'a> {
@@ -134,6 +136,15 @@ impl<'a> DecodePlanBuilder<'a> {
     /// defaults are the best measured on the H200).
     pub fn tuning(mut self, heads: u32, keys: u32, target_wgs: usize) -> Self {
         self.tuning = Some((heads, keys, target_wgs));
+        self
+    }
+
+    /// Steps over at most `kv` positions run one split per query head, written normalised (and
+    /// quantized) by the workgroup itself, with no merge (default [`DECODE_SINGLE_KV`]; 0: never).
+    /// Applies to the default subgroup schedule on an unsegmented cache with a 16-byte aligned
+    /// output; elsewhere the plan keeps its split variants.
+    pub fn single_split_up_to(mut self, kv: u32) -> Self {
+        self.single_kv = kv;
         self
     }
 
@@ -166,28 +177,42 @@ impl<'a> DecodePlanBuilder<'a> {
         let out = OutTarget::new(self.ctx, self.out, &[1, self.n_q, hd], OP)?;
         let cap = word(OP, "capacity", self.cache.config().capacity)?;
         let variants = if kind == DecodeKernel::Subgroup && self.tuning.is_none() {
-            // Short contexts: more, smaller workgroups (module docs of `attention`); the
-            // long-context variant only where the cache holds more positions.
+            // The shortest contexts: a split per query head, no merge; short ones: more, smaller
+            // workgroups (module docs of `attention`); the long-context variant only where the
+            // cache holds more positions.
+            // (Not with `two_pass`, which asks for the separate merge pass.)
+            let single_ok =
+                !self.two_pass && check_uniform_segments(self.cache, self.layer)? == 1 && out.off.is_multiple_of(4) && out.binding.size.is_multiple_of(16);
+            let single_hi = if single_ok { self.single_kv.min(cap) } else { 0 };
             let short_hi = if cap > DECODE_SHORT_KV { DECODE_SHORT_KV } else { u32::MAX };
-            let mut v = vec![self.build_variant(kind, Some(DECODE_SHORT_TUNING), (1, short_hi), &out)?];
-            if cap > DECODE_SHORT_KV {
-                v.push(self.build_variant(kind, None, (DECODE_SHORT_KV + 1, u32::MAX), &out)?);
+            let mut v = Vec::new();
+            if single_hi > 0 {
+                v.push(self.build_variant(kind, None, (1, single_hi), &out, true)?);
+            }
+            if single_hi < short_hi.min(cap) {
+                v.push(self.build_variant(kind, Some(DECODE_SHORT_TUNING), (single_hi + 1, short_hi), &out, false)?);
+            }
+            if cap > DECODE_SHORT_KV && single_hi < cap {
+                v.push(self.build_variant(kind, None, ((single_hi + 1).max(DECODE_SHORT_KV + 1), u32::MAX), &out, false)?);
             }
             v
         } else {
-            vec![self.build_variant(kind, self.tuning, (1, u32::MAX), &out)?]
+            vec![self.build_variant(kind, self.tuning, (1, u32::MAX), &out, false)?]
         };
         let mut plan = Plan::new();
         for v in &variants {
             plan.append(&v.plan);
         }
-        let fused = variants[0].fused;
+        // One dispatch per step wherever every variant merges in place or needs no merge.
+        let fused = variants.iter().all(|v| v.fused || v.single);
         Ok(DecodePlan { plan, out, scheds: variants.iter().map(|v| (v.gate, v.sched)).collect(), kind, fused })
     }
 
     /// One kernel variant's dispatches, recorded for the steps whose `kv_len` lies in `gate`
-    /// (inclusive; other steps skip them).
-    fn build_variant(&self, kind: DecodeKernel, tuning: Option<(u32, u32, usize)>, gate: (u32, u32), out: &OutTarget) -> Result<Variant> {
+    /// (inclusive; other steps skip them). `single`: one split per query head (subgroup kernel,
+    /// unsegmented cache, 16-byte aligned output, all checked by the caller), the normalised
+    /// output written by the workgroup itself.
+    fn build_variant(&self, kind: DecodeKernel, tuning: Option<(u32, u32, usize)>, gate: (u32, u32), out: &OutTarget, single: bool) -> Result<Variant> {
         const OP: &str = "attention decode";
         let (ctx, cache, n_q) = (self.ctx, self.cache, self.n_q);
         let (hd, group) = check_heads(cache, self.layer, n_q)?;
@@ -210,12 +235,18 @@ impl<'a> DecodePlanBuilder<'a> {
                 if DecodeKernel::best(&env) != DecodeKernel::Subgroup {
                     return Err(OpsError::Unsupported { what: "subgroup decode", reason: "the adapter lacks subgroups of at least 8".into() });
                 }
-                let fused = !self.two_pass && n_segs == 1 && fused_merge_supported(ctx);
+                let fused = !single && !self.two_pass && n_segs == 1 && fused_merge_supported(ctx);
                 let mut cfg = DecodeAttnSg::new(word(OP, "head_dim", hd)?, word(OP, "group", group)?, c.dtype, softcap)?;
                 cfg.keys = DECODE_KEYS_PER_STEP;
                 cfg.fused = fused;
+                cfg.normalised = single;
                 cfg.quantize = self.quantized.is_some();
                 let mut target = DECODE_TARGET_WGS;
+                if single {
+                    // A query head per workgroup, every key of the step in it.
+                    cfg.heads = 1;
+                    target = n_kv * cfg.group as usize;
+                }
                 if let Some((heads, keys, t)) = tuning {
                     if t == 0 {
                         return Err(OpsError::BadArgs { op: OP, reason: "a target of 0 workgroups".into() });
@@ -224,7 +255,7 @@ impl<'a> DecodePlanBuilder<'a> {
                 }
                 cfg.validate()?;
                 let wg_y = n_kv * (cfg.group / cfg.heads) as usize;
-                let mut splits = target.div_ceil(wg_y).max(1);
+                let mut splits = if single { 1 } else { target.div_ceil(wg_y).max(1) };
                 if fused {
                     // The fused merge takes one invocation per split.
                     splits = splits.min(DECODE_SG_WG as usize);
@@ -263,7 +294,7 @@ impl<'a> DecodePlanBuilder<'a> {
         let open = move |kv: u32| (lo..=hi).contains(&kv);
         let mut quantized = Vec::new();
         if let Some(t) = self.quantized {
-            if !fused || ctx.capabilities().limits.max_storage_buffers_per_shader_stage < 9 {
+            if !(fused || single) || ctx.capabilities().limits.max_storage_buffers_per_shader_stage < 9 {
                 return Err(OpsError::Unsupported {
                     what: "a quantized decode attention output",
                     reason: "needs the fused merge and 9 storage bindings per stage".into(),
@@ -294,7 +325,9 @@ impl<'a> DecodePlanBuilder<'a> {
         let mut plan = Plan::new();
         for (i, seg) in cache.segments(self.layer)?.iter().enumerate() {
             let i = word(OP, "segment", i)?;
-            let mut b = vec![self.q.clone(), Binding::whole(&seg.k), Binding::whole(&seg.v), Binding::whole(&o_part), Binding::whole(&ml)];
+            // The single split writes its normalised output where the merge would.
+            let o = if single { out.binding.clone() } else { Binding::whole(&o_part) };
+            let mut b = vec![self.q.clone(), Binding::whole(&seg.k), Binding::whole(&seg.v), o, Binding::whole(&ml)];
             if let Some(cnt) = &cnt {
                 b.push(cnt.clone());
                 b.push(out.binding.clone());
@@ -323,9 +356,12 @@ impl<'a> DecodePlanBuilder<'a> {
             if fused {
                 d = d.per_step("splits", move |st| s.total(s.kv(st)))?.set_usize("out_off", out.off)?;
             }
+            if single {
+                d = d.set_usize("o_base", out.off / 4)?;
+            }
             plan.push(d);
         }
-        if !fused {
+        if !fused && !single {
             let comb = ctx.kernel(&AttnCombine { head_dim: word(OP, "head_dim", hd)? }.source(&env)?)?;
             let b = [Binding::whole(&o_part), Binding::whole(&ml), out.binding.clone()];
             let grid = crate::ops_common::grid_for(ctx, n_q as u64)?;
@@ -337,7 +373,7 @@ impl<'a> DecodePlanBuilder<'a> {
                 .grid_per_step(move |st| if open(s.kv(st)) { grid } else { [0, 0, 0] });
             plan.push(d);
         }
-        Ok(Variant { plan, sched, gate, fused })
+        Ok(Variant { plan, sched, gate, fused, single })
     }
 }
 
@@ -369,7 +405,21 @@ impl DecodePlan {
         layer: usize,
         opts: &AttnOptions,
     ) -> DecodePlanBuilder<'a> {
-        DecodePlanBuilder { ctx, q, q_off, n_q, cache, layer, opts: *opts, kind: None, two_pass: false, tuning: None, out: None, quantized: None }
+        DecodePlanBuilder {
+            ctx,
+            q,
+            q_off,
+            n_q,
+            cache,
+            layer,
+            opts: *opts,
+            kind: None,
+            two_pass: false,
+            tuning: None,
+            out: None,
+            quantized: None,
+            single_kv: DECODE_SINGLE_KV,
+        }
     }
 
     /// The step attending over `kv_len` positions (the query at `kv_len - 1`).
@@ -401,7 +451,9 @@ impl DecodePlan {
         (&self.out.binding, self.out.off)
     }
 
-    /// Whether the splits merge inside the decode dispatch (else an [`AttnCombine`] pass).
+    /// Whether a step is one dispatch per cache segment: the splits merge inside the decode
+    /// dispatch, or the step runs a single split that needs no merge (else an [`AttnCombine`]
+    /// pass follows).
     pub fn is_fused(&self) -> bool {
         self.fused
     }

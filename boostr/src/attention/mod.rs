@@ -24,7 +24,9 @@
 //! query heads that share it (one K/V read for the group). Steps over at most
 //! [`DECODE_SHORT_KV`] positions run a second variant of the subgroup kernel instead
 //! ([`DECODE_SHORT_TUNING`]: a query head per workgroup, a key per slot step, more splits): both
-//! are built into the plan and each step records the one its `kv_len` selects. Each workgroup
+//! are built into the plan and each step records the one its `kv_len` selects. Steps over at
+//! most [`DECODE_SINGLE_KV`] positions run a third: one split per query head, which writes the
+//! normalised output (and its int8 quantization) itself, with no merge. Each workgroup
 //! writes the unnormalised partial
 //! output and `(max, sum)`; [`AttnCombine`] merges the splits. Where the adapter has subgroups of
 //! at least 8 invocations, [`DecodeAttnSg`] keeps queries, scores and the online softmax in
@@ -86,6 +88,14 @@ pub const DECODE_TARGET_WGS: usize = 512;
 /// positions, 10.0 against 8.0 at 512, 14.0 against 8.8 at 1024, so the crossover lies between
 /// 128 and 512.
 pub const DECODE_SHORT_KV: u32 = 256;
+
+/// Decode steps over at most this many positions run one split per query head (a workgroup
+/// step covers 64 positions with [`DECODE_KEYS_PER_STEP`] keys per slot, so up to two steps),
+/// which writes its normalised output itself: no partials, no arrival counter, no merge
+/// ([`DecodePlanBuilder::single_split_up_to`]). Measured on the H200 at tg128 (positions
+/// 1..=128, medians of 3, two passes): llama-8b 483.8 -> 487.5 tok/s with 64, 489.7 with 128;
+/// llama-1b 1,430-1,440 -> 1,455 and 1,466-1,470. Longer single splits were not measured.
+pub const DECODE_SINGLE_KV: u32 = 128;
 
 /// The subgroup kernel's tuning for short contexts (`kv_len <= DECODE_SHORT_KV`): one query
 /// head per workgroup, one key per slot step, 2048 workgroups aimed at. At a few hundred

@@ -46,7 +46,8 @@ use super::fuse::{Fusions, Input, act_kind, fuse_decode};
 use super::links::{Links, epilogue_links};
 pub(crate) use super::tuning::prefill_qkv_splits;
 use super::tuning::{
-    attn_tuning, decode_fusions, env_u32, f32_rows, glu_local_shape, norm_local_shape, norm_stage_k, prefill_attn_kernel, q8_config, qkv_split_k,
+    attn_single_kv, attn_tuning, decode_fusions, env_u32, f32_rows, glu_local_shape, norm_local_shape, norm_stage_k, prefill_attn_kernel, q8_config,
+    qkv_split_k,
 };
 use super::weights::GpuWeights;
 use super::{dev_err, ops_err, quant_err};
@@ -280,6 +281,9 @@ pub(crate) fn build_layers(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mo
                         let mut b = DecodePlan::builder(ctx, &q, 0, c.n_heads, inp.cache, *layer, &opts).output(&out, 0);
                         if let Some((heads, keys, target)) = attn_tuning() {
                             b = b.tuning(heads, keys, target);
+                        }
+                        if let Some(kv) = attn_single_kv() {
+                            b = b.single_split_up_to(kv);
                         }
                         if let Some(consumer) = links.attention.get(&i) {
                             b = b.quantized_output(&links.targets[consumer]);

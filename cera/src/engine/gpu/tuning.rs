@@ -44,6 +44,12 @@ pub(super) fn attn_tuning() -> Option<(u32, u32, usize)> {
     (p.len() == 3).then(|| (p[0] as u32, p[1] as u32, p[2]))
 }
 
+/// A diagnostic override of the decode attention's single-split limit (`CERA_ATTN_SINGLE_KV`:
+/// steps over at most this many positions run one split per query head; 0: never).
+pub(super) fn attn_single_kv() -> Option<u32> {
+    env_u32("CERA_ATTN_SINGLE_KV")
+}
+
 /// The prefill attention kernel forced by `CERA_PREFILL_ATTN` = `coop`, `subgroup` or `tiled`
 /// (a diagnostic for measuring; default: the best the adapter and the cache allow).
 pub(super) fn prefill_attn_kernel() -> Option<DecodeKernel> {
