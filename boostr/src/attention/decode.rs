@@ -353,22 +353,24 @@ impl DecodeAttnSg {
                 ),
             );
         }
+        // Every block of the workgroup's heads at once, one invocation each (block j of head gi
+        // is sq[(gi * hd / 32 + j) * 8 ..]); `off`: the output's first element.
+        let quantize_blocks = |off: &str| {
+            let nb = hd / 32;
+            let loads = (0..8).map(|i| format!("sq[lidx * 8u + {i}u]")).collect::<Vec<_>>().join(", ");
+            format!(
+                "    if (lidx < {}u) {{
+        let row = tok * p.n_q + kvh * {g}u + hb * {h}u + lidx / {nb}u;
+        quant_block(array<vec4<f32>, 8>({loads}), ({off} + row * {hd}u) / 32u + lidx % {nb}u, 0.0);
+    }}
+",
+                h * nb
+            )
+        };
         if self.normalised && self.quantize {
             // The single split's output, quantized as the fused merge does (the heads' loop
             // ended on a barrier, so `sq` is complete).
-            let nb = hd / 32;
-            let loads = (0..8).map(|i| format!("sq[lidx * 8u + {i}u]")).collect::<Vec<_>>().join(", ");
-            w(
-                &mut b,
-                format!(
-                    "    if (lidx < {}u) {{
-        let row = tok * p.n_q + kvh * {g}u + hb * {h}u + lidx / {nb}u;
-        quant_block(array<vec4<f32>, 8>({loads}), (4u * p.o_base + row * {hd}u) / 32u + lidx % {nb}u, 0.0);
-    }}
-",
-                    h * nb
-                ),
-            );
+            w(&mut b, quantize_blocks("4u * p.o_base"));
         }
         if self.fused {
             let nl = DECODE_SG_WG / hd4;
@@ -438,21 +440,8 @@ impl DecodeAttnSg {
                 );
             }
             if self.quantize {
-                // Every block of the workgroup's heads at once, one invocation each, from the
-                // merged values (block j of head gi is sq[(gi * hd / 32 + j) * 8 ..]).
-                let nb = hd / 32;
-                let loads = (0..8).map(|i| format!("sq[lidx * 8u + {i}u]")).collect::<Vec<_>>().join(", ");
-                w(
-                    &mut b,
-                    format!(
-                        "        if (lidx < {}u) {{
-            let row = tok * p.n_q + kvh * {g}u + hb * {h}u + lidx / {nb}u;
-            quant_block(array<vec4<f32>, 8>({loads}), (p.out_off + row * {hd}u) / 32u + lidx % {nb}u, 0.0);
-        }}
-",
-                        h * nb
-                    ),
-                );
+                // From the merged values.
+                w(&mut b, quantize_blocks("p.out_off"));
             }
             w(
                 &mut b,
