@@ -7,8 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cera::chat_template::{BuiltinTemplate, ChatTemplate};
-use cera::engine::{CancelToken, Engine, EngineError, EngineParts, FinishReason, GenerateOpts, KvType, TokenEvent, Want, end_of_generation_ids};
+use cera::engine::{CancelToken, Engine, EngineError, FinishReason, GenerateOpts, TokenEvent, Want, end_of_generation_ids};
 
 mod mock_backend;
 
@@ -349,16 +348,7 @@ fn bos_is_added_once_at_the_start() {
 
 #[test]
 fn bad_parts_are_typed_errors() {
-    let parts = |n_ctx, ubatch, eog: Vec<u32>| EngineParts {
-        backend: Arc::new(Mock { rule: flat(), log: Arc::default(), delay: Duration::ZERO }),
-        tokenizer: tokenizer(),
-        template: ChatTemplate::builtin(BuiltinTemplate::ChatMl),
-        config: config(),
-        eog,
-        n_ctx,
-        ubatch,
-        kv: KvType::F16,
-    };
+    let parts = |n_ctx, ubatch, eog: Vec<u32>| parts(Mock { rule: flat(), log: Arc::default(), delay: Duration::ZERO }, n_ctx, ubatch, eog);
     assert!(matches!(Engine::from_parts(parts(0, 512, vec![])), Err(EngineError::Usage(_))));
     assert!(matches!(Engine::from_parts(parts(8, 0, vec![])), Err(EngineError::Usage(_))));
     assert!(matches!(Engine::from_parts(parts(8, 8, vec![99])), Err(EngineError::TokenOutOfRange { id: 99, .. })));

@@ -234,19 +234,24 @@ pub fn setup(rule: Rule, n_ctx: usize, ubatch: usize) -> Setup {
 
 pub fn setup_with_delay(rule: Rule, n_ctx: usize, ubatch: usize, delay: Duration) -> Setup {
     let log = Arc::new(Mutex::new(Vec::new()));
-    let tok = tokenizer();
-    let eog = end_of_generation_ids(&tok);
-    let parts = EngineParts {
-        backend: Arc::new(Mock { rule, log: log.clone(), delay }),
-        tokenizer: tok,
+    let eog = end_of_generation_ids(&tokenizer());
+    let parts = parts(Mock { rule, log: log.clone(), delay }, n_ctx, ubatch, eog);
+    Setup { engine: Engine::from_parts(parts).unwrap(), log }
+}
+
+/// The engine's parts around `mock`: the vocabulary, ChatML, the mock's model config, an f16
+/// cache.
+pub fn parts(mock: Mock, n_ctx: usize, ubatch: usize, eog: Vec<u32>) -> EngineParts {
+    EngineParts {
+        backend: Arc::new(mock),
+        tokenizer: tokenizer(),
         template: ChatTemplate::builtin(BuiltinTemplate::ChatMl),
         config: config(),
         eog,
         n_ctx,
         ubatch,
         kv: KvType::F16,
-    };
-    Setup { engine: Engine::from_parts(parts).unwrap(), log }
+    }
 }
 
 /// Greedy generation collecting every event's id and text.
