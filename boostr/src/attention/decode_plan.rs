@@ -297,7 +297,7 @@ impl<'a> DecodePlanBuilder<'a> {
             if !(fused || single) || ctx.capabilities().limits.max_storage_buffers_per_shader_stage < 9 {
                 return Err(OpsError::Unsupported {
                     what: "a quantized decode attention output",
-                    reason: "needs the fused merge and 9 storage bindings per stage".into(),
+                    reason: "needs the fused merge (or a single split) and 9 storage bindings per stage".into(),
                 });
             }
             if t.k() != n_q * hd || t.max_rows() < 1 || t.deferred_rms().is_some() || !out.off.is_multiple_of(32) {

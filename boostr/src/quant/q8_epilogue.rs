@@ -149,9 +149,8 @@ impl Q8Epilogue {
     pub(crate) fn extra_bindings(&self) -> usize {
         match self {
             Q8Epilogue::None => 0,
-            Q8Epilogue::GluLocal { .. } => 2,
-            Q8Epilogue::QuantizeLocal { .. } => 2 + usize::from(self.has_norm()),
-            _ => 3 + usize::from(self.has_norm()),
+            // oq, os; the counter with arrivals; the norm weight.
+            _ => 2 + usize::from(self.uses_arrivals()) + usize::from(self.has_norm()),
         }
     }
 
@@ -168,8 +167,8 @@ impl Q8Epilogue {
 
     /// WGSL functions and workgroup variables: `ep_quant(b, o0, l)`, called by every invocation
     /// `l` of the workgroup in uniform control flow, quantizes block `b` from the values at `o0`
-    /// (in `y` for the arrival forms, in the workgroup's own `gl_v` for
-    /// [`Q8Epilogue::GluLocal`], whose workgroup holds `rows` values): invocations `0..8` each
+    /// (in `y` for the arrival forms, in the workgroup's own `gl_v` of `rows` values for the
+    /// local forms): invocations `0..8` each
     /// load and scale one `vec4` of the block (one round trip for the whole block), then share
     /// the block's `max |v|` and `sum(y^2)` through workgroup memory and pack their own word;
     /// invocation 0 stores the block. The arithmetic and its order are those of
@@ -254,7 +253,6 @@ fn ep_quant(b: u32, o0: u32, l: u32) {{
         let d = am / 127.0;
         os[b] = vec4<f32>(d, d * f32(lo), d * f32(hi), sst);
     }}
-    workgroupBarrier();
 }}
 "
         )
@@ -272,7 +270,10 @@ fn ep_quant(b: u32, o0: u32, l: u32) {{
             return format!(
                 "    // Epilogue: the workgroup's own blocks, from workgroup memory (module q8_epilogue).
     workgroupBarrier();
-    for (var bi = 0u; bi < {nb}u; bi++) {{ ep_quant(({first}) / {br}u + bi, bi * 32u, lidx); }}
+    for (var bi = 0u; bi < {nb}u; bi++) {{
+        ep_quant(({first}) / {br}u + bi, bi * 32u, lidx);
+        workgroupBarrier(); // ep_red / ep_word are reused by the next block
+    }}
 ",
                 nb = rows / self.block_rows(),
                 br = self.block_rows()

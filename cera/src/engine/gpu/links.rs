@@ -29,6 +29,9 @@ pub(super) struct Link {
     pub(super) epilogue: Q8Epilogue,
     /// The next RMSNorm's weight.
     pub(super) norm: Option<Binding>,
+    /// The producer's workgroup shape with a workgroup-local epilogue (`GluLocal`,
+    /// `QuantizeLocal`); `None`: its own configuration.
+    pub(super) shape: Option<Shape>,
 }
 
 /// Which int8 GEMVs quantize their own output for the next projection (boostr's
@@ -88,15 +91,16 @@ pub(super) fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs
         let fits = |block: u32, &(r, t, _, sg): &Shape| {
             r.is_multiple_of(block) && w.rows.is_multiple_of(r as usize) && t >= Q8Epilogue::QUANT_LANES.max(r) && t <= max_inv && (sg == 0 || env.subgroups)
         };
-        let (epilogue, norm, deferred) = match &f.input {
+        let (epilogue, norm, deferred, shape) = match &f.input {
             Input::Norm(n) if fused.ops[p].accumulate && w.rows == k => {
-                let local = norm_local_shape(w.cols).filter(|s| fits(32, s)).is_some();
-                let epilogue = if local { Q8Epilogue::QuantizeLocal { norm: true, gemma: false } } else { Q8Epilogue::Quantize { norm: true, gemma: false } };
-                (epilogue, Some(inp.weights.vecs[n].binding.clone()), Some(g.cfg.norm_eps))
+                let shape = norm_local_shape(w.cols).filter(|s| fits(32, s));
+                let epilogue =
+                    if shape.is_some() { Q8Epilogue::QuantizeLocal { norm: true, gemma: false } } else { Q8Epilogue::Quantize { norm: true, gemma: false } };
+                (epilogue, Some(inp.weights.vecs[n].binding.clone()), Some(g.cfg.norm_eps), shape)
             }
             Input::Glu(act, src) if src == p_out && !fused.ops[p].accumulate && w.rows == 2 * k => {
-                let local = glu_local_shape().filter(|s| fits(64, s)).is_some();
-                (if local { Q8Epilogue::GluLocal { act: *act } } else { Q8Epilogue::Glu { act: *act } }, None, None)
+                let shape = glu_local_shape().filter(|s| fits(64, s));
+                (if shape.is_some() { Q8Epilogue::GluLocal { act: *act } } else { Q8Epilogue::Glu { act: *act } }, None, None, shape)
             }
             _ => continue,
         };
@@ -110,7 +114,7 @@ pub(super) fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs
         }
         let target = Q8Activations::written_by_producer(ctx, k, deferred).map_err(|e| quant_err(ctx, &w.name, e))?;
         links.targets.insert(i, target);
-        links.producers.insert(p, Link { consumer: i, epilogue, norm });
+        links.producers.insert(p, Link { consumer: i, epilogue, norm, shape });
     }
     Ok(links)
 }

@@ -32,9 +32,7 @@ use boostr::embedding::EmbeddingPlan;
 use boostr::kv_cache::{KvCache, KvDtype};
 use boostr::norm::{Norm, NormIo, NormPlan};
 use boostr::ops_common::{GpuView, OpPlan};
-use boostr::quant::{
-    GemmPlan, GemvIo, GemvOutput, GemvPlan, Prologue, Q8Activations, Q8Epilogue, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, RopeKv, WeightKind,
-};
+use boostr::quant::{GemmPlan, GemvIo, GemvOutput, GemvPlan, Prologue, Q8Activations, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, RopeKv, WeightKind};
 use boostr::rope::{QkvLayout, QkvRope, QkvRopeInputs, QkvRopePlan, RopeParams, RopePositions, RopeScaling, RopeStyle};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, Plan};
 
@@ -45,10 +43,7 @@ use super::super::options::DecodeGemv;
 use super::fuse::{Fusions, Input, act_kind, fuse_decode};
 use super::links::{Links, epilogue_links};
 pub(crate) use super::tuning::prefill_qkv_splits;
-use super::tuning::{
-    attn_single_kv, attn_tuning, decode_fusions, env_u32, f32_rows, glu_local_shape, norm_local_shape, norm_stage_k, prefill_attn_kernel, q8_config,
-    qkv_split_k,
-};
+use super::tuning::{attn_single_kv, attn_tuning, decode_fusions, env_u32, f32_rows, norm_stage_k, prefill_attn_kernel, q8_config, qkv_split_k};
 use super::weights::GpuWeights;
 use super::{dev_err, ops_err, quant_err};
 
@@ -415,12 +410,7 @@ fn linear(
                     }
                     Some(l) => {
                         let mut cfg = QuantGemvQ8 { epilogue: l.epilogue, ..cfg };
-                        let local = match l.epilogue {
-                            Q8Epilogue::GluLocal { .. } => glu_local_shape(),
-                            Q8Epilogue::QuantizeLocal { .. } => norm_local_shape(w.cols),
-                            _ => None,
-                        };
-                        if let Some((r, t, u, sg)) = local {
+                        if let Some((r, t, u, sg)) = l.shape {
                             (cfg.rows_per_workgroup, cfg.threads, cfg.unroll, cfg.subgroup_rows, cfg.row_groups) = (r, t, u, sg, 1);
                         }
                         Q8GemvPlan::with_epilogue(ctx, &cfg, w, xa, &output, &links.targets[&l.consumer], l.norm.as_ref())
