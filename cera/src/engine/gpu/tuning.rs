@@ -157,7 +157,8 @@ pub(super) fn glu_local_shape() -> Option<Shape> {
 }
 
 /// The workgroup shape of a decode GEMV of at most [`NORM_LOCAL_MAX_K`] inputs adding into the
-/// residual stream (the O projection) whose workgroups own whole blocks of the next RMSNorm's
+/// residual stream (the O projection; the down projection of an FFN of at most 4096) whose
+/// workgroups own whole blocks of the next RMSNorm's
 /// int8 input (boostr's `Q8Epilogue::QuantizeLocal`): 32 rows, one per subgroup of a 1024-wide
 /// workgroup. Measured on the H200 (2026-12-04, tg128, medians of 3): llama-8b 480.2 -> 483.8
 /// tok/s, llama-1b 1,407.7-1,410.3 -> 1,438.6-1,439.0; with 2 rows per subgroup over 512
