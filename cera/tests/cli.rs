@@ -3,6 +3,10 @@
 //! `inspect_tokenize_template` and the generation tests (`run_*`, `chat_*`: SmolLM2 on the CPU
 //! path, greedy) use the real test model; everything else runs offline, on small synthetic GGUF
 //! files written with `cera::gguf::GgufBuilder` into a temporary folder.
+//!
+//! The binary is the `cli` feature's: without it this file is empty.
+
+#![cfg(feature = "cli")]
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

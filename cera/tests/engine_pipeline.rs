@@ -6,7 +6,9 @@
 //! - `cera::bench` reports, for SmolLM2's decode step, the dispatch, pass and submit counts
 //!   pinned here (the embedding, 5 per layer, the LM head with the final norm, the
 //!   end-of-generation mask and the 2-pass argmax: 155, in one compute pass and one submit).
+//!   The bench is the `cli` feature's; without it only the pipelining test runs.
 
+#[cfg(feature = "cli")]
 use cera::bench::{BenchOpts, bench_model};
 use cera::engine::{DeviceChoice, Engine, GenerateOpts, Generation, LoadOptions, Session, TokenEvent};
 use cera::fetch::{ModelId, ensure_model};
@@ -58,6 +60,7 @@ fn pipelined_greedy_decoding_equals_one_token_at_a_time() {
     }
 }
 
+#[cfg(feature = "cli")]
 #[test]
 fn the_bench_reports_smollm2_s_decode_structure() {
     if test_gpu().is_none() {

