@@ -138,7 +138,7 @@ impl Act {
         }
         let rows = a.numel() / w;
         if (self.input == GluInput::TwoTensors) != b.is_some() {
-            return Err(bad(OP, format!("up tensor given: {}; the variant is {self:?}", b.is_some())));
+            return Err(bad(OP, format!("up tensor given: {}; the variant takes one: {}", b.is_some(), self.input == GluInput::TwoTensors)));
         }
         if let Some(b) = b.filter(|b| b.numel() != rows * n) {
             return Err(bad(OP, format!("the up tensor has {} elements, {rows} x {n} expected", b.numel())));

@@ -35,7 +35,7 @@ impl ActPlan {
             return Err(bad(OP, format!("rows of {n} and at most {max_rows} rows (both must be positive)")));
         }
         if (cfg.input == GluInput::TwoTensors) != io.b.is_some() {
-            return Err(bad(OP, format!("up view given: {}; the variant is {cfg:?}", io.b.is_some())));
+            return Err(bad(OP, format!("up view given: {}; the variant takes one: {}", io.b.is_some(), cfg.input == GluInput::TwoTensors)));
         }
         let w = cfg.input_width(n);
         let total = mul(OP, "max_rows x n", max_rows, n)?;

@@ -190,7 +190,10 @@ fn softcap_expr(on: bool) -> &'static str {
 /// head_dim 64, 128 or 256 (every attention kernel).
 fn check_head_dim(op: &'static str, hd: u32) -> Result<()> {
     if ![64, 128, 256].contains(&hd) {
-        return Err(OpsError::Unsupported { what: "attention head_dim", reason: format!("{op}: head_dim {hd} (64, 128 or 256)") });
+        return Err(OpsError::Unsupported {
+            what: "attention head size",
+            reason: format!("{op}: head size {hd} is not supported on the GPU (64, 128 or 256)"),
+        });
     }
     Ok(())
 }
@@ -204,8 +207,17 @@ fn word(op: &'static str, what: &str, v: usize) -> Result<u32> {
 fn check_heads(cache: &KvCache, layer: usize, n_q: usize) -> Result<(usize, usize)> {
     let c = cache.config();
     cache.segments(layer)?;
-    if n_q == 0 || !n_q.is_multiple_of(c.n_kv_heads) || n_q / c.n_kv_heads > 16 || ![64, 128, 256].contains(&c.head_dim) {
-        return Err(OpsError::Unsupported { what: "attention shape", reason: format!("n_q {n_q}, cache {c:?} (head_dim 64/128/256, group <= 16)") });
+    if ![64, 128, 256].contains(&c.head_dim) {
+        return Err(OpsError::Unsupported {
+            what: "attention head size",
+            reason: format!("head size {} is not supported on the GPU (64, 128 or 256)", c.head_dim),
+        });
+    }
+    if n_q == 0 || !n_q.is_multiple_of(c.n_kv_heads) || n_q / c.n_kv_heads > 16 {
+        return Err(OpsError::Unsupported {
+            what: "attention heads",
+            reason: format!("{n_q} query heads over {} KV heads (a whole number of query heads per KV head, at most 16)", c.n_kv_heads),
+        });
     }
     Ok((c.head_dim, n_q / c.n_kv_heads))
 }

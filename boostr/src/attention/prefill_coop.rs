@@ -93,7 +93,13 @@ impl PrefillAttnCoop {
     /// [`PrefillAttnCoop::all`] or an `env` without f16 and subgroups.
     pub fn source(&self, env: &KernelEnv) -> Result<KernelSource> {
         if !self.valid() {
-            return Err(OpsError::Unsupported { what: "coopmat prefill attention", reason: format!("{self:?} (head_dim 64/128, 1..=4 heads, bk 32/64)") });
+            return Err(OpsError::Unsupported {
+                what: "coopmat prefill attention",
+                reason: format!(
+                    "head size {}, {} heads per workgroup, {} keys per tile (head size 64 or 128, 1 to 4 heads, 32 or 64 keys)",
+                    self.head_dim, self.heads, self.bk
+                ),
+            });
         }
         if !(env.f16 && env.subgroups) {
             return Err(OpsError::Unsupported { what: "coopmat prefill attention", reason: "needs f16 and subgroups".into() });

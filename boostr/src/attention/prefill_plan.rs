@@ -82,7 +82,10 @@ impl<'a> PrefillPlanBuilder<'a> {
                 if !fits {
                     return Err(OpsError::Unsupported {
                         what: "coopmat prefill variant",
-                        reason: format!("{v:?} for head_dim {hd}, group {group} on this adapter"),
+                        reason: format!(
+                            "{} heads per workgroup of head size {}, {} keys per tile, for head size {hd} and {group} query heads per KV head on this adapter",
+                            v.heads, v.head_dim, v.bk
+                        ),
                     });
                 }
                 Some(v)

@@ -25,6 +25,7 @@
 //! produces; [`KvWritePlan`] stores rows produced elsewhere (no rotation, no norm). Both write
 //! slot `step.pos + t` for token `t` of a step.
 
+use std::fmt;
 use std::sync::Arc;
 
 use numr::gpu::{BufferKind, GpuBuffer, GpuContext};
@@ -83,7 +84,7 @@ impl KvDtype {
     /// `head_dim` is not storable or `words` is shorter than [`Self::row_words`].
     pub fn decode_row(self, words: &[u32], head_dim: usize) -> Result<Vec<f32>> {
         if !self.supports(head_dim) || words.len() < self.row_words(head_dim) {
-            return Err(bad("KvDtype::decode_row", format!("{} words for a {self:?} row of {head_dim}", words.len())));
+            return Err(bad("KvDtype::decode_row", format!("{} words for a {self} row of {head_dim}", words.len())));
         }
         Ok(match self {
             KvDtype::F16 => (0..head_dim).map(|e| half::f16::from_bits((words[e / 2] >> (16 * (e % 2))) as u16).to_f32()).collect(),
@@ -132,6 +133,16 @@ fn store_{name}(base: u32, lidx: u32) {{
     }
 }
 
+impl fmt::Display for KvDtype {
+    /// `f16` or `q8_0`, as llama.cpp names the cache types.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KvDtype::F16 => "f16",
+            KvDtype::Q8_0 => "q8_0",
+        })
+    }
+}
+
 /// Shape and storage of a KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvCacheConfig {
@@ -172,11 +183,29 @@ pub struct KvCache {
     len: usize,
 }
 
+impl fmt::Display for KvCacheConfig {
+    /// In words, for error messages: `2 layers of 4 KV heads of head size 80, 64 positions, f16`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = self;
+        write!(f, "{} layers of {} KV heads of head size {}, {} positions, {}", c.n_layers, c.n_kv_heads, c.head_dim, c.capacity, c.dtype)
+    }
+}
+
 impl KvCache {
     /// Allocates the cache (zeroed).
     pub fn new(ctx: &GpuContext, cfg: KvCacheConfig) -> Result<KvCache> {
-        if !cfg.dtype.supports(cfg.head_dim) || cfg.capacity == 0 || cfg.n_kv_heads == 0 {
-            return Err(OpsError::Unsupported { what: "KV cache shape", reason: format!("{cfg:?}") });
+        if !cfg.dtype.supports(cfg.head_dim) {
+            let sizes = match cfg.dtype {
+                KvDtype::F16 => "even, at most 256",
+                KvDtype::Q8_0 => "a multiple of 32, at most 256",
+            };
+            return Err(OpsError::Unsupported {
+                what: "KV cache head size",
+                reason: format!("head size {} cannot be stored as {} rows ({sizes})", cfg.head_dim, cfg.dtype),
+            });
+        }
+        if cfg.capacity == 0 || cfg.n_kv_heads == 0 {
+            return Err(OpsError::Unsupported { what: "KV cache shape", reason: format!("{cfg} (positions and KV heads must be positive)") });
         }
         let limits = &ctx.capabilities().limits;
         let max = cfg.max_segment_bytes.unwrap_or(u64::MAX).min(limits.max_storage_buffer_binding_size).min(limits.max_buffer_size);

@@ -127,7 +127,16 @@ impl Norm {
         }
         let rows = x.numel() / n;
         if self.bias != b.is_some() || self.residual != residual.is_some() {
-            return Err(bad(OP, format!("bias given: {}, residual given: {}; the variant is {self:?}", b.is_some(), residual.is_some())));
+            return Err(bad(
+                OP,
+                format!(
+                    "bias given: {}, residual given: {}; the variant takes a bias: {}, a residual: {}",
+                    b.is_some(),
+                    residual.is_some(),
+                    self.bias,
+                    self.residual
+                ),
+            ));
         }
         if w.numel() != n || b.is_some_and(|b| b.numel() != n) {
             return Err(bad(OP, format!("weight ({}) or bias ({:?}) length differs from the row length {n}", w.numel(), b.map(|b| b.numel()))));
@@ -164,7 +173,16 @@ impl Norm {
             return Err(bad(OP, format!("weight ({}) or bias ({:?}) length differs from the row length {n}", w.len(), b.map(|b| b.len()))));
         }
         if self.bias != b.is_some() || self.residual != residual.is_some() {
-            return Err(bad(OP, format!("bias given: {}, residual given: {}; the variant is {self:?}", b.is_some(), residual.is_some())));
+            return Err(bad(
+                OP,
+                format!(
+                    "bias given: {}, residual given: {}; the variant takes a bias: {}, a residual: {}",
+                    b.is_some(),
+                    residual.is_some(),
+                    self.bias,
+                    self.residual
+                ),
+            ));
         }
         if let Some(r) = residual.as_deref().filter(|r| r.len() != x.len()) {
             return Err(bad(OP, format!("residual of {} elements, x has {}", r.len(), x.len())));

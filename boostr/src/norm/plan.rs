@@ -48,7 +48,16 @@ impl NormPlan {
             return Err(bad(OP, format!("eps {eps}")));
         }
         if cfg.bias != io.b.is_some() || cfg.residual != io.residual.is_some() {
-            return Err(bad(OP, format!("bias given: {}, residual given: {}; the variant is {cfg:?}", io.b.is_some(), io.residual.is_some())));
+            return Err(bad(
+                OP,
+                format!(
+                    "bias given: {}, residual given: {}; the variant takes a bias: {}, a residual: {}",
+                    io.b.is_some(),
+                    io.residual.is_some(),
+                    cfg.bias,
+                    cfg.residual
+                ),
+            ));
         }
         let total = mul(OP, "max_rows x n", max_rows, n)?;
         io.x.need(OP, "x", total)?;

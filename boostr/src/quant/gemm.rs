@@ -224,7 +224,7 @@ impl GemmPlan {
             if !tiles.valid(caps.limits.max_compute_workgroup_storage_size) {
                 return Err(QuantError::Config {
                     what: "coopmat tiles",
-                    reason: format!("{tiles:?} is not well formed or needs more workgroup memory than the adapter's"),
+                    reason: format!("{tiles} are not well formed or need more workgroup memory than the adapter's"),
                 });
             }
             (coop_source(cfg.kind, &tiles, &env)?, tiles.bm, tiles.bn)

@@ -55,6 +55,14 @@ pub struct CoopTiles {
     pub prefetch: bool,
 }
 
+impl std::fmt::Display for CoopTiles {
+    /// In words, for error messages.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = self;
+        write!(f, "tiles of {} x {} outputs, {} K per step, {} x {} subgroups, padding {}", t.bm, t.bn, t.bk, t.sg_m, t.sg_n, t.pad)
+    }
+}
+
 impl CoopTiles {
     /// The default block: 128x128, K steps of 64, 8 subgroups of 64x32 (4x2 accumulators), the
     /// next step's tiles prefetched into registers. On the H200 at M = 512 (2026-12-02, `cargo
@@ -127,7 +135,7 @@ const MAX_SHARED_ANY: u32 = 1 << 20;
 /// workgroup memory; the plan checks the adapter's own limit) or `env` lacks f16 or subgroups.
 pub fn coop_source(kind: WeightKind, t: &CoopTiles, env: &KernelEnv) -> Result<KernelSource> {
     if !t.valid(MAX_SHARED_ANY) {
-        return Err(QuantError::Config { what: "coopmat tiles", reason: format!("{t:?} is not well formed (or needs over 1 MiB of workgroup memory)") });
+        return Err(QuantError::Config { what: "coopmat tiles", reason: format!("{t} are not well formed (or need over 1 MiB of workgroup memory)") });
     }
     if !(env.f16 && env.subgroups) {
         return Err(QuantError::Config { what: "coopmat GEMM", reason: "needs f16 and subgroups".into() });

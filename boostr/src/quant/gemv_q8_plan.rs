@@ -122,7 +122,7 @@ impl Q8GemvPlan {
         if cfg.rms_scale != xa.deferred_rms().is_some() {
             return Err(QuantError::Config {
                 what: OP,
-                reason: format!("rms_scale = {} for activations that defer no RMSNorm / defer one (deferred: {:?})", cfg.rms_scale, xa.deferred_rms()),
+                reason: format!("rms_scale = {} for activations that defer an RMSNorm: {}", cfg.rms_scale, xa.deferred_rms().is_some()),
             });
         }
         let eps = xa.deferred_rms().unwrap_or(0.0);
@@ -234,8 +234,8 @@ impl Q8GemvPlan {
         }
         if cfg.epilogue.has_norm() != norm.is_some() || target.deferred_rms().is_some() != cfg.epilogue.has_norm() {
             return Err(config(format!(
-                "epilogue {:?} with a norm weight: {}, into activations deferring an RMSNorm: {}",
-                cfg.epilogue,
+                "an epilogue that applies a norm weight: {}, given one: {}, into activations deferring an RMSNorm: {}",
+                cfg.epilogue.has_norm(),
                 norm.is_some(),
                 target.deferred_rms().is_some()
             )));

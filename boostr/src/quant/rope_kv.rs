@@ -131,7 +131,7 @@ pub(crate) fn check(ctx: &GpuContext, op: &'static str, w: &QuantMatrix, m: u32,
     if c.dtype != KvDtype::F16 || c.head_dim != hd || c.n_kv_heads != rk.n_kv {
         return Err(QuantError::Unsupported {
             name: w.name.clone(),
-            reason: format!("the RoPE + KV epilogue writes an f16 cache of {} heads of {hd} (cache: {:?})", rk.n_kv, c),
+            reason: format!("the RoPE + KV epilogue writes an f16 cache of {} KV heads of head size {hd} (the cache: {c})", rk.n_kv),
         });
     }
     let segs = rk.cache.segments(rk.layer).map_err(|e| config(e.to_string()))?;

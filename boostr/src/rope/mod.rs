@@ -169,6 +169,18 @@ pub struct QkvLayout {
     pub v_off: usize,
 }
 
+impl std::fmt::Display for QkvLayout {
+    /// In words, for error messages.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let l = self;
+        write!(
+            f,
+            "{} tokens of {} Q and {} KV heads of head size {}, a token every {} values, Q/K/V at {}/{}/{} from {}",
+            l.n_tok, l.n_q, l.n_kv, l.head_dim, l.tok_stride, l.q_off, l.k_off, l.v_off, l.x_off
+        )
+    }
+}
+
 impl QkvLayout {
     /// Q, K and V interleaved per token: `[q heads | k heads | v heads]`.
     pub fn packed(n_tok: usize, n_q: usize, n_kv: usize, head_dim: usize) -> QkvLayout {
@@ -380,7 +392,7 @@ impl QkvRope {
     ) -> Result<(Vec<f32>, Vec<f32>)> {
         let hd = l.head_dim;
         if l.n_tok > 0 && l.extent(true).is_none_or(|e| e > x.len()) {
-            return Err(bad("QkvRope::reference", format!("x of {} values is shorter than the layout {l:?}", x.len())));
+            return Err(bad("QkvRope::reference", format!("x of {} values is shorter than the layout ({l})", x.len())));
         }
         if positions.len() != l.n_tok {
             return Err(bad("QkvRope::reference", format!("{} positions for {} tokens", positions.len(), l.n_tok)));

@@ -89,7 +89,7 @@ impl QkvRopePlan {
     /// [`Self::new`], and for an `x` binding shorter than `part_off` plus the layout.
     pub fn with_partial_sum(ctx: &GpuContext, cfg: &QkvRope, inp: &QkvRopeInputs, freqs: &Binding, part_off: usize) -> Result<QkvRopePlan> {
         if !cfg.transforms() || cfg.kv_write.is_none() || part_off == 0 {
-            return Err(bad("qkv_rope", format!("a partial sum at {part_off} needs a variant that writes Q/K back and V to the cache ({cfg:?})")));
+            return Err(bad("qkv_rope", format!("a partial sum at {part_off} needs a variant that writes Q/K back and V to the cache")));
         }
         Self::build(ctx, cfg, inp, freqs, part_off)
     }
@@ -175,7 +175,8 @@ impl QkvRopePlan {
             Some((cache, layer)) => {
                 let c = cache.config();
                 if c.head_dim != hd || c.n_kv_heads != l.n_kv || Some(c.dtype) != cfg.kv_write {
-                    return Err(bad("qkv_rope", format!("cache {c:?} does not match the layout {l:?} and variant {cfg:?}")));
+                    let writes = cfg.kv_write.map_or_else(|| "nothing".to_string(), |d| format!("{d} rows"));
+                    return Err(bad("qkv_rope", format!("the cache ({c}) does not match {} KV heads of head size {hd} (the variant writes {writes})", l.n_kv)));
                 }
                 let row_words = c.dtype.row_words(hd);
                 for seg in cache.segments(layer)? {

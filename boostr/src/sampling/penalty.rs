@@ -44,7 +44,10 @@ impl Penalties {
 
     fn check(&self, op: &'static str) -> Result<()> {
         if !(self.repetition > 0.0 && self.repetition.is_finite() && self.frequency.is_finite() && self.presence.is_finite()) {
-            return Err(bad(op, format!("{self:?} (repetition must be positive, all finite)")));
+            return Err(bad(
+                op,
+                format!("repetition {}, frequency {}, presence {} (repetition must be positive, all finite)", self.repetition, self.frequency, self.presence),
+            ));
         }
         Ok(())
     }

@@ -44,16 +44,17 @@ pub enum LayerKind {
 }
 
 impl Arch {
-    /// The architecture of `general.architecture`, or [`EngineError::UnknownArchitecture`].
+    /// Every architecture the assembly runs: the one list [`Arch::from_name`] and
+    /// [`EngineError::UnknownArchitecture`]'s message are made from.
+    pub const ALL: [Arch; 5] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3, Arch::Lfm2];
+
+    /// The architecture of `general.architecture` (one of [`Arch::ALL`]'s names, or `mistral`
+    /// for llama), or [`EngineError::UnknownArchitecture`].
     pub fn from_name(name: &str) -> Result<Arch, EngineError> {
-        match name {
-            "llama" | "mistral" => Ok(Arch::Llama),
-            "gemma3" => Ok(Arch::Gemma3),
-            "qwen2" => Ok(Arch::Qwen2),
-            "qwen3" => Ok(Arch::Qwen3),
-            "lfm2" => Ok(Arch::Lfm2),
-            other => Err(EngineError::UnknownArchitecture { name: other.to_string() }),
+        if name == "mistral" {
+            return Ok(Arch::Llama);
         }
+        Arch::ALL.into_iter().find(|a| a.name() == name).ok_or_else(|| EngineError::UnknownArchitecture { name: name.to_string() })
     }
 
     /// The `general.architecture` name.

@@ -57,7 +57,7 @@ pub use stop::StopMatcher;
 #[non_exhaustive]
 pub enum EngineError {
     /// `general.architecture` names an architecture the engine does not assemble.
-    #[error("unknown architecture `{name}` (supported: llama, gemma3, qwen2, qwen3)")]
+    #[error("unknown architecture `{name}` (supported: {})", supported_architectures())]
     UnknownArchitecture {
         /// The name found.
         name: String,
@@ -161,5 +161,27 @@ impl EngineError {
             EngineError::InFile { source, .. } => source.inner(),
             e => e,
         }
+    }
+}
+
+/// `llama, qwen2, ...`: the names of [`Arch::ALL`], for [`EngineError::UnknownArchitecture`].
+fn supported_architectures() -> String {
+    Arch::ALL.map(Arch::name).join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unknown_architecture_message_lists_every_architecture() {
+        let msg = Arch::from_name("mamba").unwrap_err().to_string();
+        assert_eq!(msg, "unknown architecture `mamba` (supported: llama, qwen2, qwen3, gemma3, lfm2)");
+        // Every listed name loads, and every architecture is listed (the names are `Arch::ALL`'s).
+        for arch in Arch::ALL {
+            assert_eq!(Arch::from_name(arch.name()).unwrap(), arch);
+            assert!(msg.contains(&format!(" {},", arch.name())) || msg.ends_with(&format!(" {})", arch.name())), "{msg}");
+        }
+        assert_eq!(Arch::from_name("mistral").unwrap(), Arch::Llama);
     }
 }

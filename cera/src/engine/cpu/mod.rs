@@ -230,7 +230,8 @@ impl CpuBackend {
             if let Op::QkvRope { layer, .. } | Op::Attention { layer, .. } = op
                 && *layer >= c.kv_layers()
             {
-                return Err(bad(format!("op {op:?} names cache layer {layer} of {}", c.kv_layers())));
+                let kind = if matches!(op, Op::Attention { .. }) { "an attention op" } else { "a Q/K/V RoPE op" };
+                return Err(bad(format!("{kind} names cache layer {layer} of {}", c.kv_layers())));
             }
         }
         if c.n_kv_heads == 0 || !c.n_heads.is_multiple_of(c.n_kv_heads) || c.rope_dim > hd || hd == 0 {
