@@ -307,6 +307,17 @@ mod tests {
     }
 
     #[test]
+    fn the_python_is_an_option() {
+        assert_eq!(FetchOptions::default().python, "python3");
+        let dir = std::env::temp_dir().join(format!("cera-fetch-python-{}", std::process::id()));
+        let opts = FetchOptions { python: "/nonexistent/python3.99".into() };
+        let err = ensure_model_in(ModelId::SmolLM2_135M, &dir, &opts).unwrap_err();
+        assert!(matches!(&err, FetchError::PythonNotFound { program } if program == "/nonexistent/python3.99"), "{err:?}");
+        assert!(!dir.join(ModelId::SmolLM2_135M.file_name()).exists());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn bad_cached_file_is_rejected() {
         let dir = std::env::temp_dir().join(format!("cera-fetch-test-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();

