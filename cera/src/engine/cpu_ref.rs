@@ -10,7 +10,7 @@
 //! 32 first (`d = max|x| / 127`, `q = round(x / d)`, ties away from zero: llama.cpp's Q8 scheme
 //! and the GPU's int8 decode path), so that path has an oracle of its own.
 
-use boostr::formats::{GgmlType, dequantize};
+use boostr::formats::dequantize;
 
 use crate::gguf::GgufFile;
 
@@ -61,7 +61,7 @@ fn tensor(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Vec<f
     if n != (rows * cols) as u64 || info.dims.first().copied() != Some(cols as u64) {
         return Err(EngineError::BadConfig { reason: format!("tensor {name} has dims {:?}, expected [{cols}, {rows}]", info.dims) });
     }
-    let ty = GgmlType::from_ggml_id(info.ty.id()).map_err(|_| EngineError::Unsupported { what: format!("tensor {name} of type {}", info.ty.name()) })?;
+    let ty = info.ty;
     let bytes = file.tensor_data(name).map_err(|e| EngineError::BadConfig { reason: e.to_string() })?;
     dequantize(ty, bytes, rows * cols).map_err(|e| EngineError::Unsupported { what: format!("tensor {name}: {e}") })
 }

@@ -73,7 +73,7 @@ impl WeightSource for GgufFile {
         if info.dims.len() > 2 || info.dims.first().copied() != Some(m.cols as u64) || info.n_elements != (m.rows * m.cols) as u64 {
             return Err(EngineError::TensorShape { name: m.name.clone(), dims: info.dims.clone(), expected: vec![m.cols as u64, m.rows as u64] });
         }
-        let ty = GgmlType::from_ggml_id(info.ty.id()).map_err(|_| EngineError::TensorType { name: m.name.clone(), ty: info.ty.name().to_string() })?;
+        let ty = info.ty;
         if !supported(ty) {
             return Err(EngineError::TensorType { name: m.name.clone(), ty: ty.name().to_string() });
         }
@@ -86,7 +86,7 @@ impl WeightSource for GgufFile {
         if info.n_elements != v.len as u64 || info.dims.iter().filter(|&&d| d != 1).count() > 1 {
             return Err(EngineError::TensorShape { name: v.name.clone(), dims: info.dims.clone(), expected: vec![v.len as u64] });
         }
-        let ty = GgmlType::from_ggml_id(info.ty.id()).map_err(|_| EngineError::TensorType { name: v.name.clone(), ty: info.ty.name().to_string() })?;
+        let ty = info.ty;
         let bytes = self.tensor_data(&v.name).map_err(|e| EngineError::File { reason: e.to_string() })?;
         boostr::formats::dequantize(ty, bytes, v.len).map_err(|e| EngineError::TensorType { name: v.name.clone(), ty: format!("{} ({e})", ty.name()) })
     }

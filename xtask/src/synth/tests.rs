@@ -43,8 +43,7 @@ fn check_weights(f: &GgufFile, o: &SynthOptions) {
     assert!(names.len() >= 5, "{} {}: {names:?}", o.arch, o.qtype);
     for name in names {
         let t = f.tensor(name).unwrap();
-        let ty = boostr::formats::GgmlType::from_ggml_id(t.ty.id()).unwrap();
-        let v = boostr::formats::dequantize(ty, f.tensor_data(name).unwrap(), t.n_elements as usize).unwrap();
+        let v = boostr::formats::dequantize(t.ty, f.tensor_data(name).unwrap(), t.n_elements as usize).unwrap();
         assert!(v.iter().all(|x| x.is_finite()), "{name}");
         let rms = (v.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>() / v.len() as f64).sqrt();
         let want = if t.ty == GgmlType::F32 { 1.0 } else { 1.0 / (t.dims[0] as f64).sqrt() };
