@@ -150,3 +150,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--arch` takes the engine's names, and the file says the same name back.
+    #[test]
+    fn synth_arch_flag_takes_every_engine_arch_name() {
+        for a in cera::engine::Arch::ALL {
+            let cli = Cli::try_parse_from(["xtask", "synth", "--arch", a.name(), "--preset", "tiny", "--qtype", "q4_0", "--out", "x.gguf"]).unwrap();
+            let Cmd::Synth { arch, .. } = cli.cmd else { panic!("not synth") };
+            assert_eq!(arch, a);
+            let o = synth::SynthOptions { arch, preset: synth::Preset::by_name("tiny").unwrap(), qtype: synth::QType::Q4_0, seed: 0, threads: None };
+            let kvs = synth::metadata(&o);
+            let general = kvs.iter().find(|(k, _)| k == "general.architecture").map(|(_, v)| v.clone());
+            assert_eq!(general, Some(cera::gguf::MetadataValue::String(a.name().into())));
+        }
+        assert!(Cli::try_parse_from(["xtask", "synth", "--arch", "mamba", "--preset", "tiny", "--qtype", "q4_0", "--out", "x.gguf"]).is_err());
+    }
+}

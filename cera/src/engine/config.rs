@@ -44,7 +44,12 @@ pub enum LayerKind {
 }
 
 impl Arch {
-    /// The architecture of `general.architecture`, or [`EngineError::UnknownArchitecture`].
+    /// Every architecture the assembly runs.
+    pub const ALL: [Arch; 5] = [Arch::Llama, Arch::Gemma3, Arch::Qwen2, Arch::Qwen3, Arch::Lfm2];
+
+    /// The architecture of a `general.architecture` value (a GGUF file's, a Hugging Face
+    /// `model_type` mapped by [`crate::safetensors::architecture_of`], a command line's), or
+    /// [`EngineError::UnknownArchitecture`]. `mistral` is llama.
     pub fn from_name(name: &str) -> Result<Arch, EngineError> {
         match name {
             "llama" | "mistral" => Ok(Arch::Llama),
@@ -65,6 +70,20 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Lfm2 => "lfm2",
         }
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// [`Arch::from_name`], for command lines.
+impl std::str::FromStr for Arch {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Arch, EngineError> {
+        Arch::from_name(s)
     }
 }
 
@@ -331,5 +350,17 @@ mod tests {
             ],
         );
         assert!(matches!(ModelConfig::from_hparams(&hp, Some(10)), Err(EngineError::BadConfig { .. })));
+    }
+
+    #[test]
+    fn arch_names_round_trip() {
+        for a in Arch::ALL {
+            assert_eq!(Arch::from_name(a.name()).unwrap(), a);
+            assert_eq!(a.to_string().parse::<Arch>().unwrap(), a);
+        }
+        let names: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();
+        assert_eq!(names, ["llama", "gemma3", "qwen2", "qwen3", "lfm2"]);
+        assert_eq!("mistral".parse::<Arch>().unwrap(), Arch::Llama);
+        assert!(matches!("mamba".parse::<Arch>(), Err(EngineError::UnknownArchitecture { name }) if name == "mamba"));
     }
 }
