@@ -8,7 +8,7 @@
 //!   of the roofline of the same run) and prefill attention TFLOP/s at 2K tokens.
 //! - `bench --model FILE... [-p 512] [-n 128] [-r 5] [--profile] [--json] [--vs-llama-cpp DIR]`:
 //!   the end-to-end table of `cera bench` (see `cera::bench`).
-//! - `synth --arch llama|gemma3|qwen2|qwen3 --preset smol-135m|llama-1b|llama-8b|gemma3-270m|qwen3-0.6b|tiny
+//! - `synth --arch llama|gemma3|qwen2|qwen3|lfm2 --preset smol-135m|llama-1b|llama-8b|gemma3-270m|qwen3-0.6b|tiny
 //!   --qtype q4_0|q4_1|q8_0|q4_k|q6_k --out FILE [--seed N]`: a synthetic GGUF model with random
 //!   weights in a real model's shapes, quant types chosen as `llama-quantize` chooses them, and a
 //!   generated tokenizer of the exact vocabulary size, which cera and llama.cpp both load (see
