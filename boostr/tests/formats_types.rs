@@ -38,8 +38,38 @@ fn unsupported_types_name_themselves() {
         assert_eq!(repack(t, &bytes, 1, t.block_size()).unwrap_err(), want);
         assert!(want.to_string().contains(name));
     }
-    assert_eq!(GgmlType::from_ggml_id(31), Err(FormatError::Unsupported { format: "Q4_0_4_4" }));
+    // Removed types are known (a GGUF reader can size and name them) and never supported.
+    let t = GgmlType::from_ggml_id(31).unwrap();
+    assert!(t.is_removed() && !t.is_supported());
+    assert_eq!(t.ensure_supported(), Err(FormatError::Unsupported { format: "Q4_0_4_4" }));
     assert_eq!(GgmlType::from_ggml_id(99), Err(FormatError::UnknownGgmlType { id: 99 }));
+}
+
+/// Every id ggml has defined, with its name and geometry as ggml.h / ggml-common.h give them
+/// (the removed Q4_2 and Q4_3 as last defined), written out independently of the table.
+#[test]
+fn every_ggml_type_s_id_name_and_geometry() {
+    #[rustfmt::skip]
+    let expect: [(&str, usize, usize); 42] = [
+        ("F32", 1, 4), ("F16", 1, 2), ("Q4_0", 32, 18), ("Q4_1", 32, 20), ("Q4_2", 16, 10), ("Q4_3", 16, 12),
+        ("Q5_0", 32, 22), ("Q5_1", 32, 24), ("Q8_0", 32, 34), ("Q8_1", 32, 36), ("Q2_K", 256, 84), ("Q3_K", 256, 110),
+        ("Q4_K", 256, 144), ("Q5_K", 256, 176), ("Q6_K", 256, 210), ("Q8_K", 256, 292), ("IQ2_XXS", 256, 66),
+        ("IQ2_XS", 256, 74), ("IQ3_XXS", 256, 98), ("IQ1_S", 256, 50), ("IQ4_NL", 32, 18), ("IQ3_S", 256, 110),
+        ("IQ2_S", 256, 82), ("IQ4_XS", 256, 136), ("I8", 1, 1), ("I16", 1, 2), ("I32", 1, 4), ("I64", 1, 8), ("F64", 1, 8),
+        ("IQ1_M", 256, 56), ("BF16", 1, 2), ("Q4_0_4_4", 32, 18), ("Q4_0_4_8", 32, 18), ("Q4_0_8_8", 32, 18),
+        ("TQ1_0", 256, 54), ("TQ2_0", 256, 66), ("IQ4_NL_4_4", 32, 18), ("IQ4_NL_4_8", 32, 18), ("IQ4_NL_8_8", 32, 18),
+        ("MXFP4", 32, 17), ("NVFP4", 64, 36), ("Q1_0", 128, 18),
+    ];
+    assert_eq!(GgmlType::ALL.len(), expect.len());
+    for (id, (name, bs, ts)) in expect.into_iter().enumerate() {
+        let t = GgmlType::from_ggml_id(id as u32).unwrap();
+        assert_eq!((t.id() as usize, t.name(), t.block_size(), t.type_size()), (id, name, bs, ts));
+        assert_eq!(GgmlType::from_name(name), Some(t));
+        assert_eq!(GgmlType::ALL[id], t);
+        let removed = matches!(id, 4 | 5 | 31..=33 | 36..=38);
+        assert_eq!(t.is_removed(), removed, "{name}");
+    }
+    assert_eq!(GgmlType::from_ggml_id(42), Err(FormatError::UnknownGgmlType { id: 42 }));
 }
 
 const ONE: [u8; 2] = [0x00, 0x3C]; // f16 1.0

@@ -128,7 +128,9 @@ pub struct TensorMeta {
     pub n_bytes: u64,
 }
 
-/// Tensors by internal name, read lazily from a memory-mapped file.
+/// Tensors by internal name, read lazily from a memory-mapped file: the one trait by which every
+/// model file hands out its tensors. The engine's checked, decoding view of it is
+/// [`WeightSource`](crate::engine::weights::WeightSource), built on these three methods.
 pub trait TensorSource {
     /// Every tensor's internal name, in file order.
     fn tensor_names(&self) -> Vec<&str>;

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cera::engine::{CancelToken, Engine, EngineError, FinishReason, GenerateOpts, TokenEvent, Want, end_of_generation_ids};
+use cera::engine::{CancelToken, Engine, EngineError, FinishReason, GenerateOpts, SamplerOpts, TokenEvent, Want, end_of_generation_ids};
 
 mod mock_backend;
 
@@ -130,7 +130,8 @@ fn ignore_eos_masks_the_end_of_generation_tokens() {
     // Sampling (top-k 5) with the mask: never an end-of-generation token.
     let mut s = t.engine.session().unwrap();
     s.append_tokens(&[1, HELLO]).unwrap();
-    let opts = GenerateOpts { ignore_eos: true, temperature: 1.5, top_k: 5, top_p: 1.0, min_p: 0.0, seed: 3, ..GenerateOpts::greedy(40) };
+    let opts =
+        GenerateOpts { ignore_eos: true, sampler: SamplerOpts { temperature: 1.5, top_k: 5, seed: 3, ..SamplerOpts::greedy() }, ..GenerateOpts::greedy(40) };
     let (g, _) = run(&mut s, &opts);
     assert_eq!(g.ids.len(), 40);
     assert!(g.ids.iter().all(|id| !t.engine.eog_ids().contains(id)));
@@ -249,7 +250,11 @@ fn same_seed_same_output_from_candidates_or_the_whole_row() {
         s.append_tokens(&[1, HELLO, WORLD]).unwrap();
         run(&mut s, opts).0
     };
-    let opts = GenerateOpts { temperature: 1.0, top_k: 12, top_p: 0.9, min_p: 0.02, seed: 42, ignore_eos: true, ..GenerateOpts::greedy(60) };
+    let opts = GenerateOpts {
+        sampler: SamplerOpts { temperature: 1.0, top_k: 12, top_p: 0.9, min_p: 0.02, seed: 42, ..SamplerOpts::greedy() },
+        ignore_eos: true,
+        ..GenerateOpts::greedy(60)
+    };
     let a = sample(&opts);
     let b = sample(&opts);
     assert_eq!(a.ids, b.ids);
@@ -259,12 +264,12 @@ fn same_seed_same_output_from_candidates_or_the_whole_row() {
     let c = sample(&GenerateOpts { top_logprobs: 3, ..opts.clone() });
     assert!(t.steps().iter().all(|st| st.want == Want::Logits));
     assert_eq!(c.ids, a.ids);
-    let d = sample(&GenerateOpts { seed: 43, ..opts.clone() });
+    let d = sample(&opts.clone().with_seed(43));
     assert_ne!(d.ids, a.ids, "another seed draws other tokens");
     let distinct: std::collections::HashSet<u32> = a.ids.iter().copied().collect();
     assert!(distinct.len() > 5, "sampling, not greedy: {:?}", a.ids);
     // Penalties run on the whole row, and reproduce too.
-    let p = GenerateOpts { repeat_penalty: 1.3, frequency_penalty: 0.2, ..opts.clone() };
+    let p = GenerateOpts { sampler: SamplerOpts { repeat_penalty: 1.3, frequency_penalty: 0.2, ..opts.sampler.clone() }, ..opts.clone() };
     assert_eq!(sample(&p).ids, sample(&p).ids);
 }
 
@@ -317,7 +322,7 @@ fn cancellation_from_another_thread() {
 #[test]
 fn sessions_share_one_engine_across_threads() {
     let t = setup(flat(), 128, 512);
-    let opts = GenerateOpts { temperature: 0.9, top_k: 8, top_p: 1.0, min_p: 0.0, seed: 5, ..GenerateOpts::greedy(30) };
+    let opts = GenerateOpts { sampler: SamplerOpts { temperature: 0.9, top_k: 8, seed: 5, ..SamplerOpts::greedy() }, ..GenerateOpts::greedy(30) };
     let handles: Vec<_> = (0..3)
         .map(|_| {
             let engine = t.engine.clone();

@@ -76,6 +76,6 @@ fn the_bench_reports_smollm2_s_decode_structure() {
     assert_eq!((w.dispatches, w.passes, w.submits), (155, 1, 1), "{w:?}");
     // A tied model reads every tensor of the file once per token (the embedding as the LM head).
     let file = cera::gguf::GgufFile::open(&path).unwrap();
-    let all: u64 = file.tensors().iter().map(|t| t.ty.bytes_for(t.n_elements).unwrap()).sum();
+    let all: u64 = file.tensors().iter().map(|t| t.ty.bytes_for(t.n_elements as usize).unwrap() as u64).sum();
     assert_eq!(w.weight_bytes, all);
 }

@@ -151,7 +151,7 @@ fn stop_strings_seeds_and_cancellation() {
     let sample = |seed: u64| {
         let mut s = e.session().unwrap();
         s.append_text(case["text"].as_str().unwrap()).unwrap();
-        s.generate(&GenerateOpts { seed, max_tokens: 16, ..Default::default() }, &mut |_: &TokenEvent| {}).unwrap().ids
+        s.generate(&GenerateOpts { max_tokens: 16, ..Default::default() }.with_seed(seed), &mut |_: &TokenEvent| {}).unwrap().ids
     };
     assert_eq!(sample(11), sample(11));
     // Cancelled from another thread after the first token.

@@ -191,8 +191,14 @@ fn gguf_unsupported_type_is_named_when_data_is_asked_for() {
     let mut b = GgufBuilder::new(2);
     b.tensor("blk.0.iq", &[256], GgmlType::IQ2_XXS, vec![0; 66]);
     b.tensor("blk.0.mx", &[32], GgmlType::MXFP4, vec![0; 17]);
+    // A type ggml removed after GGUF files held it, and one newer than the other two.
+    b.tensor("blk.0.q44", &[64], GgmlType::Q4_0_4_4, vec![0; 36]);
+    b.tensor("blk.0.nv", &[64], GgmlType::NVFP4, vec![0; 36]);
     let f = GgufFile::from_bytes(b.build()).unwrap();
-    for (name, ty) in [("blk.0.iq", GgmlType::IQ2_XXS), ("blk.0.mx", GgmlType::MXFP4)] {
+    let types = [("blk.0.iq", GgmlType::IQ2_XXS), ("blk.0.mx", GgmlType::MXFP4), ("blk.0.q44", GgmlType::Q4_0_4_4), ("blk.0.nv", GgmlType::NVFP4)];
+    for (name, ty) in types {
+        assert_eq!(f.tensor(name).unwrap().ty, ty);
+        assert_eq!(f.tensor_data_raw(name).unwrap().len() as u64, f.tensor(name).unwrap().n_bytes);
         let e = f.tensor_data(name).unwrap_err();
         assert!(matches!(&e, GgufError::UnsupportedType { name: n, ty: t } if n == name && *t == ty), "{e:?}");
         assert!(e.to_string().contains(name) && e.to_string().contains(ty.name()));

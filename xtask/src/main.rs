@@ -8,7 +8,7 @@
 //!   of the roofline of the same run) and prefill attention TFLOP/s at 2K tokens.
 //! - `bench --model FILE... [-p 512] [-n 128] [-r 5] [--profile] [--json] [--vs-llama-cpp DIR]`:
 //!   the end-to-end table of `cera bench` (see `cera::bench`).
-//! - `synth --arch llama|gemma3|qwen2|qwen3 --preset smol-135m|llama-1b|llama-8b|gemma3-270m|qwen3-0.6b|tiny
+//! - `synth --arch llama|gemma3|qwen2|qwen3|lfm2 --preset smol-135m|llama-1b|llama-8b|gemma3-270m|qwen3-0.6b|tiny
 //!   --qtype q4_0|q4_1|q8_0|q4_k|q6_k --out FILE [--seed N]`: a synthetic GGUF model with random
 //!   weights in a real model's shapes, quant types chosen as `llama-quantize` chooses them, and a
 //!   generated tokenizer of the exact vocabulary size, which cera and llama.cpp both load (see
@@ -149,4 +149,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--arch` takes the engine's names, and the file says the same name back.
+    #[test]
+    fn synth_arch_flag_takes_every_engine_arch_name() {
+        for a in cera::engine::Arch::ALL {
+            let cli = Cli::try_parse_from(["xtask", "synth", "--arch", a.name(), "--preset", "tiny", "--qtype", "q4_0", "--out", "x.gguf"]).unwrap();
+            let Cmd::Synth { arch, .. } = cli.cmd else { panic!("not synth") };
+            assert_eq!(arch, a);
+            let o = synth::SynthOptions { arch, preset: synth::Preset::by_name("tiny").unwrap(), qtype: synth::QType::Q4_0, seed: 0, threads: None };
+            let kvs = synth::metadata(&o);
+            let general = kvs.iter().find(|(k, _)| k == "general.architecture").map(|(_, v)| v.clone());
+            assert_eq!(general, Some(cera::gguf::MetadataValue::String(a.name().into())));
+        }
+        assert!(Cli::try_parse_from(["xtask", "synth", "--arch", "mamba", "--preset", "tiny", "--qtype", "q4_0", "--out", "x.gguf"]).is_err());
+    }
 }

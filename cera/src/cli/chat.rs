@@ -157,7 +157,7 @@ pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
             note("(stopped)");
         }
         conv.turns.push(ChatMessage::new("assistant", g.text.trim()));
-        note(&stats_line(&engine, &g, (opts.temperature > 0.0).then_some(opts.seed), first));
+        note(&stats_line(&engine, &g, (opts.sampler.temperature > 0.0).then_some(opts.sampler.seed), first));
         first = false;
     }
     Ok(())

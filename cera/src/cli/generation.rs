@@ -7,7 +7,7 @@ use std::io::Write;
 
 use super::progress::LoadBar;
 use super::{CliError, Output, resolve_model};
-use crate::engine::{CancelToken, DecodeGemv, DeviceChoice, Engine, EngineError, GenerateOpts, Generation, KvType, LoadOptions, Sink, TokenEvent};
+use crate::engine::{CancelToken, DecodeGemv, DeviceChoice, Engine, EngineError, GenerateOpts, Generation, KvType, LoadOptions, SamplerOpts, Sink, TokenEvent};
 
 /// The model and how to load it.
 #[derive(Debug, Clone, clap::Args)]
@@ -101,8 +101,7 @@ impl SampleArgs {
     /// The generation options (a random seed for `-s -1`).
     pub fn opts(&self) -> GenerateOpts {
         let seed = u64::try_from(self.seed).unwrap_or_else(|_| std::collections::hash_map::RandomState::new().build_hasher().finish() >> 1);
-        GenerateOpts {
-            max_tokens: usize::try_from(self.n_predict).unwrap_or(usize::MAX),
+        let sampler = SamplerOpts {
             temperature: self.temp,
             top_k: self.top_k,
             top_p: self.top_p,
@@ -112,6 +111,10 @@ impl SampleArgs {
             frequency_penalty: self.frequency_penalty,
             repeat_last_n: self.repeat_last_n,
             seed,
+        };
+        GenerateOpts {
+            sampler,
+            max_tokens: usize::try_from(self.n_predict).unwrap_or(usize::MAX),
             stop: self.stop.clone(),
             stop_tokens: Vec::new(),
             ignore_eos: self.ignore_eos,

@@ -113,9 +113,9 @@ pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
         g.map_err(engine_error)?
     };
     if args.json {
-        writeln!(out, "{}", json_output(&engine, &prompt_ids, &g, opts.seed, args.top_logprobs > 0))?;
+        writeln!(out, "{}", json_output(&engine, &prompt_ids, &g, opts.sampler.seed, args.top_logprobs > 0))?;
         out.flush()?;
     }
-    note(&stats_line(&engine, &g, (opts.temperature > 0.0).then_some(opts.seed), true));
+    note(&stats_line(&engine, &g, (opts.sampler.temperature > 0.0).then_some(opts.sampler.seed), true));
     Ok(())
 }

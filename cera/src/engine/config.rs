@@ -44,12 +44,13 @@ pub enum LayerKind {
 }
 
 impl Arch {
-    /// Every architecture the assembly runs: the one list [`Arch::from_name`] and
-    /// [`EngineError::UnknownArchitecture`]'s message are made from.
+    /// Every architecture the assembly runs: the one list [`Arch::from_name`],
+    /// [`EngineError::UnknownArchitecture`]'s message and xtask's `--arch` are made from.
     pub const ALL: [Arch; 5] = [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3, Arch::Lfm2];
 
-    /// The architecture of `general.architecture` (one of [`Arch::ALL`]'s names, or `mistral`
-    /// for llama), or [`EngineError::UnknownArchitecture`].
+    /// The architecture of a `general.architecture` value (a GGUF file's, a Hugging Face
+    /// `model_type` mapped by [`crate::safetensors::architecture_of`], a command line's: one of
+    /// [`Arch::ALL`]'s names, or `mistral` for llama), or [`EngineError::UnknownArchitecture`].
     pub fn from_name(name: &str) -> Result<Arch, EngineError> {
         if name == "mistral" {
             return Ok(Arch::Llama);
@@ -66,6 +67,20 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Lfm2 => "lfm2",
         }
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// [`Arch::from_name`], for command lines.
+impl std::str::FromStr for Arch {
+    type Err = EngineError;
+    fn from_str(s: &str) -> Result<Arch, EngineError> {
+        Arch::from_name(s)
     }
 }
 
@@ -332,5 +347,17 @@ mod tests {
             ],
         );
         assert!(matches!(ModelConfig::from_hparams(&hp, Some(10)), Err(EngineError::BadConfig { .. })));
+    }
+
+    #[test]
+    fn arch_names_round_trip() {
+        for a in Arch::ALL {
+            assert_eq!(Arch::from_name(a.name()).unwrap(), a);
+            assert_eq!(a.to_string().parse::<Arch>().unwrap(), a);
+        }
+        let names: Vec<&str> = Arch::ALL.iter().map(|a| a.name()).collect();
+        assert_eq!(names, ["llama", "qwen2", "qwen3", "gemma3", "lfm2"]);
+        assert_eq!("mistral".parse::<Arch>().unwrap(), Arch::Llama);
+        assert!(matches!("mamba".parse::<Arch>(), Err(EngineError::UnknownArchitecture { name }) if name == "mamba"));
     }
 }

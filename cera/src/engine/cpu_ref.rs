@@ -10,10 +10,10 @@
 //! 32 first (`d = max|x| / 127`, `q = round(x / d)`, ties away from zero: llama.cpp's Q8 scheme
 //! and the GPU's int8 decode path), so that path has an oracle of its own.
 
-use boostr::formats::{GgmlType, dequantize};
-
 use crate::gguf::GgufFile;
 
+use super::graph::MatRef;
+use super::weights::WeightSource;
 use super::{Arch, EngineError, ModelConfig};
 
 struct Layer {
@@ -55,15 +55,10 @@ pub fn int8_round(x: &[f32]) -> Vec<f32> {
     out
 }
 
+/// `rows x cols` of the file's tensor `name`, dequantized to f32 (checked as the engine checks
+/// its weights: [`WeightSource::mat_f32`]).
 fn tensor(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, EngineError> {
-    let info = file.tensor(name).ok_or_else(|| EngineError::BadConfig { reason: format!("missing tensor {name}") })?;
-    let n: u64 = info.dims.iter().product();
-    if n != (rows * cols) as u64 || info.dims.first().copied() != Some(cols as u64) {
-        return Err(EngineError::BadConfig { reason: format!("tensor {name} has dims {:?}, expected [{cols}, {rows}]", info.dims) });
-    }
-    let ty = GgmlType::from_ggml_id(info.ty.id()).map_err(|_| EngineError::Unsupported { what: format!("tensor {name} of type {}", info.ty.name()) })?;
-    let bytes = file.tensor_data(name).map_err(|e| EngineError::BadConfig { reason: e.to_string() })?;
-    dequantize(ty, bytes, rows * cols).map_err(|e| EngineError::Unsupported { what: format!("tensor {name}: {e}") })
+    file.mat_f32(&MatRef { name: name.to_string(), rows, cols })
 }
 
 /// `y = W x` for `W` of `rows x x.len()`, split over the available cores.

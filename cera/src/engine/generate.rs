@@ -137,17 +137,7 @@ impl Mode {
 }
 
 fn sampler_opts(o: &GenerateOpts) -> SamplerOpts {
-    SamplerOpts {
-        temperature: o.temperature,
-        top_k: o.top_k,
-        top_p: o.top_p,
-        min_p: o.min_p,
-        repeat_penalty: o.repeat_penalty,
-        presence_penalty: o.presence_penalty,
-        frequency_penalty: o.frequency_penalty,
-        repeat_last_n: o.repeat_last_n,
-        seed: o.seed,
-    }
+    o.sampler.clone()
 }
 
 fn mode(o: &GenerateOpts, s: &SamplerOpts, n_masked: usize) -> Mode {
@@ -157,7 +147,7 @@ fn mode(o: &GenerateOpts, s: &SamplerOpts, n_masked: usize) -> Mode {
     if s.temperature <= 0.0 {
         return Mode::Argmax;
     }
-    let k = o.top_k;
+    let k = o.sampler.top_k;
     if k >= 1 && k + n_masked <= MAX_TOP_K { Mode::TopK(k + n_masked) } else { Mode::Logits }
 }
 
@@ -221,7 +211,7 @@ impl Chooser<'_> {
                     return c.iter().copied().min_by(by_logit_desc).map(|x| (x.0, Vec::new())).ok_or_else(none);
                 }
                 c.sort_by(by_logit_desc);
-                c.truncate(self.opts.top_k);
+                c.truncate(self.opts.sampler.top_k);
                 sampler::sample(&c, history, position, &self.plain).map(|id| (id, Vec::new())).ok_or_else(none)
             }
             (Mode::Logits, StepOutput::Logits(row)) => {
@@ -231,7 +221,7 @@ impl Chooser<'_> {
                 if self.sampler.temperature <= 0.0 {
                     return c.iter().copied().min_by(by_logit_desc).map(|x| (x.0, top)).ok_or_else(none);
                 }
-                let k = self.opts.top_k;
+                let k = self.opts.sampler.top_k;
                 if k > 0 && k < c.len() {
                     c.select_nth_unstable_by(k - 1, by_logit_desc);
                     c.truncate(k);
@@ -521,11 +511,11 @@ mod tests {
         let d = GenerateOpts::default();
         assert_eq!(mode(&d, &sampler_opts(&d), 0), Mode::TopK(40));
         assert_eq!(mode(&d, &sampler_opts(&d), 3), Mode::TopK(43));
-        let p = GenerateOpts { repeat_penalty: 1.1, ..GenerateOpts::default() };
+        let p = GenerateOpts { sampler: SamplerOpts { repeat_penalty: 1.1, ..SamplerOpts::default() }, ..GenerateOpts::default() };
         assert_eq!(mode(&p, &sampler_opts(&p), 0), Mode::Logits);
-        let all = GenerateOpts { top_k: 0, ..GenerateOpts::default() };
+        let all = GenerateOpts { sampler: SamplerOpts { top_k: 0, ..SamplerOpts::default() }, ..GenerateOpts::default() };
         assert_eq!(mode(&all, &sampler_opts(&all), 0), Mode::Logits);
-        let wide = GenerateOpts { top_k: 127, ..GenerateOpts::default() };
+        let wide = GenerateOpts { sampler: SamplerOpts { top_k: 127, ..SamplerOpts::default() }, ..GenerateOpts::default() };
         assert_eq!(mode(&wide, &sampler_opts(&wide), 2), Mode::Logits);
     }
 

@@ -1,6 +1,6 @@
 //! Hugging Face checkpoints for the engine: a folder's `config.json` and safetensors resolved
 //! into the same [`ModelGraph`] a GGUF file gives, and its tensors served as a
-//! [`WeightSource`] under llama.cpp's names (`blk.0.attn_q.weight`, see
+//! [`TensorSource`] and [`WeightSource`] under llama.cpp's names (`blk.0.attn_q.weight`, see
 //! [`crate::safetensors::hf_to_internal`]).
 //!
 //! What differs from a GGUF file of the same model, and how it is resolved here:
@@ -33,15 +33,16 @@
 
 use std::path::Path;
 
-use boostr::formats::{AwqTensors, GgmlType, GptqTensors, GptqZeroOffset, PackedWeights};
+use boostr::formats::{AwqTensors, GptqTensors, GptqZeroOffset, PackedWeights};
 use serde_json::Value;
 
 use super::EngineError;
 use super::arch::{FileFacts, build};
 use super::config::{Arch, LayerRope, ModelConfig};
 use super::graph::{MatRef, ModelGraph, VecRef};
-use super::weights::{RawMat, StoredMat, WeightSource, supported};
+use super::weights::{StoredMat, WeightSource, f32_vec};
 use crate::gguf::PerLayer;
+use crate::model_file::{ModelError, TensorMeta, TensorSource};
 use crate::safetensors::{QuantLinear, QuantMethod, SafeDType, SafetensorsModel};
 
 /// A Hugging Face model folder, opened for the engine.
@@ -62,15 +63,6 @@ enum Int4 {
 
 fn file_err(e: impl std::fmt::Display) -> EngineError {
     EngineError::File { reason: e.to_string() }
-}
-
-fn ggml_type(d: SafeDType) -> Option<GgmlType> {
-    match d {
-        SafeDType::F32 => Some(GgmlType::F32),
-        SafeDType::F16 => Some(GgmlType::F16),
-        SafeDType::BF16 => Some(GgmlType::BF16),
-        _ => None,
-    }
 }
 
 /// A float of `v` at `key`, or inside `rope_parameters` (transformers 5), or inside
@@ -268,39 +260,24 @@ impl WeightSource for HfModel {
         }
     }
 
-    fn mat(&self, m: &MatRef) -> Result<RawMat<'_>, EngineError> {
-        let info = self.st.tensor(&m.name).ok_or_else(|| EngineError::MissingTensor { name: m.name.clone() })?;
-        // `[rows, cols]`, or LFM2's conv taps `[rows, 1, cols]`.
-        let n: u64 = info.shape.iter().product();
-        let dims: Vec<u64> = info.shape.iter().rev().copied().collect();
-        if info.shape.first().copied() != Some(m.rows as u64) || n != (m.rows * m.cols) as u64 || info.shape.len() > 3 {
-            return Err(EngineError::TensorShape { name: m.name.clone(), dims, expected: vec![m.cols as u64, m.rows as u64] });
-        }
-        let ty = ggml_type(info.dtype)
-            .filter(|&t| supported(t))
-            .ok_or_else(|| EngineError::TensorType { name: m.name.clone(), ty: info.dtype.name().to_string() })?;
-        let bytes = self.st.tensor_data(&m.name).map_err(file_err)?;
-        let name = self.st.internal_name(&m.name).unwrap_or_default();
-        Ok(RawMat { name, ty, bytes, rows: m.rows, cols: m.cols })
-    }
-
     fn vec(&self, v: &VecRef) -> Result<Vec<f32>, EngineError> {
-        let info = self.st.tensor(&v.name).ok_or_else(|| EngineError::MissingTensor { name: v.name.clone() })?;
-        let n: u64 = info.shape.iter().product();
-        if n != v.len as u64 || info.shape.iter().filter(|&&d| d != 1).count() > 1 {
-            return Err(EngineError::TensorShape { name: v.name.clone(), dims: info.shape.iter().rev().copied().collect(), expected: vec![v.len as u64] });
-        }
-        let ty = ggml_type(info.dtype).ok_or_else(|| EngineError::TensorType { name: v.name.clone(), ty: info.dtype.name().to_string() })?;
-        let bytes = self.st.tensor_data(&v.name).map_err(file_err)?;
-        let mut x =
-            boostr::formats::dequantize(ty, bytes, v.len).map_err(|e| EngineError::TensorType { name: v.name.clone(), ty: format!("{} ({e})", ty.name()) })?;
+        let mut x = f32_vec(self, v)?;
         if self.arch == Arch::Gemma3 && v.name.contains("norm") {
             x.iter_mut().for_each(|w| *w += 1.0);
         }
         Ok(x)
     }
+}
 
-    fn has(&self, name: &str) -> bool {
-        self.st.tensor(name).is_some()
+/// The safetensors model's tensors, under their internal names.
+impl TensorSource for HfModel {
+    fn tensor_names(&self) -> Vec<&str> {
+        TensorSource::tensor_names(&self.st)
+    }
+    fn tensor_meta(&self, name: &str) -> Option<TensorMeta> {
+        self.st.tensor_meta(name)
+    }
+    fn tensor_data(&self, name: &str) -> Result<&[u8], ModelError> {
+        TensorSource::tensor_data(&self.st, name)
     }
 }

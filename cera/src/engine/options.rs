@@ -1,6 +1,7 @@
 //! Options of loading a model and of one generation.
 
 use super::backend::KvType;
+use super::sampler::SamplerOpts;
 
 /// Which device runs the model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -135,29 +136,23 @@ impl Default for LoadOptions {
     }
 }
 
-/// Options of one `generate` call.
+/// Options of one `generate` call: the sampler's, and what bounds and shapes the output.
+///
+/// ```
+/// use cera::engine::{GenerateOpts, SamplerOpts};
+/// // Sampled, with a seed and a stop string.
+/// let opts = GenerateOpts { max_tokens: 128, stop: vec!["\n\n".into()], ..Default::default() }.with_temperature(0.7).with_seed(42);
+/// assert_eq!((opts.sampler.temperature, opts.sampler.seed, opts.sampler.top_k), (0.7, 42, 40));
+/// // Any sampler setting, through the embedded options.
+/// let opts = GenerateOpts { sampler: SamplerOpts { top_k: 5, ..SamplerOpts::default() }, ..GenerateOpts::greedy(16) };
+/// assert_eq!((opts.max_tokens, opts.sampler.top_k), (16, 5));
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenerateOpts {
+    /// How the next token is chosen: temperature, top-k/p, min-p, penalties, seed.
+    pub sampler: SamplerOpts,
     /// Most tokens to generate.
     pub max_tokens: usize,
-    /// 0 (or less): greedy.
-    pub temperature: f32,
-    /// Keep the `top_k` most likely (0: all).
-    pub top_k: usize,
-    /// Nucleus sampling (1: off).
-    pub top_p: f32,
-    /// Drop candidates below `min_p` times the best one's probability (0: off).
-    pub min_p: f32,
-    /// llama.cpp's repetition penalty (1: off).
-    pub repeat_penalty: f32,
-    /// Subtracted once from the logit of every recent token (0: off).
-    pub presence_penalty: f32,
-    /// Subtracted per occurrence from the logit of recent tokens (0: off).
-    pub frequency_penalty: f32,
-    /// Recent tokens the penalties look at.
-    pub repeat_last_n: usize,
-    /// Seed of the draw; the same seed on the same device gives the same output.
-    pub seed: u64,
     /// Stop strings: matched across token boundaries, never emitted.
     pub stop: Vec<String>,
     /// Stop tokens besides the model's end-of-generation tokens.
@@ -175,19 +170,12 @@ pub struct GenerateOpts {
     pub pipeline: bool,
 }
 
+/// At most 256 tokens, sampled with [`SamplerOpts::default`] (llama.cpp's defaults), pipelined.
 impl Default for GenerateOpts {
     fn default() -> Self {
         GenerateOpts {
+            sampler: SamplerOpts::default(),
             max_tokens: 256,
-            temperature: 0.8,
-            top_k: 40,
-            top_p: 0.95,
-            min_p: 0.05,
-            repeat_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            repeat_last_n: 64,
-            seed: 0,
             stop: Vec::new(),
             stop_tokens: Vec::new(),
             ignore_eos: false,
@@ -198,9 +186,21 @@ impl Default for GenerateOpts {
 }
 
 impl GenerateOpts {
-    /// Greedy decoding of at most `max_tokens`.
+    /// Greedy decoding ([`SamplerOpts::greedy`]) of at most `max_tokens`.
     pub fn greedy(max_tokens: usize) -> GenerateOpts {
-        GenerateOpts { max_tokens, temperature: 0.0, top_k: 1, top_p: 1.0, min_p: 0.0, ..Default::default() }
+        GenerateOpts { max_tokens, sampler: SamplerOpts::greedy(), ..Default::default() }
+    }
+
+    /// The same with the sampler's temperature `temperature` (0 or less: greedy).
+    pub fn with_temperature(mut self, temperature: f32) -> GenerateOpts {
+        self.sampler.temperature = temperature;
+        self
+    }
+
+    /// The same with the sampler's seed `seed`.
+    pub fn with_seed(mut self, seed: u64) -> GenerateOpts {
+        self.sampler.seed = seed;
+        self
     }
 }
 
@@ -226,5 +226,37 @@ impl FinishReason {
             FinishReason::ContextFull => "context_full",
             FinishReason::Cancelled => "cancelled",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The values `greedy` and `Default` have always had, field by field.
+    #[test]
+    fn greedy_and_default_values() {
+        let s = SamplerOpts {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repeat_last_n: 64,
+            seed: 0,
+        };
+        let rest = |o: &GenerateOpts| (o.stop.is_empty(), o.stop_tokens.is_empty(), o.ignore_eos, o.top_logprobs, o.pipeline);
+        let d = GenerateOpts::default();
+        assert_eq!((&d.sampler, d.max_tokens), (&s, 256));
+        assert_eq!(rest(&d), (true, true, false, 0, true));
+        let g = GenerateOpts::greedy(7);
+        assert_eq!((&g.sampler, g.max_tokens), (&SamplerOpts { temperature: 0.0, top_k: 1, top_p: 1.0, min_p: 0.0, ..s.clone() }, 7));
+        assert_eq!(rest(&g), (true, true, false, 0, true));
+        assert!(g.sampler.is_greedy() && !d.sampler.is_greedy());
+        let t = GenerateOpts::greedy(3).with_temperature(0.5).with_seed(9);
+        assert_eq!(t.sampler, SamplerOpts { temperature: 0.5, seed: 9, ..g.sampler.clone() });
+        assert_eq!(t.max_tokens, 3);
     }
 }

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::types::GgmlType;
+use boostr::formats::GgmlType;
 
 /// A metadata look-up that failed: the key is missing or holds another type.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -18,17 +18,17 @@ mod error;
 mod hparams;
 mod metadata;
 mod reader;
-mod types;
 mod writer;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+/// The ggml tensor types: boostr's one table ([`boostr::formats::GgmlType`]), used as is.
+pub use boostr::formats::GgmlType;
 pub use error::{GgufError, MetadataError};
 pub use hparams::{HyperParams, PerLayer};
 pub use metadata::{Metadata, MetadataArray, MetadataValue, ValueType};
 pub use reader::{DEFAULT_ALIGNMENT, MAX_DIMS, MAX_NESTING, TensorInfo};
-pub use types::{BlockLayout, GgmlType};
 pub use writer::{GgufBuilder, GgufWriter, TensorDesc};
 
 use crate::storage::Storage;

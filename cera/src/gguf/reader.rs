@@ -8,7 +8,7 @@
 
 use super::error::GgufError;
 use super::metadata::{Metadata, MetadataArray, MetadataValue, ValueType};
-use super::types::GgmlType;
+use boostr::formats::GgmlType;
 
 /// The default `general.alignment`.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
@@ -197,9 +197,8 @@ fn read_tensor_info(c: &mut Cursor<'_>) -> Result<(TensorInfo, u32), GgufError> 
     }
     let type_id = c.u32("tensor type")?;
     let offset = c.u64("tensor offset")?;
-    let ty = match GgmlType::from_id(type_id) {
-        Some(t) => t,
-        None => return Err(GgufError::UnknownType { name, type_id }),
+    let Ok(ty) = GgmlType::from_ggml_id(type_id) else {
+        return Err(GgufError::UnknownType { name, type_id });
     };
     let shape_err = |name: String, dims: Vec<u64>, reason| GgufError::InvalidShape { name, dims, reason };
     if dims.is_empty() {
@@ -215,16 +214,27 @@ fn read_tensor_info(c: &mut Cursor<'_>) -> Result<(TensorInfo, u32), GgufError> 
     let Some(n_elements) = n_elements else {
         return Err(shape_err(name, dims, "element count overflows int64"));
     };
-    let Some(layout) = ty.layout() else {
+    // Q4_2 and Q4_3 left ggml before GGUF existed: no GGUF file can hold them.
+    if matches!(ty, GgmlType::Q4_2 | GgmlType::Q4_3) {
         return Err(GgufError::UnsupportedType { name, ty });
-    };
-    if dims[0] % layout.block_size != 0 {
+    }
+    if dims[0] % ty.block_size() as u64 != 0 {
         return Err(shape_err(name, dims, "first dimension is not a multiple of the type's block size"));
     }
-    let Some(n_bytes) = ty.bytes_for(n_elements) else {
+    let Some(n_bytes) = bytes_for(ty, n_elements) else {
         return Err(shape_err(name, dims, "byte size overflows"));
     };
     Ok((TensorInfo { name, dims, ty, offset, n_elements, n_bytes }, type_id))
+}
+
+/// Bytes taken by `n_elements` elements of `ty`, or `None` if they are not whole blocks or the
+/// size overflows `u64`.
+pub(crate) fn bytes_for(ty: GgmlType, n_elements: u64) -> Option<u64> {
+    let (block, size) = (ty.block_size() as u64, ty.type_size() as u64);
+    if !n_elements.is_multiple_of(block) {
+        return None;
+    }
+    (n_elements / block).checked_mul(size)
 }
 
 fn alignment_of(md: &Metadata) -> Result<u64, GgufError> {

@@ -6,8 +6,8 @@
 use std::io::{self, Write};
 
 use super::metadata::{MetadataArray, MetadataValue};
-use super::reader::DEFAULT_ALIGNMENT;
-use super::types::GgmlType;
+use super::reader::{DEFAULT_ALIGNMENT, bytes_for};
+use boostr::formats::GgmlType;
 
 /// A tensor as the header describes it: name, dims in ggml order (innermost first), type.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,7 +29,7 @@ impl TensorDesc {
     /// The tensor's size in bytes, or `None` if the shape is not whole blocks of the type.
     pub fn n_bytes(&self) -> Option<u64> {
         let n = self.dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d))?;
-        self.ty.bytes_for(n)
+        bytes_for(self.ty, n)
     }
 }
 

@@ -29,6 +29,7 @@
 use std::io::BufWriter;
 use std::path::Path;
 
+use cera::engine::Arch;
 use cera::gguf::{GgmlType, GgufWriter, MetadataArray, MetadataValue, TensorDesc};
 use cera::safetensors::{SafeDType, SafetensorsModel};
 use serde_json::Value;
@@ -159,16 +160,13 @@ fn gemma3_metadata(raw: &Value, hp: &cera::gguf::HyperParams) -> Result<Vec<(Str
 pub fn convert(dir: &Path, out: &Path) -> Result<(), String> {
     let st = SafetensorsModel::open(dir).map_err(err)?;
     let cfg = st.config().ok_or("no config.json")?;
-    let arch = cfg.architecture.as_str();
-    if !matches!(arch, "llama" | "qwen2" | "qwen3" | "lfm2" | "gemma3") {
-        return Err(format!("architecture {arch} (llama, qwen2, qwen3, lfm2, gemma3)"));
-    }
+    let arch = Arch::from_name(&cfg.architecture).map_err(err)?;
     if cfg.quantization.is_some() {
         return Err("a quantized checkpoint".into());
     }
     let hp = &cfg.hparams;
     let raw = &cfg.raw;
-    let k = |s: &str| format!("{arch}.{s}");
+    let k = |s: &str| format!("{}.{s}", arch.name());
     let u = MetadataValue::U32;
     let ffn = st.tensor("blk.0.ffn_gate.weight").and_then(|t| t.shape.first().copied()).ok_or("no ffn_gate")? as u32;
     // transformers 5 keeps the RoPE base in `rope_parameters` (Gemma 3: one per layer type).
@@ -179,7 +177,7 @@ pub fn convert(dir: &Path, out: &Path) -> Result<(), String> {
         cera::gguf::PerLayer::Layers(v) => MetadataValue::Array(MetadataArray::U32(v.clone())),
     };
     let mut kvs = vec![
-        ("general.architecture".to_string(), MetadataValue::String(arch.into())),
+        ("general.architecture".to_string(), MetadataValue::String(arch.name().into())),
         ("general.name".to_string(), MetadataValue::String(dir.file_name().and_then(|n| n.to_str()).unwrap_or("hf").into())),
         (k("context_length"), u(hp.context_length)),
         (k("embedding_length"), u(hp.embedding_length)),
@@ -193,10 +191,10 @@ pub fn convert(dir: &Path, out: &Path) -> Result<(), String> {
         (k("attention.layer_norm_rms_epsilon"), MetadataValue::F32(hp.rms_norm_eps.unwrap_or(1e-6))),
         (k("vocab_size"), u(hp.vocab_size.ok_or("no vocab_size")?)),
     ];
-    if arch == "lfm2" {
+    if arch == Arch::Lfm2 {
         kvs.push((k("shortconv.l_cache"), u(hp.shortconv_l_cache.unwrap_or(3))));
     }
-    if arch == "gemma3" {
+    if arch == Arch::Gemma3 {
         kvs.extend(gemma3_metadata(raw, hp)?);
     }
     kvs.extend(tokenizer_metadata(dir)?);
@@ -208,7 +206,7 @@ pub fn convert(dir: &Path, out: &Path) -> Result<(), String> {
         let vector = info.shape.iter().filter(|&&d| d != 1).count() <= 1 || name.contains("shortconv.conv");
         let (dims, ty, data) = if vector {
             let mut v = f32_of(info.dtype, bytes)?;
-            if arch == "gemma3" && name.ends_with("norm.weight") {
+            if arch == Arch::Gemma3 && name.ends_with("norm.weight") {
                 v.iter_mut().for_each(|w| *w += 1.0);
             }
             let dims = if name.contains("shortconv.conv") { vec![info.shape[2], info.shape[0]] } else { vec![v.len() as u64] };
@@ -229,7 +227,7 @@ pub fn convert(dir: &Path, out: &Path) -> Result<(), String> {
                 None
             };
             let data = match heads {
-                Some(h) if arch == "llama" => permute_rows(bytes, rows, h as usize, info.dtype.size() as usize),
+                Some(h) if arch == Arch::Llama => permute_rows(bytes, rows, h as usize, info.dtype.size() as usize),
                 _ => bytes.to_vec(),
             };
             (info.shape.iter().rev().copied().collect(), ty, data)

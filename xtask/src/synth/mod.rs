@@ -108,6 +108,7 @@ pub fn metadata(o: &SynthOptions) -> Vec<(String, MetadataValue)> {
         Arch::Qwen2 | Arch::Qwen3 => tokenizer::bpe_metadata(p.vocab as usize, "qwen2"),
         Arch::Lfm2 => tokenizer::bpe_metadata(p.vocab as usize, "lfm2"),
         Arch::Gemma3 => tokenizer::spm_metadata(p.vocab as usize),
+        other => unreachable!("cera's Arch::{other:?} has no synthetic tokenizer: add it to xtask synth"),
     });
     kvs
 }

@@ -1,57 +1,9 @@
 //! Model shapes: the published configurations the synthetic files imitate, and the
 //! architecture that decides the tensor set and the metadata keys.
 
-use std::fmt;
-use std::str::FromStr;
-
-/// `general.architecture` of the file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    /// Llama (SmolLM2, Llama 3.x): pre-norm blocks, tied or untied LM head, a byte-level BPE.
-    Llama,
-    /// Gemma 3: QK-norm, post-attention/post-FFN norms, sliding-window layers, SentencePiece.
-    Gemma3,
-    /// Qwen2 / Qwen2.5: llama's tensors plus Q/K/V biases, a byte-level BPE.
-    Qwen2,
-    /// Qwen3 (dense): llama's tensors plus per-head QK-norm weights, a byte-level BPE.
-    Qwen3,
-    /// LFM2: short-conv blocks (`shortconv.{in_proj,conv,out_proj}`) and QK-normed attention
-    /// blocks ([`Preset::attn_layers`]), the final norm as `token_embd_norm`, a byte-level BPE.
-    Lfm2,
-}
-
-impl Arch {
-    /// The `general.architecture` value (also the metadata key prefix).
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Gemma3 => "gemma3",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-            Arch::Lfm2 => "lfm2",
-        }
-    }
-}
-
-impl FromStr for Arch {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Arch, String> {
-        match s {
-            "llama" => Ok(Arch::Llama),
-            "gemma3" => Ok(Arch::Gemma3),
-            "qwen2" => Ok(Arch::Qwen2),
-            "qwen3" => Ok(Arch::Qwen3),
-            "lfm2" => Ok(Arch::Lfm2),
-            _ => Err(format!("unknown architecture {s:?} (llama, gemma3, qwen2, qwen3, lfm2)")),
-        }
-    }
-}
-
-impl fmt::Display for Arch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// `general.architecture` of the file, which decides the tensor set, the metadata keys and the
+/// tokenizer: the engine's own enum, so the two cannot disagree on names.
+pub use cera::engine::Arch;
 
 /// The shape of a model. The gemma3-only fields (window, global-layer period, local RoPE base)
 /// are written only for `--arch gemma3`; `head_dim` is written as `key_length`/`value_length`

@@ -21,7 +21,7 @@ const CHUNK_BYTES: usize = 32 << 20;
 /// Fills `out` (whole rows of `row_bytes`, the first being row `first_row`) with tensor `index`'s
 /// rows, over `threads` threads.
 fn fill_chunk(t: &Planned, index: u64, seed: u64, first_row: u64, out: &mut [u8], row_bytes: usize, threads: usize) {
-    let ty = boostr::formats::GgmlType::from_ggml_id(t.desc.ty.id()).expect("a type boostr knows");
+    let ty = t.desc.ty;
     let cols = t.desc.dims[0] as usize;
     let rows = out.len() / row_bytes;
     let per = rows.div_ceil(threads.max(1)).max(1);
@@ -81,7 +81,7 @@ pub fn write_model(path: &Path, kvs: &[(String, MetadataValue)], tensors: &[Plan
                     to_writer.send(ones(n)).map_err(drop)?;
                     continue;
                 }
-                let row_bytes = t.desc.ty.bytes_for(t.desc.dims[0]).expect("whole blocks") as usize;
+                let row_bytes = t.desc.ty.bytes_for(t.desc.dims[0] as usize).expect("whole blocks");
                 let rows = n / t.desc.dims[0];
                 let per_chunk = (CHUNK_BYTES / row_bytes).max(1) as u64;
                 let mut first = 0;

@@ -9,18 +9,18 @@ use boostr::formats::GgmlType;
 
 use super::CpuBackend;
 use super::kernels::Kernels;
-use crate::engine::EngineError;
 use crate::engine::arch::{FileFacts, build};
 use crate::engine::backend::{Backend, KvType, StateOpts, StepInput, StepOutput, Want};
 use crate::engine::config::ModelConfig;
-use crate::engine::graph::{MatRef, ModelGraph, VecRef};
-use crate::engine::weights::{RawMat, WeightSource};
+use crate::engine::graph::ModelGraph;
+use crate::engine::weights::WeightSource;
 use crate::gguf::HyperParams;
+use crate::model_file::{ModelError, TensorDType, TensorMeta, TensorSource};
 
-/// Weights made up from a seed, each matrix in a chosen format with sane block scales.
+/// Weights made up from a seed, each matrix in a chosen format with sane block scales, each
+/// vector in f32: `(type, ggml dims, bytes)` by name.
 struct Synth {
-    mats: HashMap<String, (GgmlType, Vec<u8>)>,
-    vecs: HashMap<String, Vec<f32>>,
+    tensors: HashMap<String, (GgmlType, Vec<u64>, Vec<u8>)>,
 }
 
 fn noise(n: usize, seed: u64) -> Vec<u8> {
@@ -63,8 +63,7 @@ fn matrix(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
 
 impl Synth {
     fn new(g: &ModelGraph) -> Synth {
-        let mut mats = HashMap::new();
-        let mut vecs = HashMap::new();
+        let mut tensors = HashMap::new();
         for (i, op) in g.ops.iter().enumerate() {
             for (j, m) in op.mats().into_iter().enumerate() {
                 let ty = match (m.cols % 256, (i + j) % 4) {
@@ -74,28 +73,32 @@ impl Synth {
                     (_, 2) => GgmlType::Q4_0,
                     _ => GgmlType::Q5_1,
                 };
-                mats.entry(m.name.clone()).or_insert_with(|| (ty, matrix(ty, m.rows, m.cols, (7 * i + j) as u64)));
+                let dims = vec![m.cols as u64, m.rows as u64];
+                tensors.entry(m.name.clone()).or_insert_with(|| (ty, dims, matrix(ty, m.rows, m.cols, (7 * i + j) as u64)));
             }
             for v in op.vecs() {
-                vecs.insert(v.name.clone(), noise(v.len, i as u64 + 99).into_iter().map(|b| 0.5 + b as f32 / 255.0).collect());
+                let x = noise(v.len, i as u64 + 99).into_iter().flat_map(|b| (0.5 + b as f32 / 255.0).to_le_bytes()).collect();
+                tensors.insert(v.name.clone(), (GgmlType::F32, vec![v.len as u64], x));
             }
         }
-        Synth { mats, vecs }
+        Synth { tensors }
     }
 }
 
-impl WeightSource for Synth {
-    fn mat(&self, m: &MatRef) -> Result<RawMat<'_>, EngineError> {
-        let (name, (ty, bytes)) = self.mats.get_key_value(&m.name).ok_or_else(|| EngineError::MissingTensor { name: m.name.clone() })?;
-        Ok(RawMat { name, ty: *ty, bytes, rows: m.rows, cols: m.cols })
+impl TensorSource for Synth {
+    fn tensor_names(&self) -> Vec<&str> {
+        self.tensors.keys().map(String::as_str).collect()
     }
-    fn vec(&self, v: &VecRef) -> Result<Vec<f32>, EngineError> {
-        self.vecs.get(&v.name).cloned().ok_or_else(|| EngineError::MissingTensor { name: v.name.clone() })
+    fn tensor_meta(&self, name: &str) -> Option<TensorMeta> {
+        let (ty, dims, bytes) = self.tensors.get(name)?;
+        Some(TensorMeta { name: name.into(), file_name: name.into(), dtype: TensorDType::Ggml(*ty), dims: dims.clone(), n_bytes: bytes.len() as u64 })
     }
-    fn has(&self, name: &str) -> bool {
-        self.mats.contains_key(name) || self.vecs.contains_key(name)
+    fn tensor_data(&self, name: &str) -> Result<&[u8], ModelError> {
+        self.tensors.get(name).map(|t| &t.2[..]).ok_or_else(|| ModelError::Missing(format!("tensor {name}")))
     }
 }
+
+impl WeightSource for Synth {}
 
 fn graph() -> ModelGraph {
     let mut hp = HyperParams::new("gemma3".into(), 64, 3, 4);
