@@ -1,0 +1,227 @@
+//! A greedy decode step allocates nothing on the host heap after warm-up, on the GPU executor
+//! (lavapipe in CI) and on the CPU executor.
+//!
+//! What is counted: every `alloc`, `alloc_zeroed` and `realloc` through the global allocator
+//! (this binary's counting `#[global_allocator]`), on the thread that runs the generation, from
+//! one token's event reaching the sink to the next token's: that is one whole iteration of
+//! `Session::generate`'s loop (choosing the id, the stop checks, detokenizing, stop strings,
+//! streaming, submitting the step of the token after next, collecting the next one). Frees are
+//! not counted. Other threads (lavapipe's own workers) are not counted; they do not use Rust's
+//! allocator anyway.
+//!
+//! Whose allocation it is: the GPU path calls wgpu (`create_command_encoder`,
+//! `begin_compute_pass`, the pass's commands, `submit`, `on_submitted_work_done`, `map_async`,
+//! the error scopes, ...), which allocates inside itself; that is wgpu's floor and outside the
+//! engine's control. Each counted allocation's stack is captured (`std::backtrace`, with the
+//! counting switched off while capturing) and resolved after the generation: walking from the
+//! allocator outwards past the standard library and generic containers (`alloc`, `core`, `std`,
+//! `hashbrown`, `smallvec`, `arrayvec`), the first frame names whose allocation it is. A frame
+//! in `wgpu`, `wgpu_core`, `wgpu_hal`, `wgpu_types`, `naga`, `ash`, `gpu_alloc` or
+//! `gpu_descriptor` makes it wgpu's; anything else (numr, boostr, cera, a helper crate such as
+//! pollster, an unresolved frame) makes it ours, so a misattribution can only make the test
+//! stricter. Where wgpu boxes a callback we hand it (`map_async`, `on_submitted_work_done`), the
+//! `Box` is made inside wgpu and counts as wgpu's: its API takes the closure by value.
+//!
+//! Asserted: ours is zero at every measured step; wgpu's floor is reported (on lavapipe 68 or
+//! 69 allocations a step, from encoding, the pass's commands, submitting and mapping). Zero of
+//! ours also says that a step creates no GPU buffer and no bind group: numr's buffer pool makes
+//! an `Arc` per buffer it hands out (a reused one too), and its bind-group cache a key per
+//! group. The structural budget stays: a decode step is one compute pass in one submit.
+//!
+//! Warm-up: a first generation of the same tokens, so that the tokenizer has looked up the
+//! pieces of these ids (each once, then kept) and every buffer a step reuses has grown.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::backtrace::Backtrace;
+use std::cell::{Cell, RefCell};
+use std::path::PathBuf;
+
+use cera::engine::{DeviceChoice, Engine, GenerateOpts, LoadOptions, TokenEvent};
+
+struct Counting;
+
+thread_local! {
+    /// Allocations on this thread are recorded.
+    static TRACK: Cell<bool> = const { Cell::new(false) };
+    /// Inside the recorder itself (its own allocations pass through).
+    static BUSY: Cell<bool> = const { Cell::new(false) };
+    /// The stack of every recorded allocation, in order.
+    static LOG: RefCell<Vec<Backtrace>> = const { RefCell::new(Vec::new()) };
+}
+
+fn record() {
+    if !TRACK.with(Cell::get) || BUSY.with(Cell::get) {
+        return;
+    }
+    BUSY.with(|b| b.set(true));
+    let bt = Backtrace::force_capture();
+    LOG.with(|l| l.borrow_mut().push(bt));
+    BUSY.with(|b| b.set(false));
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        record();
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        record();
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        record();
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// Crates whose frames are passed over to find the caller: the standard library and generic
+/// containers.
+const PASS: [&str; 6] = ["std", "core", "alloc", "hashbrown", "smallvec", "arrayvec"];
+/// wgpu and what it allocates through.
+const WGPU: [&str; 8] = ["wgpu", "wgpu_core", "wgpu_hal", "wgpu_types", "naga", "ash", "gpu_alloc", "gpu_descriptor"];
+/// Source folders of this workspace (its frames carry line tables, so their names are short).
+const OURS: [&str; 4] = ["numr/src/", "boostr/src/", "cera/src/", "cera/tests/"];
+
+/// The crate a frame belongs to: from its file where that is a dependency's source
+/// (`.../wgpu-30.0.2/src/...` -> `wgpu`, a generic instantiated in our code), else from its
+/// demangled symbol (`<wgpu_core::X as core::ops::Drop>::drop` -> `wgpu_core`; `<C as
+/// wgpu_hal::Trait>::f` -> `wgpu_hal`).
+fn crate_of<'a>(symbol: &'a str, at: &'a str) -> &'a str {
+    for root in ["/registry/src/", "/rust/deps/"] {
+        if let Some(i) = at.find(root) {
+            let rest = &at[i + root.len()..];
+            // `index.crates.io-HASH/NAME-VERSION/...` or `NAME-VERSION/...`.
+            let dir = if root == "/registry/src/" { rest.split('/').nth(1) } else { rest.split('/').next() };
+            if let Some(d) = dir {
+                return d.rsplit_once('-').map_or(d, |(name, _)| name);
+            }
+        }
+    }
+    let s = symbol.trim_start_matches('<').trim_start_matches('&').trim_start_matches("mut ").trim_start_matches("dyn ");
+    if let Some((ty, tr)) = s.split_once(" as ")
+        && !ty.contains("::")
+    {
+        return tr.split("::").next().unwrap_or(tr);
+    }
+    s.split("::").next().unwrap_or(s)
+}
+
+/// Whose allocation: `(true, _)` wgpu's, `(false, frame)` ours, named by its first frame
+/// outside the allocator and [`PASS`].
+fn owner(bt: &Backtrace) -> (bool, String) {
+    // `N: symbol` lines, each followed by `at file:line:col` where the frame has line tables.
+    let text = format!("{bt}");
+    let mut frames: Vec<(String, String)> = Vec::new();
+    for l in text.lines().map(str::trim_start) {
+        if let Some(at) = l.strip_prefix("at ") {
+            if let Some(f) = frames.last_mut() {
+                f.1 = at.to_string();
+            }
+        } else if let Some((n, rest)) = l.split_once(": ")
+            && n.chars().all(|c| c.is_ascii_digit())
+        {
+            frames.push((rest.trim().to_string(), String::new()));
+        }
+    }
+    // The frames above the allocator's entry point are the capture and the counting allocator.
+    let shim = frames.iter().position(|(f, _)| f.starts_with("__rust_alloc") || f.starts_with("__rust_realloc")).map_or(0, |i| i + 1);
+    for (f, at) in &frames[shim..] {
+        let c = crate_of(f, at);
+        if at.contains("library/") || PASS.contains(&c.replace('-', "_").as_str()) {
+            continue;
+        }
+        if OURS.iter().any(|o| at.contains(o)) {
+            return (false, format!("{f} at {at}"));
+        }
+        return (WGPU.contains(&c.replace('-', "_").as_str()), format!("{f} {at}"));
+    }
+    (false, "<no frame outside the standard library>".into())
+}
+
+/// Per measured step: (wgpu's allocations, ours with their first frames).
+type Steps = Vec<(usize, Vec<String>)>;
+
+/// Generates `n` tokens greedily, recording allocations from each event to the next, and
+/// attributes those of events `skip..n` (steps after warm-up).
+fn measure(e: &Engine, prompt: &str, n: usize, skip: usize) -> Steps {
+    let mut s = e.session().unwrap();
+    s.append_text(prompt).unwrap();
+    let opts = GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(n) };
+    // Where each event's log starts (pushed with recording off).
+    let mut marks: Vec<usize> = Vec::with_capacity(n + 1);
+    LOG.with(|l| l.borrow_mut().clear());
+    let g = s
+        .generate(&opts, &mut |_: &TokenEvent| {
+            TRACK.with(|t| t.set(false));
+            marks.push(LOG.with(|l| l.borrow().len()));
+            TRACK.with(|t| t.set(true));
+        })
+        .unwrap();
+    TRACK.with(|t| t.set(false));
+    assert_eq!(g.ids.len(), n, "{g:?}");
+    assert_eq!(marks.len(), n, "one event per token");
+    if e.is_gpu() {
+        // The structural budget: a greedy decode step is one submit of one compute pass.
+        let c = s.last_step_counters();
+        assert_eq!((c.passes, c.submits), (1, 1), "{c:?}");
+    }
+    let log = LOG.with(|l| std::mem::take(&mut *l.borrow_mut()));
+    marks
+        .windows(2)
+        .skip(skip)
+        .map(|w| {
+            let mut wgpu = 0;
+            let mut ours = Vec::new();
+            for bt in &log[w[0]..w[1]] {
+                match owner(bt) {
+                    (true, _) => wgpu += 1,
+                    (false, f) => ours.push(f),
+                }
+            }
+            (wgpu, ours)
+        })
+        .collect()
+}
+
+fn llama_tiny() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/hf/llama-tiny")
+}
+
+fn check(device: DeviceChoice) {
+    // wgpu's lock tracing (debug builds) captures a backtrace under std's backtrace lock, where
+    // the counting allocator would capture one too: library backtraces off (panics keep theirs).
+    // SAFETY: set before any thread reads it (the engine is not loaded yet).
+    unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
+    let opts = LoadOptions { device, n_ctx: Some(128), threads: Some(2), ..Default::default() };
+    let e = Engine::load(llama_tiny(), &opts, None).unwrap();
+    // A first generation of the same tokens warms every cache: the pools, the recordings'
+    // capacities, the tokenizer's pieces of these ids (each id's piece is looked up once and
+    // kept; HF's lookup builds its whole vocabulary map).
+    measure(&e, "Hello there", 24, 0);
+    let steps = measure(&e, "Hello there", 24, 4);
+    let ours: Vec<_> = steps.iter().enumerate().filter(|(_, s)| !s.1.is_empty()).collect();
+    let wgpu: Vec<usize> = steps.iter().map(|s| s.0).collect();
+    eprintln!("{device:?}: per step after warm-up: wgpu's allocations {wgpu:?}, ours {:?}", steps.iter().map(|s| s.1.len()).collect::<Vec<_>>());
+    for (i, (_, frames)) in &ours {
+        let mut f = frames.clone();
+        f.sort();
+        f.dedup();
+        eprintln!("step {i}: ours {} ({f:#?})", frames.len());
+    }
+    assert!(ours.is_empty(), "{device:?}: a greedy decode step allocated on the host heap (see above)");
+}
+
+#[test]
+fn a_greedy_gpu_decode_step_allocates_nothing_of_ours() {
+    if numr::testing::test_gpu().is_none() {
+        return;
+    }
+    check(DeviceChoice::Gpu);
+}
