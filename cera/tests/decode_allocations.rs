@@ -1,13 +1,13 @@
 //! A greedy decode step allocates nothing on the host heap after warm-up, on the GPU executor
-//! (lavapipe in CI) and on the CPU executor.
+//! (lavapipe in CI); on the CPU executor, nothing outside the executor itself.
 //!
 //! What is counted: every `alloc`, `alloc_zeroed` and `realloc` through the global allocator
-//! (this binary's counting `#[global_allocator]`), on the thread that runs the generation, from
-//! one token's event reaching the sink to the next token's: that is one whole iteration of
-//! `Session::generate`'s loop (choosing the id, the stop checks, detokenizing, stop strings,
-//! streaming, submitting the step of the token after next, collecting the next one). Frees are
-//! not counted. Other threads (lavapipe's own workers) are not counted; they do not use Rust's
-//! allocator anyway.
+//! (this binary's counting `#[global_allocator]`), on every thread (the CPU executor's workers
+//! too; lavapipe's threads do not use Rust's allocator), from one token's event reaching the
+//! sink to the next token's: that is one whole iteration of `Session::generate`'s loop
+//! (choosing the id, the stop checks, detokenizing, stop strings, streaming, submitting the step
+//! of the token after next, collecting the next one). Frees are not counted. The two tests
+//! measure one at a time.
 //!
 //! Whose allocation it is: the GPU path calls wgpu (`create_command_encoder`,
 //! `begin_compute_pass`, the pass's commands, `submit`, `on_submitted_work_done`, `map_async`,
@@ -18,45 +18,65 @@
 //! `hashbrown`, `smallvec`, `arrayvec`), the first frame names whose allocation it is. A frame
 //! in `wgpu`, `wgpu_core`, `wgpu_hal`, `wgpu_types`, `naga`, `ash`, `gpu_alloc` or
 //! `gpu_descriptor` makes it wgpu's; anything else (numr, boostr, cera, a helper crate such as
-//! pollster, an unresolved frame) makes it ours, so a misattribution can only make the test
-//! stricter. Where wgpu boxes a callback we hand it (`map_async`, `on_submitted_work_done`), the
-//! `Box` is made inside wgpu and counts as wgpu's: its API takes the closure by value.
+//! pollster or tokenizers, an unresolved frame) makes it ours, so a misattribution can only
+//! make the test stricter. Where wgpu boxes a callback we hand it (`map_async`,
+//! `on_submitted_work_done`), the `Box` is made inside wgpu and counts as wgpu's: its API takes
+//! the closure by value. Nothing in the libraries exists for this test: it costs release builds
+//! nothing.
 //!
-//! Asserted: ours is zero at every measured step; wgpu's floor is reported (on lavapipe 68 or
-//! 69 allocations a step, from encoding, the pass's commands, submitting and mapping). Zero of
-//! ours also says that a step creates no GPU buffer and no bind group: numr's buffer pool makes
-//! an `Arc` per buffer it hands out (a reused one too), and its bind-group cache a key per
-//! group. The structural budget stays: a decode step is one compute pass in one submit.
+//! Asserted on the GPU: ours is zero at every measured step (it was about 376 of 451 a token
+//! before: a label `Arc<str>` per dispatch, the recording's lists, a staging buffer's `Arc`, a
+//! channel, the readback's `Vec`s, pollster's wakers, the detokenizer's and stop matcher's
+//! `String`s, and a Hugging Face tokenizer building its vocabulary map per token). wgpu's floor
+//! is reported: 75 a step on lavapipe, from encoding, the pass's commands, submitting and
+//! mapping. Zero of ours also says that a step creates no GPU buffer and no bind group: numr's
+//! buffer pool makes an `Arc` per buffer it hands out (a reused one too), and its bind-group
+//! cache a key per group. The structural budget stays: a decode step is one compute pass in
+//! one submit.
+//!
+//! On the CPU executor the session's part is zero as well; the executor's own allocations (41
+//! a step on this model: scratch rows in attention and the linear layers, the boostr reference
+//! norm, activation, embedding and KV rounding it calls, top-k, the worker pool's job) are
+//! counted and printed, and not yet removed.
 //!
 //! Warm-up: a first generation of the same tokens, so that the tokenizer has looked up the
 //! pieces of these ids (each once, then kept) and every buffer a step reuses has grown.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::backtrace::Backtrace;
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use cera::engine::{DeviceChoice, Engine, GenerateOpts, LoadOptions, TokenEvent};
 
 struct Counting;
 
+/// Allocations on every thread are recorded (the CPU executor's workers too).
+static TRACK: AtomicBool = AtomicBool::new(false);
+/// The stack of every recorded allocation, in order.
+static LOG: Mutex<Vec<Backtrace>> = Mutex::new(Vec::new());
+/// One measurement at a time (the tests of this file run in parallel otherwise).
+static ONE: Mutex<()> = Mutex::new(());
+
 thread_local! {
-    /// Allocations on this thread are recorded.
-    static TRACK: Cell<bool> = const { Cell::new(false) };
     /// Inside the recorder itself (its own allocations pass through).
     static BUSY: Cell<bool> = const { Cell::new(false) };
-    /// The stack of every recorded allocation, in order.
-    static LOG: RefCell<Vec<Backtrace>> = const { RefCell::new(Vec::new()) };
 }
 
 fn record() {
-    if !TRACK.with(Cell::get) || BUSY.with(Cell::get) {
+    if !TRACK.load(Ordering::Relaxed) || BUSY.with(Cell::get) {
         return;
     }
     BUSY.with(|b| b.set(true));
     let bt = Backtrace::force_capture();
-    LOG.with(|l| l.borrow_mut().push(bt));
+    LOG.lock().unwrap_or_else(|p| p.into_inner()).push(bt);
     BUSY.with(|b| b.set(false));
+}
+
+fn logged() -> usize {
+    LOG.lock().unwrap_or_else(|p| p.into_inner()).len()
 }
 
 // SAFETY: every call is forwarded to the system allocator unchanged.
@@ -156,15 +176,15 @@ fn measure(e: &Engine, prompt: &str, n: usize, skip: usize) -> Steps {
     let opts = GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(n) };
     // Where each event's log starts (pushed with recording off).
     let mut marks: Vec<usize> = Vec::with_capacity(n + 1);
-    LOG.with(|l| l.borrow_mut().clear());
+    LOG.lock().unwrap().clear();
     let g = s
         .generate(&opts, &mut |_: &TokenEvent| {
-            TRACK.with(|t| t.set(false));
-            marks.push(LOG.with(|l| l.borrow().len()));
-            TRACK.with(|t| t.set(true));
+            TRACK.store(false, Ordering::Relaxed);
+            marks.push(logged());
+            TRACK.store(true, Ordering::Relaxed);
         })
         .unwrap();
-    TRACK.with(|t| t.set(false));
+    TRACK.store(false, Ordering::Relaxed);
     assert_eq!(g.ids.len(), n, "{g:?}");
     assert_eq!(marks.len(), n, "one event per token");
     if e.is_gpu() {
@@ -172,7 +192,7 @@ fn measure(e: &Engine, prompt: &str, n: usize, skip: usize) -> Steps {
         let c = s.last_step_counters();
         assert_eq!((c.passes, c.submits), (1, 1), "{c:?}");
     }
-    let log = LOG.with(|l| std::mem::take(&mut *l.borrow_mut()));
+    let log = std::mem::take(&mut *LOG.lock().unwrap());
     marks
         .windows(2)
         .skip(skip)
@@ -194,7 +214,14 @@ fn llama_tiny() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/hf/llama-tiny")
 }
 
+/// Whether an allocation of ours is the CPU executor's own (its kernels, its scratch, the boostr
+/// references it calls): counted and reported, not yet removed (see the module docs).
+fn cpu_executor(frame: &str) -> bool {
+    frame.contains("src/engine/cpu/") || frame.contains("boostr/src/")
+}
+
 fn check(device: DeviceChoice) {
+    let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
     // wgpu's lock tracing (debug builds) captures a backtrace under std's backtrace lock, where
     // the counting allocator would capture one too: library backtraces off (panics keep theirs).
     // SAFETY: set before any thread reads it (the engine is not loaded yet).
@@ -205,17 +232,27 @@ fn check(device: DeviceChoice) {
     // capacities, the tokenizer's pieces of these ids (each id's piece is looked up once and
     // kept; HF's lookup builds its whole vocabulary map).
     measure(&e, "Hello there", 24, 0);
-    let steps = measure(&e, "Hello there", 24, 4);
-    let ours: Vec<_> = steps.iter().enumerate().filter(|(_, s)| !s.1.is_empty()).collect();
+    let mut steps = measure(&e, "Hello there", 24, 4);
+    let executor: Vec<usize> = steps
+        .iter_mut()
+        .map(|(_, ours)| {
+            let n = ours.len();
+            if device == DeviceChoice::Cpu {
+                ours.retain(|f| !cpu_executor(f));
+            }
+            n - ours.len()
+        })
+        .collect();
     let wgpu: Vec<usize> = steps.iter().map(|s| s.0).collect();
-    eprintln!("{device:?}: per step after warm-up: wgpu's allocations {wgpu:?}, ours {:?}", steps.iter().map(|s| s.1.len()).collect::<Vec<_>>());
-    for (i, (_, frames)) in &ours {
+    let ours: Vec<usize> = steps.iter().map(|s| s.1.len()).collect();
+    eprintln!("{device:?}: per step after warm-up: wgpu's allocations {wgpu:?}, the CPU executor's {executor:?}, ours besides {ours:?}");
+    for (i, (_, frames)) in steps.iter().enumerate().filter(|(_, s)| !s.1.is_empty()) {
         let mut f = frames.clone();
         f.sort();
         f.dedup();
         eprintln!("step {i}: ours {} ({f:#?})", frames.len());
     }
-    assert!(ours.is_empty(), "{device:?}: a greedy decode step allocated on the host heap (see above)");
+    assert!(ours.iter().all(|&n| n == 0), "{device:?}: a greedy decode step allocated on the host heap (see above)");
 }
 
 #[test]
@@ -224,4 +261,11 @@ fn a_greedy_gpu_decode_step_allocates_nothing_of_ours() {
         return;
     }
     check(DeviceChoice::Gpu);
+}
+
+/// The session's part of a CPU step (choosing, streaming, stop checks) allocates nothing; the
+/// executor's own allocations are reported.
+#[test]
+fn a_greedy_cpu_decode_step_allocates_nothing_outside_the_executor() {
+    check(DeviceChoice::Cpu);
 }
