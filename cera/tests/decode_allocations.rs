@@ -133,9 +133,10 @@ fn crate_of<'a>(symbol: &'a str, at: &'a str) -> &'a str {
     s.split("::").next().unwrap_or(s)
 }
 
-/// Whose allocation: `(true, _)` wgpu's, `(false, frame)` ours, named by its first frame
-/// outside the allocator and [`PASS`].
-fn owner(bt: &Backtrace) -> (bool, String) {
+/// Whose allocation: `Some((true, _))` wgpu's, `Some((false, frame))` ours, named by its first
+/// frame outside the allocator and [`PASS`]; `None` for the test harness's own thread (its
+/// "running for over 60 seconds" notes).
+fn owner(bt: &Backtrace) -> Option<(bool, String)> {
     // `N: symbol` lines, each followed by `at file:line:col` where the frame has line tables.
     let text = format!("{bt}");
     let mut frames: Vec<(String, String)> = Vec::new();
@@ -150,6 +151,9 @@ fn owner(bt: &Backtrace) -> (bool, String) {
             frames.push((rest.trim().to_string(), String::new()));
         }
     }
+    if frames.iter().any(|(f, _)| f.contains("run_tests_console")) {
+        return None;
+    }
     // The frames above the allocator's entry point are the capture and the counting allocator.
     let shim = frames.iter().position(|(f, _)| f.starts_with("__rust_alloc") || f.starts_with("__rust_realloc")).map_or(0, |i| i + 1);
     for (f, at) in &frames[shim..] {
@@ -158,11 +162,11 @@ fn owner(bt: &Backtrace) -> (bool, String) {
             continue;
         }
         if OURS.iter().any(|o| at.contains(o)) {
-            return (false, format!("{f} at {at}"));
+            return Some((false, format!("{f} at {at}")));
         }
-        return (WGPU.contains(&c.replace('-', "_").as_str()), format!("{f} {at}"));
+        return Some((WGPU.contains(&c.replace('-', "_").as_str()), format!("{f} {at}")));
     }
-    (false, "<no frame outside the standard library>".into())
+    Some((false, "<no frame outside the standard library>".into()))
 }
 
 /// Per measured step: (wgpu's allocations, ours with their first frames).
@@ -201,8 +205,9 @@ fn measure(e: &Engine, prompt: &str, n: usize, skip: usize) -> Steps {
             let mut ours = Vec::new();
             for bt in &log[w[0]..w[1]] {
                 match owner(bt) {
-                    (true, _) => wgpu += 1,
-                    (false, f) => ours.push(f),
+                    Some((true, _)) => wgpu += 1,
+                    Some((false, f)) => ours.push(f),
+                    None => {}
                 }
             }
             (wgpu, ours)
