@@ -13,13 +13,13 @@
 //! `begin_compute_pass`, the pass's commands, `submit`, `on_submitted_work_done`, `map_async`,
 //! the error scopes, ...), which allocates inside itself; that is wgpu's floor and outside the
 //! engine's control. Each counted allocation's stack is captured (`std::backtrace`, with the
-//! counting switched off while capturing) and resolved after the generation: walking from the
+//! counting switched off while capturing) and resolved after the generation, walking from the
 //! allocator outwards past the standard library and generic containers (`alloc`, `core`, `std`,
-//! `hashbrown`, `smallvec`, `arrayvec`), the first frame names whose allocation it is. A frame
-//! in `wgpu`, `wgpu_core`, `wgpu_hal`, `wgpu_types`, `naga`, `ash`, `gpu_alloc` or
-//! `gpu_descriptor` makes it wgpu's; anything else (numr, boostr, cera, a helper crate such as
-//! pollster or tokenizers, an unresolved frame) makes it ours, so a misattribution can only
-//! make the test stricter. Where wgpu boxes a callback we hand it (`map_async`,
+//! `hashbrown`, `smallvec`, `arrayvec`): a frame in `wgpu`, `wgpu_core`, `wgpu_hal`,
+//! `wgpu_types`, `naga`, `ash`, `gpu_alloc` or `gpu_descriptor` met before any frame of this
+//! workspace (numr, boostr, cera) makes it wgpu's, with the helper crates wgpu calls; a frame of
+//! the workspace met first makes it ours, with the crates we call (pollster, tokenizers, ...),
+//! and so does a stack with neither, so a misattribution can only make the test stricter. Where wgpu boxes a callback we hand it (`map_async`,
 //! `on_submitted_work_done`), the `Box` is made inside wgpu and counts as wgpu's: its API takes
 //! the closure by value. Nothing in the libraries exists for this test: it costs release builds
 //! nothing.
@@ -106,8 +106,11 @@ static ALLOC: Counting = Counting;
 const PASS: [&str; 6] = ["std", "core", "alloc", "hashbrown", "smallvec", "arrayvec"];
 /// wgpu and what it allocates through.
 const WGPU: [&str; 8] = ["wgpu", "wgpu_core", "wgpu_hal", "wgpu_types", "naga", "ash", "gpu_alloc", "gpu_descriptor"];
-/// Source folders of this workspace (its frames carry line tables, so their names are short).
-const OURS: [&str; 4] = ["numr/src/", "boostr/src/", "cera/src/", "cera/tests/"];
+/// Source folders of this workspace (its frames carry line tables, so their names are short;
+/// this crate's own files show as `./src/..`, `./tests/..`).
+const OURS: [&str; 5] = ["numr/src/", "boostr/src/", "cera/src/", "cera/tests/", "./tests/"];
+/// This workspace's crates, where a frame has a symbol's path but no file.
+const WORKSPACE: [&str; 4] = ["numr", "boostr", "cera", "decode_allocations"];
 
 /// The crate a frame belongs to: from its file where that is a dependency's source
 /// (`.../wgpu-30.0.2/src/...` -> `wgpu`, a generic instantiated in our code), else from its
@@ -156,17 +159,23 @@ fn owner(bt: &Backtrace) -> Option<(bool, String)> {
     }
     // The frames above the allocator's entry point are the capture and the counting allocator.
     let shim = frames.iter().position(|(f, _)| f.starts_with("__rust_alloc") || f.starts_with("__rust_realloc")).map_or(0, |i| i + 1);
+    // Outwards from the allocator: a wgpu frame before any of ours makes it wgpu's (with the
+    // helper crates wgpu calls); one of ours first makes it ours (with the crates we call).
+    let mut first = None;
     for (f, at) in &frames[shim..] {
-        let c = crate_of(f, at);
-        if at.contains("library/") || PASS.contains(&c.replace('-', "_").as_str()) {
+        let c = crate_of(f, at).replace('-', "_");
+        if at.contains("library/") || PASS.contains(&c.as_str()) {
             continue;
         }
-        if OURS.iter().any(|o| at.contains(o)) {
-            return Some((false, format!("{f} at {at}")));
+        if WGPU.contains(&c.as_str()) {
+            return Some((true, format!("{f} {at}")));
         }
-        return Some((WGPU.contains(&c.replace('-', "_").as_str()), format!("{f} {at}")));
+        first.get_or_insert_with(|| format!("{f} {at}"));
+        if at.starts_with("./src/") || OURS.iter().any(|o| at.contains(o)) || WORKSPACE.contains(&c.as_str()) {
+            return Some((false, first.unwrap_or_default()));
+        }
     }
-    Some((false, "<no frame outside the standard library>".into()))
+    Some((false, first.unwrap_or_else(|| "<no frame outside the standard library>".into())))
 }
 
 /// Per measured step: (wgpu's allocations, ours with their first frames).
