@@ -233,69 +233,85 @@ impl Chooser<'_> {
     }
 }
 
-/// A token's event, held while its text may still be extended by the end of the generation.
-struct Held {
-    id: u32,
-    text: String,
-    top: Vec<(u32, f32)>,
-}
-
-/// Streams text: detokenizes, holds back possible stop strings, and delivers events.
+/// Streams text: detokenizes, holds back possible stop strings, and delivers events. Its text
+/// buffers are reused from token to token (a step allocates nothing here).
 struct Stream<'t, 's, S: Sink + ?Sized> {
     decoder: StreamDecoder<'t>,
     matcher: StopMatcher,
-    held: Option<Held>,
+    /// A token's event, held while its text (`held_text`) may still be extended by the end of
+    /// the generation.
+    held: Option<(u32, Vec<(u32, f32)>)>,
+    held_text: String,
+    /// The current token's decoded piece and the text it makes safe to show.
+    piece: String,
+    emit: String,
     text: String,
     sink: &'s mut S,
 }
 
-impl<S: Sink + ?Sized> Stream<'_, '_, S> {
-    fn deliver(&mut self, h: Held) {
-        self.text.push_str(&h.text);
-        self.sink.token(&TokenEvent { id: h.id, text: &h.text, top_logprobs: &h.top });
+/// Appends an event's text to the generation's and hands the event to the sink.
+fn deliver<S: Sink + ?Sized>(all: &mut String, sink: &mut S, id: u32, text: &str, top: &[(u32, f32)]) {
+    all.push_str(text);
+    sink.token(&TokenEvent { id, text, top_logprobs: top });
+}
+
+impl<'t, 's, S: Sink + ?Sized> Stream<'t, 's, S> {
+    fn new(decoder: StreamDecoder<'t>, matcher: StopMatcher, text: String, sink: &'s mut S) -> Self {
+        Stream { decoder, matcher, held: None, held_text: String::new(), piece: String::new(), emit: String::new(), text, sink }
     }
 
-    /// Text still held back at the end: an unfinished character (as U+FFFD) and an unfinished
-    /// stop-string prefix.
-    fn release(&mut self) -> String {
-        let rest = self.decoder.finish();
-        let step = self.matcher.push(&rest);
-        if step.stopped { step.emit } else { step.emit + &self.matcher.finish() }
+    /// Appends the text still held back at the end to `out`: an unfinished character (as
+    /// U+FFFD) and an unfinished stop-string prefix.
+    fn release(decoder: &mut StreamDecoder<'_>, matcher: &mut StopMatcher, scratch: &mut String, out: &mut String) {
+        scratch.clear();
+        decoder.finish_into(scratch);
+        if !matcher.push_into(scratch, out) {
+            matcher.finish_into(out);
+        }
     }
 
     /// A generated token; `last`: generation ends after it. Returns whether a stop string was
     /// completed (generation ends).
     fn token(&mut self, id: u32, top: Vec<(u32, f32)>, last: bool) -> Result<bool, EngineError> {
-        let piece = self.decoder.push(id)?;
-        let step = self.matcher.push(&piece);
-        if let Some(h) = self.held.take() {
-            self.deliver(h);
+        self.piece.clear();
+        self.decoder.push_into(id, &mut self.piece)?;
+        self.emit.clear();
+        let stopped = self.matcher.push_into(&self.piece, &mut self.emit);
+        if let Some((hid, htop)) = self.held.take() {
+            deliver(&mut self.text, self.sink, hid, &self.held_text, &htop);
         }
-        let mut ev = Held { id, text: step.emit, top };
-        if step.stopped {
-            self.deliver(ev);
+        if stopped {
+            deliver(&mut self.text, self.sink, id, &self.emit, &top);
             return Ok(true);
         }
         if last {
-            ev.text.push_str(&self.release());
-            self.deliver(ev);
+            Self::release(&mut self.decoder, &mut self.matcher, &mut self.piece, &mut self.emit);
+            deliver(&mut self.text, self.sink, id, &self.emit, &top);
         } else if !self.matcher.held().is_empty() || !self.decoder.pending_bytes().is_empty() {
-            self.held = Some(ev);
+            std::mem::swap(&mut self.held_text, &mut self.emit);
+            self.held = Some((id, top));
         } else {
-            self.deliver(ev);
+            deliver(&mut self.text, self.sink, id, &self.emit, &top);
         }
         Ok(false)
     }
 
     /// Generation ended for a reason other than the last token itself.
     fn end(&mut self) {
-        let rest = self.release();
-        if let Some(mut h) = self.held.take() {
-            h.text.push_str(&rest);
-            self.deliver(h);
+        self.emit.clear();
+        Self::release(&mut self.decoder, &mut self.matcher, &mut self.piece, &mut self.emit);
+        if let Some((hid, htop)) = self.held.take() {
+            self.held_text.push_str(&self.emit);
+            deliver(&mut self.text, self.sink, hid, &self.held_text, &htop);
         }
     }
 }
+
+/// Bytes of the generation's text reserved per token it may generate (at most
+/// [`TEXT_RESERVE_MAX`] in all); past that the text grows by doubling, a handful of
+/// allocations in a whole generation.
+const TEXT_RESERVE_PER_TOKEN: usize = 16;
+const TEXT_RESERVE_MAX: usize = 64 << 10;
 
 /// Collects and drops the outstanding steps (after an error or a stop seen one step late).
 fn drain(state: &mut dyn BackendState) {
@@ -417,16 +433,17 @@ impl Session {
             return Ok(res);
         }
 
-        // Decoding.
+        // Decoding. What grows by a token a step is reserved for every token that can come, so
+        // that a step allocates nothing.
         let decode_start = Instant::now();
+        let room = opts.max_tokens.min(n_ctx - self.seq.len()) + 1;
+        res.ids.reserve(room);
+        self.seq.reserve(room);
+        self.cached.reserve((self.seq.len() + room).saturating_sub(self.cached.len()));
         let tok = &inner.tokenizer;
-        let mut stream = Stream {
-            decoder: StreamDecoder::with_options(tok, DecodeOptions { render_special: false, strip_space_prefix: false }),
-            matcher: StopMatcher::new(&opts.stop),
-            held: None,
-            text: String::new(),
-            sink,
-        };
+        let text = String::with_capacity((room * TEXT_RESERVE_PER_TOKEN).min(TEXT_RESERVE_MAX));
+        let decoder = StreamDecoder::with_options(tok, DecodeOptions { render_special: false, strip_space_prefix: false });
+        let mut stream = Stream::new(decoder, StopMatcher::new(&opts.stop), text, sink);
         let mut out = first_out;
         let result = loop {
             let position = self.seq.len();

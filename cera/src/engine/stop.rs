@@ -26,15 +26,26 @@ impl StopMatcher {
 
     /// Adds the next piece of decoded text.
     pub fn push(&mut self, piece: &str) -> StopStep {
+        let mut emit = String::new();
+        let stopped = self.push_into(piece, &mut emit);
+        StopStep { emit, stopped }
+    }
+
+    /// [`Self::push`], appending the text safe to emit to `emit`; returns whether a stop string
+    /// was completed. Allocates nothing once the held text's buffer has grown (beyond `emit`'s
+    /// growth).
+    pub fn push_into(&mut self, piece: &str, emit: &mut String) -> bool {
         self.held.push_str(piece);
         if self.stops.is_empty() {
-            return StopStep { emit: std::mem::take(&mut self.held), stopped: false };
+            emit.push_str(&self.held);
+            self.held.clear();
+            return false;
         }
         // The earliest complete stop string ends generation.
         if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
-            let emit = self.held[..at].to_string();
+            emit.push_str(&self.held[..at]);
             self.held.clear();
-            return StopStep { emit, stopped: true };
+            return true;
         }
         // Keep the longest suffix that is a proper prefix of a stop string.
         let keep = self
@@ -46,9 +57,9 @@ impl StopMatcher {
             .max()
             .unwrap_or(0);
         let cut = self.held.len() - keep;
-        let emit = self.held[..cut].to_string();
+        emit.push_str(&self.held[..cut]);
         self.held.drain(..cut);
-        StopStep { emit, stopped: false }
+        false
     }
 
     /// The text held back now (a proper prefix of some stop string, possibly empty).
@@ -59,6 +70,12 @@ impl StopMatcher {
     /// The text still held back, emitted when generation ends for another reason.
     pub fn finish(&mut self) -> String {
         std::mem::take(&mut self.held)
+    }
+
+    /// [`Self::finish`], appending to `out` (the held buffer is kept).
+    pub fn finish_into(&mut self, out: &mut String) {
+        out.push_str(&self.held);
+        self.held.clear();
     }
 }
 

@@ -35,6 +35,7 @@ mod unicode;
 mod vocab;
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 pub use stream::StreamDecoder;
 pub use vocab::{TokenAttr, TokenType, Vocab};
@@ -172,7 +173,14 @@ enum Inner {
 pub struct Tokenizer {
     inner: Inner,
     special: SpecialTokens,
+    /// Pieces the stream decoder looked up, kept per id (with and without special tokens
+    /// rendered), so that a generation loop detokenizes without allocating once it has seen
+    /// its ids.
+    stream_pieces: [OnceLock<PieceTable>; 2],
 }
+
+/// One kept piece per id ([`Tokenizer::piece_for_stream`]).
+type PieceTable = Box<[OnceLock<Box<[u8]>>]>;
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -189,21 +197,21 @@ impl Tokenizer {
     /// The tokenizer described by GGUF metadata.
     pub fn from_gguf_metadata(md: &Metadata) -> Result<Tokenizer, TokenizerError> {
         let (inner, special) = gguf_vocab::GgufTokenizer::from_metadata(md)?;
-        Ok(Tokenizer { inner: Inner::Gguf(Box::new(inner)), special })
+        Ok(Tokenizer { inner: Inner::Gguf(Box::new(inner)), special, stream_pieces: Default::default() })
     }
 
     /// A Hugging Face `tokenizer.json`; `tokenizer_config.json` beside it, if present, supplies
     /// the BOS/EOS tokens.
     pub fn from_hf_file(path: impl Into<PathBuf>) -> Result<Tokenizer, TokenizerError> {
         let (inner, special) = hf::HfTokenizer::from_file(path.into())?;
-        Ok(Tokenizer { inner: Inner::Hf(Box::new(inner)), special })
+        Ok(Tokenizer { inner: Inner::Hf(Box::new(inner)), special, stream_pieces: Default::default() })
     }
 
     /// A Hugging Face tokenizer from the bytes of `tokenizer.json` (and optionally
     /// `tokenizer_config.json`).
     pub fn from_hf_bytes(json: &[u8], config: Option<&[u8]>) -> Result<Tokenizer, TokenizerError> {
         let (inner, special) = hf::HfTokenizer::from_bytes(json, config)?;
-        Ok(Tokenizer { inner: Inner::Hf(Box::new(inner)), special })
+        Ok(Tokenizer { inner: Inner::Hf(Box::new(inner)), special, stream_pieces: Default::default() })
     }
 
     /// The algorithm.
@@ -286,8 +294,17 @@ impl Tokenizer {
         })
     }
 
-    pub(crate) fn piece_for_stream(&self, id: u32, render_special: bool) -> Result<Vec<u8>, TokenizerError> {
-        self.piece(id, render_special)
+    /// [`Self::piece`], computed once per id and kept.
+    /// (The table's length is the vocabulary's size: a Hugging Face tokenizer counts its
+    /// vocabulary by building it.)
+    pub(crate) fn piece_for_stream(&self, id: u32, render_special: bool) -> Result<&[u8], TokenizerError> {
+        let table = self.stream_pieces[render_special as usize].get_or_init(|| (0..self.vocab_size()).map(|_| OnceLock::new()).collect());
+        let cell = table.get(id as usize).ok_or(TokenizerError::InvalidTokenId { id, vocab_size: table.len() })?;
+        if let Some(p) = cell.get() {
+            return Ok(p);
+        }
+        let p = self.piece(id, render_special)?;
+        Ok(cell.get_or_init(|| p.into_boxed_slice()))
     }
 
     /// Whether encoding puts a space in front of the text (SentencePiece `add_space_prefix`, or

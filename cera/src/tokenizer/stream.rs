@@ -30,23 +30,38 @@ impl<'t> StreamDecoder<'t> {
 
     /// Adds one token and returns the text it completes (possibly empty).
     pub fn push(&mut self, id: u32) -> Result<String, TokenizerError> {
+        let mut out = String::new();
+        self.push_into(id, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Self::push`], appending the text to `out`. Once the decoder's buffer has grown and the
+    /// tokenizer has looked `id` up before, this allocates nothing beyond `out`'s growth.
+    pub fn push_into(&mut self, id: u32, out: &mut String) -> Result<(), TokenizerError> {
         let mut piece = self.tok.piece_for_stream(id, self.opts.render_special)?;
         if self.first && !piece.is_empty() {
             self.first = false;
             if self.opts.strip_space_prefix && self.tok.adds_space_prefix() && piece.first() == Some(&b' ') {
-                piece.remove(0);
+                piece = &piece[1..];
             }
         }
-        self.pending.extend_from_slice(&piece);
-        Ok(self.drain_complete())
+        self.pending.extend_from_slice(piece);
+        self.drain_complete(out);
+        Ok(())
     }
 
     /// Returns what is still held back (an unfinished character becomes U+FFFD) and resets.
     pub fn finish(&mut self) -> String {
-        let rest = String::from_utf8_lossy(&self.pending).into_owned();
+        let mut rest = String::new();
+        self.finish_into(&mut rest);
+        rest
+    }
+
+    /// [`Self::finish`], appending to `out`.
+    pub fn finish_into(&mut self, out: &mut String) {
+        out.push_str(&String::from_utf8_lossy(&self.pending));
         self.pending.clear();
         self.first = true;
-        rest
     }
 
     /// Bytes held back because they may start a character.
@@ -54,8 +69,7 @@ impl<'t> StreamDecoder<'t> {
         &self.pending
     }
 
-    fn drain_complete(&mut self) -> String {
-        let mut out = String::new();
+    fn drain_complete(&mut self, out: &mut String) {
         let mut start = 0;
         loop {
             match std::str::from_utf8(&self.pending[start..]) {
@@ -82,6 +96,5 @@ impl<'t> StreamDecoder<'t> {
             }
         }
         self.pending.drain(..start);
-        out
     }
 }

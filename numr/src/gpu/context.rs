@@ -322,9 +322,9 @@ impl GpuContext {
         let val = dev.push_error_scope(wgpu::ErrorFilter::Validation);
         let internal = dev.push_error_scope(wgpu::ErrorFilter::Internal);
         let out = f();
-        let e_int = pollster::block_on(internal.pop());
-        let e_val = pollster::block_on(val.pop());
-        let e_oom = pollster::block_on(oom.pop());
+        let e_int = resolve(internal.pop());
+        let e_val = resolve(val.pop());
+        let e_oom = resolve(oom.pop());
         if e_oom.is_some() {
             return Err(NumrError::OutOfMemory { context: context.to_string() });
         }
@@ -355,5 +355,15 @@ impl GpuContext {
     /// Polls the device (running the callbacks of finished work); a lost device is a typed error.
     pub(crate) fn poll(&self, kind: wgpu::PollType) -> Result<()> {
         self.inner.device.poll(kind).map(|_| ()).map_err(|e| NumrError::DeviceLost(e.to_string()))
+    }
+}
+
+/// The output of `fut`: polled once in place (a native adapter's error scope is ready at once),
+/// else blocked on. Unlike `pollster::block_on` alone, the ready case allocates nothing.
+fn resolve<F: std::future::Future>(fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    match fut.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+        std::task::Poll::Ready(v) => v,
+        std::task::Poll::Pending => pollster::block_on(fut),
     }
 }

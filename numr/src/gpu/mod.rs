@@ -23,4 +23,4 @@ pub use plan::{Plan, PlanDispatch, StepGrid, StepParam, StepValues};
 pub use pool::{BufferKind, GpuBuffer, PoolStats, size_class};
 pub use profiler::Profile;
 pub use recorder::{Recorded, Recorder};
-pub use submission::{PendingRead, Submission};
+pub use submission::{PendingRead, ReadTarget, Submission};

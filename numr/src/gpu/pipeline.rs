@@ -14,7 +14,8 @@ use crate::error::{NumrError, Result};
 /// A compiled kernel: its pipeline and the layout of its storage bindings.
 #[derive(Debug)]
 pub struct Kernel {
-    pub(crate) name: String,
+    /// Shared, so that recording a dispatch labels it without allocating.
+    pub(crate) name: Arc<str>,
     pub(crate) pipeline: wgpu::ComputePipeline,
     pub(crate) layout: wgpu::BindGroupLayout,
     pub(crate) layout_key: Vec<Access>,
@@ -201,7 +202,7 @@ impl GpuContext {
                 other => other,
             })?;
         let k = Arc::new(Kernel {
-            name: src.name.clone(),
+            name: src.name.as_str().into(),
             pipeline,
             layout,
             layout_key: src.bindings.clone(),

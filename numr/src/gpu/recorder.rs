@@ -5,11 +5,15 @@
 //! uniform arena per context bound at a dynamic offset. Nothing is created per dispatch: pipelines
 //! and bind groups come from the caches (or are built once by the caller with
 //! [`GpuContext::bind`]), and the arena buffer and its bind group are reused across submits.
+//! A step loop that keeps one recorder ([`Recorder::submit_and_clear`]) and reads back into
+//! targets made once ([`Recorder::read_into`]) records and submits without allocating: a
+//! dispatch's label is its kernel's shared name, and the recording's lists keep their capacity.
 
 use std::ops::Range;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use super::submission::{PendingRead, ReadSlot, Submission};
+use super::submission::{PendingRead, ReadSlot, ReadTarget, Submission};
 
 use super::capabilities::ParamMode;
 use super::context::GpuContext;
@@ -49,6 +53,35 @@ pub(crate) struct Recording {
     dispatches: usize,
     /// Readbacks recorded here: told their submission when it happens.
     reads: Vec<Arc<Mutex<ReadSlot>>>,
+    /// Completion flags of earlier submits, reused once nothing else holds them.
+    flags: Vec<Arc<AtomicBool>>,
+}
+
+/// Completion flags a recording keeps for reuse (more submits in flight get a new one each).
+const KEPT_FLAGS: usize = 8;
+
+impl Recording {
+    /// Empties the recording, keeping its lists' capacity (and its completion flags).
+    fn clear(&mut self) {
+        self.commands.clear();
+        self.params.clear();
+        self.keep.clear();
+        self.dispatches = 0;
+        self.reads.clear();
+    }
+
+    /// A completion flag for the next submit: one no submission holds any more, or a new one.
+    fn flag(&mut self) -> Arc<AtomicBool> {
+        if let Some(f) = self.flags.iter().find(|f| Arc::strong_count(f) == 1) {
+            f.store(false, std::sync::atomic::Ordering::Release);
+            return f.clone();
+        }
+        let f = Arc::new(AtomicBool::new(false));
+        if self.flags.len() < KEPT_FLAGS {
+            self.flags.push(f.clone());
+        }
+        f
+    }
 }
 
 impl GpuContext {
@@ -104,7 +137,7 @@ impl Recorder {
             });
         }
         if params.len() * 4 > kernel.param_bytes as usize {
-            return Err(NumrError::ParamsTooLarge { kernel: kernel.name.clone(), needed: params.len() * 4, limit: kernel.param_bytes as usize });
+            return Err(NumrError::ParamsTooLarge { kernel: kernel.name.to_string(), needed: params.len() * 4, limit: kernel.param_bytes as usize });
         }
         let max = self.ctx.inner.caps.limits.max_compute_workgroups_per_dimension;
         if grid.iter().any(|&g| g > max) {
@@ -126,7 +159,7 @@ impl Recorder {
             group: group.group.clone(),
             params: start..start + kernel.param_bytes as usize,
             grid,
-            label: kernel.name.as_str().into(),
+            label: kernel.name.clone(),
         });
         self.rec.dispatches += 1;
         Ok(())
@@ -167,6 +200,33 @@ impl Recorder {
     /// that submission only (not for work submitted after it), and [`PendingRead::is_ready`]
     /// asks without blocking. A decode loop records token t+1, submits it, then reads token t.
     pub fn read(&mut self, buf: &Arc<GpuBuffer>, offset: u64, len: u64) -> Result<PendingRead> {
+        let (start, end) = Self::read_span(buf, offset, len)?;
+        let target = self.ctx.read_target(end - start)?;
+        self.read_into(&target, buf, offset, len)
+    }
+
+    /// [`Self::read`] through `target`, a staging buffer made once with
+    /// [`GpuContext::read_target`]: nothing is allocated. Errors while the target's previous
+    /// read is outstanding (not yet waited for or dropped) or when the bytes do not fit it.
+    pub fn read_into(&mut self, target: &ReadTarget, buf: &Arc<GpuBuffer>, offset: u64, len: u64) -> Result<PendingRead> {
+        let (start, end) = Self::read_span(buf, offset, len)?;
+        if end - start > target.staging.capacity() {
+            return Err(NumrError::Validation {
+                context: "recording a readback".into(),
+                message: format!("{len} bytes at {offset} do not fit the read target of {} bytes", target.staging.capacity()),
+            });
+        }
+        target.claim()?;
+        if let Err(e) = self.copy(buf, start, &target.staging, 0, end - start) {
+            target.release();
+            return Err(e);
+        }
+        self.rec.reads.push(target.slot.clone());
+        Ok(PendingRead::new(self.ctx.clone(), target.staging.clone(), (offset - start) as usize, len as usize, target.slot.clone()))
+    }
+
+    /// The 4-aligned byte range `[start, end)` a readback of `len` bytes at `offset` copies.
+    fn read_span(buf: &Arc<GpuBuffer>, offset: u64, len: u64) -> Result<(u64, u64)> {
         let start = offset / 4 * 4;
         let end = (offset + len.max(1)).div_ceil(4) * 4;
         if end > buf.capacity() {
@@ -175,11 +235,7 @@ impl Recorder {
                 message: format!("{len} bytes at {offset} are past the end of {buf:?}"),
             });
         }
-        let staging = self.ctx.alloc(end - start, BufferKind::Readback)?;
-        self.copy(buf, start, &staging, 0, end - start)?;
-        let slot = Arc::new(Mutex::new(ReadSlot::default()));
-        self.rec.reads.push(slot.clone());
-        Ok(PendingRead::new(self.ctx.clone(), staging, (offset - start) as usize, len as usize, slot))
+        Ok((start, end))
     }
 
     /// A uniform buffer of at least `need` bytes and its bind group (the parameter arena layout).
@@ -281,24 +337,34 @@ impl Recorder {
     /// Work recorded earlier into the context's implicit stream (eager ops, `Tensor::zeros`
     /// clears, cache clears) is submitted first, so the GPU runs everything in the order the
     /// program asked for it, whichever path recorded it.
-    pub fn submit(self) -> Result<Submission> {
+    pub fn submit(mut self) -> Result<Submission> {
         self.submit_inner(None)
     }
 
-    fn submit_inner(&self, queries: Option<&QueryPlan>) -> Result<Submission> {
+    /// [`Self::submit`], leaving the recorder empty and ready for the next recording with the
+    /// memory of this one (its lists' capacity), so that a loop recording one step after another
+    /// into one recorder allocates nothing. The recording is dropped even when submitting fails.
+    pub fn submit_and_clear(&mut self) -> Result<Submission> {
+        let out = self.submit_inner(None);
+        self.rec.clear();
+        out
+    }
+
+    fn submit_inner(&mut self, queries: Option<&QueryPlan>) -> Result<Submission> {
         if self.rec.commands.is_empty() {
             return Ok(Submission::done(&self.ctx));
         }
         // The implicit stream's pending work, then this recording, under one hold of the lock.
-        let guard = self.ctx.inner.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let ctx = self.ctx.clone();
+        let guard = ctx.inner.submit_lock.lock().unwrap_or_else(|p| p.into_inner());
         if !self.is_stream {
-            self.ctx.flush_locked(&guard)?;
+            ctx.flush_locked(&guard)?;
         }
         self.submit_locked(queries, &guard)
     }
 
     /// Encodes and submits with the context's submit lock held by the caller.
-    pub(crate) fn submit_locked(&self, queries: Option<&QueryPlan>, _held: &std::sync::MutexGuard<'_, ()>) -> Result<Submission> {
+    pub(crate) fn submit_locked(&mut self, queries: Option<&QueryPlan>, _held: &std::sync::MutexGuard<'_, ()>) -> Result<Submission> {
         if self.rec.commands.is_empty() {
             return Ok(Submission::done(&self.ctx));
         }
@@ -313,7 +379,8 @@ impl Recorder {
             }
             self.ctx.inner.queue.submit([cmd])
         })?;
-        Ok(Submission::submitted(&self.ctx, index, &self.rec.reads))
+        let flag = self.rec.flag();
+        Ok(Submission::submitted(&self.ctx, index, &self.rec.reads, flag))
     }
 
     /// Encodes the recording now and returns it ready to submit later. Encoding is the CPU cost
@@ -337,7 +404,7 @@ impl Recorder {
 
     /// Submits with GPU timestamps around every dispatch (or every pass, where the adapter only
     /// has pass-level timestamps), waits, and returns the time per labelled dispatch.
-    pub fn submit_profiled(self) -> Result<Profile> {
+    pub fn submit_profiled(mut self) -> Result<Profile> {
         let labels: Vec<Arc<str>> =
             self.rec.commands.iter().filter_map(|c| if let Command::Dispatch { label, .. } = c { Some(label.clone()) } else { None }).collect();
         let plan = QueryPlan::new(&self.ctx, labels.len() as u32)?;
@@ -376,6 +443,6 @@ impl Recorded {
             }
             self.ctx.inner.queue.submit([cmd])
         })?;
-        Ok(Submission::submitted(&self.ctx, index, &self.reads))
+        Ok(Submission::submitted(&self.ctx, index, &self.reads, Arc::new(AtomicBool::new(false))))
     }
 }

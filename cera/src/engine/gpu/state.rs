@@ -18,7 +18,7 @@ use std::sync::Arc;
 use boostr::kv_cache::{KvCache, KvCacheConfig};
 use boostr::ops_common::{GpuView, OpPlan};
 use boostr::sampling::{ArgmaxPlan, MaskPlan, TopKPlan};
-use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, PendingRead, Plan, Recorder, StepValues};
+use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, PendingRead, Plan, ReadTarget, Recorder, StepValues};
 
 use super::super::EngineError;
 use super::super::backend::{
@@ -70,6 +70,10 @@ pub(crate) struct GpuState {
     has_last: bool,
     /// Submitted steps' readbacks, oldest first.
     pending: VecDeque<Reads>,
+    /// The recorder every step records into (kept, so that a step allocates nothing).
+    rec: Option<Recorder>,
+    /// Where argmax ids are read back to: one per step in flight, made once.
+    argmax_reads: Vec<ReadTarget>,
     counters: StepCounters,
     trace: StepTrace,
 }
@@ -139,6 +143,7 @@ impl GpuState {
         for r in reads {
             r.map_err(|e| dev_err(ctx, e))?.wait().map_err(|e| dev_err(ctx, e))?;
         }
+        let argmax_reads = (0..MAX_IN_FLIGHT).map(|_| ctx.read_target(4)).collect::<Result<Vec<_>, _>>().map_err(|e| dev_err(ctx, e))?;
         Ok(GpuState {
             ctx: ctx.clone(),
             graph: g.clone(),
@@ -160,7 +165,9 @@ impl GpuState {
             topk,
             mask: None,
             has_last: false,
-            pending: VecDeque::new(),
+            pending: VecDeque::with_capacity(MAX_IN_FLIGHT),
+            rec: Some(ctx.recorder()),
+            argmax_reads,
             counters: StepCounters::default(),
             trace: StepTrace::from_env(ctx),
         })
@@ -261,7 +268,12 @@ impl GpuState {
                     mask.record(rec, &step).map_err(ops_err)?;
                 }
                 self.argmax.record(rec, &step.with_token(0)).map_err(ops_err)?;
-                Reads::Argmax(rec.read(&self.ids, 4 * self.ubatch as u64, 4).map_err(|e| self.err(e))?)
+                let target = self.argmax_reads.iter().find(|t| !t.is_busy());
+                let read = match target {
+                    Some(t) => rec.read_into(t, &self.ids, 4 * self.ubatch as u64, 4),
+                    None => rec.read(&self.ids, 4 * self.ubatch as u64, 4),
+                };
+                Reads::Argmax(read.map_err(|e| self.err(e))?)
             }
             Want::TopK(k) => {
                 self.topk.record(rec, &step.with_token(0)).map_err(ops_err)?;
@@ -278,7 +290,7 @@ impl GpuState {
     fn collect_reads(&mut self, reads: Reads) -> Result<StepOutput, EngineError> {
         Ok(match reads {
             Reads::Nothing => StepOutput::Nothing,
-            Reads::Argmax(r) => StepOutput::Argmax(r.wait_u32().map_err(|e| self.err(e))?[0]),
+            Reads::Argmax(r) => StepOutput::Argmax(r.wait_with(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).map_err(|e| self.err(e))?),
             Reads::TopK(ids, vals, k) => {
                 let ids = ids.wait_u32().map_err(|e| self.err(e))?;
                 let vals = vals.wait().map_err(|e| self.err(e))?;
@@ -297,12 +309,14 @@ impl BackendState for GpuState {
         }
         let start = std::time::Instant::now();
         let traced = self.trace.start();
-        let mut rec = self.ctx.recorder();
+        let mut rec = self.rec.take().unwrap_or_else(|| self.ctx.recorder());
         let mut early = Some(StepCounters::default());
         let reads = self.record(&mut rec, input, pos, want, &mut early)?;
         let e = early.unwrap_or_default();
         let (dispatches, passes) = (e.dispatches + rec.dispatch_count(), e.passes + rec.pass_count());
-        rec.submit().map_err(|e| self.err(e))?;
+        let submitted = rec.submit_and_clear();
+        self.rec = Some(rec);
+        submitted.map_err(|e| self.err(e))?;
         self.counters = StepCounters { dispatches, passes, submits: e.submits + 1, host_ns: start.elapsed().as_nanos() as u64 };
         self.pending.push_back(reads);
         self.trace.submitted(traced);
