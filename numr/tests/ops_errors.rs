@@ -110,3 +110,19 @@ fn shapes_too_large_to_count_are_errors() {
     assert!(matches!(Tensor::from_bytes(&[], DType::F32, &huge, &Device::Cpu), Err(NumrError::InvalidView { .. })));
     assert!(matches!(Tensor::from_slice::<f32>(&[], &huge, &Device::Cpu), Err(NumrError::InvalidView { .. })));
 }
+
+#[test]
+fn buffer_ranges_past_the_end_are_errors() {
+    let Some(ctx) = test_gpu() else { return };
+    let buf = ctx.upload(&[0u8; 16]).unwrap();
+    let cap = buf.capacity();
+    let far = u64::MAX - 3; // offset + size overflows u64
+    assert!(matches!(ctx.write(&buf, far, &[0u8; 8]), Err(NumrError::Validation { .. })));
+    assert!(matches!(ctx.read_bytes(&buf, 0, cap + 4), Err(NumrError::Validation { .. })));
+    assert!(matches!(ctx.read_bytes(&buf, far, 8), Err(NumrError::Validation { .. })));
+    let r = ctx.with_stream(|rec| rec.copy(&buf, far - 3, &buf, 0, 8));
+    assert!(matches!(r, Err(NumrError::Validation { .. })), "{r:?}");
+    // In range, the same calls work.
+    ctx.write(&buf, 4, &[1, 2, 3, 4]).unwrap();
+    assert_eq!(ctx.read_bytes(&buf, 4, 4).unwrap(), vec![1, 2, 3, 4]);
+}
