@@ -2,6 +2,8 @@
 
 use half::{bf16, f16};
 
+use crate::error::{NumrError, Result};
+
 /// The element types a [`crate::Tensor`] can hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
@@ -95,27 +97,37 @@ element!(i32, DType::I32, |v| v as f64, |w| w as i32);
 element!(u32, DType::U32, |v| v as f64, |w| w as u32);
 element!(u8, DType::U8, |v| v as f64, |w| w as u8);
 
-/// Reads element `i` of a little-endian byte buffer of `dtype` as f64.
-#[inline]
-pub fn read_f64(dtype: DType, bytes: &[u8], i: usize) -> f64 {
+/// Element `i`'s bytes in a buffer of `len` bytes, or [`NumrError::InvalidView`].
+fn element_range(dtype: DType, len: usize, i: usize) -> Result<std::ops::Range<usize>> {
     let s = dtype.size();
-    let b = &bytes[i * s..i * s + s];
-    match dtype {
+    match i.checked_mul(s) {
+        Some(start) if start + s <= len => Ok(start..start + s),
+        _ => Err(NumrError::InvalidView { op: "element access", reason: format!("element {i} of {dtype} past a buffer of {len} bytes") }),
+    }
+}
+
+/// Reads element `i` of a little-endian byte buffer of `dtype` as f64 ([`NumrError::InvalidView`]
+/// past the buffer's end).
+#[inline]
+pub fn read_f64(dtype: DType, bytes: &[u8], i: usize) -> Result<f64> {
+    let b = &bytes[element_range(dtype, bytes.len(), i)?];
+    Ok(match dtype {
         DType::F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
         DType::F16 => f16::from_le_bytes(b.try_into().unwrap()).to_f64(),
         DType::BF16 => bf16::from_le_bytes(b.try_into().unwrap()).to_f64(),
         DType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as f64,
         DType::U32 => u32::from_le_bytes(b.try_into().unwrap()) as f64,
         DType::U8 => b[0] as f64,
-    }
+    })
 }
 
 /// Writes `v` as element `i` of a little-endian byte buffer of `dtype`. Floats are rounded to
 /// nearest even through f32 (so f16/bf16 match a GPU that computes in f32); integers saturate.
+/// [`NumrError::InvalidView`] past the buffer's end.
 #[inline]
-pub fn write_f64(dtype: DType, bytes: &mut [u8], i: usize, v: f64) {
-    let s = dtype.size();
-    let b = &mut bytes[i * s..i * s + s];
+pub fn write_f64(dtype: DType, bytes: &mut [u8], i: usize, v: f64) -> Result<()> {
+    let r = element_range(dtype, bytes.len(), i)?;
+    let b = &mut bytes[r];
     match dtype {
         DType::F32 => b.copy_from_slice(&(v as f32).to_le_bytes()),
         DType::F16 => b.copy_from_slice(&f16::from_f32(v as f32).to_le_bytes()),
@@ -124,6 +136,7 @@ pub fn write_f64(dtype: DType, bytes: &mut [u8], i: usize, v: f64) {
         DType::U32 => b.copy_from_slice(&(v as u32).to_le_bytes()),
         DType::U8 => b[0] = v as u8,
     }
+    Ok(())
 }
 
 /// Tolerances for comparing results, in one place: relative tolerance per dtype.
@@ -153,16 +166,16 @@ mod tests {
     #[test]
     fn conversions_round_trip() {
         let mut buf = vec![0u8; 8];
-        write_f64(DType::F16, &mut buf, 1, 1.0009765625); // 1 + 2^-10 is exact in f16
-        assert_eq!(read_f64(DType::F16, &buf, 1), 1.0009765625);
-        write_f64(DType::BF16, &mut buf, 0, 3.0);
-        assert_eq!(read_f64(DType::BF16, &buf, 0), 3.0);
+        write_f64(DType::F16, &mut buf, 1, 1.0009765625).unwrap(); // 1 + 2^-10 is exact in f16
+        assert_eq!(read_f64(DType::F16, &buf, 1).unwrap(), 1.0009765625);
+        write_f64(DType::BF16, &mut buf, 0, 3.0).unwrap();
+        assert_eq!(read_f64(DType::BF16, &buf, 0).unwrap(), 3.0);
         // bf16 keeps 8 mantissa bits: 1 + 2^-9 rounds to even (1.0).
-        write_f64(DType::BF16, &mut buf, 0, 1.0 + 2f64.powi(-9));
-        assert_eq!(read_f64(DType::BF16, &buf, 0), 1.0);
-        write_f64(DType::U8, &mut buf, 5, 300.0);
-        assert_eq!(read_f64(DType::U8, &buf, 5), 255.0);
-        write_f64(DType::I32, &mut buf, 1, -7.0);
-        assert_eq!(read_f64(DType::I32, &buf, 1), -7.0);
+        write_f64(DType::BF16, &mut buf, 0, 1.0 + 2f64.powi(-9)).unwrap();
+        assert_eq!(read_f64(DType::BF16, &buf, 0).unwrap(), 1.0);
+        write_f64(DType::U8, &mut buf, 5, 300.0).unwrap();
+        assert_eq!(read_f64(DType::U8, &buf, 5).unwrap(), 255.0);
+        write_f64(DType::I32, &mut buf, 1, -7.0).unwrap();
+        assert_eq!(read_f64(DType::I32, &buf, 1).unwrap(), -7.0);
     }
 }

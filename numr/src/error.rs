@@ -64,6 +64,30 @@ pub enum NumrError {
         op: &'static str,
     },
 
+    /// A device-specific op ([`crate::ops::cpu`], [`crate::ops::gpu`]) was given a tensor that
+    /// lives on the other device.
+    #[error("{op} runs on the {expected}, given a tensor on the {got}")]
+    WrongDevice {
+        /// The op that checked.
+        op: &'static str,
+        /// The device it runs on: `"CPU"` or `"GPU"`.
+        expected: &'static str,
+        /// The device of the tensor it was given.
+        got: &'static str,
+    },
+
+    /// The op needs a tensor of another rank (a reduction over the last axis of a scalar, a
+    /// matmul of a vector).
+    #[error("{op} needs a tensor of rank {needed}, given rank {got}")]
+    NeedsRank {
+        /// The op that checked.
+        op: &'static str,
+        /// The ranks it takes (`"at least 1"`, `"3"`).
+        needed: &'static str,
+        /// The rank it was given.
+        got: usize,
+    },
+
     /// No wgpu adapter (matching `NUMR_ADAPTER` / `NUMR_BACKEND`, if set) was found.
     #[error("no GPU adapter found{}", if .filter.is_empty() { String::new() } else { format!(" matching {}", .filter) })]
     NoAdapter {

@@ -26,6 +26,15 @@ pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
+/// Bytes of a contiguous `shape` of `elem_size`-byte elements, or [`NumrError::InvalidView`]
+/// when that overflows `usize`.
+pub(crate) fn checked_bytes(op: &'static str, shape: &[usize], elem_size: usize) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(elem_size, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| NumrError::InvalidView { op, reason: format!("shape {shape:?} holds more bytes than usize counts") })
+}
+
 impl Layout {
     /// The row-major layout of `shape` at offset 0.
     pub fn contiguous(shape: &[usize]) -> Self {

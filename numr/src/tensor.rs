@@ -7,7 +7,7 @@ use crate::device::Device;
 use crate::dtype::{DType, Element, read_f64};
 use crate::error::{NumrError, Result};
 use crate::gpu::{BufferKind, GpuBuffer, GpuContext};
-use crate::shape::{Layout, numel};
+use crate::shape::{Layout, checked_bytes, numel};
 
 #[derive(Clone, Debug)]
 pub(crate) enum Storage {
@@ -28,6 +28,7 @@ pub struct Tensor {
 impl Tensor {
     /// A contiguous tensor holding `data` with `shape`.
     pub fn from_slice<T: Element>(data: &[T], shape: &[usize], device: &Device) -> Result<Tensor> {
+        checked_bytes("from_slice", shape, T::DTYPE.size())?;
         if data.len() != numel(shape) {
             return Err(NumrError::LengthMismatch { shape: shape.to_vec(), expected: numel(shape), got: data.len() });
         }
@@ -36,8 +37,9 @@ impl Tensor {
 
     /// A contiguous tensor from little-endian element bytes.
     pub fn from_bytes(bytes: &[u8], dtype: DType, shape: &[usize], device: &Device) -> Result<Tensor> {
+        let size = checked_bytes("from_bytes", shape, dtype.size())?;
         let n = numel(shape);
-        if bytes.len() != n * dtype.size() {
+        if bytes.len() != size {
             return Err(NumrError::LengthMismatch { shape: shape.to_vec(), expected: n, got: bytes.len() / dtype.size() });
         }
         let storage = match device {
@@ -49,7 +51,7 @@ impl Tensor {
 
     /// A tensor of zeros.
     pub fn zeros(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
-        let bytes = (numel(shape) * dtype.size()) as u64;
+        let bytes = checked_bytes("zeros", shape, dtype.size())? as u64;
         let storage = match device {
             Device::Cpu => Storage::Cpu(Arc::new(vec![0u8; bytes as usize])),
             Device::Gpu(ctx) => {
@@ -113,11 +115,8 @@ impl Tensor {
     /// The binding of this GPU view's bytes for a kernel, and the element offset of its first
     /// element inside the binding. The binding starts at the adapter's storage offset alignment at
     /// or below the view's first byte; its size is rounded up to `granule` bytes (4, or 16 for
-    /// vec4 access). Errors on CPU tensors.
+    /// vec4 access). A CPU tensor is [`NumrError::WrongDevice`].
     pub fn gpu_binding(&self, granule: u64) -> Result<(crate::gpu::Binding, u32)> {
-        if !self.device.is_gpu() {
-            return Err(NumrError::DeviceMismatch { op: "gpu_binding" });
-        }
         crate::ops::gpu::bind_view(self, granule)
     }
 
@@ -160,7 +159,7 @@ impl Tensor {
     /// The elements in row-major order, converted to f64 (for tests and printing).
     pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
         let b = self.to_bytes()?;
-        Ok((0..self.numel()).map(|i| read_f64(self.dtype, &b, i)).collect())
+        (0..self.numel()).map(|i| read_f64(self.dtype, &b, i)).collect()
     }
 
     /// Little-endian bytes of the elements in row-major order.
@@ -179,7 +178,7 @@ impl Tensor {
                 Ok(out)
             }
             Storage::Gpu(buf) => {
-                let ctx = self.device.gpu_context().expect("GPU storage lives on a GPU device");
+                let ctx = self.device.gpu_context().ok_or(NumrError::WrongDevice { op: "to_bytes", expected: "GPU", got: "CPU" })?;
                 if !self.is_contiguous() {
                     return self.contiguous()?.to_bytes();
                 }

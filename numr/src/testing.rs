@@ -1,5 +1,7 @@
 //! Helpers for tests, here and in crates built on numr: tolerant comparison with the tolerances
-//! defined in [`crate::dtype::rtol`], and (with the `testing` feature) naga validation of WGSL.
+//! defined in [`crate::dtype::rtol`], the shared test GPU ([`test_gpu`]), one test body on every
+//! device ([`test_device!`](crate::test_device)), and (with the `testing` feature) naga
+//! validation of WGSL.
 
 use crate::dtype::{DType, rtol};
 
@@ -89,4 +91,46 @@ pub fn test_gpu() -> Option<crate::GpuContext> {
             }
         }
     }
+}
+
+/// Runs one test body on every device: for each `name`, a function `fn name(dev: &Device)` in
+/// scope becomes two tests, `name::cpu` (on [`Device::Cpu`](crate::Device::Cpu)) and `name::gpu`
+/// (on the shared test GPU, [`test_gpu`]). The GPU test fails when no adapter exists, unless
+/// [`ALLOW_NO_GPU`]`=1` is set, in which case it passes without running the body (as every GPU
+/// test does). The idea of candle's `test_device!`.
+///
+/// The body must make its tensors on `dev` and assert against values that do not come from the
+/// device under test (hand-computed values, a reference on plain slices): a body that compares
+/// the device with itself tests nothing.
+///
+/// ```
+/// use numr::{Device, Tensor};
+///
+/// fn add_rows(dev: &Device) {
+///     let a = Tensor::from_slice(&[1f32, 2., 3., 4.], &[2, 2], dev).unwrap();
+///     let b = Tensor::from_slice(&[10f32, 20.], &[2], dev).unwrap();
+///     assert_eq!(a.add(&b).unwrap().to_vec::<f32>().unwrap(), vec![11., 22., 13., 24.]);
+/// }
+/// numr::test_device!(add_rows);
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! test_device {
+    ($($name:ident),+ $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn cpu() {
+                    super::$name(&$crate::Device::Cpu);
+                }
+
+                #[test]
+                fn gpu() {
+                    if let Some(ctx) = $crate::testing::test_gpu() {
+                        super::$name(&$crate::Device::Gpu(ctx));
+                    }
+                }
+            }
+        )+
+    };
 }

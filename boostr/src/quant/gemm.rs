@@ -11,13 +11,14 @@
 //! [`GemmPlan`] is built for at most `max_m` activation rows; a recording computes the step's
 //! `n_tok` rows (`p.m` and the grid follow the step; rows past it are neither read nor written).
 
-use numr::gpu::{Access, Binding, GpuContext, KernelBuilder, KernelEnv, KernelSource, Plan, PlanDispatch, Recorder, StepValues};
+use numr::gpu::{Access, Binding, GpuContext, KernelBuilder, KernelEnv, KernelSource, Plan, Recorder, StepValues};
 
 use super::decode::decoder;
 #[path = "gemm_coopmat.rs"]
 pub mod coopmat;
-use super::gemv::{PARAMS, set_part};
-use super::gemv_output::{GemvOutput, out_cols, set_out_cols};
+use super::gemv::PARAMS;
+use super::gemv_output::{GemvOutput, out_cols};
+use super::part_plan::PartKernel;
 use super::validate::{check_binding, check_step, env_of, mul, step_rows, to_u32};
 use super::{QuantError, QuantMatrix, Result, WeightKind};
 pub use coopmat::{CoopTiles, coop_source};
@@ -240,41 +241,40 @@ impl GemmPlan {
         if let Some(&gx) = gxs.iter().find(|&&gx| gx > limit) {
             return Err(QuantError::Gpu(numr::NumrError::GridTooLarge { workgroups: gx as u64, limit }));
         }
-        let src = if cfg.unchecked {
-            // SAFETY: the GEMM's indices are bounded as follows, by what was validated above.
-            // - Activations `x[gm * k4 + kv]` (vec4): the kernel's `m` is the step's row count,
-            //   clamped to `max_m` in the plan itself, and every row is `< m` (tested, or clamped
-            //   to `m - 1`; the grid is empty for a step of 0 rows, so `m >= 1` when it runs);
-            //   `kv < k4 = K / 4` (tested, or `kc * 8 + e`, `kc < cpr`); `x` holds `max_m * K` f32.
-            // - Weight chunks `min(n0 + i, rows - 1) * cpr + min(kc, cpr - 1)` are below the
-            //   part's `rows * cpr` chunks; `w.validate()` checked its sections and buffer.
-            // - Stores `y[gm * n_out + row0 + gn]` under `gm < m`, `gn < rows` (so `row0 + gn <
-            //   N`, or with `GemvOutput::Columns` `< offset + N <= stride = n_out`, `y` holding
-            //   `max_m * stride`, checked); the coopmat direct stores only when the whole `bm x bn` block is inside
-            //   (`m0 + bm <= m`, `n0 + bn <= rows`); `y` holds `max_m * N` f32. A K split adds
-            //   `z * max_m * N` with `z < splits` (the grid's z), and `y` then holds `splits *
-            //   max_m * N` f32 (checked above; `GemvOutput::Single`, so `n_out = N`).
-            // - Workgroup tiles by construction of the (validated) tile shape; the coopmat
-            //   kernel's per-subgroup scratch by `sg_idx < sg_count = sg_m * sg_n` (subgroups of
-            //   exactly 32, which `coopmat_available` checked). Every product fits 32 bits.
-            unsafe { src.assume_in_bounds() }
-        } else {
-            src
+        let kernel = PartKernel { src, unchecked: cfg.unchecked, before: vec![x.clone()], after: vec![y.clone()], cols };
+        // SAFETY: the GEMM's indices are bounded as follows, by what was validated above.
+        // - Activations `x[gm * k4 + kv]` (vec4): the kernel's `m` is the step's row count,
+        //   clamped to `max_m` in the plan itself, and every row is `< m` (tested, or clamped
+        //   to `m - 1`; the grid is empty for a step of 0 rows, so `m >= 1` when it runs);
+        //   `kv < k4 = K / 4` (tested, or `kc * 8 + e`, `kc < cpr`); `x` holds `max_m * K` f32.
+        // - Weight chunks `min(n0 + i, rows - 1) * cpr + min(kc, cpr - 1)` are below the
+        //   part's `rows * cpr` chunks; `w.validate()` checked its sections and buffer.
+        // - Stores `y[gm * n_out + row0 + gn]` under `gm < m`, `gn < rows` (so `row0 + gn <
+        //   N`, or with `GemvOutput::Columns` `< offset + N <= stride = n_out`, `y` holding
+        //   `max_m * stride`, checked); the coopmat direct stores only when the whole `bm x bn` block is inside
+        //   (`m0 + bm <= m`, `n0 + bn <= rows`); `y` holds `max_m * N` f32. A K split adds
+        //   `z * max_m * N` with `z < splits` (the grid's z), and `y` then holds `splits *
+        //   max_m * N` f32 (checked above; `GemvOutput::Single`, so `n_out = N`).
+        // - Workgroup tiles by construction of the (validated) tile shape; the coopmat
+        //   kernel's per-subgroup scratch by `sg_idx < sg_count = sg_m * sg_n` (subgroups of
+        //   exactly 32, which `coopmat_available` checked). Every product fits 32 bits.
+        let plan = unsafe {
+            kernel.plan(
+                ctx,
+                w,
+                |i, _| Ok([gxs[i], 0, 1]),
+                |i, _, d| {
+                    let gx = gxs[i];
+                    let d = d.per_step("m", move |s| step_rows(s, max))?.grid_per_step(move |s| [gx, step_rows(s, max).div_ceil(bm), splits]);
+                    if !cfg.coopmat {
+                        return Ok(d);
+                    }
+                    let nsteps = w.chunks_per_row().div_ceil(tiles.bk as usize / 32);
+                    let ks_per = if splits > 1 { nsteps.div_ceil(splits as usize) } else { 0 };
+                    Ok(d.set_usize("ks_per", ks_per)?.set_usize("split_off", split_off)?)
+                },
+            )?
         };
-        let kernel = ctx.kernel(&src)?;
-        let mut plan = Plan::new();
-        for (part, &gx) in w.parts.iter().zip(&gxs) {
-            let group = ctx.bind(&kernel, &[x.clone(), part.binding(), part.binding(), y.clone()])?;
-            let mut d = set_out_cols(set_part(PlanDispatch::new(&kernel, group, [gx, 0, 1])?, w, part)?, part, cols)?
-                .per_step("m", move |s| step_rows(s, max))?
-                .grid_per_step(move |s| [gx, step_rows(s, max).div_ceil(bm), splits]);
-            if cfg.coopmat {
-                let nsteps = w.chunks_per_row().div_ceil(tiles.bk as usize / 32);
-                let ks_per = if splits > 1 { nsteps.div_ceil(splits as usize) } else { 0 };
-                d = d.set_usize("ks_per", ks_per)?.set_usize("split_off", split_off)?;
-            }
-            plan.push(d);
-        }
         Ok(GemmPlan { plan, max_m })
     }
 

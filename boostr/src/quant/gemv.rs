@@ -36,7 +36,8 @@ use numr::gpu::{Access, Binding, GpuContext, KernelBuilder, KernelEnv, KernelSou
 
 use super::decode::{decoder, has_offset, is_quantized};
 pub use super::gemv_output::GemvOutput;
-use super::gemv_output::{out_cols, set_out_cols};
+use super::gemv_output::out_cols;
+use super::part_plan::PartKernel;
 use super::validate::{check_binding, check_threads, env_of, mul};
 use super::{QuantError, QuantMatrix, QuantPart, Result, WeightKind};
 
@@ -488,50 +489,44 @@ impl GemvPlan {
             Some(rk) => Some(super::rope_kv::check(ctx, OP, w, cfg.activation_rows, cfg.rows_per_workgroup, 0, rk)?),
             None => None,
         };
-        let src = cfg.source(&env_of(caps));
-        let src = if cfg.unchecked {
-            // SAFETY: the GEMV's indices are bounded as follows, by what was validated above.
-            // - `x[m * k4 + i]` (vec4): `m < activation_rows`, `i < k4 = K / 4` (the phase-1 loop
-            //   bound, and `kc * 8 + e` with `kc < cpr = K / 32`, `e < 8`); `x` holds
-            //   `activation_rows * K` f32. With the GLU prologue `x[m * 2 k4 + i]` and
-            //   `x[m * 2 k4 + k4 + i]`: `x` holds `activation_rows * 2 K` f32 (checked). `nw[i]`, `i < k4`: the norm weight holds `K` f32.
-            //   The staged `xs[m * stage + i]` is used only when `k4 <= stage` (`i < k4`).
-            // - Weight chunk `c = min(row0 + r, rows - 1) * cpr + kc` (`rows >= 1`, `kc < cpr`) is
-            //   below the part's `rows * cpr` chunks, and `w.validate()` checked that the part's
-            //   sections are those of its rows inside its buffer, so every decoder read is in it.
-            // - `y[m * n_out + g]` with `g = row0 + row < N` (`row < rows` is tested before the
-            //   store; with `GemvOutput::Columns`, `g < offset + N <= stride = n_out`, and `y`
-            //   holds `activation_rows * stride`, checked), or with `split_qkv` `g < nq`, `g - nq < nk`, `g - nq - nk < nv` where
-            //   `nq + nk + nv = N`; each output holds `activation_rows` of its rows.
-            // - `red` (tree): `(lidx + s) * v + i` with `lidx < s <= threads / 2`; `red`
-            //   (subgroups): slots `sg_idx < min(sg_count, slots)`. `inv_rms[lidx]` under
-            //   `lidx < activation_rows`. Every product above fits 32 bits (checked).
-            // - The RoPE + KV epilogue: as stated in `gemv_q8.rs` (`rope_kv::check`).
-            unsafe { src.assume_in_bounds() }
-        } else {
-            src
+        let kernel = PartKernel {
+            src: cfg.source(&env_of(caps)),
+            unchecked: cfg.unchecked,
+            before: [io.x.clone()].into_iter().chain(io.norm_weight.iter().cloned()).collect(),
+            after: outputs.iter().cloned().chain(rope.iter().flat_map(|c| c.bindings().iter().cloned())).collect(),
+            cols: out_cols(&io.output, w.rows),
         };
-        let kernel = ctx.kernel(&src)?;
-        let mut plan = Plan::new();
-        for part in &w.parts {
-            let mut bind = vec![io.x.clone()];
-            bind.extend(io.norm_weight.iter().cloned());
-            bind.push(part.binding());
-            bind.push(part.binding());
-            bind.extend(outputs.iter().cloned());
-            bind.extend(rope.iter().flat_map(|c| c.bindings().iter().cloned()));
-            let group = ctx.bind(&kernel, &bind)?;
-            let grid = grid_for(ctx, part.rows.div_ceil(cfg.rows_per_workgroup as usize))?;
-            let d = set_out_cols(set_part(PlanDispatch::new(&kernel, group, grid)?, w, part)?, part, out_cols(&io.output, w.rows))?
-                .set_f32("eps", io.eps)?
-                .set_usize("nq", qkv[0])?
-                .set_usize("nk", qkv[1])?
-                .set_usize("nv", qkv[2])?;
-            plan.push(match &rope {
-                Some(c) => c.set(d)?,
-                None => d,
-            });
-        }
+        // SAFETY: the GEMV's indices are bounded as follows, by what was validated above.
+        // - `x[m * k4 + i]` (vec4): `m < activation_rows`, `i < k4 = K / 4` (the phase-1 loop
+        //   bound, and `kc * 8 + e` with `kc < cpr = K / 32`, `e < 8`); `x` holds
+        //   `activation_rows * K` f32. With the GLU prologue `x[m * 2 k4 + i]` and
+        //   `x[m * 2 k4 + k4 + i]`: `x` holds `activation_rows * 2 K` f32 (checked). `nw[i]`, `i < k4`: the norm weight holds `K` f32.
+        //   The staged `xs[m * stage + i]` is used only when `k4 <= stage` (`i < k4`).
+        // - Weight chunk `c = min(row0 + r, rows - 1) * cpr + kc` (`rows >= 1`, `kc < cpr`) is
+        //   below the part's `rows * cpr` chunks, and `w.validate()` checked that the part's
+        //   sections are those of its rows inside its buffer, so every decoder read is in it.
+        // - `y[m * n_out + g]` with `g = row0 + row < N` (`row < rows` is tested before the
+        //   store; with `GemvOutput::Columns`, `g < offset + N <= stride = n_out`, and `y`
+        //   holds `activation_rows * stride`, checked), or with `split_qkv` `g < nq`, `g - nq < nk`, `g - nq - nk < nv` where
+        //   `nq + nk + nv = N`; each output holds `activation_rows` of its rows.
+        // - `red` (tree): `(lidx + s) * v + i` with `lidx < s <= threads / 2`; `red`
+        //   (subgroups): slots `sg_idx < min(sg_count, slots)`. `inv_rms[lidx]` under
+        //   `lidx < activation_rows`. Every product above fits 32 bits (checked).
+        // - The RoPE + KV epilogue: as stated in `gemv_q8.rs` (`rope_kv::check`).
+        let plan = unsafe {
+            kernel.plan(
+                ctx,
+                w,
+                |_, part| grid_for(ctx, part.rows.div_ceil(cfg.rows_per_workgroup as usize)),
+                |_, _, d| {
+                    let d = d.set_f32("eps", io.eps)?.set_usize("nq", qkv[0])?.set_usize("nk", qkv[1])?.set_usize("nv", qkv[2])?;
+                    match &rope {
+                        Some(c) => c.set(d),
+                        None => Ok(d),
+                    }
+                },
+            )?
+        };
         Ok(GemvPlan { plan })
     }
 

@@ -2,16 +2,17 @@
 //! int8 activations, with its validated bindings and, optionally, an epilogue
 //! ([`super::Q8Epilogue`]) or the RoPE + KV-cache store ([`super::rope_kv`]).
 
-use numr::gpu::{Binding, BufferKind, GpuContext, Plan, PlanDispatch, Recorder, StepValues};
+use numr::gpu::{Binding, BufferKind, GpuContext, Plan, Recorder, StepValues};
 
-use super::gemv::{grid_for, set_part};
-use super::gemv_output::{GemvOutput, out_cols, set_out_cols};
+use super::gemv::grid_for;
+use super::gemv_output::{GemvOutput, out_cols};
 use super::gemv_q8::QuantGemvQ8;
+use super::part_plan::PartKernel;
 use super::q8_activations::Q8Activations;
 use super::q8_epilogue::Q8Epilogue;
 use super::rope_kv::RopeKv;
 use super::validate::{check_binding, check_threads, env_of, mul};
-use super::{QuantError, QuantMatrix, Result};
+use super::{QuantError, QuantMatrix, QuantPart, Result};
 
 /// The integer-dot GEMV over every part of a matrix (one dispatch per part), reading a
 /// [`Q8Activations`] (record that first). Built once; it depends on no step value (its
@@ -135,55 +136,50 @@ impl Q8GemvPlan {
             Some(rk) => Some(super::rope_kv::check(ctx, OP, w, cfg.activation_rows, r, if cfg.per_subgroup(&env) { cfg.subgroup_rows } else { 0 }, rk)?),
             None => None,
         };
-        let src = cfg.source(&env);
-        let src = if cfg.unchecked {
-            // SAFETY: the integer-dot GEMV's indices are bounded as follows, by what was
-            // validated above.
-            // - `xq[(m * cpr + c) * 2 + {0, 1}]` and `xs[m * cpr + c]` with `m < activation_rows`
-            //   and `c = min(k, cpr - 1) < cpr` (every chunk index, the prefetched ones included,
-            //   is clamped to the row); `xq` holds `2 * activation_rows * cpr` vec4 and `xs`
-            //   `activation_rows * cpr` vec4 (checked).
-            // - Weight chunk `rb + c` with `rb = min(row0 + r, rows - 1) * cpr` (`rows >= 1`) is
-            //   below the part's `rows * cpr` chunks (with row groups, `row0 = (wg + g * n_wg) * r`
-            //   and the group is skipped unless `row0 < rows`); `w.validate()` checked the part's sections
-            //   against its rows and its buffer, so every decoder read is inside it.
-            // - Stores: `y[m * n_out + g]`, `g = row0 + row` with `row < rows` tested first, so
-            //   `g < N` (with `GemvOutput::Columns`, `g < offset + N <= stride = n_out`, and `y`
-            //   holds `activation_rows * stride`, checked); with `split_qkv` `g < nq`, `g - nq < nk`, `g - nq - nk < nv`, `nq + nk +
-            //   nv = N`; each output holds `activation_rows` of its rows (checked).
-            // - The workgroup reduction: tree indices below `threads * v`; subgroup slots
-            //   `sg_idx < min(sg_count, slots)`. Subgroup-rows mode uses no workgroup array.
-            // - The RoPE + KV epilogue (`rope_kv::check`): `y[g]`, `y[g + 1]` with even `g < rows
-            //   = N`; `freqs[d / 2]` with `d < rot`; cache word `(hh * seg_len + slot) * rw + d / 2`
-            //   with `hh < n_kv`, `slot < seg_len` (tested), `d < hd`, inside the checked segment;
-            //   `rkv[lidx]` under `lidx < rows per workgroup`.
-            //   Every product above fits 32 bits (checked).
-            unsafe { src.assume_in_bounds() }
-        } else {
-            src
+        let kernel = PartKernel {
+            src: cfg.source(&env),
+            unchecked: cfg.unchecked,
+            before: vec![xa.xq_binding(), xa.xs_binding()],
+            after: outputs.iter().chain(&ep_bind).cloned().chain(rope.iter().flat_map(|c| c.bindings().iter().cloned())).collect(),
+            cols: out_cols(output, w.rows),
         };
-        let kernel = ctx.kernel(&src)?;
-        let mut plan = Plan::new();
-        for part in &w.parts {
-            let mut bind = vec![xa.xq_binding(), xa.xs_binding(), part.binding(), part.binding()];
-            bind.extend(outputs.iter().cloned());
-            bind.extend(ep_bind.iter().cloned());
-            bind.extend(rope.iter().flat_map(|c| c.bindings().iter().cloned()));
-            let group = ctx.bind(&kernel, &bind)?;
-            let n_wg = part.rows.div_ceil(r as usize).div_ceil(cfg.row_groups as usize);
-            let grid = grid_for(ctx, n_wg)?;
-            let d = set_out_cols(set_part(PlanDispatch::new(&kernel, group, grid)?, w, part)?, part, out_cols(output, w.rows))?
-                .set_usize("nq", qkv[0])?
-                .set_usize("nk", qkv[1])?
-                .set_usize("nv", qkv[2])?
-                .set_f32("eps", eps)?
-                .set_usize("epf", w.rows / 2)?;
-            let d = if cfg.row_groups > 1 { d.set_usize("n_wg", n_wg)? } else { d };
-            plan.push(match &rope {
-                Some(c) => c.set(d)?,
-                None => d,
-            });
-        }
+        let n_wg = |part: &QuantPart| part.rows.div_ceil(r as usize).div_ceil(cfg.row_groups as usize);
+        // SAFETY: the integer-dot GEMV's indices are bounded as follows, by what was
+        // validated above.
+        // - `xq[(m * cpr + c) * 2 + {0, 1}]` and `xs[m * cpr + c]` with `m < activation_rows`
+        //   and `c = min(k, cpr - 1) < cpr` (every chunk index, the prefetched ones included,
+        //   is clamped to the row); `xq` holds `2 * activation_rows * cpr` vec4 and `xs`
+        //   `activation_rows * cpr` vec4 (checked).
+        // - Weight chunk `rb + c` with `rb = min(row0 + r, rows - 1) * cpr` (`rows >= 1`) is
+        //   below the part's `rows * cpr` chunks (with row groups, `row0 = (wg + g * n_wg) * r`
+        //   and the group is skipped unless `row0 < rows`); `w.validate()` checked the part's sections
+        //   against its rows and its buffer, so every decoder read is inside it.
+        // - Stores: `y[m * n_out + g]`, `g = row0 + row` with `row < rows` tested first, so
+        //   `g < N` (with `GemvOutput::Columns`, `g < offset + N <= stride = n_out`, and `y`
+        //   holds `activation_rows * stride`, checked); with `split_qkv` `g < nq`, `g - nq < nk`, `g - nq - nk < nv`, `nq + nk +
+        //   nv = N`; each output holds `activation_rows` of its rows (checked).
+        // - The workgroup reduction: tree indices below `threads * v`; subgroup slots
+        //   `sg_idx < min(sg_count, slots)`. Subgroup-rows mode uses no workgroup array.
+        // - The RoPE + KV epilogue (`rope_kv::check`): `y[g]`, `y[g + 1]` with even `g < rows
+        //   = N`; `freqs[d / 2]` with `d < rot`; cache word `(hh * seg_len + slot) * rw + d / 2`
+        //   with `hh < n_kv`, `slot < seg_len` (tested), `d < hd`, inside the checked segment;
+        //   `rkv[lidx]` under `lidx < rows per workgroup`.
+        //   Every product above fits 32 bits (checked).
+        let plan = unsafe {
+            kernel.plan(
+                ctx,
+                w,
+                |_, part| grid_for(ctx, n_wg(part)),
+                |_, part, d| {
+                    let d = d.set_usize("nq", qkv[0])?.set_usize("nk", qkv[1])?.set_usize("nv", qkv[2])?.set_f32("eps", eps)?.set_usize("epf", w.rows / 2)?;
+                    let d = if cfg.row_groups > 1 { d.set_usize("n_wg", n_wg(part))? } else { d };
+                    match &rope {
+                        Some(c) => c.set(d),
+                        None => Ok(d),
+                    }
+                },
+            )?
+        };
         Ok(Q8GemvPlan { plan })
     }
 

@@ -39,6 +39,7 @@ pub mod gemv;
 mod gemv_output;
 pub mod gemv_q8;
 mod gemv_q8_plan;
+mod part_plan;
 pub mod q8_activations;
 pub mod q8_epilogue;
 pub mod rope_kv;

@@ -177,8 +177,8 @@ impl Recorder {
         if !src_offset.is_multiple_of(4)
             || !dst_offset.is_multiple_of(4)
             || !size.is_multiple_of(4)
-            || src_offset + size > src.capacity()
-            || dst_offset + size > dst.capacity()
+            || src_offset.saturating_add(size) > src.capacity()
+            || dst_offset.saturating_add(size) > dst.capacity()
         {
             return Err(NumrError::Validation {
                 context: "recording a copy".into(),

@@ -97,7 +97,7 @@ impl GpuContext {
     /// Writes `data` into `buf` at `offset` (a multiple of 4). Flushes the implicit stream first,
     /// so ops recorded earlier see the old contents and ops recorded later see the new.
     pub fn write(&self, buf: &Arc<GpuBuffer>, offset: u64, data: &[u8]) -> Result<()> {
-        if !offset.is_multiple_of(4) || offset + data.len() as u64 > buf.capacity() {
+        if !offset.is_multiple_of(4) || offset.saturating_add(data.len() as u64) > buf.capacity() {
             return Err(NumrError::Validation {
                 context: "writing a buffer".into(),
                 message: format!("{} bytes at offset {offset} do not fit {buf:?} or are misaligned", data.len()),
@@ -123,6 +123,12 @@ impl GpuContext {
     pub fn read_bytes(&self, buf: &Arc<GpuBuffer>, offset: u64, len: u64) -> Result<Vec<u8>> {
         if len == 0 {
             return Ok(Vec::new());
+        }
+        if offset.saturating_add(len) > buf.capacity() {
+            return Err(NumrError::Validation {
+                context: "reading a buffer back".into(),
+                message: format!("{len} bytes at {offset} past the buffer's {} bytes", buf.capacity()),
+            });
         }
         let start = offset / 4 * 4;
         let end = (offset + len).div_ceil(4) * 4;

@@ -11,6 +11,8 @@ use crate::kernels::matmul::{Matmul, TILE};
 use crate::kernels::reduce::{RowOp, RowReduce};
 use crate::tensor::Tensor;
 
+use super::{check_binary, matmul_dims, row_len};
+
 /// `v` as a kernel parameter word, or [`NumrError::SizeOverflow`].
 pub(crate) fn word(op: &'static str, what: &'static str, v: impl TryInto<u32> + Copy + Into<u64>) -> Result<u32> {
     v.try_into().map_err(|_| NumrError::SizeOverflow { op, what, value: v.into() })
@@ -20,15 +22,16 @@ fn usize_word(op: &'static str, what: &'static str, v: usize) -> Result<u32> {
     word(op, what, v as u64)
 }
 
-fn ctx_of(t: &Tensor) -> &GpuContext {
-    t.device.gpu_context().expect("gpu op on a gpu tensor")
+/// The context of a GPU tensor ([`NumrError::WrongDevice`] for a CPU tensor).
+fn ctx_of<'a>(t: &'a Tensor, op: &'static str) -> Result<&'a GpuContext> {
+    t.device.gpu_context().ok_or(NumrError::WrongDevice { op, expected: "GPU", got: "CPU" })
 }
 
 /// The binding of a view's bytes, and the element offset of its first element inside it.
 /// `granule` is the byte multiple the binding size is rounded up to (4, or 16 for vec4 access).
 pub(crate) fn bind_view(t: &Tensor, granule: u64) -> Result<(Binding, u32)> {
-    let ctx = ctx_of(t);
-    let buf = t.gpu_buffer().expect("gpu tensor").clone();
+    let ctx = ctx_of(t, "binding a view")?;
+    let buf = t.gpu_buffer().ok_or(NumrError::WrongDevice { op: "binding a view", expected: "GPU", got: "CPU" })?.clone();
     let s = t.dtype.size() as u64;
     let start = t.layout.offset() as u64 * s;
     let end = (t.layout.storage_extent() as u64 * s).max(start + 1);
@@ -95,9 +98,10 @@ fn grid_for(ctx: &GpuContext, workgroups: u64) -> Result<[u32; 3]> {
 }
 
 /// Records a contiguous copy of the view `t` in `dtype` into the stream (a vec4 copy when the dtype
-/// is kept and the source is contiguous and 16-byte aligned). `t` must be a GPU tensor.
+/// is kept and the source is contiguous and 16-byte aligned). A CPU tensor is
+/// [`NumrError::WrongDevice`].
 pub fn convert(t: &Tensor, dtype: DType) -> Result<Tensor> {
-    let ctx = ctx_of(t);
+    let ctx = ctx_of(t, "convert")?;
     let env = KernelEnv::from_caps(ctx.capabilities());
     let out = Tensor::gpu_empty(ctx, t.shape(), dtype)?;
     let n = t.numel();
@@ -134,9 +138,11 @@ pub fn convert(t: &Tensor, dtype: DType) -> Result<Tensor> {
 }
 
 /// Records `op(a, b)` elementwise over views of one shape (`b` is `None` for [`BinaryOp::Scale`],
-/// which uses `s`); the [`Tensor`] methods check dtypes and broadcast first. GPU tensors only.
+/// which uses `s`); the [`Tensor`] methods check dtypes and broadcast first. Typed errors for a
+/// CPU tensor, a missing or extra `b`, or a `b` of another device, dtype or shape.
 pub fn binary(a: &Tensor, b: Option<&Tensor>, op: BinaryOp, s: f64) -> Result<Tensor> {
-    let ctx = ctx_of(a);
+    check_binary(a, b, op)?;
+    let ctx = ctx_of(a, "elementwise")?;
     let env = KernelEnv::from_caps(ctx.capabilities());
     let out = Tensor::gpu_empty(ctx, a.shape(), a.dtype)?;
     let n = a.numel();
@@ -174,12 +180,13 @@ pub fn binary(a: &Tensor, b: Option<&Tensor>, op: BinaryOp, s: f64) -> Result<Te
 }
 
 /// Records `op` over the last axis of `t` (made contiguous first), computed in f32 and cast back to
-/// `t`'s dtype: the axis is removed for sum and max, kept for softmax. GPU tensors only.
+/// `t`'s dtype: the axis is removed for sum and max, kept for softmax. A CPU tensor or a scalar
+/// is a typed error.
 pub fn row_op(t: &Tensor, op: RowOp) -> Result<Tensor> {
-    let ctx = ctx_of(t);
+    let ctx = ctx_of(t, "row op")?;
+    let n = row_len(t, "row op")?;
     let env = KernelEnv::from_caps(ctx.capabilities());
     let t = if t.is_contiguous() { t.clone() } else { t.contiguous()? };
-    let n = *t.shape().last().unwrap();
     let rows = t.numel().checked_div(n).unwrap_or(0);
     let shape = match op {
         RowOp::Softmax => t.shape().to_vec(),
@@ -199,13 +206,12 @@ pub fn row_op(t: &Tensor, op: RowOp) -> Result<Tensor> {
 }
 
 /// Records the tiled matmul of `a: [B, M, K]` and `b: [B, K, N]` (F32 or F16, possibly strided
-/// or broadcast views) into `[B, M, N]` of `a`'s dtype. GPU tensors only; [`Tensor::matmul`] checks
-/// shapes and dtypes.
+/// or broadcast views) into `[B, M, N]` of `a`'s dtype. Typed errors for CPU tensors, other
+/// ranks or dtypes, and shapes that do not chain ([`Tensor::matmul`] reshapes and broadcasts).
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let ctx = ctx_of(a);
+    let (batch, m, k, n) = matmul_dims(a, b)?;
+    let ctx = ctx_of(a, "matmul")?;
     let env = KernelEnv::from_caps(ctx.capabilities());
-    let (batch, m, k) = (a.shape()[0], a.shape()[1], a.shape()[2]);
-    let n = b.shape()[2];
     let out_f16 = a.dtype == DType::F16 && env.f16;
     let out_dtype = if out_f16 { DType::F16 } else { DType::F32 };
     let out = Tensor::gpu_empty(ctx, &[batch, m, n], out_dtype)?;

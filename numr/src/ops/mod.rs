@@ -86,9 +86,7 @@ impl Tensor {
         if !self.dtype.is_float() {
             return Err(NumrError::UnsupportedDType { op: name, dtype: self.dtype });
         }
-        if self.rank() == 0 {
-            return Err(NumrError::InvalidView { op: name, reason: "needs at least one dimension".into() });
-        }
+        row_len(self, name)?;
         match &self.storage {
             Storage::Cpu(_) => cpu::row_op(self, op),
             Storage::Gpu(_) => gpu::row_op(self, op),
@@ -139,4 +137,53 @@ impl Tensor {
         };
         if ra == 2 { out.reshape(&[m, out.shape()[2]]) } else { Ok(out) }
     }
+}
+
+/// The length of `t`'s last axis ([`NumrError::NeedsRank`] for a scalar).
+pub(crate) fn row_len(t: &Tensor, op: &'static str) -> Result<usize> {
+    t.shape().last().copied().ok_or(NumrError::NeedsRank { op, needed: "at least 1", got: 0 })
+}
+
+/// Checks the operands of `cpu::binary` / `gpu::binary`: `b` given exactly for add and mul, on
+/// `a`'s device, of `a`'s dtype and shape (the [`Tensor`] methods broadcast before).
+pub(crate) fn check_binary(a: &Tensor, b: Option<&Tensor>, op: BinaryOp) -> Result<()> {
+    let name = match op {
+        BinaryOp::Add => "add",
+        BinaryOp::Mul => "mul",
+        BinaryOp::Scale => "scale",
+    };
+    match (b, op) {
+        (None, BinaryOp::Scale) => Ok(()),
+        (Some(_), BinaryOp::Scale) => Err(NumrError::InvalidView { op: name, reason: "scale takes no second operand".into() }),
+        (None, _) => Err(NumrError::InvalidView { op: name, reason: "needs a second operand".into() }),
+        (Some(b), _) => {
+            a.check_same_device(b, name)?;
+            if a.dtype != b.dtype {
+                return Err(NumrError::DTypeMismatch { op: name, expected: a.dtype, got: b.dtype });
+            }
+            if a.shape() != b.shape() {
+                return Err(NumrError::ShapeMismatch { op: name, lhs: a.shape().to_vec(), rhs: b.shape().to_vec() });
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `(batch, m, k, n)` of the operands of `cpu::matmul` / `gpu::matmul`: `a: [B, M, K]` and
+/// `b: [B, K, N]` on one device, of one dtype ([`Tensor::matmul`] reshapes and broadcasts before).
+pub(crate) fn matmul_dims(a: &Tensor, b: &Tensor) -> Result<(usize, usize, usize, usize)> {
+    a.check_same_device(b, "matmul")?;
+    if a.dtype != b.dtype {
+        return Err(NumrError::DTypeMismatch { op: "matmul", expected: a.dtype, got: b.dtype });
+    }
+    for t in [a, b] {
+        if t.rank() != 3 {
+            return Err(NumrError::NeedsRank { op: "matmul", needed: "3", got: t.rank() });
+        }
+    }
+    let (sa, sb) = (a.shape(), b.shape());
+    if sb[0] != sa[0] || sb[1] != sa[2] {
+        return Err(NumrError::ShapeMismatch { op: "matmul", lhs: sa.to_vec(), rhs: sb.to_vec() });
+    }
+    Ok((sa[0], sa[1], sa[2], sb[2]))
 }
