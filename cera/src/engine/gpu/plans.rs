@@ -18,8 +18,8 @@
 //!
 //! The prefill plan records the graph's ops as they are, except that a Q/K/V GEMM of too few
 //! blocks to fill the GPU is split over K, and the RoPE kernel after it adds the two partial
-//! sums ([`super::tuning::qkv_split_k`]). The measured constants and the `CERA_*` overrides are
-//! in [`super::tuning`].
+//! sums ([`super::tuning::qkv_split_k`]). The measured constants and their overrides are
+//! [`GpuTuning`]'s, applied in [`super::tuning`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,10 +40,11 @@ use super::super::EngineError;
 use super::super::backend::CONV_RING;
 use super::super::graph::{ModelGraph, Op, Slot};
 use super::super::options::DecodeGemv;
+use super::super::tuning::GpuTuning;
 use super::fuse::{Fusions, Input, act_kind, fuse_decode};
 use super::links::{Links, epilogue_links};
 pub(crate) use super::tuning::prefill_qkv_splits;
-use super::tuning::{attn_single_kv, attn_tuning, decode_fusions, env_u32, f32_rows, norm_stage_k, prefill_attn_kernel, q8_config, qkv_split_k};
+use super::tuning::{decode_fusions, f32_rows, f32_threads, q8_config, qkv_split_k};
 use super::weights::GpuWeights;
 use super::{dev_err, ops_err, quant_err};
 
@@ -115,6 +116,8 @@ pub(crate) struct PlanInputs<'a> {
     pub(crate) conv: &'a [Arc<GpuBuffer>],
     /// The decode GEMVs' activations (f32, or int8 for wide quantized projections).
     pub(crate) decode_gemv: DecodeGemv,
+    /// The measured constants and their overrides.
+    pub(crate) tuning: &'a GpuTuning,
 }
 
 /// The inverse RoPE frequencies of a layer's op (frequency factors folded in).
@@ -166,7 +169,7 @@ pub(crate) fn build_layers(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mo
         Op::LmHead { w, .. } => w.cols,
         _ => 0,
     };
-    let (allow, epilogues) = decode_fusions();
+    let (allow, epilogues) = decode_fusions(inp.tuning);
     let rope_ok = |i: usize| rope_fusable(ctx, &env, inp, i);
     let fused = if mode == Mode::Decode { fuse_decode(&g.ops, allow, &k_of, &rope_ok) } else { Fusions::none(g.ops.len()) };
     let links = if mode == Mode::Decode { epilogue_links(ctx, &env, inp, &fused, epilogues)? } else { Links::default() };
@@ -274,10 +277,10 @@ pub(crate) fn build_layers(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mo
                 match mode {
                     Mode::Decode | Mode::Head => {
                         let mut b = DecodePlan::builder(ctx, &q, 0, c.n_heads, inp.cache, *layer, &opts).output(&out, 0);
-                        if let Some((heads, keys, target)) = attn_tuning() {
-                            b = b.tuning(heads, keys, target);
+                        if let Some(t) = inp.tuning.attn_tuning {
+                            b = b.tuning(t.heads, t.keys, t.target_wgs);
                         }
-                        if let Some(kv) = attn_single_kv() {
+                        if let Some(kv) = inp.tuning.attn_single_kv {
                             b = b.single_split_up_to(kv);
                         }
                         if let Some(consumer) = links.attention.get(&i) {
@@ -288,7 +291,7 @@ pub(crate) fn build_layers(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mo
                     Mode::Prefill { max_tok } => {
                         let ql = QueryLayout { n_tok: max_tok, n_q: c.n_heads, q_off: 0, tok_stride: c.qkv_dim() };
                         let mut b = PrefillPlan::builder(ctx, &q, &ql, inp.cache, *layer, &opts).output(&out, 0);
-                        if let Some(kind) = prefill_attn_kernel() {
+                        if let Some(kind) = inp.tuning.prefill_attn {
                             b = b.kernel(kind);
                         }
                         plan.append(b.build().map_err(ops_err)?.plan());
@@ -402,7 +405,7 @@ fn linear(
         let kind = WeightKind::of(w.format);
         match (mode, &xa) {
             (Mode::Decode | Mode::Head, Some(xa)) => {
-                let cfg = QuantGemvQ8 { accumulate: f.accumulate, rms_scale: xa.deferred_rms().is_some(), split_qkv, ..q8_config(env, w) };
+                let cfg = QuantGemvQ8 { accumulate: f.accumulate, rms_scale: xa.deferred_rms().is_some(), split_qkv, ..q8_config(inp.tuning, env, w) };
                 let p = match links.producers.get(&op) {
                     _ if rope.is_some() => {
                         let rk = rope.as_ref().expect("checked");
@@ -410,8 +413,9 @@ fn linear(
                     }
                     Some(l) => {
                         let mut cfg = QuantGemvQ8 { epilogue: l.epilogue, ..cfg };
-                        if let Some((r, t, u, sg)) = l.shape {
-                            (cfg.rows_per_workgroup, cfg.threads, cfg.unroll, cfg.subgroup_rows, cfg.row_groups) = (r, t, u, sg, 1);
+                        if let Some(s) = l.shape {
+                            (cfg.rows_per_workgroup, cfg.threads, cfg.unroll, cfg.subgroup_rows, cfg.row_groups) =
+                                (s.rows, s.threads, s.unroll, s.subgroup_rows, 1);
                         }
                         Q8GemvPlan::with_epilogue(ctx, &cfg, w, xa, &output, &links.targets[&l.consumer], l.norm.as_ref())
                     }
@@ -422,7 +426,7 @@ fn linear(
             (Mode::Decode | Mode::Head, None) => {
                 // Bounds are validated by the plan before it drops the runtime checks.
                 let prologue = match (&f.norm, f.glu) {
-                    (Some(_), _) => Prologue::RmsNorm { gemma: false, stage_k: norm_stage_k() },
+                    (Some(_), _) => Prologue::RmsNorm { gemma: false, stage_k: inp.tuning.norm_stage_k },
                     (None, Some(act)) => Prologue::Glu { act },
                     (None, None) => Prologue::None,
                 };
@@ -432,8 +436,8 @@ fn linear(
                     prologue,
                     split_qkv,
                     accumulate: f.accumulate,
-                    rows_per_workgroup: f32_rows(env, w),
-                    threads: env_u32("CERA_GEMV_THREADS").unwrap_or(base.threads),
+                    rows_per_workgroup: f32_rows(inp.tuning, env, w),
+                    threads: f32_threads(inp.tuning, base.threads),
                     ..base
                 };
                 let norm_weight = f.norm.as_ref().map(|n| inp.weights.vecs[n].binding.clone());
@@ -475,11 +479,11 @@ fn rope_fusable(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs, op: usize) 
     }
     let w = &parts[0].w;
     if uses_int8(inp, op, Mode::Decode) {
-        let q = q8_config(env, w);
+        let q = q8_config(inp.tuning, env, w);
         let sg_rows = if q.subgroups && env.subgroups { q.subgroup_rows } else { 0 };
         q.rows_per_workgroup.is_multiple_of(2) && sg_rows.is_multiple_of(2)
     } else {
-        f32_rows(env, w).is_multiple_of(2)
+        f32_rows(inp.tuning, env, w).is_multiple_of(2)
     }
 }
 
