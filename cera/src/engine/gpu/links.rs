@@ -26,7 +26,8 @@ pub(super) struct Epilogues {
 
 /// A producing GEMV's epilogue: what it quantizes and for which op.
 pub(super) struct Link {
-    pub(super) consumer: usize,
+    /// The consumer's int8 activations, which the producer writes.
+    pub(super) target: Q8Activations,
     pub(super) epilogue: Q8Epilogue,
     /// The next RMSNorm's weight.
     pub(super) norm: Option<Binding>,
@@ -42,8 +43,8 @@ pub(super) struct Link {
 pub(crate) struct Links {
     pub(super) targets: HashMap<usize, Q8Activations>,
     pub(super) producers: HashMap<usize, Link>,
-    /// Attention ops whose merge writes the next op's int8 activations (the consumer's index).
-    pub(super) attention: HashMap<usize, usize>,
+    /// Attention ops whose merge writes the next op's int8 activations (the consumer's).
+    pub(super) attention: HashMap<usize, Q8Activations>,
 }
 
 /// The epilogue links of the decode plan. A consumer is an int8 linear op that reads
@@ -72,8 +73,8 @@ pub(super) fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs
             // The attention's merge writes the output projection's int8 activations.
             if allow.attention && DecodePlan::quantized_output_supported(ctx, inp.cache, *layer) && k == g.width(Slot::Attn) {
                 let target = Q8Activations::written_by_producer(ctx, k, None).map_err(|e| quant_err(ctx, "attention output", e))?;
-                links.targets.insert(i, target);
-                links.attention.insert(p, i);
+                links.targets.insert(i, target.clone());
+                links.attention.insert(p, target);
             }
             continue;
         }
@@ -81,7 +82,7 @@ pub(super) fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs
         if !allow.gemv {
             continue;
         }
-        let parts = &inp.weights.linear[&p];
+        let parts = inp.weights.linear_parts(g, p)?;
         if !uses_int8(inp, p, mode) || parts.len() != 1 || parts[0].w.rows != g.width(*p_out) || links.producers.contains_key(&p) {
             continue;
         }
@@ -102,7 +103,7 @@ pub(super) fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs
                 let shape = norm_local_shape(inp.tuning, w.cols).filter(|s| fits(32, s));
                 let epilogue =
                     if shape.is_some() { Q8Epilogue::QuantizeLocal { norm: true, gemma: false } } else { Q8Epilogue::Quantize { norm: true, gemma: false } };
-                (epilogue, Some(inp.weights.vecs[n].binding.clone()), Some(g.cfg.norm_eps), shape)
+                (epilogue, Some(inp.weights.vec(n)?.binding.clone()), Some(g.cfg.norm_eps), shape)
             }
             Input::Glu(act, src) if src == p_out && !fused.ops[p].accumulate && w.rows == 2 * k => {
                 let shape = inp.tuning.glu_local.filter(|s| fits(64, s));
@@ -119,8 +120,8 @@ pub(super) fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs
             continue;
         }
         let target = Q8Activations::written_by_producer(ctx, k, deferred).map_err(|e| quant_err(ctx, &w.name, e))?;
-        links.targets.insert(i, target);
-        links.producers.insert(p, Link { consumer: i, epilogue, norm, shape });
+        links.targets.insert(i, target.clone());
+        links.producers.insert(p, Link { target, epilogue, norm, shape });
     }
     Ok(links)
 }

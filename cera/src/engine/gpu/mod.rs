@@ -8,6 +8,8 @@ mod fuse;
 mod links;
 mod plans;
 mod state;
+#[cfg(test)]
+mod tests;
 mod trace;
 mod tuning;
 mod weights;

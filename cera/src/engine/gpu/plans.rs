@@ -125,7 +125,7 @@ pub(crate) fn inv_freqs(graph: &ModelGraph, weights: &GpuWeights, op: &Op) -> Re
     let Op::QkvRope { rope, neox, freq_factors, .. } = op else { return Ok(vec![]) };
     let mut f = rope_params(graph, rope.base, rope.linear_factor, *neox).inv_freqs();
     if let Some(ff) = freq_factors {
-        let host = &weights.host_vecs[&ff.name];
+        let host = weights.host_vec(&ff.name)?;
         if host.len() != f.len() {
             return Err(EngineError::TensorShape { name: ff.name.clone(), dims: vec![host.len() as u64], expected: vec![f.len() as u64] });
         }
@@ -198,29 +198,29 @@ pub(crate) fn build_layers(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mo
         };
         match op {
             Op::Embed { scale, .. } => {
-                let table = &inp.weights.embed[&i];
+                let table = inp.weights.embedding(g, i)?;
                 // Prefill reads ids[token ..]; decode reads the one slot the step names.
                 let ids = GpuView::whole(inp.ids);
                 let p = EmbeddingPlan::new(ctx, table, &ids, rows, *scale, Some(slots.view(Slot::Hidden))).map_err(ops_err)?;
                 plan.append(p.plan());
             }
             Op::Norm { w, out, .. } if f.materialize => {
-                let io = NormIo { x: slots.view(Slot::Hidden), w: inp.weights.vecs[&w.name].clone(), b: None, residual: None, out: Some(slots.view(*out)) };
+                let io = NormIo { x: slots.view(Slot::Hidden), w: inp.weights.vec(&w.name)?.clone(), b: None, residual: None, out: Some(slots.view(*out)) };
                 plan.append(NormPlan::new(ctx, &Norm::rms(), &io, w.len, rows, c.norm_eps).map_err(ops_err)?.plan());
             }
             Op::AddNorm { w, out, .. } if f.materialize => {
                 // The residual add went into the producing GEMV: only the norm of Hidden is left.
-                let io = NormIo { x: slots.view(Slot::Hidden), w: inp.weights.vecs[&w.name].clone(), b: None, residual: None, out: Some(slots.view(*out)) };
+                let io = NormIo { x: slots.view(Slot::Hidden), w: inp.weights.vec(&w.name)?.clone(), b: None, residual: None, out: Some(slots.view(*out)) };
                 plan.append(NormPlan::new(ctx, &Norm::rms(), &io, w.len, rows, c.norm_eps).map_err(ops_err)?.plan());
             }
             Op::Norm { x, w, out } => {
-                let io = NormIo { x: slots.view(*x), w: inp.weights.vecs[&w.name].clone(), b: None, residual: None, out: Some(slots.view(*out)) };
+                let io = NormIo { x: slots.view(*x), w: inp.weights.vec(&w.name)?.clone(), b: None, residual: None, out: Some(slots.view(*out)) };
                 plan.append(NormPlan::new(ctx, &Norm::rms(), &io, w.len, rows, c.norm_eps).map_err(ops_err)?.plan());
             }
             Op::AddNorm { x, w, out } => {
                 let io = NormIo {
                     x: slots.view(*x),
-                    w: inp.weights.vecs[&w.name].clone(),
+                    w: inp.weights.vec(&w.name)?.clone(),
                     b: None,
                     residual: Some(slots.view(Slot::Hidden)),
                     out: Some(slots.view(*out)),
@@ -246,7 +246,7 @@ pub(crate) fn build_layers(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mo
                 };
                 let rp = rope_params(g, rope.base, rope.linear_factor, *neox);
                 let (qw, kw) = match qk_norm {
-                    Some((q, k)) => (Some(inp.weights.vecs[&q.name].binding.clone()), Some(inp.weights.vecs[&k.name].binding.clone())),
+                    Some((q, k)) => (Some(inp.weights.vec(&q.name)?.binding.clone()), Some(inp.weights.vec(&k.name)?.binding.clone())),
                     None => (None, None),
                 };
                 let x = slots.bind(Slot::Qkv);
@@ -284,7 +284,7 @@ pub(crate) fn build_layers(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mo
                             b = b.single_split_up_to(kv);
                         }
                         if let Some(consumer) = links.attention.get(&i) {
-                            b = b.quantized_output(&links.targets[consumer]);
+                            b = b.quantized_output(consumer);
                         }
                         plan.append(b.build().map_err(ops_err)?.plan());
                     }
@@ -299,7 +299,10 @@ pub(crate) fn build_layers(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mo
                 }
             }
             Op::Bias { x, bs } => {
-                let b: Vec<f32> = bs.iter().flat_map(|v| inp.weights.host_vecs[&v.name].iter().copied()).collect();
+                let mut b: Vec<f32> = Vec::new();
+                for v in bs {
+                    b.extend_from_slice(inp.weights.host_vec(&v.name)?);
+                }
                 if b.len() != g.width(*x) {
                     return Err(EngineError::BadConfig { reason: format!("a bias of {} values for {x:?} ({} wide)", b.len(), g.width(*x)) });
                 }
@@ -310,7 +313,7 @@ pub(crate) fn build_layers(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mo
                 let conv = ShortConv { kernel: c.conv_kernel as u32 };
                 let io = ShortConvIo {
                     bcx: slots.view(Slot::ConvIn),
-                    w: inp.weights.vecs[&w.name].clone(),
+                    w: inp.weights.vec(&w.name)?.clone(),
                     state: Some(GpuView::whole(&inp.conv[*state])),
                     out: Some(slots.view(Slot::Conv)),
                 };
@@ -355,8 +358,8 @@ fn linear(
     links: &Links,
 ) -> Result<(), EngineError> {
     let (x, y) = (f.x, f.out);
-    let parts = &inp.weights.linear[&op];
-    let k = parts.first().map_or(0, |p| p.w.cols);
+    let parts = inp.weights.linear_parts(inp.graph, op)?;
+    let k = parts[0].w.cols;
     let int8 = uses_int8(inp, op, mode);
     // The int8 activations all parts read: written by the producing GEMV's epilogue, or
     // quantized once in the dispatch before them.
@@ -365,7 +368,7 @@ fn linear(
     } else if int8 {
         let name = &parts[0].w.name;
         let xa = match (&f.norm, f.glu) {
-            (Some(n), _) => Q8Activations::with_rms_norm(ctx, &x, &inp.weights.vecs[n].binding, 1, k, eps, false),
+            (Some(n), _) => Q8Activations::with_rms_norm(ctx, &x, &inp.weights.vec(n)?.binding, 1, k, eps, false),
             (None, Some(act)) => Q8Activations::with_glu(ctx, &x, act, 1, k),
             (None, None) => Q8Activations::new(ctx, &x, 1, k),
         }
@@ -417,7 +420,7 @@ fn linear(
                             (cfg.rows_per_workgroup, cfg.threads, cfg.unroll, cfg.subgroup_rows, cfg.row_groups) =
                                 (s.rows, s.threads, s.unroll, s.subgroup_rows, 1);
                         }
-                        Q8GemvPlan::with_epilogue(ctx, &cfg, w, xa, &output, &links.targets[&l.consumer], l.norm.as_ref())
+                        Q8GemvPlan::with_epilogue(ctx, &cfg, w, xa, &output, &l.target, l.norm.as_ref())
                     }
                     None => Q8GemvPlan::new(ctx, &cfg, w, xa, &output),
                 };
@@ -440,7 +443,10 @@ fn linear(
                     threads: f32_threads(inp.tuning, base.threads),
                     ..base
                 };
-                let norm_weight = f.norm.as_ref().map(|n| inp.weights.vecs[n].binding.clone());
+                let norm_weight = match &f.norm {
+                    Some(n) => Some(inp.weights.vec(n)?.binding.clone()),
+                    None => None,
+                };
                 let io = GemvIo { x: x.clone(), norm_weight, eps, output };
                 let p = match &rope {
                     Some(rk) => GemvPlan::with_rope_kv(ctx, &QuantGemv { rope_kv: true, ..cfg }, w, &io, rk),
@@ -466,7 +472,7 @@ fn linear(
 /// layer, 8 storage bindings, and even rows per workgroup (and per subgroup) in its layout.
 fn rope_fusable(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs, op: usize) -> bool {
     let c = &inp.graph.cfg;
-    let Some(parts) = inp.weights.linear.get(&op) else { return false };
+    let Ok(parts) = inp.weights.linear_parts(inp.graph, op) else { return false };
     let cc = inp.cache.config();
     let one_segment = inp.cache.segment_len() >= inp.cache.capacity();
     if parts.len() != 1
@@ -488,9 +494,9 @@ fn rope_fusable(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs, op: usize) 
 }
 
 /// Whether linear op `op` runs as integer-dot GEMVs (decode, the int8 path, every part a
-/// quantized format).
+/// quantized format; false for an op without weights).
 pub(super) fn uses_int8(inp: &PlanInputs, op: usize, mode: Mode) -> bool {
-    let parts = &inp.weights.linear[&op];
+    let Some(parts) = inp.weights.linear.get(&op) else { return false };
     matches!(mode, Mode::Decode | Mode::Head)
         && inp.decode_gemv.int8_for(inp.graph.cfg.dim)
         && parts.iter().all(|p| QuantGemvQ8::supports(WeightKind::of(p.w.format)))
@@ -507,7 +513,8 @@ fn qkv_outputs(ctx: &GpuContext, inp: &PlanInputs, op: usize, mode: Mode, y: &Bi
     let total: usize = rows.iter().sum();
     let align = ctx.capabilities().limits.min_storage_buffer_offset_alignment as u64;
     let aligned = |elems: usize| (elems as u64 * 4).is_multiple_of(align);
-    if mode != Mode::Decode || n_parts != 1 || ws.len() != 3 || inp.weights.linear[&op][0].w.rows != total || !aligned(rows[0]) || !aligned(rows[0] + rows[1]) {
+    let matrix_rows = inp.weights.linear.get(&op).and_then(|p| p.first()).map(|p| p.w.rows);
+    if mode != Mode::Decode || n_parts != 1 || ws.len() != 3 || matrix_rows != Some(total) || !aligned(rows[0]) || !aligned(rows[0] + rows[1]) {
         return None;
     }
     let view = |off: usize, n: usize| Binding { buffer: y.buffer.clone(), offset: y.offset + off as u64 * 4, size: n as u64 * 4 };
