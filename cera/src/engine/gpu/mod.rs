@@ -6,6 +6,7 @@ mod ablate;
 mod chains;
 mod fuse;
 mod links;
+mod plan_ops;
 mod plans;
 mod state;
 #[cfg(test)]
