@@ -9,8 +9,11 @@
 # Usage: bash scripts/h200.sh MODE [ARGS...]; results go to $OUT (the device tool's folder).
 #   final     smol-135m q4_1, llama-1b q4_0, llama-8b q4_0: pp512 + tg128 beside llama.cpp
 #   archs     qwen3-0.6b and lfm2-1.2b q4_0, the same way
-#   tg PRESETS...   tg128 only (-p 0 -r 3) for each preset, under the current CERA_* env
-#   ab PRESET 'VAR=VAL;VAR=VAL' ...   (env sets separated by ';')   tg128 of one preset under each env set in turn
+#   tg PRESETS... [--tune KEY=VALUE]... [--diag KEY=VALUE]...   tg128 only (-p 0 -r 3) for each preset,
+#                   with those settings (`cera bench --tune help` lists the keys)
+#   ab PRESET 'KEY=VAL;KEY=VAL' ...   tg128 of one preset under each set in turn (settings separated
+#                   by ';', each a `--tune` key, or an `ablate`, `step_trace`, `chain_verbose` `--diag`
+#                   key; '' is the defaults)
 #   cmd 'SHELL'     any command with the models' folder in $M and the binaries in $B
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
@@ -49,13 +52,29 @@ case $mode in
     args=(); for p in qwen3-0.6b lfm2-1.2b; do args+=(-m "$(model $p)"); done
     $B/cera bench "${args[@]}" -p 512 -n 128 -r 5 "${LL[@]}" 2>&1 | tee "$OUT/archs.txt" ;;
   tg)
-    for p in "$@"; do $B/cera bench -m "$(model $p)" -p 0 -n 128 -r 3 2>&1 | tee -a "$OUT/tg.txt"; done ;;
+    presets=(); flags=()
+    while [ $# -gt 0 ]; do
+      case $1 in
+        --tune|--diag) flags+=("$1" "$2"); shift 2 ;;
+        *) presets+=("$1"); shift ;;
+      esac
+    done
+    for p in "${presets[@]}"; do $B/cera bench -m "$(model $p)" -p 0 -n 128 -r 3 "${flags[@]}" 2>&1 | tee -a "$OUT/tg.txt"; done ;;
   ab)
     p=$1; shift
     f=$(model "$p")
     for set in "$@"; do
       echo "== $set" | tee -a "$OUT/ab.txt"
-      (IFS=';'; for kv in $set; do export "$kv"; done; $B/cera bench -m "$f" -p 0 -n 128 -r 3 2>&1 | tee -a "$OUT/ab.txt")
+      flags=()
+      IFS=';' read -ra kvs <<< "$set"
+      for kv in "${kvs[@]}"; do
+        case $kv in
+          '') ;;
+          ablate=*|step_trace=*|chain_verbose=*) flags+=(--diag "$kv") ;;
+          *) flags+=(--tune "$kv") ;;
+        esac
+      done
+      $B/cera bench -m "$f" -p 0 -n 128 -r 3 "${flags[@]}" 2>&1 | tee -a "$OUT/ab.txt"
     done ;;
   cmd)
     for p in smol-135m llama-1b llama-8b; do model $p > /dev/null; done

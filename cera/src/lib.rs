@@ -39,4 +39,4 @@ pub mod safetensors;
 pub mod storage;
 pub mod tokenizer;
 
-pub use engine::{CancelToken, DeviceChoice, Engine, EngineError, FinishReason, GenerateOpts, Generation, LoadOptions, Session, Sink, TokenEvent};
+pub use engine::{CancelToken, DeviceChoice, Engine, EngineError, FinishReason, GenerateOpts, Generation, GpuTuning, LoadOptions, Session, Sink, TokenEvent};

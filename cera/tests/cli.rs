@@ -430,3 +430,40 @@ fn hf_folder_as_model() {
     assert!(ok, "{err}");
     assert!(out.contains("| llama-tiny-awq | AWQ |") && out.contains("tg4"), "{out}");
 }
+
+#[test]
+fn tune_and_diag_settings_are_checked_and_applied() {
+    let awq = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/golden/hf/llama-tiny-awq");
+    // Bad settings are clap errors naming the key and what it takes, before anything loads.
+    let (ok, _, err) = cera(&["bench", "-m", awq, "--tune", "q8_rowz=4"]);
+    assert!(!ok && err.contains("--tune") && err.contains("unknown key `q8_rowz` (known: decode_fusion,"), "{err}");
+    let (ok, _, err) = cera(&["run", "-m", awq, "-p", "a", "--tune", "prefill_split_k=3"]);
+    assert!(!ok && err.contains("`prefill_split_k=3`: expected 1 (off) or 2 (on)") && !err.contains("panicked"), "{err}");
+    let (ok, _, err) = cera(&["bench", "-m", awq, "--diag", "q8_rows=4"]);
+    assert!(!ok && err.contains("unknown key `q8_rows` (known: ablate, step_trace, chain_verbose)"), "{err}");
+    let (ok, _, err) = cera(&["bench", "-m", awq, "--tune", "help"]);
+    assert!(!ok && err.contains("prefill_lead: dispatches"), "{err}");
+    // Good ones load (on the GPU where there is one: the ablation then reports what it dropped).
+    let Some(_) = numr::testing::test_gpu() else { return };
+    let (ok, out, err) = cera(&[
+        "bench",
+        "-m",
+        awq,
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "--device",
+        "gpu",
+        "--tune",
+        "q8_rows=4",
+        "--tune",
+        "prefill_lead=0",
+        "--diag",
+        "ablate=+quant_gemv",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("tg4") && err.contains("ablate=+quant_gemv: 0 decode dispatches dropped,") && !err.contains(" 0 doubled"), "{out}\n{err}");
+}

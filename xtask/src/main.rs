@@ -6,7 +6,8 @@
 //!   shapes, GEMM at M = 512), each figure beside the streaming-read roofline of the same run.
 //! - `bench --attention [--quick]`: decode attention GB/s of KV read at 4K/32K context (fraction
 //!   of the roofline of the same run) and prefill attention TFLOP/s at 2K tokens.
-//! - `bench --model FILE... [-p 512] [-n 128] [-r 5] [--profile] [--json] [--vs-llama-cpp DIR]`:
+//! - `bench --model FILE... [-p 512] [-n 128] [-r 5] [--profile] [--json] [--vs-llama-cpp DIR]
+//!   [--tune KEY=VALUE]... [--diag KEY=VALUE]...`:
 //!   the end-to-end table of `cera bench` (see `cera::bench`).
 //! - `synth --arch llama|gemma3|qwen2|qwen3|lfm2 --preset smol-135m|llama-1b|llama-8b|gemma3-270m|qwen3-0.6b|tiny
 //!   --qtype q4_0|q4_1|q8_0|q4_k|q6_k --out FILE [--seed N]`: a synthetic GGUF model with random
@@ -70,6 +71,14 @@ enum Cmd {
         /// With --model: llama-server's directory, to run the same files through llama.cpp.
         #[arg(long = "vs-llama-cpp", value_name = "DIR")]
         vs_llama_cpp: Option<std::path::PathBuf>,
+        /// With --model: sets a field of the GPU plan builder's tuning (`cera::GpuTuning`,
+        /// speed only; the keys are `cera::engine::tuning::TUNING_KEYS`); may be repeated.
+        #[arg(long = "tune", value_name = "KEY=VALUE", value_parser = tune_setting)]
+        tune: Vec<String>,
+        /// With --model: for measuring only, a diagnostic switch (`ablate=-NAME,+NAME` makes the
+        /// output wrong; `step_trace=1`; `chain_verbose=1`); may be repeated.
+        #[arg(long = "diag", value_name = "KEY=VALUE", value_parser = diag_setting)]
+        diag: Vec<String>,
     },
     /// Write a synthetic GGUF model (random weights, real shapes) that cera and llama.cpp load.
     Synth {
@@ -104,10 +113,27 @@ enum Cmd {
     },
 }
 
+/// Checks one `--tune` setting.
+fn tune_setting(s: &str) -> Result<String, String> {
+    cera::GpuTuning::default().set_pair(s).map(|()| s.to_string()).map_err(|e| e.to_string())
+}
+
+/// Checks one `--diag` setting.
+fn diag_setting(s: &str) -> Result<String, String> {
+    cera::engine::Diagnostics::default().set_pair(s).map(|()| s.to_string()).map_err(|e| e.to_string())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     match Cli::parse().cmd {
-        Cmd::Bench { models, n_prompt, n_gen, reps, profile, json, vs_llama_cpp, .. } if !models.is_empty() => {
-            let opts = cera::bench::BenchOpts { prompts: n_prompt, gens: n_gen, reps, profile, llama_cpp: vs_llama_cpp, ..Default::default() };
+        Cmd::Bench { models, n_prompt, n_gen, reps, profile, json, vs_llama_cpp, tune, diag, .. } if !models.is_empty() => {
+            let mut load = cera::LoadOptions::default();
+            for s in &tune {
+                load.tuning.set_pair(s)?;
+            }
+            for s in &diag {
+                load.measuring_only.set_pair(s)?;
+            }
+            let opts = cera::bench::BenchOpts { prompts: n_prompt, gens: n_gen, reps, profile, llama_cpp: vs_llama_cpp, load, ..Default::default() };
             let report = cera::bench::run(&models, &opts, &mut |what| eprintln!("bench: {what}"))?;
             println!("{}", if json { cera::bench::print_json(&report) } else { cera::bench::print_table(&report) });
         }

@@ -55,7 +55,7 @@ pub fn run(a: Args, out: &mut Output) -> Result<(), CliError> {
         prompts: a.n_prompt,
         gens: a.n_gen,
         reps: a.reps,
-        load: a.load.options(None),
+        load: a.load.options(None)?,
         pipeline: !a.no_pipeline,
         profile: a.profile,
         llama_cpp: a.vs_llama_cpp,

@@ -7,7 +7,10 @@ use std::io::Write;
 
 use super::progress::LoadBar;
 use super::{CliError, Output, resolve_model};
-use crate::engine::{CancelToken, DecodeGemv, DeviceChoice, Engine, EngineError, GenerateOpts, Generation, KvType, LoadOptions, SamplerOpts, Sink, TokenEvent};
+use crate::engine::tuning::{DIAGNOSTIC_KEYS, TUNING_KEYS};
+use crate::engine::{
+    CancelToken, DecodeGemv, DeviceChoice, Diagnostics, Engine, EngineError, GenerateOpts, Generation, GpuTuning, KvType, LoadOptions, SamplerOpts, Sink, TokenEvent,
+};
 
 /// The model and how to load it.
 #[derive(Debug, Clone, clap::Args)]
@@ -43,12 +46,60 @@ pub struct LoadArgs {
     /// `f32` or `int8`.
     #[arg(long = "decode-gemv", default_value = "auto", value_parser = str::parse::<DecodeGemv>, value_name = "KIND")]
     pub decode_gemv: DecodeGemv,
+    /// Sets a field of the GPU plan builder's tuning (speed only; `cera::GpuTuning`); may be
+    /// given several times, applied in order. Keys: see `--tune help`.
+    #[arg(long = "tune", value_name = "KEY=VALUE", value_parser = tune_setting)]
+    pub tune: Vec<String>,
+    /// For measuring only: a diagnostic switch (`ablate=-NAME,+NAME` drops or doubles decode
+    /// dispatches and makes the output wrong; `step_trace=1`; `chain_verbose=1`); may be given
+    /// several times.
+    #[arg(long = "diag", value_name = "KEY=VALUE", value_parser = diag_setting)]
+    pub diag: Vec<String>,
+}
+
+/// The keys of `table` with what each takes, one a line.
+fn key_list(table: &[(&str, &str)]) -> String {
+    table.iter().map(|(k, v)| format!("\n  {k}: {v}")).collect()
+}
+
+/// Checks one `--tune` setting (`help`: the list of keys).
+fn tune_setting(s: &str) -> Result<String, String> {
+    if s.trim() == "help" {
+        return Err(format!("the keys of --tune KEY=VALUE:{}", key_list(TUNING_KEYS)));
+    }
+    GpuTuning::default().set_pair(s).map(|()| s.to_string()).map_err(|e| e.to_string())
+}
+
+/// Checks one `--diag` setting (`help`: the list of keys).
+fn diag_setting(s: &str) -> Result<String, String> {
+    if s.trim() == "help" {
+        return Err(format!("the keys of --diag KEY=VALUE (for measuring only):{}", key_list(DIAGNOSTIC_KEYS)));
+    }
+    Diagnostics::default().set_pair(s).map(|()| s.to_string()).map_err(|e| e.to_string())
 }
 
 impl LoadArgs {
-    /// The load options, with context length `n_ctx`.
-    pub fn options(&self, n_ctx: Option<usize>) -> LoadOptions {
-        LoadOptions { device: self.device, n_ctx, ubatch: self.batch_size, kv: self.kv_type, threads: self.threads, decode_gemv: self.decode_gemv }
+    /// The load options, with context length `n_ctx` (the `--tune` and `--diag` settings
+    /// applied in order).
+    pub fn options(&self, n_ctx: Option<usize>) -> Result<LoadOptions, CliError> {
+        let mut tuning = GpuTuning::default();
+        for s in &self.tune {
+            tuning.set_pair(s).map_err(|e| CliError::Message(format!("--tune {s}: {e}")))?;
+        }
+        let mut measuring_only = Diagnostics::default();
+        for s in &self.diag {
+            measuring_only.set_pair(s).map_err(|e| CliError::Message(format!("--diag {s}: {e}")))?;
+        }
+        Ok(LoadOptions {
+            device: self.device,
+            n_ctx,
+            ubatch: self.batch_size,
+            kv: self.kv_type,
+            threads: self.threads,
+            decode_gemv: self.decode_gemv,
+            tuning,
+            measuring_only,
+        })
     }
 }
 
@@ -127,7 +178,7 @@ impl SampleArgs {
 /// Resolves (fetching if needed) and loads the model, with a progress bar on a terminal.
 pub fn load(args: &ModelArgs) -> Result<Engine, CliError> {
     let path = resolve_model(&args.model)?;
-    let opts = args.load.options(args.ctx_size);
+    let opts = args.load.options(args.ctx_size)?;
     let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     let bar = LoadBar::new(format!("loading {name}"));
     let engine = Engine::load(&path, &opts, Some(&|p| bar.update(p)));

@@ -186,6 +186,34 @@ impl Op {
             _ => vec![],
         }
     }
+
+    /// The activation slots the op reads.
+    pub fn reads(&self) -> Vec<Slot> {
+        match self {
+            Op::Embed { .. } => vec![],
+            Op::Norm { x, .. } | Op::Linear { x, .. } | Op::Glu { x, .. } => vec![*x],
+            Op::AddNorm { x, .. } => vec![*x, Slot::Hidden],
+            Op::QkvRope { .. } => vec![Slot::Qkv],
+            Op::Bias { x, .. } => vec![*x],
+            Op::Attention { .. } => vec![Slot::Qkv],
+            Op::ShortConv { .. } => vec![Slot::ConvIn],
+            Op::LmHead { .. } => vec![Slot::Normed],
+        }
+    }
+
+    /// The activation slots the op writes.
+    pub fn writes(&self) -> Vec<Slot> {
+        match self {
+            Op::Embed { .. } => vec![Slot::Hidden],
+            Op::Norm { out, .. } | Op::Linear { out, .. } | Op::Glu { out, .. } => vec![*out],
+            Op::AddNorm { out, .. } => vec![Slot::Hidden, *out],
+            Op::QkvRope { .. } => vec![Slot::Qkv],
+            Op::Bias { x, .. } => vec![*x],
+            Op::Attention { .. } => vec![Slot::Attn],
+            Op::ShortConv { .. } => vec![Slot::Conv],
+            Op::LmHead { .. } => vec![Slot::Logits],
+        }
+    }
 }
 
 /// What a decode step reads of the weights ([`ModelGraph::decode_traffic`]).
@@ -260,19 +288,13 @@ impl ModelGraph {
         Ok(t)
     }
 
-    /// The slots the ops use.
+    /// The slots the ops use (what they read and write), and always the residual stream, the
+    /// logits and `Normed` (where a prefill chunk's last row goes for the LM head).
     pub fn slots(&self) -> Vec<Slot> {
-        let mut s: Vec<Slot> = vec![Slot::Hidden, Slot::Logits];
+        let mut s: Vec<Slot> = vec![Slot::Hidden, Slot::Logits, Slot::Normed];
         for op in &self.ops {
-            match op {
-                Op::Norm { x, out, .. } | Op::Linear { x, out, .. } | Op::Glu { x, out, .. } => s.extend([*x, *out]),
-                Op::AddNorm { x, out, .. } => s.extend([*x, *out]),
-                Op::QkvRope { .. } => s.push(Slot::Qkv),
-                Op::Bias { x, .. } => s.push(*x),
-                Op::Attention { .. } => s.extend([Slot::Qkv, Slot::Attn]),
-                Op::ShortConv { .. } => s.extend([Slot::ConvIn, Slot::Conv]),
-                Op::Embed { .. } | Op::LmHead { .. } => s.push(Slot::Normed),
-            }
+            s.extend(op.reads());
+            s.extend(op.writes());
         }
         s.sort();
         s.dedup();

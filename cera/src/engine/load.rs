@@ -104,7 +104,11 @@ fn gpu(
     opts: &LoadOptions,
     progress: Option<ProgressFn<'_>>,
 ) -> Result<Arc<dyn Backend>, EngineError> {
-    Ok(Arc::new(GpuBackend::load(Arc::new(ctx), graph, file, progress)?.with_decode_gemv(opts.decode_gemv)))
+    let backend = GpuBackend::load(Arc::new(ctx), graph, file, progress)?
+        .with_decode_gemv(opts.decode_gemv)
+        .with_tuning(opts.tuning.clone())
+        .with_measuring_only_diagnostics(opts.measuring_only.clone());
+    Ok(Arc::new(backend))
 }
 
 impl Engine {

@@ -7,6 +7,8 @@
 //! - [`weights`]: tensors by name with typed errors;
 //! - [`backend`]: the interface between a session and a device executor; [`gpu`] (boostr plans
 //!   recorded per token) and [`cpu`] (boostr's CPU references, threads over rows) implement it;
+//! - [`tuning`]: the GPU plan builder's measured constants as data ([`GpuTuning`], in
+//!   [`LoadOptions`]) and the diagnostics for measuring ([`Diagnostics`]);
 //! - [`sampler`], [`stop`]: sampling and stop strings on the CPU;
 //! - [`cpu_ref`]: an independent llama forward pass, the oracle of the tests;
 //! - the library API: [`Engine`] (a loaded model, shared; `load` in `load.rs`), [`Session`]
@@ -38,6 +40,7 @@ pub mod options;
 pub mod sampler;
 mod session;
 pub mod stop;
+pub mod tuning;
 pub mod weights;
 
 pub use backend::{Backend, BackendState, KernelTime, KvType, LoadProgress, MAX_IN_FLIGHT, StateOpts, StepCounters, StepInput, StepOutput, Want};
@@ -51,6 +54,7 @@ pub use options::{Chains, DecodeGemv, DeviceChoice, FinishReason, GenerateOpts, 
 pub use sampler::SamplerOpts;
 pub use session::{CancelToken, Session};
 pub use stop::StopMatcher;
+pub use tuning::{Diagnostics, GpuTuning, TuningError};
 
 /// Why a model cannot be loaded or run.
 #[derive(Debug, thiserror::Error)]

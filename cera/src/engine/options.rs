@@ -2,6 +2,7 @@
 
 use super::backend::KvType;
 use super::sampler::SamplerOpts;
+use super::tuning::{Diagnostics, GpuTuning};
 
 /// Which device runs the model.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -128,11 +129,25 @@ pub struct LoadOptions {
     pub threads: Option<usize>,
     /// The GPU decode step's GEMV activations; default [`DecodeGemv::Auto`].
     pub decode_gemv: DecodeGemv,
+    /// The GPU plan builder's tuning (speed only); default: the measured [`GpuTuning`].
+    pub tuning: GpuTuning,
+    /// For measuring only: ablation makes the output wrong, the traces print to standard
+    /// error ([`Diagnostics`]). Default: all off. Leave it so outside a measurement.
+    pub measuring_only: Diagnostics,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { device: DeviceChoice::Auto, n_ctx: None, ubatch: 512, kv: KvType::F16, threads: None, decode_gemv: DecodeGemv::Auto }
+        LoadOptions {
+            device: DeviceChoice::Auto,
+            n_ctx: None,
+            ubatch: 512,
+            kv: KvType::F16,
+            threads: None,
+            decode_gemv: DecodeGemv::Auto,
+            tuning: GpuTuning::default(),
+            measuring_only: Diagnostics::default(),
+        }
     }
 }
 

@@ -185,7 +185,8 @@ impl GpuContext {
         let by_index = options.adapter.as_deref().and_then(|s| s.trim().parse::<usize>().ok());
         // Without an explicit choice, look at the native APIs first (Vulkan, Metal, DX12) and
         // only fall back to GL when none of them has an adapter.
-        let explicit = options.backend.is_some() || std::env::var("WGPU_BACKEND").is_ok();
+        // (`WGPU_BACKEND` is wgpu's own variable, read by wgpu.)
+        let explicit = options.backend.is_some() || wgpu::Backends::from_env().is_some();
         if !explicit && by_index.is_none() {
             desc.backends &= wgpu::Backends::PRIMARY;
         }

@@ -1,33 +1,29 @@
-//! `CERA_ABLATE`: what each kernel family costs inside the real decode chain (a diagnostic for
-//! timing only: the generated tokens are wrong while it is set).
+//! Ablation ([`Diagnostics::ablate`](super::super::tuning::Diagnostics::ablate)): what each kernel family costs inside the real decode
+//! chain (a diagnostic for timing only: the generated tokens are wrong while a rule is set).
 //!
 //! The profile (`cera bench --profile`) serialises every dispatch around timestamps, so it
-//! overstates small kernels and says nothing of the drain and ramp between dependent ones. This
-//! switch changes the decode plan instead, and the bench's tok/s difference is the family's
-//! cost in place: `CERA_ABLATE` is a comma list of `-NAME` (drop every dispatch whose kernel
-//! name contains NAME) and `+NAME` (record each such dispatch twice in a row, so the cost of
-//! one more dependent copy shows). Example: `CERA_ABLATE=+attn_decode` or `-attn_decode,+_epglu`.
+//! overstates small kernels and says nothing of the drain and ramp between dependent ones. The
+//! rules change the decode plan instead, and the bench's tok/s difference is the family's cost
+//! in place: `-NAME` drops every dispatch whose kernel name contains NAME, `+NAME` records each
+//! such dispatch twice in a row, so the cost of one more dependent copy shows. Example:
+//! `cera bench --diag ablate=+attn_decode` or `--diag ablate=-attn_decode,+_epglu`.
 
 use numr::gpu::Plan;
 
-/// `plan` with the dispatches `CERA_ABLATE` names dropped or doubled (unchanged when unset).
-pub(crate) fn ablated(plan: Plan) -> Plan {
-    let Ok(spec) = std::env::var("CERA_ABLATE") else { return plan };
-    let rules: Vec<(bool, String)> = spec
-        .split(',')
-        .filter_map(|r| {
-            let r = r.trim();
-            let (twice, name) = (r.starts_with('+'), r.trim_start_matches(['+', '-']));
-            (!name.is_empty()).then(|| (twice, name.to_string()))
-        })
-        .collect();
+use super::super::tuning::AblateRule;
+
+/// `plan` with the dispatches `rules` name dropped or doubled (unchanged when there are none).
+pub(crate) fn ablated(plan: Plan, rules: &[AblateRule]) -> Plan {
+    if rules.is_empty() {
+        return plan;
+    }
     let mut out = Plan::new();
     let (mut dropped, mut doubled) = (0, 0);
     for d in plan.dispatches() {
         let name = d.kernel().name();
-        let copies = match rules.iter().find(|(_, n)| name.contains(n.as_str())) {
-            Some((true, _)) => 2,
-            Some((false, _)) => 0,
+        let copies = match rules.iter().find(|r| name.contains(r.kernel.as_str())) {
+            Some(r) if r.twice => 2,
+            Some(_) => 0,
             None => 1,
         };
         dropped += usize::from(copies == 0);
@@ -36,6 +32,7 @@ pub(crate) fn ablated(plan: Plan) -> Plan {
             out.push(d.clone());
         }
     }
-    eprintln!("CERA_ABLATE={spec}: {dropped} decode dispatches dropped, {doubled} doubled (timing only: the output is wrong)");
+    let spec: Vec<String> = rules.iter().map(|r| format!("{}{}", if r.twice { '+' } else { '-' }, r.kernel)).collect();
+    eprintln!("ablate={}: {dropped} decode dispatches dropped, {doubled} doubled (timing only: the output is wrong)", spec.join(","));
     out
 }

@@ -55,39 +55,13 @@ impl Fusions {
     }
 }
 
-fn reads(op: &Op) -> Vec<Slot> {
-    match op {
-        Op::Embed { .. } => vec![],
-        Op::Norm { x, .. } | Op::Linear { x, .. } | Op::Glu { x, .. } => vec![*x],
-        Op::AddNorm { x, .. } => vec![*x, Slot::Hidden],
-        Op::QkvRope { .. } => vec![Slot::Qkv],
-        Op::Bias { x, .. } => vec![*x],
-        Op::Attention { .. } => vec![Slot::Qkv],
-        Op::ShortConv { .. } => vec![Slot::ConvIn],
-        Op::LmHead { .. } => vec![Slot::Normed],
-    }
-}
-
-fn writes(op: &Op) -> Vec<Slot> {
-    match op {
-        Op::Embed { .. } => vec![Slot::Hidden],
-        Op::Norm { out, .. } | Op::Linear { out, .. } | Op::Glu { out, .. } => vec![*out],
-        Op::AddNorm { out, .. } => vec![Slot::Hidden, *out],
-        Op::QkvRope { .. } => vec![Slot::Qkv],
-        Op::Bias { x, .. } => vec![*x],
-        Op::Attention { .. } => vec![Slot::Attn],
-        Op::ShortConv { .. } => vec![Slot::Conv],
-        Op::LmHead { .. } => vec![Slot::Logits],
-    }
-}
-
 /// Whether an op from `from` on reads `slot` before one writes it.
 fn read_later(ops: &[Op], from: usize, slot: Slot) -> bool {
     for op in &ops[from..] {
-        if reads(op).contains(&slot) {
+        if op.reads().contains(&slot) {
             return true;
         }
-        if writes(op).contains(&slot) {
+        if op.writes().contains(&slot) {
             return false;
         }
     }
@@ -221,6 +195,29 @@ pub(super) mod tests {
             attn_softcap: None,
             kinds: (0..n_layers).map(|l| if arch == Arch::Lfm2 && l % 3 != 2 { LayerKind::ShortConv } else { LayerKind::Attention }).collect(),
             conv_kernel: if arch == Arch::Lfm2 { 3 } else { 0 },
+        }
+    }
+
+    #[test]
+    fn every_slot_an_op_reads_was_written_before_and_is_allocated() {
+        // The ops' reads and writes (`Op::reads`, `Op::writes`) are the data flow the fusions
+        // and the slot allocation rely on: in every architecture each read follows a write,
+        // every slot read or written is among `ModelGraph::slots`, and the embedding comes first.
+        for arch in [Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Gemma3, Arch::Lfm2] {
+            let g = build(&config(arch, 3), &FileFacts::default());
+            assert!(matches!(g.ops[0], Op::Embed { .. }), "{arch:?}");
+            let slots = g.slots();
+            let mut written = std::collections::HashSet::new();
+            for (i, op) in g.ops.iter().enumerate() {
+                for s in op.reads() {
+                    assert!(written.contains(&s), "{arch:?} op {i} {op:?} reads {s:?} before any op writes it");
+                }
+                for s in op.reads().into_iter().chain(op.writes()) {
+                    assert!(slots.contains(&s), "{arch:?}: {s:?} is not allocated");
+                }
+                written.extend(op.writes());
+            }
+            assert!(slots.contains(&Slot::Normed) && slots.contains(&Slot::Logits), "{arch:?}");
         }
     }
 

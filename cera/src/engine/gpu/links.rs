@@ -9,10 +9,11 @@ use numr::gpu::{Binding, GpuContext, KernelEnv};
 
 use super::super::EngineError;
 use super::super::graph::{Op, Slot};
+use super::super::tuning::WorkgroupShape;
 use super::fuse::{Fusions, Input};
 use super::plans::{Mode, PlanInputs, uses_int8};
 use super::quant_err;
-use super::tuning::{Shape, glu_local_shape, norm_local_shape, q8_config};
+use super::tuning::{norm_local_shape, q8_config};
 
 /// Which producers quantize the int8 GEMVs' activations ([`epilogue_links`]).
 #[derive(Clone, Copy, Debug)]
@@ -25,13 +26,14 @@ pub(super) struct Epilogues {
 
 /// A producing GEMV's epilogue: what it quantizes and for which op.
 pub(super) struct Link {
-    pub(super) consumer: usize,
+    /// The consumer's int8 activations, which the producer writes.
+    pub(super) target: Q8Activations,
     pub(super) epilogue: Q8Epilogue,
     /// The next RMSNorm's weight.
     pub(super) norm: Option<Binding>,
     /// The producer's workgroup shape with a workgroup-local epilogue (`GluLocal`,
     /// `QuantizeLocal`); `None`: its own configuration.
-    pub(super) shape: Option<Shape>,
+    pub(super) shape: Option<WorkgroupShape>,
 }
 
 /// Which int8 GEMVs quantize their own output for the next projection (boostr's
@@ -41,8 +43,8 @@ pub(super) struct Link {
 pub(crate) struct Links {
     pub(super) targets: HashMap<usize, Q8Activations>,
     pub(super) producers: HashMap<usize, Link>,
-    /// Attention ops whose merge writes the next op's int8 activations (the consumer's index).
-    pub(super) attention: HashMap<usize, usize>,
+    /// Attention ops whose merge writes the next op's int8 activations (the consumer's).
+    pub(super) attention: HashMap<usize, Q8Activations>,
 }
 
 /// The epilogue links of the decode plan. A consumer is an int8 linear op that reads
@@ -71,8 +73,8 @@ pub(super) fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs
             // The attention's merge writes the output projection's int8 activations.
             if allow.attention && DecodePlan::quantized_output_supported(ctx, inp.cache, *layer) && k == g.width(Slot::Attn) {
                 let target = Q8Activations::written_by_producer(ctx, k, None).map_err(|e| quant_err(ctx, "attention output", e))?;
-                links.targets.insert(i, target);
-                links.attention.insert(p, i);
+                links.targets.insert(i, target.clone());
+                links.attention.insert(p, target);
             }
             continue;
         }
@@ -80,7 +82,7 @@ pub(super) fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs
         if !allow.gemv {
             continue;
         }
-        let parts = &inp.weights.linear[&p];
+        let parts = inp.weights.linear_parts(g, p)?;
         if !uses_int8(inp, p, mode) || parts.len() != 1 || parts[0].w.rows != g.width(*p_out) || links.producers.contains_key(&p) {
             continue;
         }
@@ -88,23 +90,28 @@ pub(super) fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs
         // Workgroups that own whole blocks where the shape fits the matrix and the adapter (its
         // invocations per workgroup; rows per subgroup need subgroups).
         let max_inv = ctx.capabilities().limits.max_compute_invocations_per_workgroup;
-        let fits = |block: u32, &(r, t, _, sg): &Shape| {
-            r.is_multiple_of(block) && w.rows.is_multiple_of(r as usize) && t >= Q8Epilogue::QUANT_LANES.max(r) && t <= max_inv && (sg == 0 || env.subgroups)
+        let fits = |block: u32, s: &WorkgroupShape| {
+            let (r, t) = (s.rows, s.threads);
+            r.is_multiple_of(block)
+                && w.rows.is_multiple_of(r as usize)
+                && t >= Q8Epilogue::QUANT_LANES.max(r)
+                && t <= max_inv
+                && (s.subgroup_rows == 0 || env.subgroups)
         };
         let (epilogue, norm, deferred, shape) = match &f.input {
             Input::Norm(n) if fused.ops[p].accumulate && w.rows == k => {
-                let shape = norm_local_shape(w.cols).filter(|s| fits(32, s));
+                let shape = norm_local_shape(inp.tuning, w.cols).filter(|s| fits(32, s));
                 let epilogue =
                     if shape.is_some() { Q8Epilogue::QuantizeLocal { norm: true, gemma: false } } else { Q8Epilogue::Quantize { norm: true, gemma: false } };
-                (epilogue, Some(inp.weights.vecs[n].binding.clone()), Some(g.cfg.norm_eps), shape)
+                (epilogue, Some(inp.weights.vec(n)?.binding.clone()), Some(g.cfg.norm_eps), shape)
             }
             Input::Glu(act, src) if src == p_out && !fused.ops[p].accumulate && w.rows == 2 * k => {
-                let shape = glu_local_shape().filter(|s| fits(64, s));
+                let shape = inp.tuning.glu_local.filter(|s| fits(64, s));
                 (if shape.is_some() { Q8Epilogue::GluLocal { act: *act } } else { Q8Epilogue::Glu { act: *act } }, None, None, shape)
             }
             _ => continue,
         };
-        let q8 = q8_config(env, w);
+        let q8 = q8_config(inp.tuning, env, w);
         let arrivals_fit = 32u32.is_multiple_of(q8.rows_per_workgroup) && q8.threads >= Q8Epilogue::QUANT_LANES;
         if !Q8GemvPlan::epilogue_supported(ctx, epilogue)
             || (epilogue.uses_arrivals() && !arrivals_fit)
@@ -113,8 +120,8 @@ pub(super) fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs
             continue;
         }
         let target = Q8Activations::written_by_producer(ctx, k, deferred).map_err(|e| quant_err(ctx, &w.name, e))?;
-        links.targets.insert(i, target);
-        links.producers.insert(p, Link { consumer: i, epilogue, norm, shape });
+        links.targets.insert(i, target.clone());
+        links.producers.insert(p, Link { target, epilogue, norm, shape });
     }
     Ok(links)
 }

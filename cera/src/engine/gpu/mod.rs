@@ -6,8 +6,11 @@ mod ablate;
 mod chains;
 mod fuse;
 mod links;
+mod plan_ops;
 mod plans;
 mod state;
+#[cfg(test)]
+mod tests;
 mod trace;
 mod tuning;
 mod weights;
@@ -20,6 +23,7 @@ use super::EngineError;
 use super::backend::{Backend, BackendState, ProgressFn, StateOpts};
 use super::graph::ModelGraph;
 use super::options::{Chains, DecodeGemv};
+use super::tuning::{Diagnostics, GpuTuning};
 use super::weights::WeightSource;
 
 /// The model uploaded to one GPU.
@@ -29,7 +33,8 @@ pub struct GpuBackend {
     weights: Arc<weights::GpuWeights>,
     device: String,
     decode_gemv: DecodeGemv,
-    chains: Chains,
+    tuning: GpuTuning,
+    diagnostics: Diagnostics,
 }
 
 pub(crate) fn device_name(ctx: &GpuContext) -> String {
@@ -59,7 +64,15 @@ impl GpuBackend {
         let weights = weights::GpuWeights::upload(&ctx, graph, src, progress)?;
         ctx.flush().map_err(|e| dev_err(&ctx, e))?;
         let device = device_name(&ctx);
-        Ok(GpuBackend { ctx, graph: Arc::new(graph.clone()), weights: Arc::new(weights), device, decode_gemv: DecodeGemv::Auto, chains: Chains::Auto })
+        Ok(GpuBackend {
+            ctx,
+            graph: Arc::new(graph.clone()),
+            weights: Arc::new(weights),
+            device,
+            decode_gemv: DecodeGemv::Auto,
+            tuning: GpuTuning::default(),
+            diagnostics: Diagnostics::default(),
+        })
     }
 
     /// The decode step's GEMV activations for the sequences made from now on.
@@ -68,9 +81,24 @@ impl GpuBackend {
         self
     }
 
-    /// Whether the decode step of the sequences made from now on runs each layer as one chain.
+    /// Whether the decode step of the sequences made from now on runs each layer as one chain
+    /// ([`GpuTuning::chains`]).
     pub fn with_chains(mut self, c: Chains) -> GpuBackend {
-        self.chains = c;
+        self.tuning.chains = c;
+        self
+    }
+
+    /// The plan builder's tuning for the sequences made from now on (default: the measured
+    /// [`GpuTuning::default`]).
+    pub fn with_tuning(mut self, t: GpuTuning) -> GpuBackend {
+        self.tuning = t;
+        self
+    }
+
+    /// Diagnostics for measuring the sequences made from now on. For measuring only: ablation
+    /// makes the output wrong ([`Diagnostics`]).
+    pub fn with_measuring_only_diagnostics(mut self, d: Diagnostics) -> GpuBackend {
+        self.diagnostics = d;
         self
     }
 

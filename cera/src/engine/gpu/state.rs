@@ -5,7 +5,8 @@
 //! chunk of several runs the prefill plan over all its tokens and, when the step wants a
 //! distribution, copies the chunk's last normalised row into the decode slots and runs the
 //! head plan (the LM head's GEMV alone) on it. A chunk's prefill plan (hundreds of dispatches)
-//! goes out in submits of doubling size ([`PREFILL_LEAD`] dispatches first), so the GPU starts
+//! goes out in submits of doubling size ([`GpuTuning::prefill_lead`](super::super::tuning::GpuTuning::prefill_lead)
+//! dispatches first), so the GPU starts
 //! on the first layers while the host encodes the rest. Then argmax / top-k / nothing, and one readback
 //! of what the sampler needs (4 bytes for greedy).
 //! Greedy decoding leaves the id in the argmax slot, where the next step's embedding reads it,
@@ -30,17 +31,6 @@ use super::trace::StepTrace;
 use super::weights::GpuWeights;
 use super::{GpuBackend, dev_err, ops_err};
 
-/// Dispatches of a prefill chunk submitted first; each further submit takes twice the one
-/// before, the last one the rest with the step's tail (`CERA_PREFILL_LEAD`, a diagnostic: 0
-/// submits a chunk at once). Encoding costs the host about 4 us per dispatch on the H200, a
-/// prompt's dispatch runs 20 us or more, so each submit is encoded while the GPU runs the one
-/// before and the GPU waits only for the first.
-const PREFILL_LEAD: usize = 16;
-
-fn prefill_lead() -> usize {
-    std::env::var("CERA_PREFILL_LEAD").ok().and_then(|v| v.parse().ok()).unwrap_or(PREFILL_LEAD)
-}
-
 pub(crate) struct GpuState {
     ctx: Arc<GpuContext>,
     graph: Arc<ModelGraph>,
@@ -54,7 +44,7 @@ pub(crate) struct GpuState {
     ids: Arc<GpuBuffer>,
     n_ctx: usize,
     ubatch: usize,
-    /// Dispatches of a prefill chunk's first early submit ([`PREFILL_LEAD`], read once).
+    /// Dispatches of a prefill chunk's first early submit (`GpuTuning::prefill_lead`).
     prefill_lead: usize,
     decode: Plan,
     prefill: Plan,
@@ -116,11 +106,13 @@ impl GpuState {
             ctx.write(&ring, 0, &vec![0u8; 4 * CONV_RING * c.dim]).map_err(|e| dev_err(ctx, e))?;
             conv.push(ring);
         }
-        let inp = PlanInputs { graph: g, weights: &b.weights, cache: &cache, ids: &ids, freqs: &freqs, conv: &conv, decode_gemv: b.decode_gemv };
+        let inp =
+            PlanInputs { graph: g, weights: &b.weights, cache: &cache, ids: &ids, freqs: &freqs, conv: &conv, decode_gemv: b.decode_gemv, tuning: &b.tuning };
         let dec_slots = Slots::new(ctx, g, 1, 1)?;
         let pre_slots = Slots::new(ctx, g, ubatch, prefill_qkv_splits(ctx, &inp, ubatch))?;
         let (decode, layer_starts) = build_layers(ctx, &inp, &dec_slots, Mode::Decode)?;
-        let decode = super::ablate::ablated(super::chains::chained(ctx, decode, &layer_starts, b.chains));
+        let diag = &b.diagnostics;
+        let decode = super::ablate::ablated(super::chains::chained(ctx, decode, &layer_starts, &b.tuning, diag.chain_verbose), &diag.ablate);
         let prefill = build(ctx, &inp, &pre_slots, Mode::Prefill { max_tok: ubatch })?;
         let head = build(ctx, &inp, &dec_slots, Mode::Head)?;
         let logits = GpuView::whole(dec_slots.buf(Slot::Logits));
@@ -155,7 +147,7 @@ impl GpuState {
             ids,
             n_ctx: opts.n_ctx,
             ubatch,
-            prefill_lead: prefill_lead(),
+            prefill_lead: b.tuning.prefill_lead,
             decode,
             prefill,
             head,
@@ -169,7 +161,7 @@ impl GpuState {
             rec: Some(ctx.recorder()),
             argmax_reads,
             counters: StepCounters::default(),
-            trace: StepTrace::from_env(ctx),
+            trace: StepTrace::new(ctx, b.diagnostics.step_trace),
         })
     }
 

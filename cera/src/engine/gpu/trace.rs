@@ -1,4 +1,5 @@
-//! `CERA_STEP_TRACE=1`: where a decode loop's host time goes (a diagnostic, off by default).
+//! The step trace ([`Diagnostics::step_trace`](super::super::tuning::Diagnostics::step_trace),
+//! `--diag step_trace=1`): where a decode loop's host time goes (a diagnostic, off by default).
 //!
 //! Each submitted step records when its recording started and was submitted, and when its
 //! readback was waited for and returned. When the executor is reset (a new generation) or
@@ -28,8 +29,8 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 }
 
 impl StepTrace {
-    pub(crate) fn from_env(ctx: &GpuContext) -> Self {
-        let on = std::env::var("CERA_STEP_TRACE").is_ok_and(|v| v == "1");
+    /// A trace that records and prints when `on`.
+    pub(crate) fn new(ctx: &GpuContext, on: bool) -> Self {
         StepTrace { ctx: ctx.clone(), on, submits: Vec::new(), collects: Vec::new(), fallbacks_at_start: ctx.read_wait_fallbacks() }
     }
 

@@ -145,6 +145,41 @@ impl GpuWeights {
     }
 }
 
+impl GpuWeights {
+    /// The vector (or LFM2 conv taps) `name` on the GPU; [`EngineError::MissingTensor`] when it
+    /// was not uploaded.
+    pub(crate) fn vec(&self, name: &str) -> Result<&GpuView, EngineError> {
+        self.vecs.get(name).ok_or_else(|| EngineError::MissingTensor { name: name.to_string() })
+    }
+
+    /// The host copy of the vector `name`; [`EngineError::MissingTensor`] when it was not
+    /// uploaded.
+    pub(crate) fn host_vec(&self, name: &str) -> Result<&[f32], EngineError> {
+        self.host_vecs.get(name).map(Vec::as_slice).ok_or_else(|| EngineError::MissingTensor { name: name.to_string() })
+    }
+
+    /// The parts (at least one) of `graph`'s linear op `op`; [`EngineError::MissingTensor`]
+    /// naming its matrices when they were not uploaded.
+    pub(crate) fn linear_parts(&self, graph: &ModelGraph, op: usize) -> Result<&[LinearPart], EngineError> {
+        match self.linear.get(&op) {
+            Some(p) if !p.is_empty() => Ok(p),
+            _ => Err(missing_op(graph, op)),
+        }
+    }
+
+    /// The table of `graph`'s embedding op `op`; [`EngineError::MissingTensor`] naming it when it
+    /// was not uploaded.
+    pub(crate) fn embedding(&self, graph: &ModelGraph, op: usize) -> Result<&Arc<GpuEmbedding>, EngineError> {
+        self.embed.get(&op).ok_or_else(|| missing_op(graph, op))
+    }
+}
+
+/// The missing matrices of op `op`.
+fn missing_op(graph: &ModelGraph, op: usize) -> EngineError {
+    let name = graph.ops.get(op).map_or_else(|| format!("(the weights of op {op})"), |o| names(&o.mats()));
+    EngineError::MissingTensor { name }
+}
+
 /// An F32 matrix as F16 (BF16 when a value is beyond f16's range): the GPU's F16/BF16 GEMV and
 /// GEMM read half the bytes. Other formats unchanged.
 fn narrow_f32(p: Arc<PackedWeights>) -> Result<Arc<PackedWeights>, EngineError> {

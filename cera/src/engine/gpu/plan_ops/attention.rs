@@ -1,0 +1,43 @@
+//! Attention dispatches: the decode plan (flash-decoding; its merge may write the output
+//! projection's int8 activations) or the prefill plan (tiled, subgroup or cooperative-matrix).
+
+use boostr::attention::{AttnOptions, DecodePlan, PrefillPlan, QueryLayout};
+use boostr::ops_common::OpPlan;
+use numr::gpu::Plan;
+
+use super::super::super::EngineError;
+use super::super::super::graph::Slot;
+use super::super::ops_err;
+use super::super::plans::Mode;
+use super::PlanCx;
+
+/// The attention op `i` over cache layer `layer`, with a sliding `window` (`None`: global).
+pub(super) fn attention(cx: &PlanCx, plan: &mut Plan, i: usize, layer: usize, window: Option<usize>) -> Result<(), EngineError> {
+    let (ctx, inp, c) = (cx.ctx, cx.inp, cx.cfg());
+    let opts = AttnOptions { scale: c.attn_scale, softcap: c.attn_softcap, window };
+    let (q, out) = (cx.slots.bind(Slot::Qkv), cx.slots.bind(Slot::Attn));
+    match cx.mode {
+        Mode::Decode | Mode::Head => {
+            let mut b = DecodePlan::builder(ctx, &q, 0, c.n_heads, inp.cache, layer, &opts).output(&out, 0);
+            if let Some(t) = inp.tuning.attn_tuning {
+                b = b.tuning(t.heads, t.keys, t.target_wgs);
+            }
+            if let Some(kv) = inp.tuning.attn_single_kv {
+                b = b.single_split_up_to(kv);
+            }
+            if let Some(consumer) = cx.links.attention.get(&i) {
+                b = b.quantized_output(consumer);
+            }
+            plan.append(b.build().map_err(ops_err)?.plan());
+        }
+        Mode::Prefill { max_tok } => {
+            let ql = QueryLayout { n_tok: max_tok, n_q: c.n_heads, q_off: 0, tok_stride: c.qkv_dim() };
+            let mut b = PrefillPlan::builder(ctx, &q, &ql, inp.cache, layer, &opts).output(&out, 0);
+            if let Some(kind) = inp.tuning.prefill_attn {
+                b = b.kernel(kind);
+            }
+            plan.append(b.build().map_err(ops_err)?.plan());
+        }
+    }
+    Ok(())
+}

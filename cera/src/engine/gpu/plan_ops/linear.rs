@@ -1,0 +1,219 @@
+//! Linear ops: one GEMV (decode; int8 activations on the int8 path, quantized by the producer's
+//! epilogue or a dispatch of their own; a fused RMSNorm, GLU, residual add or RoPE + KV write)
+//! or one GEMM (prefill; split over K where the Q/K/V grid is small) per part of the op's
+//! weights.
+
+use boostr::act::ActKind;
+use boostr::kv_cache::KvDtype;
+use boostr::quant::{GemmPlan, GemvIo, GemvOutput, GemvPlan, Prologue, Q8Activations, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, RopeKv, WeightKind};
+use numr::gpu::{Binding, GpuContext, KernelEnv, Plan};
+
+use super::super::super::EngineError;
+use super::super::super::graph::{Op, Slot};
+use super::super::fuse::{Fused, Input};
+use super::super::plans::{Mode, PlanInputs, Slots};
+use super::super::quant_err;
+use super::super::tuning::{f32_rows, f32_threads, q8_config, qkv_split_k};
+use super::PlanCx;
+
+/// The bindings of one linear op and what its GEMV fuses (decode).
+pub(super) struct GemvFusion {
+    x: Binding,
+    out: Binding,
+    /// The RMSNorm prologue's weight (x is then the residual stream).
+    norm: Option<String>,
+    /// The GLU prologue (x is then the packed `[gate | up]` rows).
+    glu: Option<ActKind>,
+    /// `out += x Wᵀ` (out is then the residual stream).
+    accumulate: bool,
+    /// The `QkvRope` op whose RoPE and KV write the GEMV runs (decode Q/K/V projection).
+    rope: Option<usize>,
+}
+
+/// The bindings of a linear op reading `x` into `out`, fused as `f` says: accumulating GEMVs
+/// add into the residual stream instead of writing their slot; a fused RMSNorm reads the
+/// stream, a fused GLU the packed `[gate | up]` rows.
+pub(super) fn gemv_fusion(slots: &Slots, f: &Fused, x: Slot, out: Slot) -> GemvFusion {
+    let out = slots.bind(if f.accumulate { Slot::Hidden } else { out });
+    let (accumulate, rope) = (f.accumulate, f.rope);
+    match &f.input {
+        Input::Norm(w) => GemvFusion { x: slots.bind(Slot::Hidden), out, norm: Some(w.clone()), glu: None, accumulate, rope },
+        Input::Glu(act, src) => GemvFusion { x: slots.bind(*src), out, norm: None, glu: Some(*act), accumulate, rope },
+        Input::Plain => GemvFusion { x: slots.bind(x), out, norm: None, glu: None, accumulate, rope },
+    }
+}
+
+/// One linear op: its index, what its GEMV fuses, the output row's width, the RMSNorm's
+/// epsilon, and the mode it is built for (the LM head's is always `Decode`).
+pub(super) struct LinearArgs {
+    pub(super) op: usize,
+    pub(super) fusion: GemvFusion,
+    pub(super) width: usize,
+    pub(super) eps: f32,
+    pub(super) mode: Mode,
+}
+
+/// One GEMV (decode) or GEMM (prefill) per part of the op's weights, each writing its columns.
+pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), EngineError> {
+    let (ctx, env, inp, links) = (cx.ctx, cx.env, cx.inp, cx.links);
+    let LinearArgs { op, fusion: f, width, eps, mode } = a;
+    let (x, y) = (f.x, f.out);
+    let parts = inp.weights.linear_parts(inp.graph, op)?;
+    let k = parts[0].w.cols;
+    let int8 = uses_int8(inp, op, mode);
+    // The int8 activations all parts read: written by the producing GEMV's epilogue, or
+    // quantized once in the dispatch before them.
+    let xa = if let Some(t) = links.targets.get(&op) {
+        Some(t.clone())
+    } else if int8 {
+        let name = &parts[0].w.name;
+        let xa = match (&f.norm, f.glu) {
+            (Some(n), _) => Q8Activations::with_rms_norm(ctx, &x, &inp.weights.vec(n)?.binding, 1, k, eps, false),
+            (None, Some(act)) => Q8Activations::with_glu(ctx, &x, act, 1, k),
+            (None, None) => Q8Activations::new(ctx, &x, 1, k),
+        }
+        .map_err(|e| quant_err(ctx, name, e))?;
+        plan.append(xa.plan());
+        Some(xa)
+    } else {
+        None
+    };
+    let c = &inp.graph.cfg;
+    let rope_layer = f.rope.and_then(|r| match &inp.graph.ops[r] {
+        Op::QkvRope { layer, .. } => Some(*layer),
+        _ => None,
+    });
+    let freqs = rope_layer.map(|l| Binding::whole(&inp.freqs[l]));
+    let rope = rope_layer.zip(freqs.as_ref()).map(|(layer, freqs)| RopeKv {
+        n_q: c.n_heads,
+        n_kv: c.n_kv_heads,
+        head_dim: c.head_dim,
+        rot_dim: c.rope_dim,
+        freqs,
+        cache: inp.cache,
+        layer,
+    });
+    for part in parts {
+        let w = &part.w;
+        let output = if rope.is_some() {
+            GemvOutput::Single(y.clone())
+        } else if let Some(qkv) = qkv_outputs(ctx, inp, op, mode, &y, parts.len()) {
+            qkv
+        } else if parts.len() == 1 && w.rows == width {
+            GemvOutput::Single(y.clone())
+        } else {
+            GemvOutput::Columns { y: y.clone(), stride: width, offset: part.col0 }
+        };
+        let split_qkv = matches!(output, GemvOutput::Qkv { .. });
+        let kind = WeightKind::of(w.format);
+        match (mode, &xa) {
+            (Mode::Decode | Mode::Head, Some(xa)) => {
+                let cfg = QuantGemvQ8 { accumulate: f.accumulate, rms_scale: xa.deferred_rms().is_some(), split_qkv, ..q8_config(inp.tuning, env, w) };
+                let p = match (&rope, links.producers.get(&op)) {
+                    (Some(rk), _) => Q8GemvPlan::with_rope_kv(ctx, &QuantGemvQ8 { rope_kv: true, ..cfg }, w, xa, &y, rk),
+                    (None, Some(l)) => {
+                        let mut cfg = QuantGemvQ8 { epilogue: l.epilogue, ..cfg };
+                        if let Some(s) = l.shape {
+                            (cfg.rows_per_workgroup, cfg.threads, cfg.unroll, cfg.subgroup_rows, cfg.row_groups) =
+                                (s.rows, s.threads, s.unroll, s.subgroup_rows, 1);
+                        }
+                        Q8GemvPlan::with_epilogue(ctx, &cfg, w, xa, &output, &l.target, l.norm.as_ref())
+                    }
+                    (None, None) => Q8GemvPlan::new(ctx, &cfg, w, xa, &output),
+                };
+                plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
+            }
+            (Mode::Decode | Mode::Head, None) => {
+                // Bounds are validated by the plan before it drops the runtime checks.
+                let prologue = match (&f.norm, f.glu) {
+                    (Some(_), _) => Prologue::RmsNorm { gemma: false, stage_k: inp.tuning.norm_stage_k },
+                    (None, Some(act)) => Prologue::Glu { act },
+                    (None, None) => Prologue::None,
+                };
+                let base = QuantGemv::new(kind, env, 1);
+                let cfg = QuantGemv {
+                    unchecked: true,
+                    prologue,
+                    split_qkv,
+                    accumulate: f.accumulate,
+                    rows_per_workgroup: f32_rows(inp.tuning, env, w),
+                    threads: f32_threads(inp.tuning, base.threads),
+                    ..base
+                };
+                let norm_weight = match &f.norm {
+                    Some(n) => Some(inp.weights.vec(n)?.binding.clone()),
+                    None => None,
+                };
+                let io = GemvIo { x: x.clone(), norm_weight, eps, output };
+                let p = match &rope {
+                    Some(rk) => GemvPlan::with_rope_kv(ctx, &QuantGemv { rope_kv: true, ..cfg }, w, &io, rk),
+                    None => GemvPlan::new(ctx, &cfg, w, &io),
+                };
+                plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
+            }
+            (Mode::Prefill { max_tok }, _) => {
+                let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
+                let p = match qkv_split_k(ctx, inp, op, max_tok) {
+                    1 => GemmPlan::with_output(ctx, &cfg, w, &x, &output, max_tok),
+                    splits => GemmPlan::with_split_k(ctx, &cfg, w, &x, &y, max_tok, splits),
+                };
+                plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether linear op `op`'s decode GEMV can run the next op's RoPE and KV write (boostr's
+/// `rope_kv` epilogue): one part of exactly the Q, K and V rows, an f16 cache of one segment per
+/// layer, 8 storage bindings, and even rows per workgroup (and per subgroup) in its layout.
+pub(in super::super) fn rope_fusable(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs, op: usize) -> bool {
+    let c = &inp.graph.cfg;
+    let Ok(parts) = inp.weights.linear_parts(inp.graph, op) else { return false };
+    let cc = inp.cache.config();
+    let one_segment = inp.cache.segment_len() >= inp.cache.capacity();
+    if parts.len() != 1
+        || parts[0].w.rows != (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
+        || cc.dtype != KvDtype::F16
+        || !one_segment
+        || ctx.capabilities().limits.max_storage_buffers_per_shader_stage < 8
+    {
+        return false;
+    }
+    let w = &parts[0].w;
+    if uses_int8(inp, op, Mode::Decode) {
+        let q = q8_config(inp.tuning, env, w);
+        let sg_rows = if q.subgroups && env.subgroups { q.subgroup_rows } else { 0 };
+        q.rows_per_workgroup.is_multiple_of(2) && sg_rows.is_multiple_of(2)
+    } else {
+        f32_rows(inp.tuning, env, w).is_multiple_of(2)
+    }
+}
+
+/// Whether linear op `op` runs as integer-dot GEMVs (decode, the int8 path, every part a
+/// quantized format; false for an op without weights).
+pub(in super::super) fn uses_int8(inp: &PlanInputs, op: usize, mode: Mode) -> bool {
+    let Some(parts) = inp.weights.linear.get(&op) else { return false };
+    matches!(mode, Mode::Decode | Mode::Head)
+        && inp.decode_gemv.int8_for(inp.graph.cfg.dim)
+        && parts.iter().all(|p| QuantGemvQ8::supports(WeightKind::of(p.w.format)))
+}
+
+/// The decode Q/K/V projection's three outputs: views of the packed `[q | k | v]` row, written
+/// by boostr's fused QKV GEMV (`split_qkv`, one dispatch, three outputs), where the matrix is one
+/// part of exactly Q, K and V rows and the views' offsets meet the adapter's alignment (else
+/// the same row is written as one output).
+fn qkv_outputs(ctx: &GpuContext, inp: &PlanInputs, op: usize, mode: Mode, y: &Binding, n_parts: usize) -> Option<GemvOutput> {
+    let (g, c) = (inp.graph, &inp.graph.cfg);
+    let Op::Linear { out: Slot::Qkv, ws, .. } = &g.ops[op] else { return None };
+    let rows = [c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim];
+    let total: usize = rows.iter().sum();
+    let align = ctx.capabilities().limits.min_storage_buffer_offset_alignment as u64;
+    let aligned = |elems: usize| (elems as u64 * 4).is_multiple_of(align);
+    let matrix_rows = inp.weights.linear.get(&op).and_then(|p| p.first()).map(|p| p.w.rows);
+    if mode != Mode::Decode || n_parts != 1 || ws.len() != 3 || matrix_rows != Some(total) || !aligned(rows[0]) || !aligned(rows[0] + rows[1]) {
+        return None;
+    }
+    let view = |off: usize, n: usize| Binding { buffer: y.buffer.clone(), offset: y.offset + off as u64 * 4, size: n as u64 * 4 };
+    Some(GemvOutput::Qkv { q: view(0, rows[0]), k: view(rows[0], rows[1]), v: view(rows[0] + rows[1], rows[2]), rows })
+}

@@ -1,0 +1,285 @@
+//! The GPU plan builder's tuning as data: [`GpuTuning`], held in
+//! [`LoadOptions::tuning`](super::LoadOptions::tuning). Its [`Default`] is the measured
+//! configuration (each field says what was measured, where and when); a field set otherwise
+//! changes only the speed of the decode and prefill plans, never their output, except where a
+//! field says so. The `cera` CLI and `cargo xtask bench` set fields by name
+//! (`--tune KEY=VALUE`, [`GpuTuning::set`], [`TUNING_KEYS`]).
+//!
+//! Two thresholds over a GEMV's input features (`K`) are easy to confuse and are named apart:
+//! [`GpuTuning::gemv_eight_rows_min_k`] (2048: the f32 GEMV takes 8 rows per workgroup from
+//! there) and [`GpuTuning::q8_wide_k`] (4096: the int8 GEMV's `q8_wide_*` overrides apply above
+//! it). Only the latter is called "wide".
+//!
+//! Switches that make the output wrong or print to standard error are not here: they are
+//! [`Diagnostics`], in a field of their own.
+
+mod diagnostics;
+mod keys;
+
+pub use boostr::attention::DecodeKernel;
+pub use diagnostics::{AblateRule, Diagnostics};
+pub use keys::{DIAGNOSTIC_KEYS, TUNING_KEYS, TuningError};
+
+use super::options::Chains;
+
+/// A workgroup shape of an int8 GEMV whose workgroups own whole blocks of their epilogue's
+/// output (`--tune` value `rows,threads,unroll,sg_rows`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WorkgroupShape {
+    /// Rows per workgroup.
+    pub rows: u32,
+    /// Invocations per workgroup.
+    pub threads: u32,
+    /// Blocks each invocation decodes per loop step.
+    pub unroll: u32,
+    /// Rows per subgroup at a time (0: no subgroups).
+    pub subgroup_rows: u32,
+}
+
+impl WorkgroupShape {
+    /// A shape of `rows` rows over `threads` invocations, unroll `unroll`, `subgroup_rows` rows
+    /// per subgroup.
+    pub const fn new(rows: u32, threads: u32, unroll: u32, subgroup_rows: u32) -> WorkgroupShape {
+        WorkgroupShape { rows, threads, unroll, subgroup_rows }
+    }
+}
+
+/// The decode plan's fusions ([`GpuTuning::decode_fusions`]); all on by default. Turning one
+/// off adds the dispatch it saves, to measure what it gives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DecodeFusions {
+    /// The RMSNorm inside the consuming GEMV (up to [`GpuTuning::norm_fuse_max_k`] inputs).
+    pub norm: bool,
+    /// The residual add inside the producing GEMV.
+    pub residual: bool,
+    /// The GLU inside the down projection's GEMV.
+    pub glu: bool,
+    /// int8 GEMVs quantize their output for the next projection in their epilogue.
+    pub epilogue: bool,
+    /// The decode attention's merge writes the output projection's int8 activations.
+    pub attn_q8: bool,
+    /// RoPE and the KV write inside the Q/K/V GEMV.
+    pub rope: bool,
+}
+
+impl DecodeFusions {
+    /// Every fusion.
+    pub const ALL: DecodeFusions = DecodeFusions { norm: true, residual: true, glu: true, epilogue: true, attn_q8: true, rope: true };
+    /// None.
+    pub const NONE: DecodeFusions = DecodeFusions { norm: false, residual: false, glu: false, epilogue: false, attn_q8: false, rope: false };
+}
+
+impl Default for DecodeFusions {
+    fn default() -> Self {
+        DecodeFusions::ALL
+    }
+}
+
+/// An override of an int8 decode GEMV's configuration (`None`: the measured default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Q8Override {
+    /// Rows per workgroup.
+    pub rows: Option<u32>,
+    /// Invocations per workgroup.
+    pub threads: Option<u32>,
+    /// Blocks per invocation per loop step.
+    pub unroll: Option<u32>,
+}
+
+/// The decode attention's tuning (boostr's `DecodePlanBuilder::tuning`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttnTuning {
+    /// Query heads per workgroup.
+    pub heads: u32,
+    /// Keys per invocation.
+    pub keys: u32,
+    /// The workgroups the split aims for.
+    pub target_wgs: usize,
+}
+
+/// Which invocations of a waiting chain workgroup poll ([`numr::gpu::Poll`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ChainPoll {
+    /// Every invocation.
+    #[default]
+    Every,
+    /// Invocation 0 only.
+    First,
+}
+
+/// The GPU plan builder's tuning: what the decode and prefill plans are made of, beyond the
+/// model and the adapter. [`Default`] is the measured best on the H200; every field keeps the
+/// measurement that chose it. `--tune` keys are [`TUNING_KEYS`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuTuning {
+    /// The decode fusions to make (`decode_fusion` = `all`, `none` or a comma list of `norm`,
+    /// `residual`, `glu`, `epilogue`, `attn_q8`, `rope`; default all).
+    pub decode_fusions: DecodeFusions,
+    /// The RMSNorm goes into GEMVs of at most this many input features (`norm_fuse_max_k`;
+    /// default: every size).
+    pub norm_fuse_max_k: usize,
+    /// Activations staged in workgroup memory by the f32 GEMV's RMSNorm prologue up to this many
+    /// features (`norm_stage_k`; default 0: normalised while loading, which measured faster on
+    /// the H200 at every size: staging 4096 features cost llama-8b 20% of its decode speed).
+    pub norm_stage_k: u32,
+
+    /// f32 decode GEMVs over at least this many input features take 8 rows per workgroup (each
+    /// activation load shared by twice the rows): +24% decode on llama-8b, neutral on
+    /// llama-1b, -20% on SmolLM2's 576 (H200, README). (Not "wide": see the module docs.)
+    pub gemv_eight_rows_min_k: usize,
+    /// f32 decode GEMVs below [`Self::gemv_eight_rows_min_k`] with fewer input features or
+    /// fewer rows than this are bound by latency, not bytes: they take two rows per workgroup
+    /// (twice the workgroups of boostr's default four, each with half the work). H200, tg128,
+    /// three pairs each: SmolLM2-135M (K 576) 879 -> 977 tok/s, Gemma 3 270M (K 640) 644 -> 681;
+    /// with two rows everywhere Qwen3-0.6B (K 1024, 4096 and more rows) lost 577 -> 517, so its
+    /// projections keep four.
+    pub gemv_small: usize,
+    /// Rows per workgroup of every f32 decode GEMV (`gemv_rows`; `None`: by shape, above).
+    pub gemv_rows: Option<u32>,
+    /// Invocations per workgroup of every f32 decode GEMV (`gemv_threads`; `None`: boostr's).
+    pub gemv_threads: Option<u32>,
+
+    /// Rows per workgroup of the int8 decode GEMVs, at least. Two (boostr's default takes one
+    /// for most shapes) measured 331 -> 340 tok/s on llama-8b and 848 -> 860 on llama-1b (tg128,
+    /// H200, 2026-12-01); 4 or 8 rows per workgroup with one row per subgroup, unroll 4 and
+    /// prefetching were all slower.
+    pub q8_min_rows: u32,
+    /// int8 decode GEMVs of more than this many rows (Llama's gate and up packed into one
+    /// matrix, the LM head) are tall: they take [`Self::q8_tall_min_rows`] rows per workgroup,
+    /// and the `q8_tall_*` overrides apply to them.
+    pub q8_tall_above: usize,
+    /// Rows per workgroup of the tall int8 decode GEMVs, at least: with the GLU epilogue, whose
+    /// arrivals and quantization each workgroup pays, four rows measured faster than two (H200,
+    /// 2026-12-04: Q4_0 28672x4096 with the deferred RMSNorm and the GLU epilogue 26.4 -> 24.5 us
+    /// in a dependent chain, `cargo xtask bench --kernels --only tall`; llama-8b tg128 451.8 ->
+    /// 456.9 tok/s).
+    pub q8_tall_min_rows: u32,
+    /// int8 decode GEMVs of more than this many input features are wide: the `q8_wide_*`
+    /// overrides apply to them (4096; see the module docs for the f32 GEMV's other threshold).
+    pub q8_wide_k: usize,
+    /// Workgroups per int8 decode GEMV at most, each taking several row groups where the matrix
+    /// has more (`q8_max_wgs`; 0: one row group per workgroup).
+    pub q8_max_wgs: u32,
+    /// Overrides for every int8 decode GEMV (`q8_rows`, `q8_threads`, `q8_unroll`); they win
+    /// over the per-class ones below.
+    pub q8: Q8Override,
+    /// Overrides for the wide int8 GEMVs (`q8_wide_rows`, `q8_wide_threads`, `q8_wide_unroll`).
+    pub q8_wide: Q8Override,
+    /// Overrides for the tall int8 GEMVs that are not wide (`q8_tall_rows`, ...).
+    pub q8_tall: Q8Override,
+    /// Overrides for the int8 GEMVs neither wide nor tall (`q8_small_rows`, ...).
+    pub q8_small: Q8Override,
+    /// Rows per subgroup of every int8 decode GEMV (`q8_sg_rows`; `None`: boostr's).
+    pub q8_subgroup_rows: Option<u32>,
+    /// Whether the int8 decode GEMVs prefetch their next block (`q8_prefetch` = 0 or 1;
+    /// `None`: boostr's).
+    pub q8_prefetch: Option<bool>,
+
+    /// The workgroup shape of a decode GLU producer whose workgroups own whole blocks (boostr's
+    /// `Q8Epilogue::GluLocal`: no arrival counter, no `@coherent` storage); `None`: the
+    /// arrival-counter epilogue (`Q8Epilogue::Glu`). `glu_local` = `off` or
+    /// `rows,threads,unroll,sg_rows`. Measured on the H200 (2026-12-04, `cargo xtask bench
+    /// --kernels --only tall`, Q4_0 28672x4096 with the deferred RMSNorm in a dependent chain):
+    /// 24.3 us with arrivals at four rows per workgroup, 22.1 us at 64 rows over 512 invocations
+    /// (sixteen subgroups of two rows at a time, unroll 1); tg128 llama-8b 459.8 -> 480.5 tok/s,
+    /// llama-1b 1,382.6 -> 1,396.5. The other 25 local shapes of the sweep were slower
+    /// (23.1-60.9 us), some slower than the arrivals.
+    pub glu_local: Option<WorkgroupShape>,
+    /// Inputs up to which a residual GEMV takes [`Self::norm_local_small`], beyond which
+    /// [`Self::norm_local_wide`]. Wider ones (Llama's down, 14336 or 8192 inputs) keep the
+    /// arrival counters: 480.2 -> 475.1 tok/s on llama-8b with the down projection local too.
+    pub norm_local_max_k: usize,
+    /// The workgroup shape of a decode GEMV of at most [`Self::norm_local_max_k`] inputs adding
+    /// into the residual stream (the O projection; the down projection of an FFN of at most
+    /// 4096) whose workgroups own whole blocks of the next RMSNorm's int8 input (boostr's
+    /// `Q8Epilogue::QuantizeLocal`): 32 rows, one per subgroup of a 1024-wide workgroup
+    /// (`norm_local_small`; `norm_local` sets both classes). Measured on the H200 (2026-12-04,
+    /// tg128, medians of 3): llama-8b 480.2 -> 483.8 tok/s, llama-1b 1,407.7-1,410.3 ->
+    /// 1,438.6-1,439.0; with 2 rows per subgroup over 512 invocations, 4 over 256, unroll 2, or
+    /// 64 rows, slower (359-463 on llama-8b, O and down together).
+    pub norm_local_small: Option<WorkgroupShape>,
+    /// The same for residual GEMVs of more than [`Self::norm_local_max_k`] inputs
+    /// (`norm_local_wide`; default `None`: arrival counters).
+    pub norm_local_wide: Option<WorkgroupShape>,
+
+    /// The decode attention's tuning (`attn_tuning` = `heads,keys,target_wgs`; `None`: boostr's
+    /// choice per shape).
+    pub attn_tuning: Option<AttnTuning>,
+    /// Decode attention steps over at most this many positions run one split per query head
+    /// (`attn_single_kv`; 0: never; `None`: boostr's `DECODE_SINGLE_KV`).
+    pub attn_single_kv: Option<u32>,
+    /// The prefill attention kernel (`prefill_attn` = `coop`, `subgroup`, `tiled` or `auto`;
+    /// `None`: the best the adapter and the cache allow).
+    pub prefill_attn: Option<DecodeKernel>,
+
+    /// Whether a prefill's Q/K/V GEMM of few coopmat blocks is split over K into two partial
+    /// sums that the RoPE kernel after it adds (`prefill_split_k` = 1: off, 2: on).
+    pub prefill_split_k: bool,
+    /// A prefill's Q/K/V GEMM of at most this many coopmat blocks is split over K (Llama-3-8B's
+    /// 192 blocks on the H200's 132 compute units leave the GPU unevenly filled).
+    pub qkv_split_max_blocks: usize,
+    /// Dispatches of a prefill chunk submitted first; each further submit takes twice the one
+    /// before, the last one the rest with the step's tail (`prefill_lead`; 0 submits a chunk at
+    /// once). Encoding costs the host about 4 us per dispatch on the H200, a prompt's dispatch
+    /// runs 20 us or more, so each submit is encoded while the GPU runs the one before and the
+    /// GPU waits only for the first.
+    pub prefill_lead: usize,
+
+    /// Whether the decode step runs each layer's dependent dispatches as chains
+    /// (`chain` = `auto`, `on`, `off`, `all` (= `on`) or a comma list of kernel-name prefixes,
+    /// which sets `on` and [`Self::chain_kernels`]).
+    pub chains: Chains,
+    /// Kernel-name prefixes a chain stage must start with (for example `quant_gemv_q8`;
+    /// empty: every kernel).
+    pub chain_kernels: Vec<String>,
+    /// Layers per chain (`chain_layers`; at least 1). One layer per chain gives every chain
+    /// of a model with identical layers the same WGSL (one pipeline).
+    pub chain_layers: usize,
+    /// Stages per chain at most (`chain_max`; `None`: no limit).
+    pub chain_max: Option<usize>,
+    /// Which invocations of a waiting workgroup poll (`chain_poll` = `every` or `first`).
+    pub chain_poll: ChainPoll,
+}
+
+impl Default for GpuTuning {
+    fn default() -> Self {
+        GpuTuning {
+            decode_fusions: DecodeFusions::ALL,
+            norm_fuse_max_k: usize::MAX,
+            norm_stage_k: 0,
+            gemv_eight_rows_min_k: 2048,
+            gemv_small: 1024,
+            gemv_rows: None,
+            gemv_threads: None,
+            q8_min_rows: 2,
+            q8_tall_above: 8192,
+            q8_tall_min_rows: 4,
+            q8_wide_k: 4096,
+            q8_max_wgs: 0,
+            q8: Q8Override::default(),
+            q8_wide: Q8Override::default(),
+            q8_tall: Q8Override::default(),
+            q8_small: Q8Override::default(),
+            q8_subgroup_rows: None,
+            q8_prefetch: None,
+            glu_local: Some(WorkgroupShape::new(64, 512, 1, 2)),
+            norm_local_max_k: 4096,
+            norm_local_small: Some(WorkgroupShape::new(32, 1024, 1, 1)),
+            norm_local_wide: None,
+            attn_tuning: None,
+            attn_single_kv: None,
+            prefill_attn: None,
+            prefill_split_k: true,
+            qkv_split_max_blocks: 256,
+            prefill_lead: 16,
+            chains: Chains::Auto,
+            chain_kernels: Vec::new(),
+            chain_layers: 1,
+            chain_max: None,
+            chain_poll: ChainPoll::Every,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
