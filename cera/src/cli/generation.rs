@@ -9,7 +9,8 @@ use super::progress::LoadBar;
 use super::{CliError, Output, resolve_model};
 use crate::engine::tuning::{DIAGNOSTIC_KEYS, TUNING_KEYS};
 use crate::engine::{
-    CancelToken, DecodeGemv, DeviceChoice, Diagnostics, Engine, EngineError, GenerateOpts, Generation, GpuTuning, KvType, LoadOptions, SamplerOpts, Sink, TokenEvent,
+    CancelToken, DecodeGemv, DeviceChoice, Diagnostics, Engine, EngineError, GenerateOpts, Generation, GpuTuning, KvType, LoadOptions, SamplerOpts, Sink,
+    TokenEvent,
 };
 
 /// The model and how to load it.

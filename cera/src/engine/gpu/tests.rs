@@ -12,13 +12,14 @@ use crate::engine::EngineError;
 use crate::engine::arch::{FileFacts, build};
 use crate::engine::backend::{Backend, KvType, StateOpts};
 use crate::engine::config::ModelConfig;
-use crate::engine::graph::{MatRef, ModelGraph, Op, VecRef};
+use crate::engine::graph::{ModelGraph, Op, VecRef};
 use crate::engine::options::DecodeGemv;
-use crate::engine::weights::{RawMat, WeightSource};
+use crate::engine::weights::WeightSource;
 use crate::gguf::{HyperParams, PerLayer};
+use crate::model_file::{ModelError, TensorDType, TensorMeta, TensorSource};
 
 /// Q8_0 matrices of small made-up values, vectors of ones.
-struct Synth(HashMap<String, Vec<u8>>);
+struct Synth(HashMap<String, (usize, usize, Vec<u8>)>);
 
 impl Synth {
     fn new(g: &ModelGraph) -> Synth {
@@ -31,23 +32,32 @@ impl Synth {
                     b.extend_from_slice(&half::f16::from_f32(1.0 / 64.0).to_bits().to_le_bytes());
                     b.extend((0..32).map(|j| ((i * 7 + j * 13) % 31) as u8 ^ 0x80));
                 }
-                mats.insert(m.name.clone(), b);
+                mats.insert(m.name.clone(), (m.rows, m.cols, b));
             }
         }
         Synth(mats)
     }
 }
 
-impl WeightSource for Synth {
-    fn mat(&self, m: &MatRef) -> Result<RawMat<'_>, EngineError> {
-        let (name, bytes) = self.0.get_key_value(&m.name).ok_or_else(|| EngineError::MissingTensor { name: m.name.clone() })?;
-        Ok(RawMat { name, ty: GgmlType::Q8_0, bytes, rows: m.rows, cols: m.cols })
+/// The matrices as Q8_0 tensors of ggml dims `[cols, rows]`; the vectors come from
+/// [`WeightSource::vec`] below.
+impl TensorSource for Synth {
+    fn tensor_names(&self) -> Vec<&str> {
+        self.0.keys().map(String::as_str).collect()
     }
+    fn tensor_meta(&self, name: &str) -> Option<TensorMeta> {
+        let (rows, cols, bytes) = self.0.get(name)?;
+        let (name, dtype) = (name.to_string(), TensorDType::Ggml(GgmlType::Q8_0));
+        Some(TensorMeta { file_name: name.clone(), name, dtype, dims: vec![*cols as u64, *rows as u64], n_bytes: bytes.len() as u64 })
+    }
+    fn tensor_data(&self, name: &str) -> Result<&[u8], ModelError> {
+        self.0.get(name).map(|(_, _, b)| b.as_slice()).ok_or_else(|| ModelError::Missing(name.to_string()))
+    }
+}
+
+impl WeightSource for Synth {
     fn vec(&self, v: &VecRef) -> Result<Vec<f32>, EngineError> {
         Ok(vec![1.0; v.len])
-    }
-    fn has(&self, _: &str) -> bool {
-        true
     }
 }
 
