@@ -1,9 +1,15 @@
 //! Helpers for tests, here and in crates built on numr: tolerant comparison with the tolerances
 //! defined in [`crate::dtype::rtol`], the shared test GPU ([`test_gpu`]), one test body on every
 //! device ([`test_device!`](crate::test_device)), and (with the `testing` feature) naga
-//! validation of WGSL.
+//! validation of WGSL and one GPU test body under every device profile
+//! ([`GpuProfile`], [`test_gpu_profiles!`](crate::test_gpu_profiles)).
 
 use crate::dtype::{DType, rtol};
+
+#[cfg(feature = "testing")]
+mod profiles;
+#[cfg(feature = "testing")]
+pub use profiles::{GpuProfile, test_gpu_profile};
 
 /// Compares `got` with the reference `want` at the tolerance of `dtype`: every element must satisfy
 /// `|got - want| <= rtol(dtype) * max(|want|, rms(want))`. The RMS term keeps elements near zero

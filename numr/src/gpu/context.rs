@@ -28,6 +28,11 @@ pub struct GpuOptions {
     /// kernel in the stack writes workgroup memory before reading it (the parity tests check the
     /// outputs), and the zeroing is a prologue plus a barrier in every workgroup.
     pub zero_init_workgroup_memory: bool,
+    /// Do not request the SUBGROUP feature even where the adapter has it, so that
+    /// [`Capabilities::subgroups`] is false and every kernel choice takes its subgroup-free path
+    /// (tests use this, through [`crate::testing::GpuProfile::NoSubgroups`], to run the fallback
+    /// kernels on an adapter with subgroups). Off by default.
+    pub disable_subgroups: bool,
 }
 
 impl Default for GpuOptions {
@@ -39,6 +44,7 @@ impl Default for GpuOptions {
             param_mode: None,
             pool_limit_bytes: 2 << 30,
             zero_init_workgroup_memory: false,
+            disable_subgroups: false,
         }
     }
 }
@@ -222,6 +228,9 @@ impl GpuContext {
             | wgpu::Features::MEMORY_DECORATION_COHERENT
             | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         let mut features = have & wanted;
+        if options.disable_subgroups {
+            features.remove(wgpu::Features::SUBGROUP);
+        }
         // Inside-pass timestamps are only valid together with the base feature.
         if !features.contains(wgpu::Features::TIMESTAMP_QUERY) {
             features.remove(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS);
