@@ -1,7 +1,9 @@
 //! GPU against CPU parity for the decoder-block ops, at odd sizes. Tolerances: f32 ops use the
 //! f32 table (1e-5 relative to max(|want|, rms)); ops with transcendental functions of large
 //! arguments (RoPE angles, exp in softmax) or long f32 sums in a different order use 1e-4, stated
-//! at each use.
+//! at each use. Each parity test runs under every GPU profile (`numr::test_gpu_profiles!`: the
+//! adapter as it is, uniform-arena parameters, no subgroups), so the kernels' fallback choices are
+//! checked too.
 
 use boostr::act::{Act, ActKind, GluInput};
 use boostr::attention::{self, AttnOptions, DecodeKernel, DecodePlan, PrefillPlan, QueryLayout};
@@ -32,19 +34,17 @@ fn close(got: &[f32], want: &[f32], tol: Option<f64>) {
     r.unwrap();
 }
 
-#[test]
-fn norms() {
-    let Some(ctx) = test_gpu() else { return };
+fn norms(ctx: &GpuContext) {
     let (rows, n) = (3, 1000);
     let x = rnd(rows * n, 1, 2.0);
     let w = rnd(n, 2, 1.0);
     let b = rnd(n, 3, 0.5);
     let r0 = rnd(rows * n, 4, 1.0);
     for cfg in Norm::all() {
-        let res = up(&ctx, &r0, &[rows, n]);
-        let bt = up(&ctx, &b, &[n]);
+        let res = up(ctx, &r0, &[rows, n]);
+        let bt = up(ctx, &b, &[n]);
         let got = cfg
-            .run(&ctx, &up(&ctx, &x, &[rows, n]), &up(&ctx, &w, &[n]), cfg.bias.then_some(&bt), cfg.residual.then_some(&res), 1e-6)
+            .run(ctx, &up(ctx, &x, &[rows, n]), &up(ctx, &w, &[n]), cfg.bias.then_some(&bt), cfg.residual.then_some(&res), 1e-6)
             .unwrap()
             .to_vec::<f32>()
             .unwrap();
@@ -58,16 +58,14 @@ fn norms() {
     let _ = NormKind::Rms;
 }
 
-#[test]
-fn activations() {
-    let Some(ctx) = test_gpu() else { return };
+fn activations(ctx: &GpuContext) {
     let (rows, n) = (5, 333);
     for cfg in Act::all() {
         let w = if cfg.input == GluInput::Packed { 2 * n } else { n };
         let a = rnd(rows * w, 7, 6.0);
         let b = rnd(rows * n, 8, 2.0);
-        let bt = up(&ctx, &b, &[rows, n]);
-        let got = cfg.run(&ctx, &up(&ctx, &a, &[rows, w]), (cfg.input == GluInput::TwoTensors).then_some(&bt)).unwrap().to_vec::<f32>().unwrap();
+        let bt = up(ctx, &b, &[rows, n]);
+        let got = cfg.run(ctx, &up(ctx, &a, &[rows, w]), (cfg.input == GluInput::TwoTensors).then_some(&bt)).unwrap().to_vec::<f32>().unwrap();
         let want = cfg.reference(&a, (cfg.input == GluInput::TwoTensors).then_some(&b[..]), rows, n).unwrap();
         close(&got, &want, None);
     }
@@ -79,9 +77,7 @@ fn rope_params(hd: usize, rot: usize, style: RopeStyle, scaling: RopeScaling) ->
 }
 
 /// Batched QK-norm + RoPE (+ KV write) over a packed QKV buffer with a padded token stride.
-#[test]
-fn qk_norm_rope_and_kv_write() {
-    let Some(ctx) = test_gpu() else { return };
+fn qk_norm_rope_and_kv_write(ctx: &GpuContext) {
     let llama3 = RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 };
     let cases = [
         (64, 64, RopeStyle::Neox, RopeScaling::None, Some(KvDtype::F16), true),
@@ -100,26 +96,26 @@ fn qk_norm_rope_and_kv_write() {
         let kw = rnd(hd, 21, 1.0);
         let rp = rope_params(hd, rot, style, scaling);
         let cfg = QkvRope { style, rope: true, qk_norm: norm, norm_offset: i == 0, kv_write: kv };
-        let xt = up(&ctx, &x0, &[x0.len()]);
+        let xt = up(ctx, &x0, &[x0.len()]);
         let xb = xt.gpu_binding(4).unwrap().0;
-        let (qwt, kwt) = (up(&ctx, &qw, &[hd]), up(&ctx, &kw, &[hd]));
+        let (qwt, kwt) = (up(ctx, &qw, &[hd]), up(ctx, &kw, &[hd]));
         let (qb, kb) = (qwt.gpu_binding(4).unwrap().0, kwt.gpu_binding(4).unwrap().0);
         let mut cache = kv.map(|dtype| {
-            KvCache::new(&ctx, KvCacheConfig { n_layers: 2, n_kv_heads: n_kv, head_dim: hd, capacity: 8, dtype, max_segment_bytes: Some(3 * hd as u64) })
+            KvCache::new(ctx, KvCacheConfig { n_layers: 2, n_kv_heads: n_kv, head_dim: hd, capacity: 8, dtype, max_segment_bytes: Some(3 * hd as u64) })
                 .unwrap()
         });
         // Two positions already in the cache.
         if let Some(c) = cache.as_mut() {
             c.commit(2).unwrap();
         }
-        cfg.run(&ctx, &xb, &l, &rp, &pos, norm.then_some(&qb), norm.then_some(&kb), 1e-6, cache.as_ref().map(|c| (c, 1))).unwrap();
+        cfg.run(ctx, &xb, &l, &rp, &pos, norm.then_some(&qb), norm.then_some(&kb), 1e-6, cache.as_ref().map(|c| (c, 1))).unwrap();
         let mut want = x0.clone();
         let (ks, vs) = cfg.reference(&mut want, &l, &rp, &pos, Some(&qw), Some(&kw), 1e-6).unwrap();
         // RoPE angles up to 40 rad: GPU sin/cos differ from f64 by about 1e-6 relative to the angle.
         close(&xt.to_vec::<f32>().unwrap(), &want, Some(1e-4));
         if let Some(c) = cache {
             assert!(c.segment_len() < 8, "the test exercises a split cache");
-            let (k, v) = c.read_layer(&ctx, 1, 2 + n_tok).unwrap();
+            let (k, v) = c.read_layer(ctx, 1, 2 + n_tok).unwrap();
             // Slots 2.. hold the chunk; rows are [kv_head][pos][hd] with one kv head.
             let tol = if kv == Some(KvDtype::Q8_0) { 2e-2 } else { 2e-3 };
             close(&k[2 * hd..], &ks, Some(tol));
@@ -166,9 +162,7 @@ fn append(k: &mut Vec<f32>, add: &[f32], n_kv: usize, n0: usize, n1: usize, hd: 
 }
 
 /// Prefill on top of a non-empty cache, GQA, sliding window, soft-capping, split caches, q8.
-#[test]
-fn prefill_attention() {
-    let Some(ctx) = test_gpu() else { return };
+fn prefill_attention(ctx: &GpuContext) {
     let cases = [
         (64, 4, 2, KvDtype::F16, None, None, None),
         (128, 6, 2, KvDtype::F16, Some(30.0), Some(11), Some(1600u64)),
@@ -177,25 +171,25 @@ fn prefill_attention() {
     ];
     for (i, &(hd, n_q, n_kv, dtype, softcap, window, seg)) in cases.iter().enumerate() {
         let cfg = KvCacheConfig { n_layers: 1, n_kv_heads: n_kv, head_dim: hd, capacity: 80, dtype, max_segment_bytes: seg };
-        let mut cache = KvCache::new(&ctx, cfg).unwrap();
+        let mut cache = KvCache::new(ctx, cfg).unwrap();
         let p0 = 23;
-        let (mut k, mut v) = fill(&ctx, &mut cache, p0, 30 + i as u64);
+        let (mut k, mut v) = fill(ctx, &mut cache, p0, 30 + i as u64);
         let n_tok = 37;
-        let (k2, v2) = fill_chunk_check(&ctx, &mut cache, n_tok, 40 + i as u64);
+        let (k2, v2) = fill_chunk_check(ctx, &mut cache, n_tok, 40 + i as u64);
         append(&mut k, &k2, n_kv, p0, n_tok, hd);
         append(&mut v, &v2, n_kv, p0, n_tok, hd);
         let q = rnd(n_tok * n_q * hd, 50 + i as u64, 2.0);
-        let qt = up(&ctx, &q, &[q.len()]);
+        let qt = up(ctx, &q, &[q.len()]);
         let opts = AttnOptions { scale: 1.0 / (hd as f32).sqrt(), softcap, window };
         let ql = QueryLayout { n_tok, n_q, q_off: 0, tok_stride: n_q * hd };
         let want = attention::attention_ref(&q, &k, &v, n_tok, n_q, n_kv, hd, p0 + n_tok, p0, &opts).unwrap();
-        let got = attention::prefill(&ctx, &qt.gpu_binding(4).unwrap().0, &ql, &cache, 0, p0, &opts).unwrap().to_vec::<f32>().unwrap();
+        let got = attention::prefill(ctx, &qt.gpu_binding(4).unwrap().0, &ql, &cache, 0, p0, &opts).unwrap().to_vec::<f32>().unwrap();
         // exp and long sums in another order than the f64 reference.
         close(&got, &want, Some(1e-4));
         // The portable tiled kernel too (the default above is the subgroup one where available).
         let qb = qt.gpu_binding(4).unwrap().0;
-        let plan = PrefillPlan::builder(&ctx, &qb, &ql, &cache, 0, &opts).kernel(DecodeKernel::Tiled).build().unwrap();
-        plan.run(&ctx, &StepValues::chunk(p0 as u32, n_tok as u32)).unwrap();
+        let plan = PrefillPlan::builder(ctx, &qb, &ql, &cache, 0, &opts).kernel(DecodeKernel::Tiled).build().unwrap();
+        plan.run(ctx, &StepValues::chunk(p0 as u32, n_tok as u32)).unwrap();
         close(&plan.out().unwrap().to_vec::<f32>().unwrap(), &want, Some(1e-4));
     }
 }
@@ -237,24 +231,20 @@ fn decode_case(ctx: &GpuContext, hd: usize, n_q: usize, n_kv: usize, len: usize,
     }
 }
 
-#[test]
-fn decode_attention_short() {
-    let Some(ctx) = test_gpu() else { return };
+fn decode_attention_short(ctx: &GpuContext) {
     for (hd, n_q, n_kv, len, dtype) in
         [(64, 8, 2, 1, KvDtype::F16), (128, 4, 4, 7, KvDtype::F16), (256, 16, 1, 7, KvDtype::Q8_0), (64, 3, 1, 100, KvDtype::Q8_0)]
     {
-        decode_case(&ctx, hd, n_q, n_kv, len, dtype, AttnOptions::new(hd), None);
+        decode_case(ctx, hd, n_q, n_kv, len, dtype, AttnOptions::new(hd), None);
     }
     let capped = AttnOptions { scale: 0.1, softcap: Some(20.0), window: Some(33) };
-    decode_case(&ctx, 128, 4, 2, 150, KvDtype::F16, capped, Some(40 * 2 * 128 * 2));
+    decode_case(ctx, 128, 4, 2, 150, KvDtype::F16, capped, Some(40 * 2 * 128 * 2));
 }
 
-#[test]
-fn decode_attention_long() {
-    let Some(ctx) = test_gpu() else { return };
-    decode_case(&ctx, 128, 4, 1, 4096, KvDtype::F16, AttnOptions::new(128), None);
+fn decode_attention_long(ctx: &GpuContext) {
+    decode_case(ctx, 128, 4, 1, 4096, KvDtype::F16, AttnOptions::new(128), None);
     // 8193 positions over segments of 3000 positions (a split cache).
-    decode_case(&ctx, 64, 8, 2, 8193, KvDtype::F16, AttnOptions::new(64), Some(3000 * 2 * 64 * 2));
+    decode_case(ctx, 64, 8, 2, 8193, KvDtype::F16, AttnOptions::new(64), Some(3000 * 2 * 64 * 2));
 }
 
 #[test]
@@ -282,20 +272,18 @@ fn context_overflow_is_typed() {
     assert_eq!(cache.len(), 8);
 }
 
-#[test]
-fn short_conv() {
-    let Some(ctx) = test_gpu() else { return };
+fn short_conv(ctx: &GpuContext) {
     let ch = 77;
     let conv = ShortConv { kernel: 3 };
     let w = rnd(ch * 3, 3, 1.0);
-    let wt = up(&ctx, &w, &[ch, 3]);
+    let wt = up(ctx, &w, &[ch, 3]);
     let mut state = vec![0.0f32; 4 * ch];
-    let s = up(&ctx, &state, &[4, ch]);
+    let s = up(ctx, &state, &[4, ch]);
     // A prefill chunk of 9 tokens, then three decode steps of 1 token (the ring updated in place).
     let mut pos = 0;
     for (step, n_tok) in [9usize, 1, 1, 1].into_iter().enumerate() {
         let bcx = rnd(n_tok * 3 * ch, 100 + step as u64, 1.0);
-        let got = conv.run(&ctx, &up(&ctx, &bcx, &[n_tok, 3 * ch]), &wt, &s, pos).unwrap().to_vec::<f32>().unwrap();
+        let got = conv.run(ctx, &up(ctx, &bcx, &[n_tok, 3 * ch]), &wt, &s, pos).unwrap().to_vec::<f32>().unwrap();
         let want = conv.reference(&bcx, &w, &mut state, pos, n_tok, ch).unwrap();
         close(&got, &want, None);
         close(&s.to_vec::<f32>().unwrap(), &state, None);
@@ -303,9 +291,7 @@ fn short_conv() {
     }
 }
 
-#[test]
-fn embedding_gather() {
-    let Some(ctx) = test_gpu() else { return };
+fn embedding_gather(ctx: &GpuContext) {
     let (vocab, cols) = (37, 96);
     let vals = rnd(vocab * cols, 5, 3.0);
     for ty in EMBEDDING_FORMATS {
@@ -313,13 +299,13 @@ fn embedding_gather() {
         let table = repack(ty, &bytes, vocab, cols).unwrap();
         // Chunks of about 5 rows: a table split across bindings.
         let row_bytes = (table.qs_words_per_block() * table.blocks_per_row() * 4) as u64;
-        let emb = GpuEmbedding::new(&ctx, &table, Some(5 * row_bytes)).unwrap();
+        let emb = GpuEmbedding::new(ctx, &table, Some(5 * row_bytes)).unwrap();
         assert!(emb.n_chunks() > 1);
         let ids = [0u32, 36, 5, 5, 17, 9, 30];
-        let got = emb.embed(&ctx, &ids, 1.5).unwrap().to_vec::<f32>().unwrap();
+        let got = emb.embed(ctx, &ids, 1.5).unwrap().to_vec::<f32>().unwrap();
         let want = embedding_ref(&table, &ids, 1.5).unwrap();
         close(&got, &want, None);
-        assert!(matches!(emb.embed(&ctx, &[3, 37], 1.0), Err(OpsError::TokenOutOfRange { id: 37, vocab: 37 })));
+        assert!(matches!(emb.embed(ctx, &[3, 37], 1.0), Err(OpsError::TokenOutOfRange { id: 37, vocab: 37 })));
     }
 }
 
@@ -372,53 +358,62 @@ fn pack(out: &mut Vec<u8>, q: &[u32], five: bool) {
     }
 }
 
-#[test]
-fn sampling_ops() {
-    let Some(ctx) = test_gpu() else { return };
+fn sampling_ops(ctx: &GpuContext) {
     let n = 50_001;
     let mut logits = rnd(n, 77, 10.0);
     logits[31_337] = 25.0;
     logits[40_000] = 25.0; // tie: the lower index wins
-    let t = up(&ctx, &logits, &[n]);
-    assert_eq!(sampling::argmax(&ctx, &t).unwrap(), 31_337);
+    let t = up(ctx, &logits, &[n]);
+    assert_eq!(sampling::argmax(ctx, &t).unwrap(), 31_337);
     let ids = [5u32, 31_337, 7, 5, 49_999];
-    sampling::repetition_penalty(&ctx, &t, &ids, 1.3).unwrap();
+    sampling::repetition_penalty(ctx, &t, &ids, 1.3).unwrap();
     sampling::repetition_penalty_ref(&mut logits, &ids, 1.3).unwrap();
     close(&t.to_vec::<f32>().unwrap(), &logits, None);
-    assert_eq!(sampling::argmax(&ctx, &t).unwrap(), 40_000);
+    assert_eq!(sampling::argmax(ctx, &t).unwrap(), 40_000);
     for k in [1, 40, 128] {
-        let got = sampling::top_k(&ctx, &t, k, 0.7).unwrap();
+        let got = sampling::top_k(ctx, &t, k, 0.7).unwrap();
         let want = sampling::top_k_ref(&logits, k, 0.7).unwrap();
         assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), want.iter().map(|w| w.0).collect::<Vec<_>>(), "k={k}");
         close(&got.iter().map(|g| g.1).collect::<Vec<_>>(), &want.iter().map(|w| w.1).collect::<Vec<_>>(), None);
     }
-    assert!(matches!(sampling::repetition_penalty(&ctx, &t, &[n as u32], 1.1), Err(OpsError::TokenOutOfRange { .. })));
+    assert!(matches!(sampling::repetition_penalty(ctx, &t, &[n as u32], 1.1), Err(OpsError::TokenOutOfRange { .. })));
     let _ = Binding::whole;
 }
 
 /// The q8_0 cache rounds exact ties away from zero, as llama.cpp's `quantize_row_q8_0` (`roundf`):
 /// with max |x| = 127 the scale is exactly 1, so `x / d` lands on the ties themselves.
-#[test]
-fn q8_0_cache_rounds_ties_away_from_zero() {
-    let Some(ctx) = test_gpu() else { return };
+fn q8_0_cache_rounds_ties_away_from_zero(ctx: &GpuContext) {
     let hd = 32;
     let mut cache =
-        KvCache::new(&ctx, KvCacheConfig { n_layers: 1, n_kv_heads: 1, head_dim: hd, capacity: 2, dtype: KvDtype::Q8_0, max_segment_bytes: None }).unwrap();
+        KvCache::new(ctx, KvCacheConfig { n_layers: 1, n_kv_heads: 1, head_dim: hd, capacity: 2, dtype: KvDtype::Q8_0, max_segment_bytes: None }).unwrap();
     let mut row = vec![0.0f32; hd];
     let ties = [127.0, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5, 126.5, -126.5, 3.25, -0.25];
     row[..ties.len()].copy_from_slice(&ties);
     // One token: K = row, V = -row.
     let l = QkvLayout { n_tok: 1, n_q: 0, n_kv: 1, head_dim: hd, tok_stride: 2 * hd, x_off: 0, q_off: 0, k_off: 0, v_off: hd };
     let x: Vec<f32> = row.iter().copied().chain(row.iter().map(|v| -v)).collect();
-    let xt = up(&ctx, &x, &[x.len()]);
+    let xt = up(ctx, &x, &[x.len()]);
     let cfg = QkvRope { style: RopeStyle::Neox, rope: false, qk_norm: false, norm_offset: false, kv_write: Some(KvDtype::Q8_0) };
-    cfg.run(&ctx, &xt.gpu_binding(4).unwrap().0, &l, &rope_params(hd, hd, RopeStyle::Neox, RopeScaling::None), &[0], None, None, 0.0, Some((&cache, 0)))
+    cfg.run(ctx, &xt.gpu_binding(4).unwrap().0, &l, &rope_params(hd, hd, RopeStyle::Neox, RopeScaling::None), &[0], None, None, 0.0, Some((&cache, 0)))
         .unwrap();
     cache.commit(1).unwrap();
-    let (k, v) = cache.read_layer(&ctx, 0, 1).unwrap();
+    let (k, v) = cache.read_layer(ctx, 0, 1).unwrap();
     let want = [127.0, 3.0, -3.0, 1.0, -1.0, 2.0, -2.0, 127.0, -127.0, 3.0, 0.0];
     assert_eq!(&k[..ties.len()], &want, "K");
     assert_eq!(v[..ties.len()].to_vec(), want.iter().map(|w| -w).collect::<Vec<f32>>(), "V");
     // The CPU model of the cache agrees bit for bit.
     assert_eq!(KvDtype::Q8_0.round_row(&row), k);
 }
+
+numr::test_gpu_profiles!(
+    norms,
+    activations,
+    qk_norm_rope_and_kv_write,
+    prefill_attention,
+    decode_attention_short,
+    decode_attention_long,
+    short_conv,
+    embedding_gather,
+    sampling_ops,
+    q8_0_cache_rounds_ties_away_from_zero
+);
