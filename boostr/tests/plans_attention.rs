@@ -145,20 +145,18 @@ fn decode_plan_tiled_steps() {
 /// Bug 1: a cache and an output made through the implicit stream (their clears recorded there),
 /// then the KV write and the two-pass and tiled decode plans in an explicit recorder: the
 /// clears run first, so the results are the attention, not zeros.
-#[test]
-fn explicit_recorder_two_pass_and_tiled_decode() {
-    let Some(ctx) = test_gpu() else { return };
+fn explicit_recorder_two_pass_and_tiled_decode(ctx: &GpuContext) {
     let (hd, n_q, n_kv, n) = (64, 4, 2, 37);
-    let cache = new_cache(&ctx, n_kv, hd, 40, KvDtype::F16, None);
+    let cache = new_cache(ctx, n_kv, hd, 40, KvDtype::F16, None);
     let (x, l) = kv_rows(n, n_kv, hd, 5);
-    let xt = up(&ctx, &x);
-    let writer = KvWritePlan::new(&ctx, &bind(&xt), &l, &cache, 0).unwrap();
+    let xt = up(ctx, &x);
+    let writer = KvWritePlan::new(ctx, &bind(&xt), &l, &cache, 0).unwrap();
     let q = rnd(n_q * hd, 6, 2.0);
-    let qt = up(&ctx, &q);
+    let qt = up(ctx, &q);
     let opts = AttnOptions::new(hd);
-    let mut plans = vec![DecodePlan::builder(&ctx, &bind(&qt), 0, n_q, &cache, 0, &opts).kernel(DecodeKernel::Tiled).build().unwrap()];
-    if sg_available(&ctx) {
-        let p = DecodePlan::builder(&ctx, &bind(&qt), 0, n_q, &cache, 0, &opts).kernel(DecodeKernel::Subgroup).two_pass().build().unwrap();
+    let mut plans = vec![DecodePlan::builder(ctx, &bind(&qt), 0, n_q, &cache, 0, &opts).kernel(DecodeKernel::Tiled).build().unwrap()];
+    if sg_available(ctx) {
+        let p = DecodePlan::builder(ctx, &bind(&qt), 0, n_q, &cache, 0, &opts).kernel(DecodeKernel::Subgroup).two_pass().build().unwrap();
         assert!(!p.is_fused());
         assert_eq!(p.dispatch_count(&DecodePlan::step(n).unwrap()), 2);
         plans.push(p);
@@ -169,7 +167,7 @@ fn explicit_recorder_two_pass_and_tiled_decode() {
         p.record(&mut rec, &DecodePlan::step(n).unwrap()).unwrap();
     }
     rec.submit().unwrap();
-    let (k, v) = cache.read_layer(&ctx, 0, n).unwrap();
+    let (k, v) = cache.read_layer(ctx, 0, n).unwrap();
     let want = attention_ref(&q, &k, &v, 1, n_q, n_kv, hd, n, n - 1, &opts).unwrap();
     for p in &plans {
         close(&p.out().unwrap().to_vec::<f32>().unwrap(), &want, 1e-4, &format!("{:?}", p.kernel()));
@@ -197,11 +195,9 @@ fn fused_merge_is_coherent() {
 /// Prefill plan recorded for three chunks (p0 = 0, 17, 57: on a non-empty cache) into one
 /// recorder, both kernels, unsegmented and segmented caches, f16 and q8_0; against the reference
 /// and the eager path.
-#[test]
-fn prefill_plan_steps() {
-    let Some(ctx) = test_gpu() else { return };
+fn prefill_plan_steps(ctx: &GpuContext) {
     let mut kinds = vec![DecodeKernel::Tiled];
-    if sg_available(&ctx) {
+    if sg_available(ctx) {
         kinds.push(DecodeKernel::Subgroup);
     }
     let cases = [
@@ -212,8 +208,8 @@ fn prefill_plan_steps() {
     // matrices (80 positions: the last key tile reaches past the cache's end).
     let (cap, max_tok) = (80, 40);
     for &(hd, n_q, n_kv, dtype, seg, opts) in &cases {
-        let cache = new_cache(&ctx, n_kv, hd, cap, dtype, seg);
-        let coop = PrefillPlan::coop_config(&ctx, &cache, 0, n_q, &opts).is_some();
+        let cache = new_cache(ctx, n_kv, hd, cap, dtype, seg);
+        let coop = PrefillPlan::coop_config(ctx, &cache, 0, n_q, &opts).is_some();
         let mut kinds = kinds.clone();
         if coop {
             kinds.push(DecodeKernel::Coop);
@@ -221,19 +217,19 @@ fn prefill_plan_steps() {
         // The coopmat kernel rounds Q and P to f16 (module docs of `prefill_coop`).
         let tol = |k: DecodeKernel| if k == DecodeKernel::Coop { 4e-3 } else { 1e-4 };
         let (x, l) = kv_rows(cap, n_kv, hd, 7 + hd as u64);
-        let xt = up(&ctx, &x);
-        let writer = KvWritePlan::new(&ctx, &bind(&xt), &l, &cache, 0).unwrap();
-        writer.run(&ctx, &step_u32(0, cap)).unwrap();
-        let (k, v) = cache.read_layer(&ctx, 0, cap).unwrap();
+        let xt = up(ctx, &x);
+        let writer = KvWritePlan::new(ctx, &bind(&xt), &l, &cache, 0).unwrap();
+        writer.run(ctx, &step_u32(0, cap)).unwrap();
+        let (k, v) = cache.read_layer(ctx, 0, cap).unwrap();
         let q = rnd(max_tok * n_q * hd, 8, 2.0);
-        let qt = up(&ctx, &q);
+        let qt = up(ctx, &q);
         let ql = QueryLayout { n_tok: max_tok, n_q, q_off: 0, tok_stride: n_q * hd };
         let steps = [(0usize, 17usize), (17, 40), (57, 23)];
         for &kind in &kinds {
             let what = format!("prefill {kind:?} hd {hd} {dtype:?} seg {seg:?}");
-            let plan = PrefillPlan::builder(&ctx, &bind(&qt), &ql, &cache, 0, &opts).kernel(kind).build().unwrap();
+            let plan = PrefillPlan::builder(ctx, &bind(&qt), &ql, &cache, 0, &opts).kernel(kind).build().unwrap();
             let dst = ctx.alloc((steps.len() * max_tok * n_q * hd * 4) as u64, BufferKind::Storage).unwrap();
-            let before = no_copy_alloc_snapshot(&ctx);
+            let before = no_copy_alloc_snapshot(ctx);
             let mut rec = ctx.recorder();
             for (i, &(p0, n)) in steps.iter().enumerate() {
                 plan.record(&mut rec, &step_u32(p0, n)).unwrap();
@@ -241,17 +237,17 @@ fn prefill_plan_steps() {
                 let bytes = (n * n_q * hd * 4) as u64;
                 rec.copy(&ob.buffer, ob.offset + off as u64 * 4, &dst, (i * max_tok * n_q * hd * 4) as u64, bytes).unwrap();
             }
-            assert_eq!(no_copy_alloc_snapshot(&ctx), before, "{what}: recording created a bind group or a buffer");
+            assert_eq!(no_copy_alloc_snapshot(ctx), before, "{what}: recording created a bind group or a buffer");
             rec.submit().unwrap();
             for (i, &(p0, n)) in steps.iter().enumerate() {
                 let kv = p0 + n;
                 let want =
                     attention_ref(&q[..n * n_q * hd], &prefix(&k, n_kv, cap, kv, hd), &prefix(&v, n_kv, cap, kv, hd), n, n_q, n_kv, hd, kv, p0, &opts).unwrap();
-                let got = read_f32(&ctx, &dst, (i * max_tok * n_q * hd * 4) as u64, n * n_q * hd);
+                let got = read_f32(ctx, &dst, (i * max_tok * n_q * hd * 4) as u64, n * n_q * hd);
                 close(&got, &want, tol(kind), &format!("{what}: chunk {i} (p0 {p0}, {n} tokens)"));
                 if i == 2 {
                     let eq = QueryLayout { n_tok: n, ..ql };
-                    let eager = attention::prefill(&ctx, &bind(&qt), &eq, &cache, 0, p0, &opts).unwrap().to_vec::<f32>().unwrap();
+                    let eager = attention::prefill(ctx, &bind(&qt), &eq, &cache, 0, p0, &opts).unwrap().to_vec::<f32>().unwrap();
                     let default = if coop { DecodeKernel::Coop } else { *kinds.last().unwrap_or(&kind) };
                     close(&eager, &want, tol(default), &format!("{what}: eager"));
                 }
@@ -366,3 +362,5 @@ fn plans_refuse_bad_inputs() {
     let other = QkvLayout::packed(2, 0, 1, hd);
     assert!(matches!(KvWritePlan::new(&ctx, &bind(&x), &other, &cache, 0), Err(OpsError::BadArgs { .. })), "KV heads");
 }
+
+numr::test_gpu_profiles!(explicit_recorder_two_pass_and_tiled_decode, prefill_plan_steps);
