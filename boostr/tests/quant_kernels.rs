@@ -17,7 +17,7 @@ use boostr::formats::{AwqTensors, GgmlType, GptqTensors, GptqZeroOffset, PackedW
 use boostr::quant::upload::concat_rows;
 use boostr::quant::{GemmPlan, GemvIo, GemvOutput, GemvPlan, Prologue, QuantError, QuantGemm, QuantGemv, QuantMatrix, WeightKind};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, StepValues};
-use numr::testing::{check_close_rtol, test_gpu, validate_wgsl};
+use numr::testing::{check_close_rtol, validate_wgsl};
 use util::{Rng, random_ggml, rmsnorm_cpu, small_f16};
 
 const RTOL_F32: f64 = 1e-4;
@@ -102,15 +102,13 @@ fn every_variant_validates_with_naga() {
     assert!(n > 500, "{n} variants");
 }
 
-#[test]
-fn gemv_matches_reference_for_every_format() {
-    let Some(ctx) = test_gpu() else { return };
+fn gemv_matches_reference_for_every_format(ctx: &GpuContext) {
     let env = KernelEnv::from_caps(ctx.capabilities());
     let mut rng = Rng(7);
     // 37 rows: not a multiple of the rows per workgroup; K = 512: two K-quant super-blocks.
     let (rows, cols) = (37, 512);
     for (name, p) in all_weights(&mut rng, rows, cols) {
-        let w = QuantMatrix::upload(&ctx, &name, &p).unwrap();
+        let w = QuantMatrix::upload(ctx, &name, &p).unwrap();
         let kind = WeightKind::of(p.format());
         let mut cases = vec![(1, false), (3, false), (8, false)];
         if env.f16 && kind != WeightKind::Ggml(GgmlType::F32) && kind != WeightKind::Ggml(GgmlType::F16) && kind != WeightKind::Ggml(GgmlType::BF16) {
@@ -123,21 +121,19 @@ fn gemv_matches_reference_for_every_format() {
             if kind == WeightKind::Int4 {
                 cfg.rows_per_workgroup = 3;
             }
-            let got = gemv_gpu(&ctx, &cfg, &w, &x, m);
+            let got = gemv_gpu(ctx, &cfg, &w, &x, m);
             let tol = if f16_math { RTOL_F16 } else { RTOL_F32 };
             check_close_rtol(&got, &want, tol).unwrap_or_else(|e| panic!("{name} m={m} f16={f16_math}: {e}"));
         }
     }
 }
 
-#[test]
-fn gemv_every_activation_count_and_both_reductions() {
-    let Some(ctx) = test_gpu() else { return };
+fn gemv_every_activation_count_and_both_reductions(ctx: &GpuContext) {
     let env = KernelEnv::from_caps(ctx.capabilities());
     let mut rng = Rng(8);
     let (rows, cols) = (45, 1024);
     let p = random_ggml(&mut rng, GgmlType::Q4_K, rows, cols);
-    let w = QuantMatrix::upload(&ctx, "q4k", &p).unwrap();
+    let w = QuantMatrix::upload(ctx, "q4k", &p).unwrap();
     for m in 1..=8usize {
         let x = random_x(&mut rng, m * cols);
         let want = f64s(&matmul_ref(&p, &x, m).unwrap());
@@ -148,21 +144,19 @@ fn gemv_every_activation_count_and_both_reductions() {
                 threads: 64,
                 ..QuantGemv::new(WeightKind::Ggml(GgmlType::Q4_K), &env, m as u32)
             };
-            let got = gemv_gpu(&ctx, &cfg, &w, &x, m);
+            let got = gemv_gpu(ctx, &cfg, &w, &x, m);
             check_close_rtol(&got, &want, RTOL_F32).unwrap_or_else(|e| panic!("m={m} subgroups={subgroups}: {e}"));
         }
     }
 }
 
-#[test]
-fn fused_rmsnorm_gemv_matches_unfused() {
-    let Some(ctx) = test_gpu() else { return };
+fn fused_rmsnorm_gemv_matches_unfused(ctx: &GpuContext) {
     let env = KernelEnv::from_caps(ctx.capabilities());
     let mut rng = Rng(9);
     let (rows, cols) = (21, 1024);
     for ty in [GgmlType::Q4_0, GgmlType::Q6_K, GgmlType::F16] {
         let p = random_ggml(&mut rng, ty, rows, cols);
-        let w = QuantMatrix::upload(&ctx, "w", &p).unwrap();
+        let w = QuantMatrix::upload(ctx, "w", &p).unwrap();
         // stage_k 4096 holds the row; stage_k 0 and 512 take the two-phase on-the-fly path.
         for (m, gemma, stage_k) in [(1usize, false, 4096u32), (2, true, 0), (3, false, 512)] {
             let x: Vec<f32> = (0..m * cols).map(|_| rng.f32_in(-3.0, 3.0)).collect();
@@ -170,28 +164,26 @@ fn fused_rmsnorm_gemv_matches_unfused() {
             let eps = 1e-5;
             let want = f64s(&matmul_ref(&p, &rmsnorm_cpu(&x, &nw, m, eps, gemma), m).unwrap());
             let cfg = QuantGemv { prologue: Prologue::RmsNorm { gemma, stage_k }, ..QuantGemv::new(WeightKind::of(p.format()), &env, m as u32) };
-            let (xb, nb) = (upload_f32(&ctx, &x), upload_f32(&ctx, &nw));
+            let (xb, nb) = (upload_f32(ctx, &x), upload_f32(ctx, &nw));
             let y = ctx.alloc(4 * (m * rows) as u64, BufferKind::Storage).unwrap();
             let io = GemvIo::new(Binding::whole(&xb), Binding::whole(&y)).with_rms_norm(Binding::whole(&nb), eps);
-            let plan = GemvPlan::new(&ctx, &cfg, &w, &io).unwrap();
+            let plan = GemvPlan::new(ctx, &cfg, &w, &io).unwrap();
             let mut rec = ctx.recorder();
             plan.record(&mut rec, &StepValues::decode(0)).unwrap();
             rec.submit().unwrap();
-            let got = read_f32(&ctx, &y, m * rows);
+            let got = read_f32(ctx, &y, m * rows);
             check_close_rtol(&got, &want, RTOL_F32).unwrap_or_else(|e| panic!("{ty} m={m} gemma={gemma} stage={stage_k}: {e}"));
         }
     }
 }
 
-#[test]
-fn fused_glu_and_residual_gemv_match_unfused() {
-    let Some(ctx) = test_gpu() else { return };
+fn fused_glu_and_residual_gemv_match_unfused(ctx: &GpuContext) {
     let env = KernelEnv::from_caps(ctx.capabilities());
     let mut rng = Rng(11);
     let (rows, cols) = (21, 1024);
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q6_K, GgmlType::F16] {
         let p = random_ggml(&mut rng, ty, rows, cols);
-        let w = QuantMatrix::upload(&ctx, "w", &p).unwrap();
+        let w = QuantMatrix::upload(ctx, "w", &p).unwrap();
         for act in [boostr::act::ActKind::Silu, boostr::act::ActKind::GeluTanh] {
             let gate_up: Vec<f32> = (0..2 * cols).map(|_| rng.f32_in(-3.0, 3.0)).collect();
             let glu: Vec<f32> = (0..cols).map(|i| (act.apply(gate_up[i] as f64) * gate_up[cols + i] as f64) as f32).collect();
@@ -200,36 +192,34 @@ fn fused_glu_and_residual_gemv_match_unfused() {
             let want: Vec<f64> = prod.iter().zip(&y0).map(|(a, b)| *a as f64 + *b as f64).collect();
             for unchecked in [false, true] {
                 let cfg = QuantGemv { prologue: Prologue::Glu { act }, accumulate: true, unchecked, ..QuantGemv::new(WeightKind::of(p.format()), &env, 1) };
-                let (xb, y) = (upload_f32(&ctx, &gate_up), upload_f32(&ctx, &y0));
-                let plan = GemvPlan::new(&ctx, &cfg, &w, &GemvIo::new(Binding::whole(&xb), Binding::whole(&y))).unwrap();
+                let (xb, y) = (upload_f32(ctx, &gate_up), upload_f32(ctx, &y0));
+                let plan = GemvPlan::new(ctx, &cfg, &w, &GemvIo::new(Binding::whole(&xb), Binding::whole(&y))).unwrap();
                 let mut rec = ctx.recorder();
                 plan.record(&mut rec, &StepValues::decode(0)).unwrap();
                 rec.submit().unwrap();
-                check_close_rtol(&read_f32(&ctx, &y, rows), &want, RTOL_F32).unwrap_or_else(|e| panic!("{ty} {act:?}: {e}"));
+                check_close_rtol(&read_f32(ctx, &y, rows), &want, RTOL_F32).unwrap_or_else(|e| panic!("{ty} {act:?}: {e}"));
             }
             // The packed [gate | up] row must hold 2 K activations.
-            let short = upload_f32(&ctx, &gate_up[..cols]);
-            let y = upload_f32(&ctx, &y0);
+            let short = upload_f32(ctx, &gate_up[..cols]);
+            let y = upload_f32(ctx, &y0);
             let cfg = QuantGemv { prologue: Prologue::Glu { act }, ..QuantGemv::new(WeightKind::of(p.format()), &env, 1) };
-            assert!(GemvPlan::new(&ctx, &cfg, &w, &GemvIo::new(Binding::whole(&short), Binding::whole(&y))).is_err());
+            assert!(GemvPlan::new(ctx, &cfg, &w, &GemvIo::new(Binding::whole(&short), Binding::whole(&y))).is_err());
         }
         // The residual add alone.
         let x = random_x(&mut rng, cols);
         let y0: Vec<f32> = (0..rows).map(|_| rng.f32_in(-1.0, 1.0)).collect();
         let want: Vec<f64> = matmul_ref(&p, &x, 1).unwrap().iter().zip(&y0).map(|(a, b)| *a as f64 + *b as f64).collect();
         let cfg = QuantGemv { accumulate: true, ..QuantGemv::new(WeightKind::of(p.format()), &env, 1) };
-        let (xb, y) = (upload_f32(&ctx, &x), upload_f32(&ctx, &y0));
-        let plan = GemvPlan::new(&ctx, &cfg, &w, &GemvIo::new(Binding::whole(&xb), Binding::whole(&y))).unwrap();
+        let (xb, y) = (upload_f32(ctx, &x), upload_f32(ctx, &y0));
+        let plan = GemvPlan::new(ctx, &cfg, &w, &GemvIo::new(Binding::whole(&xb), Binding::whole(&y))).unwrap();
         let mut rec = ctx.recorder();
         plan.record(&mut rec, &StepValues::decode(0)).unwrap();
         rec.submit().unwrap();
-        check_close_rtol(&read_f32(&ctx, &y, rows), &want, RTOL_F32).unwrap_or_else(|e| panic!("{ty} accumulate: {e}"));
+        check_close_rtol(&read_f32(ctx, &y, rows), &want, RTOL_F32).unwrap_or_else(|e| panic!("{ty} accumulate: {e}"));
     }
 }
 
-#[test]
-fn fused_qkv_matches_separate_projections() {
-    let Some(ctx) = test_gpu() else { return };
+fn fused_qkv_matches_separate_projections(ctx: &GpuContext) {
     let env = KernelEnv::from_caps(ctx.capabilities());
     let mut rng = Rng(10);
     let cols = 512;
@@ -242,16 +232,16 @@ fn fused_qkv_matches_separate_projections() {
         };
         let (q, k, v) = (make(&mut rng, nq), make(&mut rng, nk), make(&mut rng, nv));
         let qkv = concat_rows(&[&q, &k, &v]).unwrap();
-        let w = QuantMatrix::upload(&ctx, "qkv", &qkv).unwrap();
+        let w = QuantMatrix::upload(ctx, "qkv", &qkv).unwrap();
         for m in [1usize, 4] {
             let x = random_x(&mut rng, m * cols);
             let cfg = QuantGemv { split_qkv: true, ..QuantGemv::new(WeightKind::of(qkv.format()), &env, m as u32) };
             assert!(cfg.source(&env).bindings.len() <= 8);
-            let xb = upload_f32(&ctx, &x);
+            let xb = upload_f32(ctx, &x);
             let ys: Vec<_> = [nq, nk, nv].iter().map(|&n| ctx.alloc(4 * (m * n) as u64, BufferKind::Storage).unwrap()).collect();
             let output = GemvOutput::Qkv { q: Binding::whole(&ys[0]), k: Binding::whole(&ys[1]), v: Binding::whole(&ys[2]), rows: [nq, nk, nv] };
             let io = GemvIo { x: Binding::whole(&xb), norm_weight: None, eps: 0.0, output };
-            let plan = GemvPlan::new(&ctx, &cfg, &w, &io).unwrap();
+            let plan = GemvPlan::new(ctx, &cfg, &w, &io).unwrap();
             let mut rec = ctx.recorder();
             plan.record(&mut rec, &StepValues::decode(0)).unwrap();
             assert_eq!(rec.dispatch_count(), 1);
@@ -259,8 +249,8 @@ fn fused_qkv_matches_separate_projections() {
             for (i, (pw, n)) in [(&q, nq), (&k, nk), (&v, nv)].into_iter().enumerate() {
                 let want = f64s(&matmul_ref(pw, &x, m).unwrap());
                 // The unfused composition on the GPU: a separate GEMV of this projection.
-                let sep = gemv_gpu(&ctx, &QuantGemv::new(WeightKind::of(pw.format()), &env, m as u32), &QuantMatrix::upload(&ctx, "sep", pw).unwrap(), &x, m);
-                let got = read_f32(&ctx, &ys[i], m * n);
+                let sep = gemv_gpu(ctx, &QuantGemv::new(WeightKind::of(pw.format()), &env, m as u32), &QuantMatrix::upload(ctx, "sep", pw).unwrap(), &x, m);
+                let got = read_f32(ctx, &ys[i], m * n);
                 check_close_rtol(&got, &want, RTOL_F32).unwrap_or_else(|e| panic!("{kind} m={m} output {i}: {e}"));
                 check_close_rtol(&got, &sep, RTOL_F32).unwrap_or_else(|e| panic!("{kind} m={m} output {i} vs separate: {e}"));
             }
@@ -268,16 +258,14 @@ fn fused_qkv_matches_separate_projections() {
     }
 }
 
-#[test]
-fn tensor_over_the_binding_limit_is_split_by_rows() {
-    let Some(ctx) = test_gpu() else { return };
+fn tensor_over_the_binding_limit_is_split_by_rows(ctx: &GpuContext) {
     let env = KernelEnv::from_caps(ctx.capabilities());
     let mut rng = Rng(11);
     let (rows, cols) = (50, 512);
     for ty in [GgmlType::Q4_0, GgmlType::Q6_K] {
         let p = random_ggml(&mut rng, ty, rows, cols);
         // A 4 KiB "binding limit": several parts.
-        let w = QuantMatrix::upload_with_limit(&ctx, "token_embd.weight", &p, 4096).unwrap();
+        let w = QuantMatrix::upload_with_limit(ctx, "token_embd.weight", &p, 4096).unwrap();
         assert!(w.parts.len() > 3, "{} parts", w.parts.len());
         assert!(w.parts.iter().all(|part| part.sections.words as u64 * 4 <= 4096));
         assert_eq!(w.parts.iter().map(|part| part.rows).sum::<usize>(), rows);
@@ -285,18 +273,18 @@ fn tensor_over_the_binding_limit_is_split_by_rows() {
         for m in [1usize, 5] {
             let x = random_x(&mut rng, m * cols);
             let want = f64s(&matmul_ref(&p, &x, m).unwrap());
-            let got = gemv_gpu(&ctx, &QuantGemv::new(kind, &env, m as u32), &w, &x, m);
+            let got = gemv_gpu(ctx, &QuantGemv::new(kind, &env, m as u32), &w, &x, m);
             check_close_rtol(&got, &want, RTOL_F32).unwrap_or_else(|e| panic!("{ty} gemv m={m}: {e}"));
         }
         let m = 70;
         let x = random_x(&mut rng, m * cols);
         let want = f64s(&matmul_ref(&p, &x, m).unwrap());
-        let got = gemm_gpu(&ctx, &QuantGemm { kind, coopmat: false, unchecked: false }, &w, &x, m);
+        let got = gemm_gpu(ctx, &QuantGemm { kind, coopmat: false, unchecked: false }, &w, &x, m);
         check_close_rtol(&got, &want, RTOL_F32).unwrap_or_else(|e| panic!("{ty} gemm: {e}"));
     }
     // One row that cannot fit is a typed error naming the tensor.
     let p = random_ggml(&mut rng, GgmlType::Q8_0, 2, 4096);
-    match QuantMatrix::upload_with_limit(&ctx, "output.weight", &p, 1024) {
+    match QuantMatrix::upload_with_limit(ctx, "output.weight", &p, 1024) {
         Err(QuantError::RowTooLarge { name, .. }) => assert_eq!(name, "output.weight"),
         other => panic!("expected RowTooLarge, got {other:?}"),
     }
@@ -312,15 +300,13 @@ fn gemm_gpu(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, x: &[f32], m: us
     read_f32(ctx, &y, m * w.rows)
 }
 
-#[test]
-fn gemm_matches_reference_for_every_format() {
-    let Some(ctx) = test_gpu() else { return };
-    let coop = QuantGemm::coopmat_available(&ctx);
+fn gemm_matches_reference_for_every_format(ctx: &GpuContext) {
+    let coop = QuantGemm::coopmat_available(ctx);
     let mut rng = Rng(12);
     // M = 70 and N = 100: neither is a multiple of the 64x64 tile.
     let (rows, cols, m) = (100, 512, 70);
     for (name, p) in all_weights(&mut rng, rows, cols) {
-        let w = QuantMatrix::upload(&ctx, &name, &p).unwrap();
+        let w = QuantMatrix::upload(ctx, &name, &p).unwrap();
         let kind = WeightKind::of(p.format());
         let x = random_x(&mut rng, m * cols);
         let want = f64s(&matmul_ref(&p, &x, m).unwrap());
@@ -328,10 +314,20 @@ fn gemm_matches_reference_for_every_format() {
             if coopmat && !coop {
                 continue;
             }
-            let got = gemm_gpu(&ctx, &QuantGemm { kind, coopmat, unchecked: coopmat }, &w, &x, m);
+            let got = gemm_gpu(ctx, &QuantGemm { kind, coopmat, unchecked: coopmat }, &w, &x, m);
             let tol = if coopmat { RTOL_F16 } else { RTOL_F32 };
             check_close_rtol(&got, &want, tol).unwrap_or_else(|e| panic!("{name} coopmat={coopmat}: {e}"));
         }
     }
     eprintln!("coopmat GEMM tested: {coop}");
 }
+
+numr::test_gpu_profiles!(
+    gemv_matches_reference_for_every_format,
+    gemv_every_activation_count_and_both_reductions,
+    fused_rmsnorm_gemv_matches_unfused,
+    fused_glu_and_residual_gemv_match_unfused,
+    fused_qkv_matches_separate_projections,
+    tensor_over_the_binding_limit_is_split_by_rows,
+    gemm_matches_reference_for_every_format
+);
