@@ -2,7 +2,7 @@
 //! defined in [`crate::dtype::rtol`], the shared test GPU ([`test_gpu`]), one test body on every
 //! device ([`test_device!`](crate::test_device)), and (with the `testing` feature) naga
 //! validation of WGSL and one GPU test body under every device profile
-//! ([`GpuProfile`], [`test_gpu_profiles!`](crate::test_gpu_profiles)).
+//! (`GpuProfile`, `numr::test_gpu_profiles!`).
 
 use crate::dtype::{DType, rtol};
 

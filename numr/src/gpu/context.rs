@@ -30,7 +30,7 @@ pub struct GpuOptions {
     pub zero_init_workgroup_memory: bool,
     /// Do not request the SUBGROUP feature even where the adapter has it, so that
     /// [`Capabilities::subgroups`] is false and every kernel choice takes its subgroup-free path
-    /// (tests use this, through [`crate::testing::GpuProfile::NoSubgroups`], to run the fallback
+    /// (tests use this, through `numr::testing::GpuProfile::NoSubgroups` (with the `testing` feature), to run the fallback
     /// kernels on an adapter with subgroups). Off by default.
     pub disable_subgroups: bool,
 }

@@ -1,6 +1,6 @@
 //! Device profiles for GPU tests: the one test adapter seen as several devices, one for each
 //! configuration the kernels choose between ([`GpuProfile`]), and
-//! [`test_gpu_profiles!`](crate::test_gpu_profiles), which runs one test body on each.
+//! `numr::test_gpu_profiles!`, which runs one test body on each.
 
 use std::sync::OnceLock;
 
@@ -25,7 +25,7 @@ pub enum GpuProfile {
 }
 
 impl GpuProfile {
-    /// Every profile, in the order [`test_gpu_profiles!`](crate::test_gpu_profiles) names its tests.
+    /// Every profile, in the order `numr::test_gpu_profiles!` names its tests.
     pub const ALL: [GpuProfile; 3] = [GpuProfile::Default, GpuProfile::UniformParams, GpuProfile::NoSubgroups];
 
     /// The options of this profile, on top of [`GpuOptions::from_env`].
