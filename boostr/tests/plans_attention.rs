@@ -146,6 +146,7 @@ fn decode_plan_tiled_steps() {
 /// then the KV write and the two-pass and tiled decode plans in an explicit recorder: the
 /// clears run first, so the results are the attention, not zeros.
 fn explicit_recorder_two_pass_and_tiled_decode(ctx: &GpuContext) {
+    let _serial = serial();
     let (hd, n_q, n_kv, n) = (64, 4, 2, 37);
     let cache = new_cache(ctx, n_kv, hd, 40, KvDtype::F16, None);
     let (x, l) = kv_rows(n, n_kv, hd, 5);
@@ -196,6 +197,7 @@ fn fused_merge_is_coherent() {
 /// recorder, both kernels, unsegmented and segmented caches, f16 and q8_0; against the reference
 /// and the eager path.
 fn prefill_plan_steps(ctx: &GpuContext) {
+    let _serial = serial();
     let mut kinds = vec![DecodeKernel::Tiled];
     if sg_available(ctx) {
         kinds.push(DecodeKernel::Subgroup);
@@ -313,6 +315,7 @@ fn references_refuse_inconsistent_inputs() {
 /// Bad layers, bindings and steps: typed errors at build or record time.
 #[test]
 fn plans_refuse_bad_inputs() {
+    let _serial = serial();
     let Some(ctx) = test_gpu() else { return };
     let (hd, n_q, n_kv) = (64, 4, 2);
     let cache = new_cache(&ctx, n_kv, hd, 16, KvDtype::F16, None);

@@ -20,6 +20,7 @@ use util::*;
 /// in one recorder over a segmented cache: each step's activations and cached rows against the
 /// reference, and the eager path.
 fn rope_plan_steps(ctx: &GpuContext) {
+    let _serial = serial();
     let (hd, n_q, n_kv) = (64, 2, 1);
     let cfg = QkvRope { style: RopeStyle::Neox, rope: true, qk_norm: true, norm_offset: false, kv_write: Some(KvDtype::F16) };
     let rp = rope_params(hd, 48, RopeStyle::Neox);
@@ -87,6 +88,7 @@ fn rope_plan_steps(ctx: &GpuContext) {
 /// Positions read from a GPU buffer at `step.token + t`, a chunk of 3 tokens over a segmented
 /// q8_0 cache at slots 2..5, against the reference and the eager `QkvRope::run`.
 fn rope_plan_positions_from_buffer(ctx: &GpuContext) {
+    let _serial = serial();
     let (hd, n_q, n_kv, n) = (128, 3, 1, 3);
     let cfg = QkvRope { style: RopeStyle::Normal, rope: true, qk_norm: false, norm_offset: false, kv_write: Some(KvDtype::Q8_0) };
     let rp = rope_params(hd, 128, RopeStyle::Normal);
@@ -130,6 +132,7 @@ fn rope_plan_positions_from_buffer(ctx: &GpuContext) {
 /// those of their sum, for a chunk of 3 tokens at slots 2..5; variants that write nothing back,
 /// and an `x` too short for the second partial, are typed errors.
 fn rope_plan_sums_split_partials(ctx: &GpuContext) {
+    let _serial = serial();
     let (hd, n_q, n_kv, n) = (64, 4, 2, 3);
     let cfg = QkvRope { style: RopeStyle::Normal, rope: true, qk_norm: false, norm_offset: false, kv_write: Some(KvDtype::F16) };
     let rp = rope_params(hd, 64, RopeStyle::Normal);
@@ -169,6 +172,7 @@ fn rope_plan_sums_split_partials(ctx: &GpuContext) {
 /// KV-only writes, f16 and q8_0, two chunks in one recorder on a segmented cache, against the
 /// CPU model of the cache and the eager fused write with rotation off.
 fn kv_write_plan(ctx: &GpuContext) {
+    let _serial = serial();
     for dtype in [KvDtype::F16, KvDtype::Q8_0] {
         let (hd, n_kv) = (64, 2);
         let cache = new_cache(ctx, n_kv, hd, 10, dtype, Some(4));

@@ -89,6 +89,15 @@ pub fn step_u32(pos: usize, n: usize) -> StepValues {
     StepValues::chunk(pos as u32, n as u32)
 }
 
+/// Serialises the tests of one binary that share a context and assert its counters
+/// ([`no_copy_alloc_snapshot`]): the test harness runs tests on several threads, and another
+/// test's upload on the same shared context would move the counters between the two snapshots
+/// (seen on the H200 under the `no_subgroups` profile). Hold the guard for the whole body.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 pub fn no_copy_alloc_snapshot(ctx: &GpuContext) -> (u64, u64) {
     (ctx.bind_groups_created(), ctx.pool_stats().created)
 }
