@@ -116,6 +116,16 @@ impl Norm {
             .build()
     }
 
+    /// A bias and a residual given exactly where the variant takes them.
+    fn check_inputs(&self, op: &'static str, bias: bool, residual: bool) -> Result<()> {
+        if self.bias != bias || self.residual != residual {
+            let (want_b, want_r) = (self.bias, self.residual);
+            let msg = format!("bias given: {bias}, residual given: {residual}; the variant takes a bias: {want_b}, a residual: {want_r}");
+            return Err(bad(op, msg));
+        }
+        Ok(())
+    }
+
     /// Runs the norm on GPU tensors (eagerly, through a [`NormPlan`] built for this call): `x` is
     /// `[rows, n]` f32 (contiguous), `w` (and `b`) `[n]`, `residual` `[rows, n]` (updated in place
     /// when the variant fuses the residual add). Returns `[rows, n]` f32.
@@ -126,18 +136,7 @@ impl Norm {
             return Err(bad(OP, "rows of length 0"));
         }
         let rows = x.numel() / n;
-        if self.bias != b.is_some() || self.residual != residual.is_some() {
-            return Err(bad(
-                OP,
-                format!(
-                    "bias given: {}, residual given: {}; the variant takes a bias: {}, a residual: {}",
-                    b.is_some(),
-                    residual.is_some(),
-                    self.bias,
-                    self.residual
-                ),
-            ));
-        }
+        self.check_inputs(OP, b.is_some(), residual.is_some())?;
         if w.numel() != n || b.is_some_and(|b| b.numel() != n) {
             return Err(bad(OP, format!("weight ({}) or bias ({:?}) length differs from the row length {n}", w.numel(), b.map(|b| b.numel()))));
         }
@@ -172,18 +171,7 @@ impl Norm {
         if w.len() != n || b.is_some_and(|b| b.len() != n) {
             return Err(bad(OP, format!("weight ({}) or bias ({:?}) length differs from the row length {n}", w.len(), b.map(|b| b.len()))));
         }
-        if self.bias != b.is_some() || self.residual != residual.is_some() {
-            return Err(bad(
-                OP,
-                format!(
-                    "bias given: {}, residual given: {}; the variant takes a bias: {}, a residual: {}",
-                    b.is_some(),
-                    residual.is_some(),
-                    self.bias,
-                    self.residual
-                ),
-            ));
-        }
+        self.check_inputs(OP, b.is_some(), residual.is_some())?;
         if let Some(r) = residual.as_deref().filter(|r| r.len() != x.len()) {
             return Err(bad(OP, format!("residual of {} elements, x has {}", r.len(), x.len())));
         }
