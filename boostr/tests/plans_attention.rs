@@ -113,7 +113,7 @@ fn sg_available(ctx: &GpuContext) -> bool {
 fn decode_plan_subgroup_steps() {
     let Some(ctx) = test_gpu_private() else { return };
     if !sg_available(&ctx) {
-        eprintln!("adapter lacks subgroups of 8: the subgroup decode kernel is not run");
+        numr::testing::skip_path("the subgroup decode attention kernel", "no subgroups of 8");
         return;
     }
     let capped = AttnOptions { scale: 0.1, softcap: Some(20.0), window: Some(333) };
@@ -161,6 +161,8 @@ fn explicit_recorder_two_pass_and_tiled_decode(ctx: &GpuContext) {
         assert!(!p.is_fused());
         assert_eq!(p.dispatch_count(&DecodePlan::step(n).unwrap()), 2);
         plans.push(p);
+    } else {
+        numr::testing::skip_path("the subgroup decode kernel's two-pass plan", "no subgroups of 8");
     }
     let mut rec = ctx.recorder();
     writer.record(&mut rec, &step_u32(0, n)).unwrap();
@@ -201,6 +203,8 @@ fn prefill_plan_steps(ctx: &GpuContext) {
     let mut kinds = vec![DecodeKernel::Tiled];
     if sg_available(ctx) {
         kinds.push(DecodeKernel::Subgroup);
+    } else {
+        numr::testing::skip_path("the subgroup kernel's prefill plan", "no subgroups of 8");
     }
     let cases = [
         (64, 4, 2, KvDtype::F16, None, AttnOptions::new(64)),
@@ -215,6 +219,8 @@ fn prefill_plan_steps(ctx: &GpuContext) {
         let mut kinds = kinds.clone();
         if coop {
             kinds.push(DecodeKernel::Coop);
+        } else if dtype == KvDtype::F16 && seg.is_none() {
+            numr::testing::skip_path("the cooperative-matrix prefill plan (unsegmented f16 case)", "no cooperative matrices");
         }
         // The coopmat kernel rounds Q and P to f16 (module docs of `prefill_coop`).
         let tol = |k: DecodeKernel| if k == DecodeKernel::Coop { 4e-3 } else { 1e-4 };
@@ -335,6 +341,8 @@ fn plans_refuse_bad_inputs() {
         assert!(matches!(tuned, Err(OpsError::Unsupported { .. })), "keys 0");
         let tuned = DecodePlan::builder(&ctx, &qb, 0, n_q, &cache, 0, &opts).tuning(1, 2, 0).build();
         assert!(bad_args(&tuned), "target 0");
+    } else {
+        numr::testing::skip_path("the subgroup decode plan's tuning checks", "no subgroups of 8");
     }
     let plan = DecodePlan::new(&ctx, &qb, 0, n_q, &cache, 0, &opts).unwrap();
     let mut rec = ctx.recorder();

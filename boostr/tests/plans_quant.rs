@@ -192,6 +192,9 @@ fn q8_gemv_plans_match_reference() {
 #[test]
 fn gemm_plans_match_reference() {
     let Some((_g, ctx)) = gpu() else { return };
+    if !QuantGemm::coopmat_available(&ctx) {
+        numr::testing::skip_path("the cooperative-matrix GEMM plans", "no cooperative matrices");
+    }
     let mut rng = Rng(103);
     let m = 9;
     let step = StepValues::chunk(0, m as u32);

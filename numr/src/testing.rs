@@ -70,6 +70,25 @@ pub fn validate_wgsl(src: &str) -> Result<(), String> {
 /// The environment variable that lets GPU tests skip when no adapter exists. CI never sets it.
 pub const ALLOW_NO_GPU: &str = "NUMR_ALLOW_NO_GPU";
 
+/// The environment variable that turns every skipped path into a failure: set it where the
+/// adapter is expected to run everything (`scripts/h200.sh test` sets it on the H200), so a test
+/// that silently stopped exercising a kernel fails instead of passing. CI (lavapipe) leaves it
+/// unset: there the cooperative-matrix and `@coherent` paths cannot run and are skipped by name.
+pub const REQUIRE_ALL_PATHS: &str = "NUMR_REQUIRE_ALL_PATHS";
+
+/// Records that a test did not run `what` on this adapter, and why (`the adapter has no
+/// cooperative matrices`). It prints `skipped: WHAT (WHY)` on standard error, so a test log names
+/// everything a run left out, and panics when [`REQUIRE_ALL_PATHS`]`=1` is set.
+///
+/// Every capability-dependent branch of a GPU test that leaves a path unexercised calls this;
+/// the branch must still assert what it can (a typed refusal, the fallback's choice).
+pub fn skip_path(what: &str, why: &str) {
+    if std::env::var(REQUIRE_ALL_PATHS).is_ok_and(|v| v == "1") {
+        panic!("{what} was skipped ({why}), but {REQUIRE_ALL_PATHS}=1 requires every path to run on this adapter");
+    }
+    eprintln!("skipped: {what} ({why})");
+}
+
 /// A GPU context of the test's own (its own buffer pool, bind-group cache and counters), under
 /// the same rule as [`test_gpu`] when no adapter exists. For tests that assert what a recording
 /// creates ([`crate::GpuContext::bind_groups_created`], [`crate::GpuContext::pool_stats`]): on

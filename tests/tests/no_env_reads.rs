@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 /// Files (or folders, ending in `/`) and the variables they may read (`*`: any).
 const ALLOWED: &[(&str, &[&str])] = &[
     ("numr/src/gpu/context.rs", &["\"NUMR_ADAPTER\"", "\"NUMR_BACKEND\""]),
-    // The GPU tests' opt-out (`NUMR_ALLOW_NO_GPU`, through this constant).
-    ("numr/src/testing.rs", &["ALLOW_NO_GPU"]),
+    // The GPU tests' opt-out (`NUMR_ALLOW_NO_GPU`) and the H200 run's switch that fails every
+    // skipped path (`NUMR_REQUIRE_ALL_PATHS`), through these constants.
+    ("numr/src/testing.rs", &["ALLOW_NO_GPU", "REQUIRE_ALL_PATHS"]),
     ("cera/src/fetch.rs", &["\"CERA_MODEL_CACHE\"", "\"HOME\""]),
     ("cera/src/cli/", &["*"]),
     ("cera/src/bench/", &["*"]),

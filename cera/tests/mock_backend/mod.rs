@@ -4,7 +4,6 @@
 //! vocabulary with byte fallback, and the engine built on them.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use cera::chat_template::{BuiltinTemplate, ChatTemplate};
 use cera::engine::{
@@ -88,13 +87,11 @@ pub struct Step {
 pub struct Mock {
     pub rule: Rule,
     pub log: Arc<Mutex<Vec<Step>>>,
-    pub delay: Duration,
 }
 
 pub struct MockState {
     pub rule: Rule,
     pub log: Arc<Mutex<Vec<Step>>>,
-    pub delay: Duration,
     pub opts: StateOpts,
     pub cache: Vec<u32>,
     pub argmax: Option<u32>,
@@ -111,7 +108,6 @@ impl Backend for Mock {
         Ok(Box::new(MockState {
             rule: self.rule.clone(),
             log: self.log.clone(),
-            delay: self.delay,
             opts: *opts,
             cache: Vec::new(),
             argmax: None,
@@ -149,7 +145,6 @@ impl MockState {
         self.cache.truncate(pos);
         self.cache.extend_from_slice(&tokens);
         self.log.lock().unwrap().push(Step { pos, tokens, last_argmax, want });
-        std::thread::sleep(self.delay);
         let row = (self.rule)(&self.cache);
         Ok(match want {
             Want::Nothing => StepOutput::Nothing,
@@ -229,13 +224,9 @@ impl Setup {
 }
 
 pub fn setup(rule: Rule, n_ctx: usize, ubatch: usize) -> Setup {
-    setup_with_delay(rule, n_ctx, ubatch, Duration::ZERO)
-}
-
-pub fn setup_with_delay(rule: Rule, n_ctx: usize, ubatch: usize, delay: Duration) -> Setup {
     let log = Arc::new(Mutex::new(Vec::new()));
     let eog = end_of_generation_ids(&tokenizer());
-    let parts = parts(Mock { rule, log: log.clone(), delay }, n_ctx, ubatch, eog);
+    let parts = parts(Mock { rule, log: log.clone() }, n_ctx, ubatch, eog);
     Setup { engine: Engine::from_parts(parts).unwrap(), log }
 }
 
