@@ -19,7 +19,7 @@
 #   cmd 'SHELL'     any command with the models' folder in $M and the binaries in $B
 #   stage           unpacks what this call carried: the test binaries, or one piece of a model
 #                   (a model is put together, and its SHA-256 checked, when its last piece arrives)
-#   test [FILTER]   runs every staged test binary (only those whose name contains FILTER), each
+#   test [FILTER...] runs every staged test binary (only those whose PACKAGE/NAME contains a FILTER), each
 #                   from its package folder as cargo does, with NUMR_REQUIRE_ALL_PATHS=1 (a skipped
 #                   GPU path fails) and the staged models as the model cache; a log per binary
 #                   and summary.txt in $OUT. Exit status 1 if any binary failed.
@@ -56,18 +56,26 @@ model() {
 # stage: the test binaries and/or model pieces this call carried, into /tmp (kept while the
 # machine stays warm).
 stage() {
+  # An archive carried by an earlier call stays in target-dev/ there: unpack each one once.
   if [ -f $D/tests/tests.tar.xz ]; then
-    rm -rf $T; mkdir -p $T
-    tar -C $T -xJf $D/tests/tests.tar.xz
-    echo "staged $(grep -c '^test ' $T/manifest) test binaries"
+    local sum
+    sum=$(sha256sum $D/tests/tests.tar.xz | cut -d' ' -f1)
+    if [ "$(cat $T/.archive 2>/dev/null)" != "$sum" ]; then
+      rm -rf $T; mkdir -p $T
+      tar -C $T -xJf $D/tests/tests.tar.xz
+      echo "$sum" > $T/.archive
+      echo "staged $(grep -c '^test ' $T/manifest) test binaries"
+    fi
   fi
   mkdir -p $MODELS/pieces
   local piece
   for piece in $D/*/[0-9][0-9]/*-of-*; do
     [ -f "$piece" ] || continue
-    cp "$piece" $MODELS/pieces/
     local base=${piece##*/} dir=${piece%/*}
     local file=${base%.*-of-*} n=${base##*-of-}
+    # Pieces carried by earlier calls stay in target-dev/ there.
+    [ -f $MODELS/"$file" ] && continue
+    cp "$piece" $MODELS/pieces/
     [ -f "$dir/$file.sha256" ] && cp "$dir/$file.sha256" $MODELS/pieces/
     echo "staged $base"
     if [ "$(ls $MODELS/pieces/"$file".*-of-"$n" | wc -l)" -eq "$((10#$n))" ]; then
@@ -86,7 +94,7 @@ stage() {
 # test [FILTER]: every staged test binary (four at a time; each binary runs its tests on every
 # core); a log each and a summary.
 run_tests() {
-  local filter=${1:-} root
+  local filter="$*" root
   [ -f $T/manifest ] || { echo "no test binaries staged: carry target-dev/tests and run \`stage\` first" >&2; exit 1; }
   root=$(awk '$1 == "root" {print $2}' $T/manifest)
   # The binaries read goldens and fixtures through the absolute paths they were built with.
@@ -96,7 +104,7 @@ run_tests() {
   mkdir -p "$(dirname "$cera_path")"; cp $T/bin/cera "$cera_path"
   export NUMR_REQUIRE_ALL_PATHS=1 CERA_MODEL_CACHE=$MODELS RUST_BACKTRACE=1 T OUT root
   mkdir -p "$OUT/logs"
-  awk -v f="$filter" '$1 == "test" && index($3, f) {print $2, $3}' $T/manifest |
+  awk -v f="$filter" '$1 == "test" {n = split(f, fs, " "); ok = n == 0; for (i = 1; i <= n; i++) if (index($2 "/" $3, fs[i])) ok = 1; if (ok) print $2, $3}' $T/manifest |
     xargs -P 4 -L 1 bash -c '
       log="$OUT/logs/${0//\//_}_${1%-*}.log"
       (cd "$root/$0" && timeout 500 "$T/bin/$1") > "$log" 2>&1
@@ -160,6 +168,6 @@ case $mode in
     for p in smol-135m llama-1b llama-8b; do model $p > /dev/null; done
     export B M; bash -c "$1" 2>&1 | tee "$OUT/cmd.txt" ;;
   stage) stage ;;
-  test) run_tests "${1:-}" ;;
+  test) run_tests "$@" ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac

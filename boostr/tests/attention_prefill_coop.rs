@@ -61,7 +61,7 @@ fn coop_prefill_matches_reference() {
     let probe = filled(&ctx, cfg(128, 8, 256, KvDtype::F16), 1, 1, 1.0).0;
     let opts = AttnOptions { scale: 1.0 / 128f32.sqrt(), softcap: None, window: None };
     if PrefillPlan::coop_config(&ctx, &probe, 0, 32, &opts).is_none() {
-        numr::testing::skip_path("the cooperative-matrix prefill attention kernel", "no f16 16x16x16 cooperative matrices with subgroups of 32");
+        numr::testing::skip_path(&ctx, "the cooperative-matrix prefill attention kernel", "no f16 16x16x16 cooperative matrices with subgroups of 32");
         return;
     }
     // (head_dim, n_q, n_kv, p0, n_tok, window, q amplitude)
@@ -131,6 +131,7 @@ fn coop_prefill_only_where_it_applies() {
     assert_ne!(default.kernel(), DecodeKernel::Coop);
     if !have {
         numr::testing::skip_path(
+            &ctx,
             "the prefill plan's choice of the cooperative-matrix kernel",
             "no cooperative matrices; only the fallback choices were checked",
         );

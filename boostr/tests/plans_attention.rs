@@ -113,7 +113,7 @@ fn sg_available(ctx: &GpuContext) -> bool {
 fn decode_plan_subgroup_steps() {
     let Some(ctx) = test_gpu_private() else { return };
     if !sg_available(&ctx) {
-        numr::testing::skip_path("the subgroup decode attention kernel", "no subgroups of 8");
+        numr::testing::skip_path(&ctx, "the subgroup decode attention kernel", "no subgroups of 8");
         return;
     }
     let capped = AttnOptions { scale: 0.1, softcap: Some(20.0), window: Some(333) };
@@ -162,7 +162,7 @@ fn explicit_recorder_two_pass_and_tiled_decode(ctx: &GpuContext) {
         assert_eq!(p.dispatch_count(&DecodePlan::step(n).unwrap()), 2);
         plans.push(p);
     } else {
-        numr::testing::skip_path("the subgroup decode kernel's two-pass plan", "no subgroups of 8");
+        numr::testing::skip_path(ctx, "the subgroup decode kernel's two-pass plan", "no subgroups of 8");
     }
     let mut rec = ctx.recorder();
     writer.record(&mut rec, &step_u32(0, n)).unwrap();
@@ -204,7 +204,7 @@ fn prefill_plan_steps(ctx: &GpuContext) {
     if sg_available(ctx) {
         kinds.push(DecodeKernel::Subgroup);
     } else {
-        numr::testing::skip_path("the subgroup kernel's prefill plan", "no subgroups of 8");
+        numr::testing::skip_path(ctx, "the subgroup kernel's prefill plan", "no subgroups of 8");
     }
     let cases = [
         (64, 4, 2, KvDtype::F16, None, AttnOptions::new(64)),
@@ -220,7 +220,7 @@ fn prefill_plan_steps(ctx: &GpuContext) {
         if coop {
             kinds.push(DecodeKernel::Coop);
         } else if dtype == KvDtype::F16 && seg.is_none() {
-            numr::testing::skip_path("the cooperative-matrix prefill plan (unsegmented f16 case)", "no cooperative matrices");
+            numr::testing::skip_path(ctx, "the cooperative-matrix prefill plan (unsegmented f16 case)", "no cooperative matrices");
         }
         // The coopmat kernel rounds Q and P to f16 (module docs of `prefill_coop`).
         let tol = |k: DecodeKernel| if k == DecodeKernel::Coop { 4e-3 } else { 1e-4 };
@@ -342,7 +342,7 @@ fn plans_refuse_bad_inputs() {
         let tuned = DecodePlan::builder(&ctx, &qb, 0, n_q, &cache, 0, &opts).tuning(1, 2, 0).build();
         assert!(bad_args(&tuned), "target 0");
     } else {
-        numr::testing::skip_path("the subgroup decode plan's tuning checks", "no subgroups of 8");
+        numr::testing::skip_path(&ctx, "the subgroup decode plan's tuning checks", "no subgroups of 8");
     }
     let plan = DecodePlan::new(&ctx, &qb, 0, n_q, &cache, 0, &opts).unwrap();
     let mut rec = ctx.recorder();

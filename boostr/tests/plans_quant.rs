@@ -193,7 +193,7 @@ fn q8_gemv_plans_match_reference() {
 fn gemm_plans_match_reference() {
     let Some((_g, ctx)) = gpu() else { return };
     if !QuantGemm::coopmat_available(&ctx) {
-        numr::testing::skip_path("the cooperative-matrix GEMM plans", "no cooperative matrices");
+        numr::testing::skip_path(&ctx, "the cooperative-matrix GEMM plans", "no cooperative matrices");
     }
     let mut rng = Rng(103);
     let m = 9;

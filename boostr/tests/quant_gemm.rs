@@ -75,7 +75,7 @@ fn coopmat_tile_shapes_validate_with_naga() {
 fn coopmat_gemm_matches_reference_for_every_shape() {
     let Some(ctx) = test_gpu() else { return };
     if !QuantGemm::coopmat_available(&ctx) {
-        numr::testing::skip_path("the cooperative-matrix GEMM for every shape and format", "no cooperative matrices");
+        numr::testing::skip_path(&ctx, "the cooperative-matrix GEMM for every shape and format", "no cooperative matrices");
         return;
     }
     let mut rng = Rng(21);
@@ -118,7 +118,11 @@ fn split_k_partials_add_up_to_the_reference() {
     let y = ctx.alloc(4 * (3 * m * rows) as u64, BufferKind::Storage).unwrap();
     assert!(GemmPlan::with_split_k(&ctx, &tiled, &w, &Binding::whole(&xb), &Binding::whole(&y), m, 2).is_err());
     if !QuantGemm::coopmat_available(&ctx) {
-        numr::testing::skip_path("the cooperative-matrix GEMM's split-K and short outputs", "no cooperative matrices; only the typed errors were checked");
+        numr::testing::skip_path(
+            &ctx,
+            "the cooperative-matrix GEMM's split-K and short outputs",
+            "no cooperative matrices; only the typed errors were checked",
+        );
         return;
     }
     let short = ctx.alloc(4 * (m * rows) as u64, BufferKind::Storage).unwrap();

@@ -320,7 +320,7 @@ fn gemm_matches_reference_for_every_format(ctx: &GpuContext) {
         }
     }
     if !coop {
-        numr::testing::skip_path("the cooperative-matrix GEMM beside the tiled one", "no cooperative matrices");
+        numr::testing::skip_path(ctx, "the cooperative-matrix GEMM beside the tiled one", "no cooperative matrices");
     }
 }
 

@@ -24,7 +24,7 @@ fn chained_decode_gives_the_unchained_logits() {
     let Some(ctx) = test_gpu() else { return };
     let chained = numr::gpu::chains_run_on(ctx.capabilities());
     if !chained {
-        numr::testing::skip_path("SmolLM2's decode as one chain per layer", "the adapter does not run chains; Chains::On falls back to plain dispatches");
+        numr::testing::skip_path(&ctx, "SmolLM2's decode as one chain per layer", "the adapter does not run chains; Chains::On falls back to plain dispatches");
     }
     let file = GgufFile::open(ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2")).unwrap();
     let rows = file.tensor("token_embd.weight").and_then(|t| t.dims.get(1)).map(|&r| r as usize);

@@ -76,13 +76,20 @@ pub const ALLOW_NO_GPU: &str = "NUMR_ALLOW_NO_GPU";
 /// unset: there the cooperative-matrix and `@coherent` paths cannot run and are skipped by name.
 pub const REQUIRE_ALL_PATHS: &str = "NUMR_REQUIRE_ALL_PATHS";
 
-/// Records that a test did not run `what` on this adapter, and why (`the adapter has no
-/// cooperative matrices`). It prints `skipped: WHAT (WHY)` on standard error, so a test log names
-/// everything a run left out, and panics when [`REQUIRE_ALL_PATHS`]`=1` is set.
+/// Records that a test did not run `what` on `ctx`, and why (`no cooperative matrices`). It
+/// prints `skipped: WHAT (WHY)` on standard error, so a test log names everything a run left
+/// out, and panics when [`REQUIRE_ALL_PATHS`]`=1` is set, unless `ctx` was made without a
+/// capability on purpose (a test profile with [`crate::GpuOptions::disable_subgroups`]: there
+/// the subgroup and cooperative-matrix paths are left to the adapter's own profile, and the
+/// line says `not under this profile`).
 ///
 /// Every capability-dependent branch of a GPU test that leaves a path unexercised calls this;
 /// the branch must still assert what it can (a typed refusal, the fallback's choice).
-pub fn skip_path(what: &str, why: &str) {
+pub fn skip_path(ctx: &crate::GpuContext, what: &str, why: &str) {
+    if ctx.options().disable_subgroups {
+        eprintln!("not under this profile: {what} ({why}; subgroups disabled on purpose)");
+        return;
+    }
     if std::env::var(REQUIRE_ALL_PATHS).is_ok_and(|v| v == "1") {
         panic!("{what} was skipped ({why}), but {REQUIRE_ALL_PATHS}=1 requires every path to run on this adapter");
     }

@@ -22,7 +22,7 @@ fn runs_chains(ctx: &GpuContext, stages: &[PlanDispatch]) -> bool {
     if caps.device_type == "Cpu" {
         assert!(e.to_string().contains("CPU adapter"), "{e}");
     }
-    numr::testing::skip_path("chained dispatches", &format!("{} does not run chains ({e}); the refusal was tested", caps.adapter_name));
+    numr::testing::skip_path(ctx, "chained dispatches", &format!("{} does not run chains ({e}); the refusal was tested", caps.adapter_name));
     false
 }
 

@@ -167,7 +167,7 @@ fn uniform_arena_parameters() {
 fn profiler_reports_time_per_dispatch() {
     let Some(ctx) = test_gpu() else { return };
     if !ctx.capabilities().timestamps {
-        numr::testing::skip_path("the profiler's time per dispatch", "no timestamp queries");
+        numr::testing::skip_path(&ctx, "the profiler's time per dispatch", "no timestamp queries");
         return;
     }
     let env = KernelEnv::from_caps(ctx.capabilities());
