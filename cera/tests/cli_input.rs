@@ -10,10 +10,9 @@
 
 mod cli_support;
 
-use std::io::{Read, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
-use std::time::{Duration, Instant};
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use cera::chat_template::ChatMessage;
 use cera::engine::{DeviceChoice, Engine, LoadOptions};
@@ -124,170 +123,189 @@ fn run_prompt_input_errors_are_clear() {
     assert!(!ok && err.trim_end() == format!("{no_prompt} (standard input was empty)"), "{err}");
 }
 
-/// A `cera` child with its outputs read on threads: stdout in chunks, stderr in lines.
-struct Running {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: Receiver<Vec<u8>>,
-    stderr: Receiver<String>,
-}
+/// Ctrl-C in `cera run`: these tests read /proc/PID/status to know when the handler is there.
+#[cfg(target_os = "linux")]
+mod run_ctrl_c {
+    use std::io::Read;
+    use std::process::{Child, ChildStdin};
+    use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+    use std::time::Instant;
 
-impl Running {
-    fn spawn(args: &[&str]) -> Running {
-        let mut child =
-            Command::new(env!("CARGO_BIN_EXE_cera")).args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-        let (out_tx, stdout) = channel();
-        let mut out = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = out.read(&mut buf) {
-                if out_tx.send(buf[..n].to_vec()).is_err() {
-                    break;
-                }
-            }
-        });
-        let (err_tx, stderr) = channel();
-        let err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in std::io::BufRead::lines(std::io::BufReader::new(err)).map_while(Result::ok) {
-                if err_tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let stdin = child.stdin.take();
-        Running { child, stdin, stdout, stderr }
+    use super::*;
+
+    /// A `cera` child with its outputs read on threads: stdout in chunks, stderr in lines.
+    struct Running {
+        child: Child,
+        stdin: Option<ChildStdin>,
+        stdout: Receiver<Vec<u8>>,
+        stderr: Receiver<String>,
     }
 
-    /// Fails the test (and kills the child) past the watchdog.
-    fn check(&mut self, start: Instant, what: &str) {
-        if start.elapsed() > WATCHDOG {
-            let _ = self.child.kill();
-            panic!("watchdog: {what} took over {WATCHDOG:?}");
-        }
-    }
-
-    /// Waits until the child catches SIGINT (bit 1 of SigCgt in /proc/PID/status).
-    fn wait_for_sigint_handler(&mut self) {
-        let start = Instant::now();
-        let status = format!("/proc/{}/status", self.child.id());
-        loop {
-            let text = std::fs::read_to_string(&status).unwrap();
-            let caught = text.lines().find_map(|l| l.strip_prefix("SigCgt:")).map(|hex| u64::from_str_radix(hex.trim(), 16).unwrap()).unwrap();
-            if caught & (1 << (2 - 1)) != 0 {
-                return;
-            }
-            assert!(self.child.try_wait().unwrap().is_none(), "cera ended before catching SIGINT");
-            self.check(start, "installing the Ctrl-C handler");
-            std::thread::yield_now();
-        }
-    }
-
-    fn sigint(&self) {
-        let ok = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status().unwrap().success();
-        assert!(ok, "kill -INT");
-    }
-
-    /// The next stdout chunk.
-    fn first_output(&mut self) -> Vec<u8> {
-        self.stdout.recv_timeout(WATCHDOG).unwrap_or_else(|e| {
-            let _ = self.child.kill();
-            panic!("watchdog: no output: {e}")
-        })
-    }
-
-    /// Waits for a stderr line containing `want`; returns the lines up to it.
-    fn stderr_until(&mut self, want: &str) -> Vec<String> {
-        let mut lines = Vec::new();
-        loop {
-            match self.stderr.recv_timeout(WATCHDOG) {
-                Ok(line) => {
-                    let done = line.contains(want);
-                    lines.push(line);
-                    if done {
-                        return lines;
+    impl Running {
+        fn spawn(args: &[&str]) -> Running {
+            let mut child =
+                Command::new(env!("CARGO_BIN_EXE_cera")).args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+            let (out_tx, stdout) = channel();
+            let mut out = child.stdout.take().unwrap();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = out.read(&mut buf) {
+                    if out_tx.send(buf[..n].to_vec()).is_err() {
+                        break;
                     }
                 }
-                Err(e) => {
-                    let _ = self.child.kill();
-                    panic!("watchdog: no stderr line with {want:?} ({e}): {lines:?}");
+            });
+            let (err_tx, stderr) = channel();
+            let err = child.stderr.take().unwrap();
+            std::thread::spawn(move || {
+                for line in std::io::BufRead::lines(std::io::BufReader::new(err)).map_while(Result::ok) {
+                    if err_tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            let stdin = child.stdin.take();
+            Running { child, stdin, stdout, stderr }
+        }
+
+        /// Fails the test (and kills the child) past the watchdog.
+        fn check(&mut self, start: Instant, what: &str) {
+            if start.elapsed() > WATCHDOG {
+                let _ = self.child.kill();
+                panic!("watchdog: {what} took over {WATCHDOG:?}");
+            }
+        }
+
+        /// Waits until the child catches SIGINT (bit 1 of SigCgt in /proc/PID/status).
+        fn wait_for_sigint_handler(&mut self) {
+            let start = Instant::now();
+            let status = format!("/proc/{}/status", self.child.id());
+            loop {
+                let text = std::fs::read_to_string(&status).unwrap();
+                let caught = text.lines().find_map(|l| l.strip_prefix("SigCgt:")).map(|hex| u64::from_str_radix(hex.trim(), 16).unwrap()).unwrap();
+                if caught & (1 << (2 - 1)) != 0 {
+                    return;
+                }
+                assert!(self.child.try_wait().unwrap().is_none(), "cera ended before catching SIGINT");
+                self.check(start, "installing the Ctrl-C handler");
+                std::thread::yield_now();
+            }
+        }
+
+        fn sigint(&self) {
+            let ok = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status().unwrap().success();
+            assert!(ok, "kill -INT");
+        }
+
+        /// The next stdout chunk.
+        fn first_output(&mut self) -> Vec<u8> {
+            self.stdout.recv_timeout(WATCHDOG).unwrap_or_else(|e| {
+                let _ = self.child.kill();
+                panic!("watchdog: no output: {e}")
+            })
+        }
+
+        /// Waits for a stderr line containing `want`; returns the lines up to it.
+        fn stderr_until(&mut self, want: &str) -> Vec<String> {
+            let mut lines = Vec::new();
+            loop {
+                match self.stderr.recv_timeout(WATCHDOG) {
+                    Ok(line) => {
+                        let done = line.contains(want);
+                        lines.push(line);
+                        if done {
+                            return lines;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = self.child.kill();
+                        panic!("watchdog: no stderr line with {want:?} ({e}): {lines:?}");
+                    }
                 }
             }
         }
-    }
 
-    /// Closes stdin, reads everything else and waits: (exit code, stdout, stderr lines).
-    fn finish(mut self, mut stdout: Vec<u8>, mut stderr: Vec<String>) -> (Option<i32>, String, Vec<String>) {
-        drop(self.stdin.take());
-        let start = Instant::now();
-        for chunk in self.stdout.iter() {
-            stdout.extend(chunk);
-        }
-        for line in self.stderr.iter() {
-            stderr.push(line);
-        }
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
+        /// Closes stdin, reads everything else and waits: (exit code, stdout, stderr lines).
+        fn finish(mut self, mut stdout: Vec<u8>, mut stderr: Vec<String>) -> (Option<i32>, String, Vec<String>) {
+            drop(self.stdin.take());
+            let start = Instant::now();
+            loop {
+                match self.stdout.recv_timeout(WATCHDOG.saturating_sub(start.elapsed())) {
+                    Ok(chunk) => stdout.extend(chunk),
+                    Err(RecvTimeoutError::Disconnected) => break,
+                    Err(RecvTimeoutError::Timeout) => self.check(start, "the output after Ctrl-C"),
+                }
             }
-            self.check(start, "the end after Ctrl-C");
-            std::thread::yield_now();
-        };
-        (status.code(), String::from_utf8(stdout).unwrap(), stderr)
-    }
-}
-
-/// The stats line among stderr's lines.
-fn stats(lines: &[String]) -> &String {
-    lines.iter().find(|l| l.contains("tok/s")).unwrap_or_else(|| panic!("no stats line: {lines:?}"))
-}
-
-#[test]
-fn run_ctrl_c_before_the_generation_still_prints_the_whole_json() {
-    let m = smollm2();
-    let mut r = Running::spawn(&["run", "-m", &m, "--device", "cpu", "--temp", "0", "-n", "-1", "--ignore-eos", "--json", "-f", "-"]);
-    r.stdin.as_mut().unwrap().write_all(SKY.as_bytes()).unwrap();
-    // The handler is there before the prompt is read (the child waits on stdin): Ctrl-C now
-    // comes before the model loads, and the note says it was taken.
-    r.wait_for_sigint_handler();
-    r.sigint();
-    let before = r.stderr_until("(Ctrl-C: stopping before the generation starts)");
-    let (code, out, err) = r.finish(Vec::new(), before);
-    assert_eq!(code, Some(130), "{err:?}");
-    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out:?}"));
-    assert_eq!(v["finish_reason"], "cancelled");
-    assert_eq!(v["prompt_ids"], golden_chat_single()["prompt_ids"]);
-    assert_eq!(v["generated_ids"], Value::Array(Vec::new()));
-    assert_eq!((v["text"].as_str(), v["timings"]["generated_tokens"].as_u64(), v["timings"]["prefill_tokens"].as_u64()), (Some(""), Some(0), Some(0)));
-    let s = stats(&err);
-    assert!(s.contains("generated 0 tokens") && s.contains("| cancelled |"), "{s}");
-}
-
-#[test]
-fn run_ctrl_c_during_the_generation_ends_the_output() {
-    let m = smollm2();
-    for json in [false, true] {
-        let mut args = vec!["run", "-m", &m, "--device", "cpu", "--temp", "0", "-n", "-1", "--ignore-eos", SKY];
-        if json {
-            args.push("--json");
+            loop {
+                match self.stderr.recv_timeout(WATCHDOG.saturating_sub(start.elapsed())) {
+                    Ok(line) => stderr.push(line),
+                    Err(RecvTimeoutError::Disconnected) => break,
+                    Err(RecvTimeoutError::Timeout) => self.check(start, "the stats line after Ctrl-C"),
+                }
+            }
+            let status = loop {
+                if let Some(s) = self.child.try_wait().unwrap() {
+                    break s;
+                }
+                self.check(start, "the end after Ctrl-C");
+                std::thread::yield_now();
+            };
+            (status.code(), String::from_utf8(stdout).unwrap(), stderr)
         }
-        let mut r = Running::spawn(&args);
+    }
+
+    /// The stats line among stderr's lines.
+    fn stats(lines: &[String]) -> &String {
+        lines.iter().find(|l| l.contains("tok/s")).unwrap_or_else(|| panic!("no stats line: {lines:?}"))
+    }
+
+    #[test]
+    fn run_ctrl_c_before_the_generation_still_prints_the_whole_json() {
+        let m = smollm2();
+        let mut r = Running::spawn(&["run", "-m", &m, "--device", "cpu", "--temp", "0", "-n", "-1", "--ignore-eos", "--json", "-f", "-"]);
+        r.stdin.as_mut().unwrap().write_all(SKY.as_bytes()).unwrap();
+        // The handler is there before the prompt is read (the child waits on stdin): Ctrl-C now
+        // comes before the model loads, and the note says it was taken.
         r.wait_for_sigint_handler();
-        // Text: once the first piece is out. JSON prints at the end only: Ctrl-C at any time.
-        let first = if json { Vec::new() } else { r.first_output() };
         r.sigint();
-        let (code, out, err) = r.finish(first, Vec::new());
+        let before = r.stderr_until("(Ctrl-C: stopping before the generation starts)");
+        let (code, out, err) = r.finish(Vec::new(), before);
         assert_eq!(code, Some(130), "{err:?}");
+        let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+        assert_eq!(v["finish_reason"], "cancelled");
+        assert_eq!(v["prompt_ids"], golden_chat_single()["prompt_ids"]);
+        assert_eq!(v["generated_ids"], Value::Array(Vec::new()));
+        assert_eq!((v["text"].as_str(), v["timings"]["generated_tokens"].as_u64(), v["timings"]["prefill_tokens"].as_u64()), (Some(""), Some(0), Some(0)));
         let s = stats(&err);
-        assert!(s.contains("| cancelled |"), "{s}");
-        let n: usize = s.split("generated ").nth(1).and_then(|t| t.split(' ').next()).and_then(|n| n.parse().ok()).unwrap();
-        if json {
-            let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out:?}"));
-            assert_eq!(v["finish_reason"], "cancelled");
-            assert_eq!(v["generated_ids"].as_array().map(Vec::len), Some(n));
-            assert_eq!(v["timings"]["generated_tokens"].as_u64(), Some(n as u64));
-        } else {
-            assert!(n >= 1 && out.starts_with("The ") && out.ends_with('\n') && !out.ends_with("\n\n"), "{n} tokens: {out:?}");
+        assert!(s.contains("generated 0 tokens") && s.contains("| cancelled |"), "{s}");
+    }
+
+    #[test]
+    fn run_ctrl_c_during_the_generation_ends_the_output() {
+        let m = smollm2();
+        for json in [false, true] {
+            let mut args = vec!["run", "-m", &m, "--device", "cpu", "--temp", "0", "-n", "-1", "--ignore-eos", SKY];
+            if json {
+                args.push("--json");
+            }
+            let mut r = Running::spawn(&args);
+            r.wait_for_sigint_handler();
+            // Text: once the first piece is out. JSON prints at the end only: Ctrl-C at any time.
+            let first = if json { Vec::new() } else { r.first_output() };
+            r.sigint();
+            let (code, out, err) = r.finish(first, Vec::new());
+            assert_eq!(code, Some(130), "{err:?}");
+            let s = stats(&err);
+            assert!(s.contains("| cancelled |"), "{s}");
+            let n: usize = s.split("generated ").nth(1).and_then(|t| t.split(' ').next()).and_then(|n| n.parse().ok()).unwrap();
+            if json {
+                let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+                assert_eq!(v["finish_reason"], "cancelled");
+                assert_eq!(v["generated_ids"].as_array().map(Vec::len), Some(n));
+                assert_eq!(v["timings"]["generated_tokens"].as_u64(), Some(n as u64));
+            } else {
+                assert!(n >= 1 && out.starts_with("The ") && out.ends_with('\n') && !out.ends_with("\n\n"), "{n} tokens: {out:?}");
+            }
         }
     }
 }

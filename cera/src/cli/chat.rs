@@ -85,7 +85,7 @@ pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
     let mut session = engine.session().map_err(CliError::from_err)?;
     let interactive = std::io::stdin().is_terminal();
     let interrupt = Interrupt::install(session.cancel_token());
-    let mut input = Input::new(interactive)?;
+    let mut input = Input::new(interactive);
     if interactive {
         note(&format!(
             "{} on {} | /reset, /system TEXT, /exit; \"\"\" or a final \\ for more lines; Ctrl-C stops a reply",

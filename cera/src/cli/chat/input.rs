@@ -42,9 +42,9 @@ enum Line {
 
 impl Input {
     /// The line editor when standard input is a terminal (`interactive`), else plain lines.
-    pub fn new(interactive: bool) -> Result<Input, CliError> {
-        let lines = if interactive {
-            let mut editor = DefaultEditor::new().map_err(|e| CliError::Message(format!("cannot edit lines on this terminal: {e}")))?;
+    pub fn new(interactive: bool) -> Input {
+        let editor = if interactive { DefaultEditor::new().map_err(|e| note(&format!("(no line editing on this terminal: {e})"))).ok() } else { None };
+        let lines = if let Some(mut editor) = editor {
             let history = history_file();
             if let Some(path) = &history {
                 // A file that is not there yet is the usual case; one that cannot be read is a note.
@@ -58,7 +58,7 @@ impl Input {
         } else {
             Lines::Stdin(std::io::stdin().lock())
         };
-        Ok(Input { lines, assembler: Assembler::default() })
+        Input { lines, assembler: Assembler::default() }
     }
 
     /// Reads lines until they make a message.
