@@ -315,7 +315,7 @@ fn run_bad_flags_and_files_are_clear_errors() {
         (&["run", "--kv-type", "q4", "hi"][..], "unknown KV cache type `q4` (f16, q8_0, f32 on the CPU)"),
         (&["run", "-n", "many", "hi"][..], "invalid value 'many'"),
         (&["run", "-p", "a", "b"][..], "cannot be used with"),
-        (&["run"][..], "required arguments were not provided"),
+        (&["run"][..], "error: no prompt: "),
         (&["run", "--raw", "--system", "s", "hi"][..], "cannot be used with"),
     ] {
         let (ok, _, err) = cera(args);

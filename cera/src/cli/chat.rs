@@ -1,23 +1,36 @@
-//! `cera chat`: an interactive conversation on standard input with the model's chat template.
+//! `cera chat`: a conversation with the model's chat template, typed on a terminal or piped.
 //!
 //! Each turn re-renders the whole conversation; the session reuses the cached tokens it shares
 //! with the previous turn and runs only the new ones (the stats line shows how many were
-//! reused). Commands: `/reset` (a new conversation), `/system TEXT` (the system message; without
-//! TEXT: none), `/exit`. Ctrl-C stops the current reply, not the program; at the prompt, a
-//! second Ctrl-C in a row exits. End of input exits.
+//! reused). When the conversation outgrows the context, its oldest turns are dropped
+//! (`conversation.rs`). On a terminal, lines are edited and recalled with a line editor
+//! (`input.rs`); `"""` and a final `\` make multi-line messages (`multiline.rs`). Commands:
+//! `/reset` (a new conversation), `/system TEXT` (the system message; without TEXT: none),
+//! `/exit`. Ctrl-C stops the current reply, not the program; at the prompt, a second Ctrl-C in
+//! a row exits (status 130). Ctrl-D or the end of input exits.
 
-use std::io::{BufRead, IsTerminal, Write};
+mod conversation;
+mod input;
+mod multiline;
+
+use std::io::IsTerminal;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
+use self::conversation::{Conversation, FitError, dropped_note, reply_reserve};
+use self::input::{Input, Read};
 use super::generation::{ModelArgs, SampleArgs, TextSink, engine_error, load, note, stats_line};
 use super::{CliError, Output};
-use crate::chat_template::ChatMessage;
 use crate::engine::{CancelToken, EngineError, FinishReason};
+
+/// The status of a chat left with Ctrl-C (128 + SIGINT).
+const EXIT_INTERRUPTED: i32 = 130;
 
 /// Arguments of `cera chat`.
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Commands: /reset, /system TEXT, /exit. Ctrl-C stops the reply; Ctrl-C twice at the prompt, /exit or end of input leaves.")]
+#[command(after_help = "Commands: /reset, /system TEXT, /exit. A message in \"\"\" ... \"\"\" or with lines ending in \\ spans lines. \
+                          On a terminal: arrows, Home/End and Ctrl-W edit the line, Up/Down recall earlier ones. \
+                          Ctrl-C stops the reply; Ctrl-C twice at the prompt, /exit, Ctrl-D or the end of input leaves.")]
 pub struct Args {
     /// The model and the device.
     #[command(flatten)]
@@ -30,7 +43,8 @@ pub struct Args {
     pub system: Option<String>,
 }
 
-/// What Ctrl-C does: cancel the reply while one is generated, else count presses at the prompt.
+/// What Ctrl-C does: cancel the reply while one is generated, else count presses at the prompt
+/// (the line editor reports those at its own prompt).
 struct Interrupt {
     cancel: CancelToken,
     generating: AtomicBool,
@@ -38,22 +52,15 @@ struct Interrupt {
 }
 
 impl Interrupt {
-    fn install(cancel: CancelToken, interactive: bool) -> Arc<Interrupt> {
+    fn install(cancel: CancelToken) -> Arc<Interrupt> {
         let it = Arc::new(Interrupt { cancel, generating: AtomicBool::new(false), presses: AtomicU32::new(0) });
         let handler = it.clone();
         // Without a handler Ctrl-C simply ends the program, which is still correct at the prompt.
         let installed = ctrlc::set_handler(move || {
             if handler.generating.load(Ordering::SeqCst) {
                 handler.cancel.cancel();
-            } else if handler.presses.fetch_add(1, Ordering::SeqCst) >= 1 {
-                note("");
-                std::process::exit(130);
             } else {
-                note("\n(Ctrl-C again to leave, or /exit)");
-                if interactive {
-                    let mut out = std::io::stdout();
-                    let _ = out.write_all(b"> ").and_then(|()| out.flush());
-                }
+                handler.pressed_at_prompt();
             }
         });
         if let Err(e) = installed {
@@ -61,33 +68,14 @@ impl Interrupt {
         }
         it
     }
-}
 
-enum Line {
-    Text(String),
-    Eof,
-}
-
-fn read_line(input: &mut impl BufRead) -> Result<Line, CliError> {
-    let mut buf = String::new();
-    match input.read_line(&mut buf) {
-        Ok(0) => Ok(Line::Eof),
-        Ok(_) => Ok(Line::Text(buf.trim_end_matches(['\n', '\r']).to_string())),
-        // Ctrl-C at the prompt may interrupt the read.
-        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(Line::Text(String::new())),
-        Err(e) => Err(CliError::Message(format!("standard input: {e}"))),
-    }
-}
-
-/// The conversation: the system message and the turns.
-struct Conversation {
-    system: Option<String>,
-    turns: Vec<ChatMessage>,
-}
-
-impl Conversation {
-    fn messages(&self) -> Vec<ChatMessage> {
-        self.system.iter().map(|s| ChatMessage::new("system", s.clone())).chain(self.turns.iter().cloned()).collect()
+    /// A Ctrl-C at the prompt: a note the first time, the end at the second in a row.
+    fn pressed_at_prompt(&self) {
+        if self.presses.fetch_add(1, Ordering::SeqCst) >= 1 {
+            note("");
+            std::process::exit(EXIT_INTERRUPTED);
+        }
+        note("(Ctrl-C again to leave, or /exit)");
     }
 }
 
@@ -96,31 +84,39 @@ pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
     let engine = load(&args.model)?;
     let mut session = engine.session().map_err(CliError::from_err)?;
     let interactive = std::io::stdin().is_terminal();
-    let interrupt = Interrupt::install(session.cancel_token(), interactive);
+    let interrupt = Interrupt::install(session.cancel_token());
+    let mut input = Input::new(interactive);
     if interactive {
-        note(&format!("{} on {} | /reset, /system TEXT, /exit; Ctrl-C stops a reply", engine.model_name().unwrap_or("model"), engine.device_name()));
+        note(&format!(
+            "{} on {} | /reset, /system TEXT, /exit; \"\"\" or a final \\ for more lines; Ctrl-C stops a reply",
+            engine.model_name().unwrap_or("model"),
+            engine.device_name()
+        ));
     }
-    let mut conv = Conversation { system: args.system.clone(), turns: Vec::new() };
-    let stdin = std::io::stdin();
-    let mut input = stdin.lock();
+    let mut conv = Conversation::new(args.system.clone());
     let opts = args.sample.opts();
+    let reserve = reply_reserve(opts.max_tokens, engine.n_ctx());
     let mut first = true;
     loop {
-        if interactive {
-            out.write_str("> ")?;
-            out.flush()?;
-        }
-        let line = match read_line(&mut input)? {
-            Line::Eof => break,
-            Line::Text(t) => t,
+        let message = match input.read()? {
+            Read::Eof => break,
+            Read::Interrupted { dropped } => {
+                if dropped {
+                    note("(message dropped)");
+                }
+                interrupt.pressed_at_prompt();
+                continue;
+            }
+            Read::Message(m) => m,
         };
         interrupt.presses.store(0, Ordering::SeqCst);
-        let text = line.trim();
-        match text.split_once(' ').map_or((text, ""), |(c, rest)| (c, rest.trim())) {
-            ("", _) => continue,
+        let text = message.text.trim();
+        let command = if message.multiline { ("", "") } else { text.split_once(' ').map_or((text, ""), |(c, rest)| (c, rest.trim())) };
+        match command {
+            _ if text.is_empty() => continue,
             ("/exit" | "/quit", _) => break,
             ("/reset", _) => {
-                conv.turns.clear();
+                conv.clear();
                 note("(new conversation)");
                 continue;
             }
@@ -135,10 +131,18 @@ pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
             }
             _ => {}
         }
-        conv.turns.push(ChatMessage::new("user", text));
-        let prompt = engine.chat_template().render(&conv.messages(), true).map_err(CliError::from_err)?;
-        session.reset();
-        session.append_text(&prompt).map_err(CliError::from_err)?;
+        match conv.prompt(&engine, &mut session, text, reserve) {
+            Ok(0) => {}
+            Ok(dropped) => note(&dropped_note(dropped)),
+            Err(FitError::TooLong { tokens, reserve, n_ctx }) => {
+                note(&format!(
+                    "error: this message takes {tokens} tokens, which with {reserve} kept for the reply do not fit the context of {n_ctx} positions \
+                     (a longer context: -c/--ctx-size)"
+                ));
+                continue;
+            }
+            Err(FitError::Other(e)) => return Err(e),
+        }
         let mut sink = TextSink::new(out, session.cancel_token());
         interrupt.generating.store(true, Ordering::SeqCst);
         let g = session.generate(&opts, &mut sink);
@@ -147,7 +151,7 @@ pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
         let g = match g {
             Ok(g) => g,
             Err(e @ EngineError::ContextOverflow { .. }) => {
-                conv.turns.pop();
+                conv.forget_last();
                 note(&format!("{} — /reset starts a new conversation", engine_error(e)));
                 continue;
             }
@@ -156,9 +160,9 @@ pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
         if g.finish == FinishReason::Cancelled {
             note("(stopped)");
         }
-        conv.turns.push(ChatMessage::new("assistant", g.text.trim()));
+        conv.reply(g.text.trim());
         note(&stats_line(&engine, &g, (opts.sampler.temperature > 0.0).then_some(opts.sampler.seed), first));
         first = false;
     }
-    Ok(())
+    out.flush()
 }

@@ -1,12 +1,21 @@
-//! `cera run [-m MODEL] [-p PROMPT | PROMPT]`: generate text from one prompt.
+//! `cera run [-m MODEL] [PROMPT | -p PROMPT | -f FILE]`: generate text from one prompt.
 //!
 //! The prompt is one user turn of the model's chat template (`--system` adds a system turn);
 //! `--raw` sends it as it is, with the model's default BOS, control tokens written in it parsed
-//! as llama.cpp parses them. The text streams to standard output, a stats line goes to standard
-//! error; `--json` prints one JSON object instead of the text.
+//! as llama.cpp parses them. It may come from a file or standard input (`prompt.rs`). The text
+//! streams to standard output, a stats line goes to standard error; `--json` prints one JSON
+//! object instead of the text. Ctrl-C stops the generation and finishes the output, with exit
+//! status 130 (`interrupt.rs`).
+
+mod interrupt;
+mod prompt;
+
+use std::path::PathBuf;
 
 use serde_json::{Value, json};
 
+use self::interrupt::{EXIT_INTERRUPTED, Interrupt};
+use self::prompt::PromptSource;
 use super::generation::{ModelArgs, SampleArgs, TextSink, engine_error, load, note, stats_line};
 use super::{CliError, Output};
 use crate::chat_template::ChatMessage;
@@ -14,14 +23,20 @@ use crate::engine::{Engine, Generation, TokenEvent};
 
 /// Arguments of `cera run`.
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Flags follow llama.cpp's names and defaults. Example: cera run -n 64 --temp 0 \"Why is the sky blue?\"")]
+#[command(after_help = "Flags follow llama.cpp's names and defaults. Example: cera run -n 64 --temp 0 \"Why is the sky blue?\"\n\
+                          With no prompt given, a piped standard input is the prompt (echo TEXT | cera run). \
+                          Ctrl-C stops the generation and finishes the output (exit status 130).")]
 pub struct Args {
-    /// The prompt.
-    #[arg(required_unless_present = "prompt_flag", conflicts_with = "prompt_flag", value_name = "PROMPT")]
+    /// The prompt (`-`: read it from standard input) [default: standard input when it is not a
+    /// terminal].
+    #[arg(conflicts_with_all = ["prompt_flag", "file"], value_name = "PROMPT")]
     pub prompt: Option<String>,
-    /// The prompt (as a flag).
-    #[arg(short = 'p', long = "prompt", id = "prompt_flag", value_name = "PROMPT")]
+    /// The prompt (as a flag; taken as it is).
+    #[arg(short = 'p', long = "prompt", id = "prompt_flag", conflicts_with = "file", value_name = "PROMPT")]
     pub prompt_flag: Option<String>,
+    /// Read the prompt from FILE (`-`: standard input), as UTF-8; one final line end is dropped.
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: Option<PathBuf>,
     /// The model and the device.
     #[command(flatten)]
     pub model: ModelArgs,
@@ -95,7 +110,10 @@ fn json_output(engine: &Engine, prompt_ids: &[u32], g: &Generation, seed: u64, t
 
 /// Runs `cera run`.
 pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
-    let prompt = args.prompt.clone().or_else(|| args.prompt_flag.clone()).ok_or_else(|| CliError::Message("give a prompt".into()))?;
+    // Before anything slow: a Ctrl-C while the model loads still finishes the output.
+    let interrupt = Interrupt::install();
+    let source = PromptSource::from_args(args.prompt.as_deref(), args.prompt_flag.as_deref(), args.file.as_deref())?;
+    let prompt = interrupt.reading(source.is_terminal(), || source.read())?;
     let engine = load(&args.model)?;
     let text = prompt_text(&engine, &args, &prompt)?;
     let mut session = engine.session().map_err(CliError::from_err)?;
@@ -103,6 +121,7 @@ pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
     let prompt_ids = session.tokens().to_vec();
     let mut opts = args.sample.opts();
     opts.top_logprobs = args.top_logprobs;
+    interrupt.watch(session.cancel_token());
     let g = if args.json {
         session.generate(&opts, &mut |_: &TokenEvent| {}).map_err(engine_error)?
     } else {
@@ -117,5 +136,10 @@ pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
         out.flush()?;
     }
     note(&stats_line(&engine, &g, (opts.sampler.temperature > 0.0).then_some(opts.sampler.seed), true));
+    if interrupt.interrupted() {
+        // The output is complete (and flushed): end as a program stopped by Ctrl-C.
+        out.flush()?;
+        std::process::exit(EXIT_INTERRUPTED);
+    }
     Ok(())
 }

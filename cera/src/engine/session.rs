@@ -6,7 +6,7 @@
 //! ([`Session::reset`], then [`Session::append_text`]) and pay only for the new tokens.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::tokenizer::EncodeOptions;
 
@@ -16,9 +16,14 @@ use super::model::Engine;
 
 /// Stops a running [`Session::generate`] from any thread. Cloning gives another handle to the
 /// same flag; the session checks it between tokens (and between prefill chunks), and clears it
-/// when a generation starts.
+/// when a generation starts, unless it was set with [`CancelToken::cancel_all`].
 #[derive(Clone, Debug, Default)]
-pub struct CancelToken(Arc<AtomicBool>);
+pub struct CancelToken(Arc<AtomicU8>);
+
+/// The token's states.
+const NOT_CANCELLED: u8 = 0;
+const CANCELLED: u8 = 1;
+const CANCELLED_FOR_GOOD: u8 = 2;
 
 impl CancelToken {
     /// A token that is not cancelled.
@@ -29,16 +34,26 @@ impl CancelToken {
     /// Asks the generation to stop; it ends with
     /// [`FinishReason::Cancelled`](super::FinishReason::Cancelled) before its next token.
     pub fn cancel(&self) {
-        self.0.store(true, Ordering::SeqCst);
+        self.0.fetch_max(CANCELLED, Ordering::SeqCst);
     }
 
-    /// Whether [`CancelToken::cancel`] was called since the generation started.
+    /// Stops the running generation and every later one: unlike [`CancelToken::cancel`], a
+    /// generation that starts afterwards does not clear it, and ends with
+    /// [`FinishReason::Cancelled`](super::FinishReason::Cancelled) before its first step (no
+    /// tokens). For a Ctrl-C that may come before the generation starts.
+    pub fn cancel_all(&self) {
+        self.0.store(CANCELLED_FOR_GOOD, Ordering::SeqCst);
+    }
+
+    /// Whether [`CancelToken::cancel`] was called since the generation started (or
+    /// [`CancelToken::cancel_all`] at any time).
     pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.0.load(Ordering::SeqCst) != NOT_CANCELLED
     }
 
+    /// Clears a [`CancelToken::cancel`], not a [`CancelToken::cancel_all`].
     pub(crate) fn clear(&self) {
-        self.0.store(false, Ordering::SeqCst);
+        let _ = self.0.compare_exchange(CANCELLED, NOT_CANCELLED, Ordering::SeqCst, Ordering::SeqCst);
     }
 }
 
@@ -153,5 +168,24 @@ impl Session {
     /// The executor's counters of the last decode step.
     pub fn last_step_counters(&self) -> StepCounters {
         self.state.last_step_counters()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CancelToken;
+
+    #[test]
+    fn a_cancel_is_cleared_and_a_cancel_all_is_not() {
+        let t = CancelToken::new();
+        assert!(!t.is_cancelled());
+        t.cancel();
+        assert!(t.clone().is_cancelled());
+        t.clear();
+        assert!(!t.is_cancelled());
+        t.cancel_all();
+        t.cancel();
+        t.clear();
+        assert!(t.is_cancelled(), "a later cancel does not weaken cancel_all, and the start does not clear it");
     }
 }
