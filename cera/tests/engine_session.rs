@@ -15,7 +15,7 @@
 use std::sync::OnceLock;
 
 use cera::chat_template::ChatMessage;
-use cera::engine::{DeviceChoice, Engine, EngineError, FinishReason, GenerateOpts, LoadOptions, TokenEvent};
+use cera::engine::{DeviceChoice, Engine, EngineError, FinishReason, GenerateOpts, LoadOptions, MAX_TOP_LOGPROBS, SamplerOpts, TokenEvent};
 use cera::fetch::{ModelId, ensure_model};
 use serde_json::Value;
 
@@ -174,6 +174,28 @@ fn stop_strings_seeds_and_cancellation() {
     canceller.join().unwrap();
     assert_eq!(g.finish, FinishReason::Cancelled);
     assert!(!g.ids.is_empty() && g.ids.len() < 500, "{} tokens", g.ids.len());
+}
+
+/// Out-of-range options are typed errors before anything runs: the session is left as it was.
+#[test]
+fn out_of_range_sampler_options_are_typed_errors() {
+    let mut s = engine().session().unwrap();
+    s.append_text("The capital of France is").unwrap();
+    let before = s.tokens().to_vec();
+    for (opts, option) in [
+        (GenerateOpts::greedy(4).with_temperature(f32::NAN), "temperature"),
+        (GenerateOpts::greedy(4).with_temperature(-1.0), "temperature"),
+        (GenerateOpts { sampler: SamplerOpts { top_p: 0.0, ..SamplerOpts::default() }, ..GenerateOpts::greedy(4) }, "top_p"),
+        (GenerateOpts { top_logprobs: MAX_TOP_LOGPROBS + 1, ..GenerateOpts::greedy(4) }, "top_logprobs"),
+    ] {
+        match s.generate(&opts, &mut |_: &TokenEvent| {}) {
+            Err(EngineError::Sampler { option: got, .. }) => assert_eq!(got, option),
+            other => panic!("{option}: {other:?}"),
+        }
+        assert_eq!(s.tokens(), before.as_slice());
+    }
+    let g = s.generate(&GenerateOpts::greedy(2), &mut |_: &TokenEvent| {}).unwrap();
+    assert_eq!(g.ids.len(), 2);
 }
 
 #[test]

@@ -340,8 +340,10 @@ impl Session {
     /// `opts.max_tokens` tokens (0: the prompt is only run into the cache);
     /// [`FinishReason::ContextFull`] when the sequence fills the context;
     /// [`FinishReason::Cancelled`] when the [`CancelToken`](super::CancelToken) was triggered.
-    /// The same options (seed included) on the same device give the same output.
+    /// The same options (seed included) on the same device give the same output. Options out of
+    /// their ranges ([`GenerateOpts::check`]) are [`EngineError::Sampler`] before anything runs.
     pub fn generate<S: Sink + ?Sized>(&mut self, opts: &GenerateOpts, sink: &mut S) -> Result<Generation, EngineError> {
+        opts.check()?;
         let start = Instant::now();
         self.cancel.clear();
         let engine = self.engine.clone();

@@ -51,7 +51,7 @@ pub use hf::HfModel;
 pub use load::{DEFAULT_MAX_CTX, is_hardware_gpu};
 pub use model::{Engine, EngineParts, end_of_generation_ids};
 pub use options::{Chains, DecodeGemv, DeviceChoice, FinishReason, GenerateOpts, LoadOptions};
-pub use sampler::SamplerOpts;
+pub use sampler::{MAX_TOP_LOGPROBS, SamplerOpts};
 pub use session::{CancelToken, Session};
 pub use stop::StopMatcher;
 pub use tuning::{Diagnostics, GpuTuning, TuningError};
@@ -141,6 +141,17 @@ pub enum EngineError {
     /// The engine was used in a way its API does not allow (named).
     #[error("{0}")]
     Usage(String),
+    /// A sampler or generation option out of its range, or not a number
+    /// ([`SamplerOpts::check`], [`GenerateOpts::check`]).
+    #[error("sampler option {option} is {value}: expected {expected}")]
+    Sampler {
+        /// The option (`temperature`, `top_p`, `top_logprobs`, ...).
+        option: &'static str,
+        /// The value given, as text (`NaN`, `-1`).
+        value: String,
+        /// The values it takes.
+        expected: &'static str,
+    },
     /// The model's tokenizer could not be built or used.
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] crate::tokenizer::TokenizerError),

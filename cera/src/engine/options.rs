@@ -1,5 +1,6 @@
 //! Options of loading a model and of one generation.
 
+use super::EngineError;
 use super::backend::KvType;
 use super::sampler::SamplerOpts;
 use super::tuning::{Diagnostics, GpuTuning};
@@ -175,7 +176,8 @@ pub struct GenerateOpts {
     /// Keep generating through end-of-generation tokens (they are then masked out and never
     /// chosen, as llama.cpp's `ignore_eos` does).
     pub ignore_eos: bool,
-    /// Report the N most likely ids with their log-probabilities at each step (0: off).
+    /// Report the N most likely ids with their log-probabilities at each step (0: off; at most
+    /// [`MAX_TOP_LOGPROBS`](super::MAX_TOP_LOGPROBS)).
     pub top_logprobs: usize,
     /// Pipelined decoding (default on): greedy steps whose id stays on the device (no
     /// penalties, no `top_logprobs`) are recorded and submitted one token ahead, before the
@@ -206,7 +208,7 @@ impl GenerateOpts {
         GenerateOpts { max_tokens, sampler: SamplerOpts::greedy(), ..Default::default() }
     }
 
-    /// The same with the sampler's temperature `temperature` (0 or less: greedy).
+    /// The same with the sampler's temperature `temperature` (0: greedy).
     pub fn with_temperature(mut self, temperature: f32) -> GenerateOpts {
         self.sampler.temperature = temperature;
         self
@@ -216,6 +218,17 @@ impl GenerateOpts {
     pub fn with_seed(mut self, seed: u64) -> GenerateOpts {
         self.sampler.seed = seed;
         self
+    }
+
+    /// Checks the sampler's values ([`SamplerOpts::check`]) and `top_logprobs` (at most
+    /// [`MAX_TOP_LOGPROBS`](super::MAX_TOP_LOGPROBS)): [`EngineError::Sampler`] otherwise.
+    /// `Session::generate` calls it before anything runs.
+    pub fn check(&self) -> Result<(), EngineError> {
+        self.sampler.check()?;
+        if self.top_logprobs > super::MAX_TOP_LOGPROBS {
+            return Err(EngineError::Sampler { option: "top_logprobs", value: self.top_logprobs.to_string(), expected: "at most 100" });
+        }
+        Ok(())
     }
 }
 
@@ -273,5 +286,18 @@ mod tests {
         let t = GenerateOpts::greedy(3).with_temperature(0.5).with_seed(9);
         assert_eq!(t.sampler, SamplerOpts { temperature: 0.5, seed: 9, ..g.sampler.clone() });
         assert_eq!(t.max_tokens, 3);
+    }
+
+    #[test]
+    fn check_bounds_top_logprobs() {
+        let at = |n| GenerateOpts { top_logprobs: n, ..GenerateOpts::greedy(1) }.check();
+        assert!(at(0).is_ok() && at(crate::engine::MAX_TOP_LOGPROBS).is_ok());
+        let e = at(crate::engine::MAX_TOP_LOGPROBS + 1).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("sampler option top_logprobs is {}: expected at most {}", crate::engine::MAX_TOP_LOGPROBS + 1, crate::engine::MAX_TOP_LOGPROBS)
+        );
+        // The sampler's own values are checked too.
+        assert!(matches!(GenerateOpts::greedy(1).with_temperature(f32::NAN).check(), Err(EngineError::Sampler { option: "temperature", .. })));
     }
 }

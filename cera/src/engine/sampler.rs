@@ -5,22 +5,29 @@
 //! The GPU path reads back only what this needs (the top candidates), so every function works on
 //! a candidate list as well as on a whole logits row.
 
-/// Options of one generation's sampler.
+use super::EngineError;
+
+/// The most `top_logprobs` one generation may ask for (`GenerateOpts::top_logprobs`).
+pub const MAX_TOP_LOGPROBS: usize = 100;
+
+/// Options of one generation's sampler. [`SamplerOpts::check`] says which values are allowed;
+/// `Session::generate` refuses others with [`EngineError::Sampler`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplerOpts {
-    /// 0 (or less) means greedy.
+    /// 0 means greedy; finite and at least 0.
     pub temperature: f32,
     /// Keep the `top_k` most likely candidates (0 = all).
     pub top_k: usize,
-    /// Keep the smallest set whose probability reaches `top_p` (1 = all).
+    /// Keep the smallest set whose probability reaches `top_p` (1 = all); in (0, 1].
     pub top_p: f32,
-    /// Drop candidates below `min_p` times the most likely one's probability (0 = none).
+    /// Drop candidates below `min_p` times the most likely one's probability (0 = none); in
+    /// [0, 1].
     pub min_p: f32,
-    /// Divide positive / multiply negative logits of recent tokens (1 = off).
+    /// Divide positive / multiply negative logits of recent tokens (1 = off); above 0.
     pub repeat_penalty: f32,
-    /// Subtract from the logit of every token seen recently (0 = off).
+    /// Subtract from the logit of every token seen recently (0 = off); finite.
     pub presence_penalty: f32,
-    /// Subtract `count *` this from the logit of recent tokens (0 = off).
+    /// Subtract `count *` this from the logit of recent tokens (0 = off); finite.
     pub frequency_penalty: f32,
     /// How many recent tokens the penalties look at.
     pub repeat_last_n: usize,
@@ -58,6 +65,39 @@ impl SamplerOpts {
     /// Whether any penalty is on.
     pub fn has_penalties(&self) -> bool {
         self.repeat_last_n > 0 && (self.repeat_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0)
+    }
+
+    /// Checks every value: a NaN, an infinity or a value out of its range is
+    /// [`EngineError::Sampler`], naming the option and the range it takes.
+    ///
+    /// ```
+    /// use cera::engine::{EngineError, SamplerOpts};
+    /// assert!(SamplerOpts::greedy().check().is_ok());
+    /// let e = SamplerOpts { top_p: 0.0, ..SamplerOpts::default() }.check().unwrap_err();
+    /// assert!(matches!(e, EngineError::Sampler { option: "top_p", .. }));
+    /// assert_eq!(e.to_string(), "sampler option top_p is 0: expected a number above 0 and at most 1 (1: off)");
+    /// ```
+    pub fn check(&self) -> Result<(), EngineError> {
+        let bad = |option: &'static str, value: f32, expected: &'static str| Err(EngineError::Sampler { option, value: value.to_string(), expected });
+        let t = self.temperature;
+        if !(t.is_finite() && t >= 0.0) {
+            return bad("temperature", t, "a finite number of at least 0 (0: greedy)");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", self.top_p, "a number above 0 and at most 1 (1: off)");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", self.min_p, "a number from 0 to 1 (0: off)");
+        }
+        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
+            return bad("repeat_penalty", self.repeat_penalty, "a finite number above 0 (1: off)");
+        }
+        for (option, v) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+            if !v.is_finite() {
+                return bad(option, v, "a finite number (0: off)");
+            }
+        }
+        Ok(())
     }
 }
 
@@ -193,6 +233,40 @@ mod tests {
         assert_eq!(a, b);
         assert!(a.iter().all(|x| matches!(x, Some(1) | Some(4))));
         assert!(a.contains(&Some(1)) && a.contains(&Some(4)));
+    }
+
+    #[test]
+    fn check_refuses_nan_and_out_of_range_values() {
+        assert!(SamplerOpts::default().check().is_ok() && SamplerOpts::greedy().check().is_ok());
+        let ok = [
+            SamplerOpts { temperature: 0.0, ..Default::default() },
+            SamplerOpts { top_p: 1.0, min_p: 1.0, ..Default::default() },
+            SamplerOpts { min_p: 0.0, repeat_penalty: 0.01, presence_penalty: -2.0, frequency_penalty: 2.0, ..Default::default() },
+        ];
+        for o in ok {
+            assert!(o.check().is_ok(), "{o:?}");
+        }
+        let d = SamplerOpts::default;
+        let bad = [
+            (SamplerOpts { temperature: -1.0, ..d() }, "temperature", "-1"),
+            (SamplerOpts { temperature: f32::NAN, ..d() }, "temperature", "NaN"),
+            (SamplerOpts { temperature: f32::INFINITY, ..d() }, "temperature", "inf"),
+            (SamplerOpts { top_p: 0.0, ..d() }, "top_p", "0"),
+            (SamplerOpts { top_p: 1.5, ..d() }, "top_p", "1.5"),
+            (SamplerOpts { top_p: f32::NAN, ..d() }, "top_p", "NaN"),
+            (SamplerOpts { min_p: -0.1, ..d() }, "min_p", "-0.1"),
+            (SamplerOpts { min_p: f32::NAN, ..d() }, "min_p", "NaN"),
+            (SamplerOpts { repeat_penalty: 0.0, ..d() }, "repeat_penalty", "0"),
+            (SamplerOpts { repeat_penalty: f32::NAN, ..d() }, "repeat_penalty", "NaN"),
+            (SamplerOpts { presence_penalty: f32::NEG_INFINITY, ..d() }, "presence_penalty", "-inf"),
+            (SamplerOpts { frequency_penalty: f32::NAN, ..d() }, "frequency_penalty", "NaN"),
+        ];
+        for (o, option, value) in bad {
+            match o.check() {
+                Err(EngineError::Sampler { option: got, value: v, .. }) => assert_eq!((got, v.as_str()), (option, value), "{o:?}"),
+                other => panic!("{o:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]
