@@ -39,7 +39,7 @@ pub struct Args {
     #[command(flatten)]
     pub sample: SampleArgs,
     /// The system message.
-    #[arg(long, value_name = "TEXT")]
+    #[arg(long, value_name = "TEXT", allow_hyphen_values = true)]
     pub system: Option<String>,
 }
 

@@ -6,7 +6,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::io::Write;
 
 use super::progress::LoadBar;
-use super::{CliError, Output, resolve_model};
+use super::{CliError, Output, resolve_model, values};
 use crate::engine::tuning::{DIAGNOSTIC_KEYS, TUNING_KEYS};
 use crate::engine::{
     CancelToken, DecodeGemv, DeviceChoice, Diagnostics, Engine, EngineError, GenerateOpts, Generation, GpuTuning, KvType, LoadOptions, SamplerOpts, Sink,
@@ -35,13 +35,13 @@ pub struct LoadArgs {
     #[arg(long, default_value = "auto", value_parser = str::parse::<DeviceChoice>, value_name = "DEVICE")]
     pub device: DeviceChoice,
     /// Most prompt tokens one prefill step runs (the ubatch).
-    #[arg(short = 'b', long = "batch-size", visible_alias = "ubatch-size", default_value_t = 512, value_name = "N")]
+    #[arg(short = 'b', long = "batch-size", visible_alias = "ubatch-size", default_value_t = 512, value_name = "N", value_parser = values::batch_size, allow_hyphen_values = true)]
     pub batch_size: usize,
     /// KV cache type: `f16`, `q8_0`, or `f32` (exact; the CPU only).
     #[arg(long = "kv-type", default_value = "f16", value_parser = str::parse::<KvType>, value_name = "TYPE")]
     pub kv_type: KvType,
-    /// CPU threads [default: every core].
-    #[arg(short = 't', long, value_name = "N")]
+    /// CPU threads, 1 to 4 per core [default: every core].
+    #[arg(short = 't', long, value_name = "N", value_parser = values::threads, allow_hyphen_values = true)]
     pub threads: Option<usize>,
     /// The GPU decode GEMVs' activations: `auto` (int8 for models of hidden size 2048 or more),
     /// `f32` or `int8`.
@@ -108,37 +108,37 @@ impl LoadArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub struct SampleArgs {
     /// Tokens to generate (-1: until an end-of-generation token or a full context).
-    #[arg(short = 'n', long = "n-predict", default_value_t = 256, allow_negative_numbers = true, value_name = "N")]
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256, value_name = "N", value_parser = values::n_predict, allow_hyphen_values = true)]
     pub n_predict: i64,
-    /// Temperature (0: greedy).
-    #[arg(long, default_value_t = 0.8, value_name = "T")]
+    /// Temperature, finite and at least 0 (0: greedy).
+    #[arg(long, default_value_t = 0.8, value_name = "T", value_parser = values::temperature, allow_hyphen_values = true)]
     pub temp: f32,
     /// Keep the K most likely tokens (0: all).
     #[arg(long = "top-k", default_value_t = 40, value_name = "K")]
     pub top_k: usize,
-    /// Nucleus sampling (1: off).
-    #[arg(long = "top-p", default_value_t = 0.95, value_name = "P")]
+    /// Nucleus sampling, above 0 and at most 1 (1: off).
+    #[arg(long = "top-p", default_value_t = 0.95, value_name = "P", value_parser = values::top_p, allow_hyphen_values = true)]
     pub top_p: f32,
-    /// Drop tokens below P times the most likely one's probability (0: off).
-    #[arg(long = "min-p", default_value_t = 0.05, value_name = "P")]
+    /// Drop tokens below P times the most likely one's probability, 0 to 1 (0: off).
+    #[arg(long = "min-p", default_value_t = 0.05, value_name = "P", value_parser = values::min_p, allow_hyphen_values = true)]
     pub min_p: f32,
-    /// Penalize repeated tokens (1: off).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_name = "X")]
+    /// Penalize repeated tokens, above 0 (1: off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_name = "X", value_parser = values::repeat_penalty, allow_hyphen_values = true)]
     pub repeat_penalty: f32,
     /// Recent tokens the penalties look at.
     #[arg(long = "repeat-last-n", default_value_t = 64, value_name = "N")]
     pub repeat_last_n: usize,
     /// Subtracted once from the logit of every recent token (0: off).
-    #[arg(long = "presence-penalty", default_value_t = 0.0, value_name = "X")]
+    #[arg(long = "presence-penalty", default_value_t = 0.0, value_name = "X", value_parser = values::penalty, allow_hyphen_values = true)]
     pub presence_penalty: f32,
     /// Subtracted per occurrence from the logit of recent tokens (0: off).
-    #[arg(long = "frequency-penalty", default_value_t = 0.0, value_name = "X")]
+    #[arg(long = "frequency-penalty", default_value_t = 0.0, value_name = "X", value_parser = values::penalty, allow_hyphen_values = true)]
     pub frequency_penalty: f32,
     /// Seed of the sampler (-1: a random one, printed in the stats line).
-    #[arg(short = 's', long, default_value_t = -1, allow_negative_numbers = true, value_name = "SEED")]
+    #[arg(short = 's', long, default_value_t = -1, value_name = "SEED", value_parser = values::seed, allow_hyphen_values = true)]
     pub seed: i64,
     /// Stop when the text contains STR (never printed); may be given several times.
-    #[arg(long, value_name = "STR")]
+    #[arg(long, value_name = "STR", allow_hyphen_values = true)]
     pub stop: Vec<String>,
     /// Keep generating through end-of-generation tokens (they are never chosen).
     #[arg(long = "ignore-eos")]

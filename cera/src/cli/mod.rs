@@ -20,6 +20,7 @@ mod progress;
 mod run;
 mod template;
 mod tokenize;
+mod values;
 
 use std::fmt;
 use std::io::{self, Write};

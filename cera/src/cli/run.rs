@@ -32,7 +32,7 @@ pub struct Args {
     #[arg(conflicts_with_all = ["prompt_flag", "file"], value_name = "PROMPT")]
     pub prompt: Option<String>,
     /// The prompt (as a flag; taken as it is).
-    #[arg(short = 'p', long = "prompt", id = "prompt_flag", conflicts_with = "file", value_name = "PROMPT")]
+    #[arg(short = 'p', long = "prompt", id = "prompt_flag", conflicts_with = "file", value_name = "PROMPT", allow_hyphen_values = true)]
     pub prompt_flag: Option<String>,
     /// Read the prompt from FILE (`-`: standard input), as UTF-8; one final line end is dropped.
     #[arg(short = 'f', long = "file", value_name = "FILE")]
@@ -44,13 +44,14 @@ pub struct Args {
     #[command(flatten)]
     pub sample: SampleArgs,
     /// A system message before the prompt (not with --raw).
-    #[arg(long, value_name = "TEXT", conflicts_with = "raw")]
+    #[arg(long, value_name = "TEXT", conflicts_with = "raw", allow_hyphen_values = true)]
     pub system: Option<String>,
     /// Send the prompt as it is (no chat template), with the model's default BOS.
     #[arg(long)]
     pub raw: bool,
-    /// Report the N most likely tokens with their log-probabilities at each step (with --json).
-    #[arg(long = "top-logprobs", default_value_t = 0, value_name = "N")]
+    /// Report the N most likely tokens with their log-probabilities at each step, 0 to 100
+    /// (with --json).
+    #[arg(long = "top-logprobs", default_value_t = 0, value_name = "N", value_parser = super::values::top_logprobs, allow_hyphen_values = true)]
     pub top_logprobs: usize,
     /// Print one JSON object (prompt_ids, generated_ids, text, finish_reason, timings,
     /// top_logprobs) instead of the text.

