@@ -63,3 +63,48 @@ fn edge_values_are_accepted() {
     let (ok, out, err) = cera(&args);
     assert!(ok && !out.is_empty(), "{err}");
 }
+
+#[test]
+fn llama_cpp_flags_are_rewritten_or_refused() {
+    let m = smollm2();
+    let dir = TempDir::new("llama-flags");
+    let prompt = dir.path("prompt.txt");
+    std::fs::write(&prompt, "Why is the sky blue?").unwrap();
+    let p = prompt.to_str().unwrap();
+    let json = |extra: &[&str]| {
+        let mut args = vec!["run", "-m", &m, "--json"];
+        args.extend(GREEDY_CPU);
+        args.extend(extra);
+        let (ok, out, err) = cera(&args);
+        assert!(ok, "{extra:?}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        (v["prompt_ids"].clone(), v["generated_ids"].clone(), err)
+    };
+    // -sys is --system; -ngl and -fa are accepted and change nothing; -f FILE is still the prompt.
+    let (want_prompt, want_ids, _) = json(&["--system", "Be brief.", "-f", p]);
+    let (prompt_ids, ids, err) = json(&["-ngl", "99", "-fa", "on", "-sys", "Be brief.", "-f", p]);
+    assert_eq!((prompt_ids, ids), (want_prompt.clone(), want_ids.clone()));
+    assert!(err.contains("note: -ngl 99 is llama.cpp's and does nothing here: cera runs every layer on the GPU (--device cpu"), "{err}");
+    assert!(err.contains("note: -fa on is llama.cpp's and does nothing here: cera's attention is always one fused kernel"), "{err}");
+    // Long forms, `=` values and a bare -fa (no value) before -f.
+    let (prompt_ids, ids, err) = json(&["--n-gpu-layers=20", "--system-prompt", "Be brief.", "-fa", "-f", p, "--flash-attn", "auto"]);
+    assert_eq!((prompt_ids, ids), (want_prompt, want_ids));
+    assert!(err.contains("note: --n-gpu-layers 20 ") && err.contains("note: -fa is") && err.contains("note: --flash-attn auto "), "{err}");
+    // What cera does not do: an error that says what to do instead.
+    for (args, want) in [
+        (&["run", "-cnv", "hi"][..], "-cnv: cera runs a conversation with `cera chat`"),
+        (&["run", "--conversation", "hi"][..], "--conversation: cera runs a conversation with `cera chat`"),
+        (
+            &["run", "-hf", "org/model-GGUF", "hi"][..],
+            "-hf: cera does not download from the Hugging Face hub: download the GGUF file and pass -m FILE (or `cera fetch NAME`",
+        ),
+        (&["run", "--hf-repo=org/model-GGUF", "hi"][..], "--hf-repo: cera does not download from the Hugging Face hub"),
+        (&["chat", "-ngl"][..], "-ngl takes a value"),
+    ] {
+        let err = refused(args);
+        assert!(err.starts_with(&format!("error: {want}")), "{args:?}: {err}");
+    }
+    // A prompt that is the text "-fa" is left alone.
+    let (ok, _, err) = cera(&["run", "-m", &m, "--device", "cpu", "-n", "1", "--temp", "0", "-p", "-fa"]);
+    assert!(ok && !err.contains("note: -fa"), "{err}");
+}

@@ -16,6 +16,7 @@ mod chat;
 mod fetch;
 mod generation;
 mod inspect;
+mod llama_flags;
 mod progress;
 mod run;
 mod template;
@@ -149,7 +150,21 @@ pub fn dispatch(cli: Cli, matches: &ArgMatches, out: &mut Output) -> Result<(), 
 
 /// Entry point of the `cera` binary.
 pub fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
+    // llama.cpp's multi-letter flags first: clap would read `-ngl` as `-n gl`.
+    let args = match llama_flags::rewrite(std::env::args_os()) {
+        Ok((args, notes)) => {
+            for n in notes {
+                let _ = writeln!(io::stderr(), "{n}");
+            }
+            args
+        }
+        Err(e) => {
+            let _ = writeln!(io::stderr(), "error: {e}");
+            // clap's status for a command line it refuses.
+            return ExitCode::from(2);
+        }
+    };
+    let matches = Cli::command().get_matches_from(args);
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.format(&mut Cli::command()).exit(),
