@@ -108,3 +108,30 @@ fn llama_cpp_flags_are_rewritten_or_refused() {
     let (ok, _, err) = cera(&["run", "-m", &m, "--device", "cpu", "-n", "1", "--temp", "0", "-p", "-fa"]);
     assert!(ok && !err.contains("note: -fa"), "{err}");
 }
+
+#[test]
+fn every_model_subcommand_takes_dash_m() {
+    let dir = TempDir::new("dash-m");
+    let model = dir.path("tiny.gguf");
+    tiny_model(&model, 2);
+    let m = model.to_str().unwrap();
+    for (flag, positional) in [
+        (vec!["inspect", "-m", m], vec!["inspect", m]),
+        (vec!["tokenize", "-m", m, "a a", "--ids-only", "--no-special"], vec!["tokenize", m, "a a", "--ids-only", "--no-special"]),
+        (vec!["template", "--model", m, "--user", "U"], vec!["template", m, "--user", "U"]),
+    ] {
+        let (ok, out, err) = cera(&flag);
+        assert!(ok && !out.is_empty(), "{flag:?}: {err}");
+        assert_eq!(cera(&positional).1, out, "{flag:?}");
+    }
+    assert_eq!(cera(&["tokenize", "-m", m, "a a", "--ids-only", "--no-special"]).1.trim(), "5 5");
+    let text = dir.path("text.txt");
+    std::fs::write(&text, "a a").unwrap();
+    let (ok, out, err) = cera(&["tokenize", "-m", m, "-f", text.to_str().unwrap(), "--ids-only", "--no-special"]);
+    assert!(ok && out.trim() == "5 5", "{err}");
+    // Both, or neither: an error.
+    for args in [&["inspect", "-m", m, m][..], &["template", "-m", m, m, "--user", "U"][..], &["tokenize", "-m", m, m, "a"][..], &["inspect"][..]] {
+        refused(args);
+    }
+    assert!(refused(&["tokenize", "-m", m, "a", "-f", text.to_str().unwrap()]).contains("not both"));
+}

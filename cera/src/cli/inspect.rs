@@ -1,7 +1,7 @@
-//! `cera inspect MODEL`: architecture, hyperparameters, tokenizer, chat template and a tensor
+//! `cera inspect MODEL` (or `-m MODEL`): architecture, hyperparameters, tokenizer, chat template and a tensor
 //! table, like gguf-dump.
 
-use super::{CliError, Output, open_model};
+use super::{CliError, Output, model_arg, open_model};
 use crate::chat_template::TemplateSource;
 use crate::gguf::{HyperParams, MetadataValue};
 use crate::model_file::{ModelFile, TensorSource};
@@ -10,7 +10,11 @@ use crate::model_file::{ModelFile, TensorSource};
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Model file or folder (or a test model name such as `smollm2-135m`).
-    pub model: String,
+    #[arg(value_name = "MODEL", required_unless_present = "model_flag", conflicts_with = "model_flag")]
+    pub model: Option<String>,
+    /// The model, as a flag (as `run`, `chat` and `bench` take it).
+    #[arg(short = 'm', long = "model", id = "model_flag", value_name = "MODEL")]
+    pub model_flag: Option<String>,
     /// Also print every metadata key (GGUF).
     #[arg(long)]
     pub metadata: bool,
@@ -59,7 +63,7 @@ fn print_hparams(hp: &HyperParams, out: &mut Output) -> Result<(), CliError> {
 
 /// Runs `cera inspect`.
 pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
-    let (path, model) = open_model(&args.model)?;
+    let (path, model) = open_model(&model_arg(args.model, args.model_flag)?)?;
     writeln!(out, "file:                {}", path.display())?;
     match &model {
         ModelFile::Gguf(g) => {

@@ -201,6 +201,12 @@ pub fn resolve_model(arg: &str) -> Result<PathBuf, CliError> {
     }
 }
 
+/// The model of `inspect`, `tokenize` and `template`: the first argument, or `-m MODEL` as for
+/// `run`, `chat` and `bench` (clap allows one, not both).
+fn model_arg(positional: Option<String>, flag: Option<String>) -> Result<String, CliError> {
+    positional.or(flag).ok_or_else(|| CliError::Message("give the model: an argument or -m MODEL".into()))
+}
+
 /// Resolves a model argument and opens it. Errors name the file.
 pub fn open_model(arg: &str) -> Result<(PathBuf, ModelFile), CliError> {
     let path = resolve_model(arg)?;

@@ -1,8 +1,8 @@
-//! `cera template MODEL --system S --user U`: render a conversation with the chat template.
+//! `cera template MODEL --system S --user U` (or `-m MODEL`): render a conversation with the chat template.
 
 use clap::ArgMatches;
 
-use super::{CliError, Output, open_model};
+use super::{CliError, Output, model_arg, open_model};
 use crate::chat_template::ChatMessage;
 
 /// Arguments of `cera template`.
@@ -14,7 +14,11 @@ use crate::chat_template::ChatMessage;
 #[command(after_help = "Each of --system, --user and --assistant may be given any number of times; the messages keep their command-line order.")]
 pub struct Args {
     /// Model file or folder (or a test model name such as `smollm2-135m`).
-    pub model: String,
+    #[arg(value_name = "MODEL", required_unless_present = "model_flag", conflicts_with = "model_flag")]
+    pub model: Option<String>,
+    /// The model, as a flag (as `run`, `chat` and `bench` take it).
+    #[arg(short = 'm', long = "model", id = "model_flag", value_name = "MODEL")]
+    pub model_flag: Option<String>,
     /// A system message.
     #[arg(long, value_name = "TEXT")]
     pub system: Vec<String>,
@@ -46,7 +50,7 @@ fn messages(matches: &ArgMatches) -> Vec<ChatMessage> {
 
 /// Runs `cera template`.
 pub fn run(args: Args, matches: &ArgMatches, out: &mut Output) -> Result<(), CliError> {
-    let (path, model) = open_model(&args.model)?;
+    let (path, model) = open_model(&model_arg(args.model, args.model_flag)?)?;
     let tok = model.tokenizer().map_err(|e| CliError::in_file(&path, e))?;
     let tpl = model.chat_template(&tok).map_err(|e| CliError::in_file(&path, e))?;
     let msgs = messages(matches);

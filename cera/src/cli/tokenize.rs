@@ -1,4 +1,4 @@
-//! `cera tokenize MODEL TEXT`: print token ids and pieces.
+//! `cera tokenize MODEL TEXT` (or `-m MODEL TEXT`): print token ids and pieces.
 
 use super::{CliError, Output, open_model};
 use crate::tokenizer::EncodeOptions;
@@ -6,13 +6,18 @@ use crate::tokenizer::EncodeOptions;
 /// Arguments of `cera tokenize`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Model file or folder (or a test model name such as `smollm2-135m`).
-    pub model: String,
+    /// Model file or folder (or a test model name such as `smollm2-135m`); with `-m MODEL`, the
+    /// first argument is the text.
+    #[arg(value_name = "MODEL")]
+    pub model: Option<String>,
     /// The text to tokenize.
-    #[arg(required_unless_present = "file")]
+    #[arg(value_name = "TEXT")]
     pub text: Option<String>,
+    /// The model, as a flag (as `run`, `chat` and `bench` take it).
+    #[arg(short = 'm', long = "model", id = "model_flag", value_name = "MODEL")]
+    pub model_flag: Option<String>,
     /// Read the text from a file instead (`-` for standard input).
-    #[arg(long, short = 'f', conflicts_with = "text")]
+    #[arg(long, short = 'f')]
     pub file: Option<std::path::PathBuf>,
     /// Do not add BOS/EOS.
     #[arg(long)]
@@ -27,10 +32,18 @@ pub struct Args {
 
 /// Runs `cera tokenize`.
 pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
-    let (path, model) = open_model(&args.model)?;
+    // With `-m`, the one argument is the text.
+    let (model_name, text) = match (args.model_flag, args.model, args.text) {
+        (Some(_), Some(_), Some(_)) => return Err(CliError::Message("with -m MODEL, give only the text as an argument".into())),
+        (Some(m), text, None) => (m, text),
+        (None, Some(m), text) => (m, text),
+        (Some(_), None, Some(_)) | (None, None, _) => return Err(CliError::Message("give the model: cera tokenize MODEL TEXT, or -m MODEL TEXT".into())),
+    };
+    let (path, model) = open_model(&model_name)?;
     let tok = model.tokenizer().map_err(|e| CliError::in_file(&path, e))?;
     let opts = EncodeOptions { add_special: !args.no_special, parse_special: !args.no_parse_special };
-    let text = match (&args.text, &args.file) {
+    let text = match (&text, &args.file) {
+        (Some(_), Some(_)) => return Err(CliError::Message("give the text or --file, not both".into())),
         (Some(t), _) => t.clone(),
         (None, Some(p)) if p.as_os_str() == "-" => {
             let mut s = String::new();
