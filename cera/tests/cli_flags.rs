@@ -135,3 +135,43 @@ fn every_model_subcommand_takes_dash_m() {
     }
     assert!(refused(&["tokenize", "-m", m, "a", "-f", text.to_str().unwrap()]).contains("not both"));
 }
+
+/// `--top-logprobs` without `--json`: one line per token on standard error; with `--json`, the
+/// chosen token and each top entry carry the token's text.
+#[test]
+fn top_logprobs_in_text_and_json() {
+    let m = smollm2();
+    let mut args = vec!["run", "-m", &m];
+    args.extend(GREEDY_CPU);
+    args.extend(["--top-logprobs", "3", "Why is the sky blue?"]);
+    let (ok, text, err) = cera(&args);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("logprob ")).collect();
+    assert_eq!(lines.len(), 8, "{err}");
+    for l in &lines {
+        let top = l.split(" | top: ").nth(1).unwrap_or_else(|| panic!("{l}"));
+        assert_eq!(top.matches(", ").count() + 1, 3, "{l}");
+        // Greedy: the chosen token is the most likely one.
+        assert!(top.starts_with(l["logprob ".len()..].split(" | ").next().unwrap()), "{l}");
+    }
+    args.retain(|a| *a != "--top-logprobs" && *a != "3");
+    assert_eq!(cera(&args).1, text, "the same text without --top-logprobs");
+    args.pop();
+    args.extend(["--top-logprobs", "3", "--json", "Why is the sky blue?"]);
+    let (ok, out, err) = cera(&args);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let chosen = v["logprobs"].as_array().unwrap();
+    let tops = v["top_logprobs"].as_array().unwrap();
+    assert_eq!((chosen.len(), tops.len()), (8, 8));
+    let mut joined = String::new();
+    for (i, c) in chosen.iter().enumerate() {
+        assert_eq!(c["id"], v["generated_ids"][i]);
+        assert_eq!(c["id"], tops[i][0]["id"], "greedy takes the most likely");
+        assert_eq!(c["logprob"], tops[i][0]["logprob"]);
+        assert_eq!(c["token"], tops[i][0]["token"]);
+        assert!(tops[i].as_array().unwrap().iter().all(|e| e["token"].is_string() && e["logprob"].as_f64().unwrap() <= 0.0));
+        joined.push_str(c["token"].as_str().unwrap());
+    }
+    assert_eq!(joined, v["text"].as_str().unwrap(), "the tokens' texts make the text");
+}

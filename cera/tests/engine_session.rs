@@ -198,6 +198,26 @@ fn out_of_range_sampler_options_are_typed_errors() {
     assert_eq!(g.ids.len(), 2);
 }
 
+/// With `top_logprobs`, each generated token carries its own log-probability: at most the
+/// top one's, equal to it where the draw took the most likely token, and the same in the events.
+#[test]
+fn sampled_tokens_carry_their_logprob() {
+    let mut s = engine().session().unwrap();
+    s.append_text("Once upon a time").unwrap();
+    let opts = GenerateOpts { top_logprobs: 2, max_tokens: 16, ignore_eos: true, ..Default::default() }.with_temperature(1.5).with_seed(3);
+    let mut events = Vec::new();
+    let g = s.generate(&opts, &mut |ev: &TokenEvent| events.push((ev.id, ev.logprob))).unwrap();
+    assert_eq!((g.logprobs.len(), g.top_logprobs.len()), (g.ids.len(), g.ids.len()));
+    for ((&id, &lp), top) in g.ids.iter().zip(&g.logprobs).zip(&g.top_logprobs) {
+        assert!(lp.is_finite() && lp <= top[0].1, "{id}: {lp} above the top {top:?}");
+        if let Some(&(_, t)) = top.iter().find(|(t, _)| *t == id) {
+            assert_eq!(lp, t, "{id}: the same log-probability in the top list");
+        }
+    }
+    let want: Vec<(u32, Option<f32>)> = g.ids.iter().zip(&g.logprobs).map(|(&i, &l)| (i, Some(l))).collect();
+    assert_eq!(events, want);
+}
+
 #[test]
 fn a_small_context_fills_and_overflows() {
     let case = golden_case("chat_single");

@@ -8,6 +8,7 @@
 //! status 130 (`interrupt.rs`).
 
 mod interrupt;
+mod logprobs;
 mod prompt;
 
 use std::path::PathBuf;
@@ -15,6 +16,7 @@ use std::path::PathBuf;
 use serde_json::{Value, json};
 
 use self::interrupt::{EXIT_INTERRUPTED, Interrupt};
+use self::logprobs::TextWithLogprobs;
 use self::prompt::PromptSource;
 use super::generation::{ModelArgs, SampleArgs, TextSink, engine_error, load, note, stats_line};
 use super::{CliError, Output};
@@ -49,12 +51,12 @@ pub struct Args {
     /// Send the prompt as it is (no chat template), with the model's default BOS.
     #[arg(long)]
     pub raw: bool,
-    /// Report the N most likely tokens with their log-probabilities at each step, 0 to 100
-    /// (with --json).
+    /// Report the N most likely tokens with their log-probabilities at each step, 0 to 100 (in
+    /// the JSON object with --json, else one line per token on standard error).
     #[arg(long = "top-logprobs", default_value_t = 0, value_name = "N", value_parser = super::values::top_logprobs, allow_hyphen_values = true)]
     pub top_logprobs: usize,
-    /// Print one JSON object (prompt_ids, generated_ids, text, finish_reason, timings,
-    /// top_logprobs) instead of the text.
+    /// Print one JSON object (prompt_ids, generated_ids, text, finish_reason, timings, logprobs
+    /// and top_logprobs) instead of the text.
     #[arg(long)]
     pub json: bool,
 }
@@ -102,9 +104,9 @@ fn json_output(engine: &Engine, prompt_ids: &[u32], g: &Generation, seed: u64, t
         "device": engine.device_name(),
     });
     if top_logprobs {
-        let lists: Vec<Value> =
-            g.top_logprobs.iter().map(|step| Value::Array(step.iter().map(|&(id, lp)| json!({"id": id, "logprob": lp})).collect())).collect();
-        v["top_logprobs"] = Value::Array(lists);
+        let (chosen, tops) = logprobs::json_fields(engine.tokenizer(), g);
+        v["logprobs"] = chosen;
+        v["top_logprobs"] = tops;
     }
     v
 }
@@ -125,6 +127,11 @@ pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
     interrupt.watch(session.cancel_token());
     let g = if args.json {
         session.generate(&opts, &mut |_: &TokenEvent| {}).map_err(engine_error)?
+    } else if args.top_logprobs > 0 {
+        let mut sink = TextWithLogprobs::new(TextSink::new(out, session.cancel_token()), engine.tokenizer());
+        let g = session.generate(&opts, &mut sink);
+        sink.text.finish()?;
+        g.map_err(engine_error)?
     } else {
         let mut sink = TextSink::new(out, session.cancel_token());
         let g = session.generate(&opts, &mut sink);

@@ -39,6 +39,9 @@ pub struct TokenEvent<'a> {
     /// text of earlier tokens that was held back. Never half a character, never part of a stop
     /// string.
     pub text: &'a str,
+    /// The token's own log-probability under the raw distribution (`Some` when `top_logprobs`
+    /// was asked for).
+    pub logprob: Option<f32>,
     /// The `top_logprobs` most likely ids at this step with their log-probabilities under the
     /// raw distribution (empty unless asked for).
     pub top_logprobs: &'a [(u32, f32)],
@@ -105,8 +108,11 @@ pub struct Generation {
     /// sequence, not in `ids`).
     pub stop_token: Option<u32>,
     /// Per generated token: the `top_logprobs` most likely ids with their log-probabilities
-    /// (empty lists unless asked for).
+    /// (empty unless asked for).
     pub top_logprobs: Vec<Vec<(u32, f32)>>,
+    /// Per generated token: its own log-probability under the raw distribution (empty unless
+    /// `top_logprobs` was asked for).
+    pub logprobs: Vec<f32>,
     /// Tokens of the sequence before generation (the prompt, all turns).
     pub prompt_tokens: usize,
     /// Of those, tokens whose cached keys and values were reused.
@@ -159,8 +165,7 @@ fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
 /// `(id, logprob)` of the `n` most likely ids of a raw logits row (log-softmax in f64), most
 /// likely first, ties to the lower id: [`sampler::top_logprobs`] without sorting the whole row.
 pub fn row_top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
-    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let lse = m as f64 + logits.iter().map(|&l| ((l - m) as f64).exp()).sum::<f64>().ln();
+    let lse = row_logsumexp(logits);
     let mut v: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
     let n = n.min(v.len());
     if n == 0 {
@@ -172,6 +177,20 @@ pub fn row_top_logprobs(logits: &[f32], n: usize) -> Vec<(u32, f32)> {
     }
     v.sort_by(by_logit_desc);
     v.into_iter().map(|(i, l)| (i, (l as f64 - lse) as f32)).collect()
+}
+
+/// `log(sum(exp(logits)))` of a row, in f64: a logit minus it is its log-probability.
+fn row_logsumexp(logits: &[f32]) -> f64 {
+    let m = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    m as f64 + logits.iter().map(|&l| ((l - m) as f64).exp()).sum::<f64>().ln()
+}
+
+/// The raw log-probabilities of one step: the chosen token's and the most likely ones (none
+/// unless `top_logprobs` was asked for).
+#[derive(Clone, Debug, Default)]
+struct StepLogprobs {
+    chosen: Option<f32>,
+    top: Vec<(u32, f32)>,
 }
 
 /// Chooses tokens from step outputs under one generation's options.
@@ -200,33 +219,39 @@ impl Chooser<'_> {
         self.masked.binary_search(&id).is_err()
     }
 
-    /// The next id and the raw top log-probabilities (if asked for) for the token at `position`.
-    fn choose(&self, out: StepOutput, history: &[u32], position: u64) -> Result<(u32, Vec<(u32, f32)>), EngineError> {
+    /// The next id and the raw log-probabilities (if asked for) for the token at `position`.
+    fn choose(&self, out: StepOutput, history: &[u32], position: u64) -> Result<(u32, StepLogprobs), EngineError> {
         let none = || EngineError::Usage("every token is masked: nothing can be generated".into());
         match (self.mode, out) {
-            (Mode::Argmax, StepOutput::Argmax(id)) => Ok((id, Vec::new())),
+            (Mode::Argmax, StepOutput::Argmax(id)) => Ok((id, StepLogprobs::default())),
             (Mode::TopK(_), StepOutput::TopK(c)) => {
                 let mut c: Vec<(u32, f32)> = c.into_iter().filter(|&(id, _)| self.keep(id)).collect();
                 if self.sampler.temperature <= 0.0 {
-                    return c.iter().copied().min_by(by_logit_desc).map(|x| (x.0, Vec::new())).ok_or_else(none);
+                    return c.iter().copied().min_by(by_logit_desc).map(|x| (x.0, StepLogprobs::default())).ok_or_else(none);
                 }
                 c.sort_by(by_logit_desc);
                 c.truncate(self.opts.sampler.top_k);
-                sampler::sample(&c, history, position, &self.plain).map(|id| (id, Vec::new())).ok_or_else(none)
+                sampler::sample(&c, history, position, &self.plain).map(|id| (id, StepLogprobs::default())).ok_or_else(none)
             }
             (Mode::Logits, StepOutput::Logits(row)) => {
-                let top = if self.opts.top_logprobs > 0 { row_top_logprobs(&row, self.opts.top_logprobs) } else { Vec::new() };
+                let lp = |id: u32| -> StepLogprobs {
+                    if self.opts.top_logprobs == 0 {
+                        return StepLogprobs::default();
+                    }
+                    let chosen = row.get(id as usize).map(|&l| (l as f64 - row_logsumexp(&row)) as f32);
+                    StepLogprobs { chosen, top: row_top_logprobs(&row, self.opts.top_logprobs) }
+                };
                 let mut c: Vec<(u32, f32)> = row.iter().enumerate().map(|(i, &l)| (i as u32, l)).filter(|&(id, _)| self.keep(id)).collect();
                 sampler::apply_penalties(&mut c, history, &self.sampler);
                 if self.sampler.temperature <= 0.0 {
-                    return c.iter().copied().min_by(by_logit_desc).map(|x| (x.0, top)).ok_or_else(none);
+                    return c.iter().copied().min_by(by_logit_desc).map(|x| (x.0, lp(x.0))).ok_or_else(none);
                 }
                 let k = self.opts.sampler.top_k;
                 if k > 0 && k < c.len() {
                     c.select_nth_unstable_by(k - 1, by_logit_desc);
                     c.truncate(k);
                 }
-                sampler::sample(&c, history, position, &self.plain).map(|id| (id, top)).ok_or_else(none)
+                sampler::sample(&c, history, position, &self.plain).map(|id| (id, lp(id))).ok_or_else(none)
             }
             (_, out) => Err(self.unexpected(&out)),
         }
@@ -240,7 +265,7 @@ struct Stream<'t, 's, S: Sink + ?Sized> {
     matcher: StopMatcher,
     /// A token's event, held while its text (`held_text`) may still be extended by the end of
     /// the generation.
-    held: Option<(u32, Vec<(u32, f32)>)>,
+    held: Option<(u32, StepLogprobs)>,
     held_text: String,
     /// The current token's decoded piece and the text it makes safe to show.
     piece: String,
@@ -250,9 +275,9 @@ struct Stream<'t, 's, S: Sink + ?Sized> {
 }
 
 /// Appends an event's text to the generation's and hands the event to the sink.
-fn deliver<S: Sink + ?Sized>(all: &mut String, sink: &mut S, id: u32, text: &str, top: &[(u32, f32)]) {
+fn deliver<S: Sink + ?Sized>(all: &mut String, sink: &mut S, id: u32, text: &str, lp: &StepLogprobs) {
     all.push_str(text);
-    sink.token(&TokenEvent { id, text, top_logprobs: top });
+    sink.token(&TokenEvent { id, text, logprob: lp.chosen, top_logprobs: &lp.top });
 }
 
 impl<'t, 's, S: Sink + ?Sized> Stream<'t, 's, S> {
@@ -272,7 +297,7 @@ impl<'t, 's, S: Sink + ?Sized> Stream<'t, 's, S> {
 
     /// A generated token; `last`: generation ends after it. Returns whether a stop string was
     /// completed (generation ends).
-    fn token(&mut self, id: u32, top: Vec<(u32, f32)>, last: bool) -> Result<bool, EngineError> {
+    fn token(&mut self, id: u32, top: StepLogprobs, last: bool) -> Result<bool, EngineError> {
         self.piece.clear();
         self.decoder.push_into(id, &mut self.piece)?;
         self.emit.clear();
@@ -366,6 +391,7 @@ impl Session {
             finish: FinishReason::MaxTokens,
             stop_token: None,
             top_logprobs: Vec::new(),
+            logprobs: Vec::new(),
             prompt_tokens,
             reused: 0,
             prefilled: 0,
@@ -464,7 +490,8 @@ impl Session {
             }
             res.ids.push(id);
             if opts.top_logprobs > 0 {
-                res.top_logprobs.push(top.clone());
+                res.top_logprobs.push(top.top.clone());
+                res.logprobs.push(top.chosen.unwrap_or(f32::NAN));
             }
             let finish = if res.ids.len() >= opts.max_tokens {
                 Some(FinishReason::MaxTokens)
