@@ -11,6 +11,7 @@
 
 mod cli_support;
 
+use cera::gguf::MetadataValue;
 use cli_support::*;
 
 /// Runs `cera ARGS`, expecting a failure with a message (no panic, no clap suggestion).
@@ -174,4 +175,30 @@ fn top_logprobs_in_text_and_json() {
         joined.push_str(c["token"].as_str().unwrap());
     }
     assert_eq!(joined, v["text"].as_str().unwrap(), "the tokens' texts make the text");
+}
+
+#[test]
+fn bench_labels_by_file_type_and_hides_gpu_columns_on_the_cpu() {
+    let dir = TempDir::new("bench-label");
+    let src = std::path::PathBuf::from(smollm2());
+    let labelled = dir.path("labelled.gguf");
+    let unlabelled = dir.path("unlabelled.gguf");
+    // SmolLM2's file says 3 (Q4_1); 15 (Q4_K_M) shows the label comes from the key.
+    rewrite_gguf(&src, &labelled, |kvs| set_key(kvs, "general.file_type", MetadataValue::U32(15)));
+    rewrite_gguf(&src, &unlabelled, |kvs| kvs.retain(|(k, _)| k != "general.file_type"));
+    let bench = |path: &std::path::Path| {
+        let (ok, out, err) = cera(&["bench", "-m", path.to_str().unwrap(), "-p", "8", "-n", "2", "-r", "1", "--device", "cpu"]);
+        assert!(ok, "{err}");
+        out
+    };
+    let out = bench(&src);
+    assert!(out.contains("| SmolLM2-135M-Instruct.Q4_1.gguf | Q4_1 |"), "{out}");
+    assert!(out.contains("| model | quant | size | test | tok/s | ms/tok | weights/tok | GB/s |\n"), "{out}");
+    assert!(!out.contains("roofline") && !out.contains("dispatches") && !out.contains("host µs"), "{out}");
+    assert!(bench(&labelled).contains("| labelled.gguf | Q4_K_M |"));
+    // Without the key: the format of most of the weights a decode step reads.
+    let out = bench(&unlabelled);
+    assert!(out.contains("| unlabelled.gguf | Q4_1 |"), "{out}");
+    let err = refused(&["bench", "-m", src.to_str().unwrap(), "--device", "cpu", "--profile"]);
+    assert!(err.contains("--profile times the GPU's kernels: it needs a GPU run (not --device cpu)"), "{err}");
 }

@@ -28,7 +28,7 @@ use serde::Serialize;
 
 pub use report::{print_json, print_table};
 
-use crate::engine::{Engine, EngineError, GenerateOpts, HfModel, KernelTime, LoadOptions, ModelGraph};
+use crate::engine::{DeviceChoice, Engine, EngineError, GenerateOpts, HfModel, KernelTime, LoadOptions, ModelGraph};
 use crate::gguf::GgufFile;
 
 /// Why a bench stopped.
@@ -154,7 +154,8 @@ pub struct KernelShare {
 pub struct BenchRow {
     /// The file name.
     pub model: String,
-    /// The format of most of the weights (`Q4_0`).
+    /// The file's quantization mix as `general.file_type` names it (`Q4_K_M`), else the format
+    /// of most of the weights a decode step reads (`Q4_0`, `AWQ`).
     pub quant: String,
     /// The file's size.
     pub file_bytes: u64,
@@ -178,6 +179,8 @@ pub struct BenchRow {
 pub struct BenchReport {
     /// The device cera ran on.
     pub device: String,
+    /// Whether that is a GPU (the step's dispatches, host time and roofline are GPU figures).
+    pub gpu: bool,
     /// The streaming-read roofline of the run in GB/s (GPU runs).
     pub roofline_gb_s: Option<f64>,
     /// llama.cpp's device line, when compared.
@@ -247,25 +250,34 @@ pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> 
     if opts.reps == 0 {
         return Err(BenchError::Usage("-r must be at least 1".into()));
     }
+    let no_profile = || BenchError::Usage("--profile times the GPU's kernels: it needs a GPU run (not --device cpu)".into());
+    if opts.profile && opts.load.device == DeviceChoice::Cpu {
+        return Err(no_profile());
+    }
     let longest = opts.prompts.iter().copied().max().unwrap_or(0).max(TG_PROMPT + opts.gens.iter().copied().max().unwrap_or(0) + 1);
     // Room for the longest test and the token generated after it.
     let load = LoadOptions { n_ctx: Some(opts.load.n_ctx.unwrap_or(0).max(longest + 1)), ..opts.load.clone() };
     let engine = Engine::load(path, &load, None)?;
-    let (traffic, file_bytes) = if path.is_dir() {
+    if opts.profile && !engine.is_gpu() {
+        return Err(no_profile());
+    }
+    let (traffic, file_bytes, file_type) = if path.is_dir() {
         // A Hugging Face folder: its graph and tensors as the engine loaded them; its size is
         // that of its safetensors shards.
         let hf = HfModel::open(path)?;
         let bytes = hf.safetensors().shard_paths().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
-        (hf.graph()?.decode_traffic(&hf)?, bytes)
+        (hf.graph()?.decode_traffic(&hf)?, bytes, None)
     } else {
         let file = GgufFile::open(path).map_err(|e| EngineError::File { reason: e.to_string() })?;
-        (ModelGraph::from_gguf(&file)?.decode_traffic(&file)?, std::fs::metadata(path).map(|m| m.len()).unwrap_or(0))
+        (ModelGraph::from_gguf(&file)?.decode_traffic(&file)?, std::fs::metadata(path).map(|m| m.len()).unwrap_or(0), file.file_type())
     };
+    // What the file is known by (`Q4_K_M`), else what most of its weights are.
+    let quant = file_type.map_or_else(|| traffic.main_format().to_string(), str::to_string);
     let model = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     let vocab = engine.config().vocab;
     let row = |test: String, tok_s: Spread| BenchRow {
         model: model.clone(),
-        quant: traffic.main_format().to_string(),
+        quant: quant.clone(),
         file_bytes,
         test,
         ms_per_token: if tok_s.median > 0.0 { 1e3 / tok_s.median } else { 0.0 },
@@ -387,6 +399,7 @@ pub fn run(models: &[PathBuf], opts: &BenchOpts, progress: &mut dyn FnMut(&str))
     }
     let mut report = BenchReport {
         device: String::new(),
+        gpu: false,
         roofline_gb_s: None,
         llama_cpp_device: None,
         rows: Vec::new(),
@@ -420,6 +433,7 @@ pub fn run(models: &[PathBuf], opts: &BenchOpts, progress: &mut dyn FnMut(&str))
             }
         };
         report.device = engine.device_name();
+        report.gpu = engine.is_gpu();
         let vocab = engine.config().vocab;
         drop(engine);
         if let Some(dir) = &opts.llama_cpp {

@@ -1,5 +1,7 @@
 //! The bench's output: a markdown table like llama-bench's (with the step's work, the achieved
-//! bandwidth and llama.cpp's figures beside cera's), the kernel profiles, or JSON.
+//! bandwidth and llama.cpp's figures beside cera's), the kernel profiles, or JSON. A CPU run's
+//! table leaves out the GPU's columns (dispatches, passes and submits, host time recording
+//! them, the roofline).
 
 use std::fmt::Write;
 
@@ -13,9 +15,13 @@ fn speed(s: &super::Spread) -> String {
     format!("{:.1} ({:.0}–{:.0})", s.median, s.min, s.max)
 }
 
-fn row_line(r: &BenchRow, compare: bool) -> String {
+fn row_line(r: &BenchRow, compare: bool, gpu: bool) -> String {
     let mut line = format!("| {} | {} | {} | {} | {} | {:.3} |", r.model, r.quant, gib(r.file_bytes), r.test, speed(&r.tok_s), r.ms_per_token);
     match &r.step {
+        Some(w) if !gpu => {
+            let _ = write!(line, " {:.1} MB | {:.1} |", w.weight_bytes as f64 / 1e6, w.gb_s);
+        }
+        None if !gpu => line.push_str(" - | - |"),
         Some(w) => {
             let frac = if w.roofline_fraction > 0.0 { format!("{:.0}%", 100.0 * w.roofline_fraction) } else { "-".into() };
             let _ = write!(
@@ -62,18 +68,22 @@ pub fn print_table(report: &BenchReport) -> String {
         report.decode_gemv
     );
     s.push('\n');
-    s.push_str("| model | quant | size | test | tok/s | ms/tok | dispatches / passes / submits per token | host µs/tok | weights/tok | GB/s | roofline |");
+    if report.gpu {
+        s.push_str("| model | quant | size | test | tok/s | ms/tok | dispatches / passes / submits per token | host µs/tok | weights/tok | GB/s | roofline |");
+    } else {
+        s.push_str("| model | quant | size | test | tok/s | ms/tok | weights/tok | GB/s |");
+    }
     if compare {
         s.push_str(" llama.cpp tok/s | cera / llama.cpp |");
     }
     s.push('\n');
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|");
+    s.push_str(if report.gpu { "|---|---|---|---|---|---|---|---|---|---|---|" } else { "|---|---|---|---|---|---|---|---|" });
     if compare {
         s.push_str("---|---|");
     }
     s.push('\n');
     for r in &report.rows {
-        s.push_str(&row_line(r, compare));
+        s.push_str(&row_line(r, compare, report.gpu));
         s.push('\n');
     }
     for n in &report.notes {

@@ -15,6 +15,7 @@
 //! ```
 
 mod error;
+mod file_type;
 mod hparams;
 mod metadata;
 mod reader;
@@ -26,6 +27,7 @@ use std::path::{Path, PathBuf};
 /// The ggml tensor types: boostr's one table ([`boostr::formats::GgmlType`]), used as is.
 pub use boostr::formats::GgmlType;
 pub use error::{GgufError, MetadataError};
+pub use file_type::file_type_name;
 pub use hparams::{HyperParams, PerLayer};
 pub use metadata::{Metadata, MetadataArray, MetadataValue, ValueType};
 pub use reader::{DEFAULT_ALIGNMENT, MAX_DIMS, MAX_NESTING, TensorInfo};

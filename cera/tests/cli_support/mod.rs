@@ -96,3 +96,26 @@ pub fn golden_chat_single() -> serde_json::Value {
 }
 
 pub const GREEDY_CPU: [&str; 6] = ["--device", "cpu", "-n", "8", "--temp", "0"];
+
+/// Writes `dst`: the GGUF file `src` with its metadata keys changed by `edit` (added, changed
+/// or removed), its tensors as they are, through `cera::gguf`'s reader and streaming writer.
+pub fn rewrite_gguf(src: &Path, dst: &Path, edit: impl FnOnce(&mut Vec<(String, MetadataValue)>)) {
+    let f = cera::gguf::GgufFile::open(src).unwrap();
+    let mut kvs: Vec<(String, MetadataValue)> = f.metadata().iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    edit(&mut kvs);
+    let descs: Vec<cera::gguf::TensorDesc> = f.tensors().iter().map(|t| cera::gguf::TensorDesc::new(t.name.clone(), &t.dims, t.ty)).collect();
+    let out = std::io::BufWriter::new(std::fs::File::create(dst).unwrap());
+    let mut w = cera::gguf::GgufWriter::new(out, f.version(), &kvs, &descs).unwrap();
+    for t in f.tensors() {
+        w.write_tensor_data(f.tensor_data_raw(&t.name).unwrap()).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+/// Sets (or adds) one metadata key, for [`rewrite_gguf`].
+pub fn set_key(kvs: &mut Vec<(String, MetadataValue)>, key: &str, value: MetadataValue) {
+    match kvs.iter_mut().find(|(k, _)| k == key) {
+        Some(kv) => kv.1 = value,
+        None => kvs.push((key.to_string(), value)),
+    }
+}
