@@ -95,6 +95,17 @@ pub enum NumrError {
         filter: String,
     },
 
+    /// An adapter was asked for (`NUMR_ADAPTER`, [`GpuOptions::adapter`](crate::GpuOptions)),
+    /// by name or index, and none of the adapters found matches it.
+    #[error("no GPU adapter matches `{filter}` (NUMR_ADAPTER: a name substring or an index); found: {}", adapter_list(.found))]
+    AdapterNotFound {
+        /// The name substring or index asked for.
+        filter: String,
+        /// The adapters found, as `index: name (backend, type)` (the index is what the filter
+        /// takes).
+        found: Vec<String>,
+    },
+
     /// `request_device` failed on the chosen adapter.
     #[error("failed to create the GPU device on {adapter}: {reason}")]
     DeviceCreation {
@@ -215,3 +226,8 @@ pub enum NumrError {
 
 /// `Result` with [`NumrError`] as the default error.
 pub type Result<T, E = NumrError> = std::result::Result<T, E>;
+
+/// The adapters of [`NumrError::AdapterNotFound`], for its message.
+fn adapter_list(found: &[String]) -> String {
+    if found.is_empty() { "none".into() } else { found.join("; ") }
+}

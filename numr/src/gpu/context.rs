@@ -150,6 +150,11 @@ fn backend_rank(b: wgpu::Backend) -> u32 {
     if b == wgpu::Backend::Gl { 1 } else { 0 }
 }
 
+/// `index: name (backend, type)`, as [`GpuContext::list_adapters`] prints an adapter.
+fn adapter_line(i: usize, info: &wgpu::AdapterInfo) -> String {
+    format!("{i}: {} ({:?}, {:?})", info.name, info.backend, info.device_type)
+}
+
 fn scalar_name(t: wgpu::CooperativeScalarType) -> String {
     format!("{t:?}").to_ascii_lowercase()
 }
@@ -166,23 +171,17 @@ impl GpuContext {
         let desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
         let backends = desc.backends;
         let instance = wgpu::Instance::new(desc);
-        pollster::block_on(instance.enumerate_adapters(backends))
-            .iter()
-            .enumerate()
-            .map(|(i, a)| {
-                let info = a.get_info();
-                format!("{i}: {} ({:?}, {:?})", info.name, info.backend, info.device_type)
-            })
-            .collect()
+        pollster::block_on(instance.enumerate_adapters(backends)).iter().enumerate().map(|(i, a)| adapter_line(i, &a.get_info())).collect()
     }
 
     /// Picks an adapter by `options` (else the best discrete GPU, native backends before GL) and
     /// creates the device with every optional feature numr uses that it has, at the adapter's own
-    /// limits. Errors: [`NumrError::NoAdapter`], [`NumrError::DeviceCreation`], or
+    /// limits. Errors: [`NumrError::NoAdapter`] (none at all),
+    /// [`NumrError::AdapterNotFound`] (an adapter asked for that none matches, with those
+    /// found), [`NumrError::DeviceCreation`], or
     /// [`NumrError::MissingFeature`] when immediates are forced but unavailable.
     pub fn with_options(options: GpuOptions) -> Result<Self> {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
-        let filter = options.adapter.clone().unwrap_or_default();
         if let Some(b) = &options.backend {
             desc.backends = backend_of(b).ok_or_else(|| NumrError::NoAdapter { filter: format!("backend {b}") })?;
         }
@@ -204,6 +203,8 @@ impl GpuContext {
             instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
             adapters = pollster::block_on(instance.enumerate_adapters(backends));
         }
+        // What a filter that matches nothing is told: the adapters that were looked at.
+        let listing: Vec<String> = adapters.iter().enumerate().map(|(i, a)| adapter_line(i, &a.get_info())).collect();
         let adapter = match (&options.adapter, by_index) {
             (_, Some(i)) => adapters.into_iter().nth(i),
             (Some(sel), None) => {
@@ -214,8 +215,12 @@ impl GpuContext {
                 let i = a.get_info();
                 (type_rank(i.device_type), backend_rank(i.backend))
             }),
-        }
-        .ok_or(NumrError::NoAdapter { filter })?;
+        };
+        let adapter = match (adapter, &options.adapter) {
+            (Some(a), _) => a,
+            (None, Some(sel)) => return Err(NumrError::AdapterNotFound { filter: sel.clone(), found: listing }),
+            (None, None) => return Err(NumrError::NoAdapter { filter: options.backend.as_ref().map(|b| format!("backend {b}")).unwrap_or_default() }),
+        };
 
         let info = adapter.get_info();
         let have = adapter.features();
