@@ -11,6 +11,8 @@
 
 mod cli_support;
 
+use std::process::Command;
+
 use cera::gguf::MetadataValue;
 use cli_support::*;
 
@@ -201,4 +203,64 @@ fn bench_labels_by_file_type_and_hides_gpu_columns_on_the_cpu() {
     assert!(out.contains("| unlabelled.gguf | Q4_1 |"), "{out}");
     let err = refused(&["bench", "-m", src.to_str().unwrap(), "--device", "cpu", "--profile"]);
     assert!(err.contains("--profile times the GPU's kernels: it needs a GPU run (not --device cpu)"), "{err}");
+}
+
+#[test]
+fn models_are_found_or_the_error_says_why() {
+    let dir = TempDir::new("finding");
+    // A folder with one .gguf (and no config.json) is that file.
+    let one = dir.path("one");
+    std::fs::create_dir(&one).unwrap();
+    tiny_model(&one.join("tiny.gguf"), 1);
+    std::fs::write(one.join("README.md"), "a model").unwrap();
+    let (ok, out, err) = cera(&["inspect", "-m", one.to_str().unwrap()]);
+    assert!(ok && out.contains("tiny.gguf") && out.contains("name:                tiny"), "{err}");
+    // Several: an error listing them.
+    tiny_model(&one.join("other.gguf"), 1);
+    let err = refused(&["inspect", one.to_str().unwrap()]);
+    assert!(err.contains("2 .gguf files, pass one with -m: other.gguf, tiny.gguf"), "{err}");
+    // An unknown name lists the known ones.
+    let err = refused(&["run", "-m", "llama-3-8b", "hi"]);
+    assert_eq!(err.trim_end(), "error: llama-3-8b: no such file or folder, and not a known model name (known: smollm2-135m, gemma3-270m)");
+    // A truncated file says so, with the size it needs and the size it has.
+    let full = dir.path("full.gguf");
+    tiny_model(&full, 4);
+    let bytes = std::fs::read(&full).unwrap();
+    let cut = dir.path("cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() - 20]).unwrap();
+    let err = refused(&["inspect", cut.to_str().unwrap()]);
+    let sizes = err.split("its tensors need ").nth(1).unwrap_or_else(|| panic!("{err}"));
+    let nums: Vec<u64> = sizes.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()).take(2).map(|s| s.parse().unwrap()).collect();
+    assert!(err.contains("the file is truncated"), "{err}");
+    assert_eq!(nums[1], bytes.len() as u64 - 20, "{err}");
+    assert!(nums[0] > nums[1] && nums[0] <= bytes.len() as u64, "{err}");
+}
+
+#[test]
+fn a_context_past_the_trained_one_warns() {
+    let dir = TempDir::new("trained-ctx");
+    let short = dir.path("short-ctx.gguf");
+    rewrite_gguf(std::path::Path::new(&smollm2()), &short, |kvs| set_key(kvs, "llama.context_length", MetadataValue::U32(64)));
+    let s = short.to_str().unwrap();
+    let (ok, _, err) = cera(&["run", "-m", s, "--device", "cpu", "-n", "1", "--temp", "0", "-c", "128", "--raw", "Hello"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("warning: -c 128 is past the model's trained context of 64 positions"), "{err}");
+    let (ok, _, err) = cera(&["run", "-m", s, "--device", "cpu", "-n", "1", "--temp", "0", "-c", "64", "--raw", "Hello"]);
+    assert!(ok && !err.contains("warning"), "{err}");
+}
+
+#[test]
+fn an_adapter_choice_that_matches_nothing_lists_the_adapters() {
+    let m = smollm2();
+    let out = Command::new(env!("CARGO_BIN_EXE_cera"))
+        .args(["run", "-m", &m, "--device", "gpu", "-n", "1", "hi"])
+        .env("NUMR_ADAPTER", "no-such-adapter")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !err.contains("panicked"), "{err}");
+    assert!(err.contains("no GPU adapter matches `no-such-adapter` (NUMR_ADAPTER: a name substring or an index); found: "), "{err}");
+    let found = err.split("found: ").nth(1).unwrap().trim_end();
+    let listed = numr::GpuContext::list_adapters();
+    assert!(found == "none" || found.split("; ").all(|a| listed.iter().any(|l| l == a)), "{found} vs {listed:?}");
 }

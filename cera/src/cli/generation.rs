@@ -184,7 +184,12 @@ pub fn load(args: &ModelArgs) -> Result<Engine, CliError> {
     let bar = LoadBar::new(format!("loading {name}"));
     let engine = Engine::load(&path, &opts, Some(&|p| bar.update(p)));
     bar.finish();
-    engine.map_err(CliError::from_err)
+    let engine = engine.map_err(CliError::from_err)?;
+    let trained = engine.config().context_length;
+    if let Some(n) = args.ctx_size.filter(|&n| trained > 0 && n > trained) {
+        note(&format!("warning: -c {n} is past the model's trained context of {trained} positions: text past position {trained} may be poor"));
+    }
+    Ok(engine)
 }
 
 /// A generation error for the user (with the flag to change for a prompt over the context).

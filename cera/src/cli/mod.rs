@@ -181,9 +181,14 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// A model argument: a path, or the name of a fetchable test model (`smollm2-135m`).
+/// A model argument: a path, or the name of a fetchable test model (`smollm2-135m`). A folder
+/// without `config.json` that holds exactly one `.gguf` file is that file; several are an error
+/// that lists them.
 pub fn resolve_model(arg: &str) -> Result<PathBuf, CliError> {
     let p = PathBuf::from(arg);
+    if p.is_dir() && !p.join("config.json").exists() {
+        return gguf_in_folder(&p);
+    }
     if p.exists() {
         return Ok(p);
     }
@@ -197,7 +202,27 @@ pub fn resolve_model(arg: &str) -> Result<PathBuf, CliError> {
             }
             path
         }
-        Err(_) => Err(CliError::Message(format!("{arg}: no such file (and not a known model name)"))),
+        Err(_) => {
+            let known: Vec<&str> = crate::fetch::ModelId::ALL.iter().map(|m| m.name()).collect();
+            Err(CliError::Message(format!("{arg}: no such file or folder, and not a known model name (known: {})", known.join(", "))))
+        }
+    }
+}
+
+/// The one `.gguf` file of a model folder that has no `config.json` (none: the folder itself).
+fn gguf_in_folder(dir: &Path) -> Result<PathBuf, CliError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| CliError::in_file(dir, e))?;
+    let mut found: Vec<PathBuf> =
+        entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.is_file() && p.extension().is_some_and(|x| x.eq_ignore_ascii_case("gguf"))).collect();
+    found.sort();
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        // The loaders say what the folder lacks.
+        0 => Ok(dir.to_path_buf()),
+        _ => {
+            let names: Vec<String> = found.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
+            Err(CliError::Message(format!("{}: {} .gguf files, pass one with -m: {}", dir.display(), names.len(), names.join(", "))))
+        }
     }
 }
 

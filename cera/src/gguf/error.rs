@@ -161,7 +161,10 @@ pub enum GgufError {
         alignment: u64,
     },
     /// Tensor data that runs past the end of the file (a truncated file, or a bad offset).
-    #[error("tensor `{name}` data [{start}, {end}) lies outside the data section of {data_len} bytes")]
+    #[error(
+        "the file is truncated (or a tensor offset is wrong): its tensors need {expected_len} bytes, the file has {file_len}; \
+         tensor `{name}` data [{start}, {end}) lies outside the data section of {data_len} bytes"
+    )]
     TensorOutOfBounds {
         /// The tensor name.
         name: String,
@@ -171,6 +174,11 @@ pub enum GgufError {
         end: u64,
         /// The data section's length.
         data_len: u64,
+        /// The file size the header implies: the data section's start plus the end of the
+        /// tensor that ends last (saturated on overflow).
+        expected_len: u64,
+        /// The file's size.
+        file_len: u64,
     },
     /// Two tensors whose data ranges overlap.
     #[error("tensors `{first}` and `{second}` overlap in the data section")]

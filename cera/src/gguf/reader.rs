@@ -311,7 +311,17 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header, GgufError> {
         }
         let end = t.offset.checked_add(t.n_bytes);
         if end.is_none_or(|e| e > data_len) {
-            return Err(GgufError::TensorOutOfBounds { name: t.name.clone(), start: t.offset, end: end.unwrap_or(u64::MAX), data_len });
+            // The size the whole header implies, for the message: a truncated file says how
+            // much is missing.
+            let last_end = tensors.iter().map(|t| t.offset.saturating_add(t.n_bytes)).max().unwrap_or(0);
+            return Err(GgufError::TensorOutOfBounds {
+                name: t.name.clone(),
+                start: t.offset,
+                end: end.unwrap_or(u64::MAX),
+                data_len,
+                expected_len: data_offset.saturating_add(last_end),
+                file_len: c.file_len(),
+            });
         }
     }
     let mut order: Vec<usize> = (0..tensors.len()).collect();
