@@ -264,3 +264,19 @@ fn an_adapter_choice_that_matches_nothing_lists_the_adapters() {
     let listed = numr::GpuContext::list_adapters();
     assert!(found == "none" || found.split("; ").all(|a| listed.iter().any(|l| l == a)), "{found} vs {listed:?}");
 }
+
+/// Gemma 3 270M is a base model without a chat template: run and chat warn, once, that the
+/// built-in format is used; `--raw` does not.
+#[test]
+fn a_model_without_a_chat_template_warns() {
+    let g = gemma3();
+    let warning = "warning: the model has no chat template; using the built-in `gemma` format (for a base model, --raw sends the prompt as it is)";
+    let (ok, _, err) = cera(&["run", "-m", &g, "--device", "cpu", "-n", "2", "--temp", "0", "Hello"]);
+    assert!(ok && err.matches(warning).count() == 1, "{err}");
+    let (ok, _, err) = cera_with_stdin(&["chat", "-m", &g, "--device", "cpu", "-n", "2", "--temp", "0"], "Hello\nAgain\n");
+    assert!(ok && err.matches(warning).count() == 1, "{err}");
+    // The README's example: a base model continues the text.
+    let (ok, out, err) = cera(&["run", "-m", &g, "--raw", "--device", "cpu", "-n", "24", "--temp", "0", "Once upon a time, there was"]);
+    assert!(ok && !err.contains("warning"), "{err}");
+    assert!(out.split_whitespace().count() >= 8, "{out:?}");
+}

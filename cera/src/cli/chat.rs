@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use self::conversation::{Conversation, FitError, dropped_note, reply_reserve};
 use self::input::{Input, Read};
-use super::generation::{ModelArgs, SampleArgs, TextSink, engine_error, load, note, stats_line};
+use super::generation::{ModelArgs, SampleArgs, TextSink, engine_error, load, note, stats_line, warn_fallback_template};
 use super::{CliError, Output};
 use crate::engine::{CancelToken, EngineError, FinishReason};
 
@@ -82,6 +82,7 @@ impl Interrupt {
 /// Runs `cera chat`.
 pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
     let engine = load(&args.model)?;
+    warn_fallback_template(&engine);
     let mut session = engine.session().map_err(CliError::from_err)?;
     let interactive = std::io::stdin().is_terminal();
     let interrupt = Interrupt::install(session.cancel_token());

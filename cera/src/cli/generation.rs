@@ -7,6 +7,7 @@ use std::io::Write;
 
 use super::progress::LoadBar;
 use super::{CliError, Output, resolve_model, values};
+use crate::chat_template::TemplateSource;
 use crate::engine::tuning::{DIAGNOSTIC_KEYS, TUNING_KEYS};
 use crate::engine::{
     CancelToken, DecodeGemv, DeviceChoice, Diagnostics, Engine, EngineError, GenerateOpts, Generation, GpuTuning, KvType, LoadOptions, SamplerOpts, Sink,
@@ -190,6 +191,15 @@ pub fn load(args: &ModelArgs) -> Result<Engine, CliError> {
         note(&format!("warning: -c {n} is past the model's trained context of {trained} positions: text past position {trained} may be poor"));
     }
     Ok(engine)
+}
+
+/// Warns once, on standard error, when the model has no chat template of its own and the
+/// built-in format of its architecture is used: a base model (Gemma 3 270M) was never trained
+/// on one, and `--raw` is then what it expects.
+pub fn warn_fallback_template(engine: &Engine) {
+    if let TemplateSource::Builtin(b) = engine.chat_template().source() {
+        note(&format!("warning: the model has no chat template; using the built-in `{}` format (for a base model, --raw sends the prompt as it is)", b.name()));
+    }
 }
 
 /// A generation error for the user (with the flag to change for a prompt over the context).

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use self::interrupt::{EXIT_INTERRUPTED, Interrupt};
 use self::logprobs::TextWithLogprobs;
 use self::prompt::PromptSource;
-use super::generation::{ModelArgs, SampleArgs, TextSink, engine_error, load, note, stats_line};
+use super::generation::{ModelArgs, SampleArgs, TextSink, engine_error, load, note, stats_line, warn_fallback_template};
 use super::{CliError, Output};
 use crate::chat_template::ChatMessage;
 use crate::engine::{Engine, Generation, TokenEvent};
@@ -118,6 +118,9 @@ pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
     let source = PromptSource::from_args(args.prompt.as_deref(), args.prompt_flag.as_deref(), args.file.as_deref())?;
     let prompt = interrupt.reading(source.is_terminal(), || source.read())?;
     let engine = load(&args.model)?;
+    if !args.raw {
+        warn_fallback_template(&engine);
+    }
     let text = prompt_text(&engine, &args, &prompt)?;
     let mut session = engine.session().map_err(CliError::from_err)?;
     session.append_text(&text).map_err(CliError::from_err)?;

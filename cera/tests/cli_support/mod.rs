@@ -97,6 +97,11 @@ pub fn golden_chat_single() -> serde_json::Value {
 
 pub const GREEDY_CPU: [&str; 6] = ["--device", "cpu", "-n", "8", "--temp", "0"];
 
+/// The Gemma 3 270M test model's path (a base model: no chat template in the file).
+pub fn gemma3() -> String {
+    ensure_model(ModelId::Gemma3_270M).unwrap().to_str().unwrap().to_string()
+}
+
 /// Writes `dst`: the GGUF file `src` with its metadata keys changed by `edit` (added, changed
 /// or removed), its tensors as they are, through `cera::gguf`'s reader and streaming writer.
 pub fn rewrite_gguf(src: &Path, dst: &Path, edit: impl FnOnce(&mut Vec<(String, MetadataValue)>)) {
