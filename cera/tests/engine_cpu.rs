@@ -30,10 +30,11 @@
 //! - `LLAMA_MARGIN` 0.6: the largest difference between our top-2 margin and llama.cpp's is
 //!   0.97 (SmolLM2) / 0.96 (Gemma), both at unlikely second candidates; at every step where
 //!   llama.cpp's margin exceeds 0.6 the argmax agreed, on both models.
-//! - Gemma 3 has no float64 forward; its ops are the ones SmolLM2 checks tightly, and the unit
-//!   tests of `cera::engine::cpu` check QK-norm + NeoX RoPE + the KV write against boostr's
-//!   fused reference and attention (sliding window, soft-cap, GQA) against boostr's. The greedy
-//!   continuation equals llama.cpp's for all 48 tokens in 4 of the 6 Gemma cases.
+//! - Gemma 3's float64 forward is checked in `golden_gemma_f64.rs` (a 640-token prompt past the
+//!   sliding window, f32 and f16 caches); the unit tests of `cera::engine::cpu` check QK-norm +
+//!   NeoX RoPE + the KV write against boostr's fused reference and attention (sliding window,
+//!   soft-cap, GQA) against boostr's. The greedy continuation equals llama.cpp's for all 48
+//!   tokens in 4 of the 6 Gemma cases.
 
 use std::sync::Mutex;
 use std::time::Instant;

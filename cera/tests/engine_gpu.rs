@@ -6,7 +6,8 @@
 //!   to llama.cpp's wherever its top-2 margin exceeds `LLAMA_CPP_MARGIN` (llama.cpp's CPU run
 //!   quantizes activations to 8 bits and accumulates attention in f16; see golden_cpu_ref.rs).
 //! - Gemma 3 270M Q4_K_M, one case (its 262k x 640 embedding and LM head split over lavapipe's
-//!   128 MiB bindings run nowhere else on real weights).
+//!   128 MiB bindings run nowhere else on real weights); against float64 past the sliding window
+//!   in `golden_gemma_f64.rs`.
 //! - The int8 decode path (`DecodeGemv::Int8`: activations quantized to int8 before every
 //!   projection, as llama.cpp's CPU run does) over two cases, within `INT8_ORACLE_TOL` (+ a slope in `|lp|`) of the
 //!   CPU reference forward rounding the same activations through int8.
