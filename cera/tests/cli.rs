@@ -84,16 +84,20 @@ fn closed_stdout_ends_quietly() {
     }
     let (code, err) = cera_closing_stdout(&["tokenize", m, "--file", text.to_str().unwrap(), "--ids-only"], 0);
     assert!(!err.contains("panicked") && code == Some(0), "{err}");
-    // `fetch` prints one line: close the pipe before it writes. A cached file of the right size
-    // and magic counts as fetched, so nothing is downloaded.
+    // `fetch` prints one line: close the pipe before it writes. The cache holds the real file
+    // (linked, or copied where a link cannot be made), which passes the SHA-256 check, so nothing
+    // is downloaded: a placeholder would fail the check and send `fetch` to the network.
     let cache = TempDir::new("pipe-cache");
-    let cached = std::fs::File::create(cache.path(ModelId::SmolLM2_135M.file_name())).unwrap();
-    std::io::Write::write_all(&mut &cached, b"GGUF").unwrap();
-    cached.set_len(ModelId::SmolLM2_135M.size()).unwrap();
-    drop(cached);
+    let real = smollm2();
+    let cached = cache.path(ModelId::SmolLM2_135M.file_name());
+    if std::fs::hard_link(&real, &cached).is_err() {
+        std::fs::copy(&real, &cached).unwrap();
+    }
     let mut child = Command::new(env!("CARGO_BIN_EXE_cera"))
         .args(["fetch", "smollm2-135m"])
         .env("CERA_MODEL_CACHE", &cache.0)
+        // A download attempt fails here instead of reaching the network.
+        .env("CERA_PYTHON", "/nonexistent/python3")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
