@@ -106,7 +106,8 @@ run_tests() {
   mkdir -p "$OUT/logs"
   awk -v f="$filter" '$1 == "test" {n = split(f, fs, " "); ok = n == 0; for (i = 1; i <= n; i++) if (index($2 "/" $3, fs[i])) ok = 1; if (ok) print $2, $3}' $T/manifest |
     xargs -P 4 -L 1 bash -c '
-      log="$OUT/logs/${0//\//_}_${1%-*}.log"
+      # The whole file name: the library and binary test executables of a package share a stem.
+      log="$OUT/logs/${0//\//_}_$1.log"
       (cd "$root/$0" && timeout 500 "$T/bin/$1") > "$log" 2>&1
       echo $? > "$log.status"'
   local failed=0 log status result
