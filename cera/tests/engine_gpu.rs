@@ -267,6 +267,9 @@ fn decode_budget(ctx: &numr::gpu::GpuContext, g: &ModelGraph, file: &GgufFile, g
 #[test]
 fn chunked_prefill_gives_the_same_logits() {
     let Some(ctx) = test_gpu() else { return };
+    // Where the adapter has f16 cooperative matrices (the H200), the prefill GEMMs round their
+    // activations to f16; the decode GEMVs keep them in f32.
+    let f16_gemm = boostr::quant::QuantGemm::coopmat_available(&ctx);
     let file = GgufFile::open(ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2")).unwrap();
     let backend = GpuBackend::load(Arc::new(ctx), &graph(&file), &file, None).unwrap();
     let prompt: Vec<u32> = ids(&json("smollm2-135m.json")["cases"][3]["prompt_ids"]).into_iter().take(10).collect();
@@ -283,7 +286,13 @@ fn chunked_prefill_gives_the_same_logits() {
         // ubatch 7 runs the same GEMM kernels in two chunks; ubatch 1 runs every token through
         // the decode GEMVs, which sum in another order: each path is within boostr's f32
         // tolerance (1e-4 of the output scale) of the exact product, so they differ by up to 2e-4.
-        let tol = if *ub == 1 { 2e-4 * scale } else { 2e-3 };
+        // With f16 activations in the GEMMs (2^-11 relative per element, through 30 layers) the
+        // two paths differ by 1.2e-3 of the scale on the H200 and the H100: 2e-3 allowed there.
+        let tol = match (*ub == 1, f16_gemm) {
+            (true, false) => 2e-4 * scale,
+            (true, true) => 2e-3 * scale,
+            (false, _) => 2e-3,
+        };
         assert!(d < tol, "ubatch {ub}: logits differ by {d} (tolerance {tol})");
     }
 }

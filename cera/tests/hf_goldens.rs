@@ -23,7 +23,11 @@
 //! F16 at upload), and its KV cache rounds K and V to f16: measured worst 9.0e-4 on the F16/BF16
 //! and int4 models of two or three layers (the CPU executor with an f16 cache moves by as much),
 //! 1.06e-3 on the six layers of gemma3-6l-tiny, and 1.27e-3 on the F32 one (qwen3-tiny, whose
-//! weights the narrowing rounds), so `GPU_TOL` is 2e-3.
+//! weights the narrowing rounds), so `GPU_TOL` is 2e-3. Where the adapter has f16 cooperative
+//! matrices (the H200), the prefill GEMMs round activations to f16: a whole-prompt prefill is
+//! held to `GPU_TOL_F16_GEMM` (4e-3; measured 2.11e-3 on gemma3-6l-tiny), and a greedy
+//! continuation may part from transformers' only at a near-tie, two logits within that tolerance
+//! (llama-tiny-awq does at step 7 of 8 there), after which the rest is not compared.
 
 use std::path::PathBuf;
 
@@ -33,6 +37,8 @@ use serde_json::Value;
 
 const CPU_TOL: f64 = 1e-3;
 const GPU_TOL: f64 = 2e-3;
+/// `GPU_TOL` where the prefill GEMMs run on f16 cooperative matrices (activations rounded to f16).
+const GPU_TOL_F16_GEMM: f64 = 4e-3;
 const MODELS: [&str; 8] = ["llama-tiny", "qwen2-tiny", "qwen3-tiny", "lfm2-tiny", "gemma3-tiny", "gemma3-6l-tiny", "llama-tiny-awq", "llama-tiny-gptq"];
 
 fn dir(model: &str) -> PathBuf {
@@ -94,7 +100,7 @@ fn logits(out: StepOutput) -> Vec<f32> {
 
 /// The worst relative logit error over every position of every case: each token as a decode
 /// step, then the whole prompt as one prefill step.
-fn teacher_force(b: &dyn Backend, g: &Golden, kv: KvType, tol: f64, what: &str) -> f64 {
+fn teacher_force(b: &dyn Backend, g: &Golden, kv: KvType, tol: f64, prefill_tol: f64, what: &str) -> f64 {
     let mut worst = 0f64;
     for case in &g.cases {
         let mut s = b.new_state(&StateOpts { n_ctx: 128, ubatch: 64, kv }).unwrap();
@@ -107,14 +113,17 @@ fn teacher_force(b: &dyn Backend, g: &Golden, kv: KvType, tol: f64, what: &str) 
         }
         let l = logits(s.step(StepInput::Tokens(&case.ids), 0, Want::Logits).unwrap());
         let e = rel(&l, case.logits.last().unwrap());
-        assert!(e <= tol, "{what} {:?} after one prefill: relative logit error {e:.2e} > {tol:.0e}", case.text);
+        assert!(e <= prefill_tol, "{what} {:?} after one prefill: relative logit error {e:.2e} > {prefill_tol:.0e}", case.text);
         worst = worst.max(e);
     }
     worst
 }
 
 /// Greedy generation through the engine: transformers' continuation, without the EOS it ends on.
-fn generate(model: &str, g: &Golden, device: DeviceChoice) {
+/// `near_tie`: where the engine may part from transformers, the backend and tolerance that say
+/// whether the step where it does is a near-tie (its two candidates' logits within `tol` of the
+/// row's largest magnitude, as the engine computes them). Otherwise every id must be equal.
+fn generate(model: &str, g: &Golden, device: DeviceChoice, near_tie: Option<(&dyn Backend, f64)>) {
     let opts = LoadOptions { device, n_ctx: Some(128), threads: Some(2), ..Default::default() };
     let e = Engine::load(dir(model), &opts, None).unwrap_or_else(|err| panic!("{model}: {err}"));
     for case in &g.cases {
@@ -122,8 +131,30 @@ fn generate(model: &str, g: &Golden, device: DeviceChoice) {
         s.append_tokens(&case.ids).unwrap();
         let r = s.generate(&GenerateOpts::greedy(case.generated.len()), &mut |_: &TokenEvent| {}).unwrap();
         let mut want = case.generated.clone();
+        let stop = if r.stop_token.is_some() { want.pop() } else { None };
+        let parted = r.ids.iter().zip(&want).position(|(a, b)| a != b);
+        if let (Some(i), Some((b, tol))) = (parted, near_tie) {
+            // The engine's logits after the prompt and transformers' first `i` ids, in one prefill
+            // as `generate` ran the prompt, then one decode step per id.
+            let mut st = b.new_state(&StateOpts { n_ctx: 128, ubatch: 64, kv: KvType::F16 }).unwrap();
+            let mut l = logits(st.step(StepInput::Tokens(&case.ids), 0, Want::Logits).unwrap());
+            for (t, &id) in want[..i].iter().enumerate() {
+                l = logits(st.step(StepInput::Tokens(&[id]), case.ids.len() + t, Want::Logits).unwrap());
+            }
+            let scale = l.iter().fold(0f64, |m, &x| m.max(x.abs() as f64));
+            let gap = (l[r.ids[i] as usize] as f64 - l[want[i] as usize] as f64).abs() / scale;
+            println!("{model} {device:?} {:?}: parts from transformers at step {i} of {}, a near-tie of {gap:.2e}", case.text, want.len());
+            assert!(
+                gap <= tol,
+                "{model} {device:?} {:?}: greedy continuation parts from transformers at step {i} ({} for {}), {gap:.2e} apart > {tol:.0e}",
+                case.text,
+                r.ids[i],
+                want[i]
+            );
+            continue;
+        }
         if r.stop_token.is_some() {
-            assert_eq!(want.pop(), r.stop_token, "{model} {device:?} {:?}: the stop token", case.text);
+            assert_eq!(stop, r.stop_token, "{model} {device:?} {:?}: the stop token", case.text);
         }
         assert_eq!(r.ids, want, "{model} {device:?} {:?}: greedy continuation", case.text);
     }
@@ -144,13 +175,16 @@ fn check(model: &str) {
     }
     let graph = hf.graph().unwrap();
     let cpu = CpuBackend::load(&graph, &hf, 2, None).unwrap();
-    let worst_cpu = teacher_force(&cpu, &g, KvType::F32, CPU_TOL, &format!("{model} CPU"));
+    let worst_cpu = teacher_force(&cpu, &g, KvType::F32, CPU_TOL, CPU_TOL, &format!("{model} CPU"));
     println!("{model}: CPU worst relative logit error {worst_cpu:.2e}");
-    generate(model, &g, DeviceChoice::Cpu);
+    generate(model, &g, DeviceChoice::Cpu, None);
     if let Some(ctx) = numr::testing::test_gpu() {
         let gpu = GpuBackend::load(std::sync::Arc::new(ctx), &graph, &hf, None).unwrap();
         assert!(gpu.new_state(&StateOpts { n_ctx: 8, ubatch: 8, kv: KvType::F32 }).is_err(), "an f32 KV cache on the GPU is refused");
-        let worst_gpu = teacher_force(&gpu, &g, KvType::F16, GPU_TOL, &format!("{model} GPU"));
+        // With f16 activations in the prefill GEMMs (the H200's cooperative matrices), the
+        // prefill rows move by more: measured 2.11e-3 on gemma3-6l-tiny there.
+        let gpu_tol = if boostr::quant::QuantGemm::coopmat_available(gpu.context()) { GPU_TOL_F16_GEMM } else { GPU_TOL };
+        let worst_gpu = teacher_force(&gpu, &g, KvType::F16, GPU_TOL, gpu_tol, &format!("{model} GPU"));
         println!("{model}: GPU worst relative logit error {worst_gpu:.2e}");
         if model.ends_with("awq") || model.ends_with("gptq") {
             // Q/K/V run as boostr's fused int4 QKV GEMV: one dispatch per layer, three outputs.
@@ -163,7 +197,7 @@ fn check(model: &str) {
                 times.iter().map(|t| &t.label).collect::<Vec<_>>()
             );
         }
-        generate(model, &g, DeviceChoice::Gpu);
+        generate(model, &g, DeviceChoice::Gpu, Some((&gpu, gpu_tol)));
     }
 }
 
