@@ -13,6 +13,7 @@ pub mod formats;
 pub mod kv_cache;
 pub mod norm;
 pub mod ops_common;
+pub mod paged;
 pub mod quant;
 pub mod rope;
 pub mod sampling;

@@ -6,6 +6,7 @@ use boostr::attention::{AttnCombine, DecodeAttn, DecodeAttnSg, DecodeKernel, Pre
 use boostr::conv::ShortConv;
 use boostr::embedding::Embedding;
 use boostr::norm::Norm;
+use boostr::paged::{PagedAttn, PagedKvWrite};
 use boostr::rope::QkvRope;
 use boostr::sampling::{Argmax, Mask, Penalty, TopK};
 use numr::gpu::{KernelEnv, KernelSource};
@@ -26,6 +27,9 @@ fn sources(env: &KernelEnv) -> Vec<KernelSource> {
         v.extend(PrefillAttnCoop::all().iter().map(|c| c.source(env).unwrap()));
     }
     v.extend([64, 128, 256].map(|head_dim| AttnCombine { head_dim }.source(env).unwrap()));
+    v.extend(PagedAttn::all().iter().map(|c| c.source(env).unwrap()));
+    v.extend(PagedKvWrite::all().iter().map(|c| c.source(env).unwrap()));
+    v.extend([8, 16, 80, 96].map(|head_dim| AttnCombine { head_dim }.source(env).unwrap()));
     v.extend(ShortConv::all().iter().map(|c| c.source(env)));
     v.extend(Embedding::all().iter().map(|c| c.source(env)));
     v.extend([true, false].map(|first| Argmax { first }.source(env)));

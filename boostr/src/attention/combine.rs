@@ -2,8 +2,8 @@
 
 use numr::gpu::{Access, KernelBuilder, KernelEnv, KernelSource};
 
-use super::{NEG, check_head_dim};
-use crate::ops_common::Result;
+use super::NEG;
+use crate::ops_common::{OpsError, Result};
 
 /// Invocations per combine workgroup.
 pub const COMBINE_WG: u32 = 256;
@@ -11,17 +11,23 @@ pub const COMBINE_WG: u32 = 256;
 /// Merges per-split partial results into the normalised output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttnCombine {
-    /// Elements per head: 64, 128 or 256.
+    /// Elements per head: a multiple of 4 up to 256.
     pub head_dim: u32,
 }
 
 impl AttnCombine {
     /// WGSL. Bindings `o_part` (vec4 rows), `ml`, `out` (rw); params `rows, splits, out_off`. One
     /// workgroup of [`COMBINE_WG`] invocations per row: `head_dim / 4` invocations per split
-    /// lane, the split lanes summed through workgroup memory. Unsupported head_dim (not 64, 128
-    /// or 256): a typed error.
+    /// lane, the split lanes summed through workgroup memory (`COMBINE_WG / (head_dim / 4)`
+    /// lanes; the invocations past the last whole lane compute values no one reads). Unsupported
+    /// head_dim (not a multiple of 4 from 4 to 256): a typed error.
     pub fn source(&self, env: &KernelEnv) -> Result<KernelSource> {
-        check_head_dim("AttnCombine", self.head_dim)?;
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(4) || self.head_dim > 256 {
+            return Err(OpsError::Unsupported {
+                what: "attention head size",
+                reason: format!("AttnCombine: head size {} (a multiple of 4 up to 256)", self.head_dim),
+            });
+        }
         let hd4 = self.head_dim / 4;
         let nl = COMBINE_WG / hd4;
         let mut pre = crate::ops_common::tree_reduce_fns(COMBINE_WG);

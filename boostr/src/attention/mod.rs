@@ -157,7 +157,7 @@ impl AttnOptions {
 
 /// WGSL `struct V8` and `fn ld8_<name>(row: u32, c: u32) -> V8`: values `8c .. 8c + 8` of cache
 /// row `row` of binding `name`.
-fn ld8_fn(dtype: KvDtype, name: &str, hd: u32) -> String {
+pub(crate) fn ld8_fn(dtype: KvDtype, name: &str, hd: u32) -> String {
     match dtype {
         KvDtype::F16 => format!(
             "fn ld8_{name}(row: u32, c: u32) -> V8 {{\n    let w = {name}[row * {}u + c];\n    return V8(vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)), vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)));\n}}\n",
@@ -170,7 +170,7 @@ fn ld8_fn(dtype: KvDtype, name: &str, hd: u32) -> String {
     }
 }
 
-const V8_DEFS: &str = "struct V8 { a: vec4<f32>, b: vec4<f32> }
+pub(crate) const V8_DEFS: &str = "struct V8 { a: vec4<f32>, b: vec4<f32> }
 fn i8x4(w: u32) -> vec4<f32> {
     return vec4<f32>(vec4<i32>(bitcast<i32>(w << 24u) >> 24u, bitcast<i32>(w << 16u) >> 24u, bitcast<i32>(w << 8u) >> 24u, bitcast<i32>(w) >> 24u));
 }

@@ -42,6 +42,14 @@ pub enum OpsError {
         /// Positions it holds at most.
         capacity: usize,
     },
+    /// A paged KV cache has too few free blocks for an append: nothing was allocated.
+    #[error("KV cache full: {needed} more blocks needed, {free} free")]
+    KvBlocksExhausted {
+        /// Blocks the append needs.
+        needed: usize,
+        /// Blocks free.
+        free: usize,
+    },
     /// A token id at or past the vocabulary size.
     #[error("token id {id} out of range for a vocabulary of {vocab}")]
     TokenOutOfRange {
