@@ -20,13 +20,16 @@ pub struct BatchSeq<'a> {
     pub n_tok: usize,
 }
 
-/// Per-step inputs of the paged plans, in two GPU buffers made once: `tok[2t] = table offset`,
-/// `tok[2t + 1] = position` for token `t`, and the sequences' block tables one after another.
+/// Per-step inputs of the paged plans, in GPU buffers made once: `tok[2t] = table offset`,
+/// `tok[2t + 1] = position` for token `t`; the sequences' block tables one after another; and the
+/// positions alone (`positions[t]`, for [`crate::rope::RopePositions::Buffer`] with
+/// `step.token = 0`).
 /// Tokens are numbered in the order the sequences are given, each sequence's in position order.
 #[derive(Debug)]
 pub struct PagedBatch {
     tok: Arc<GpuBuffer>,
     tables: Arc<GpuBuffer>,
+    positions: Arc<GpuBuffer>,
     max_tokens: usize,
     max_entries: usize,
     block_len: usize,
@@ -43,12 +46,14 @@ impl PagedBatch {
         }
         let tok = ctx.alloc((max_tokens * 8) as u64, BufferKind::Storage)?;
         let tables = ctx.alloc((max_entries * 4) as u64, BufferKind::Storage)?;
+        let positions = ctx.alloc((max_tokens * 4) as u64, BufferKind::Storage)?;
         ctx.with_stream(|rec| {
             rec.clear(&tok)?;
-            rec.clear(&tables)
+            rec.clear(&tables)?;
+            rec.clear(&positions)
         })?;
-        let scratch = Mutex::new((Vec::with_capacity(max_tokens * 2), Vec::with_capacity(max_entries)));
-        Ok(PagedBatch { tok, tables, max_tokens, max_entries, block_len, scratch })
+        let scratch = Mutex::new((Vec::with_capacity(max_tokens * 2), Vec::with_capacity(max_entries.max(max_tokens))));
+        Ok(PagedBatch { tok, tables, positions, max_tokens, max_entries, block_len, scratch })
     }
 
     /// The most tokens a step carries.
@@ -64,6 +69,11 @@ impl PagedBatch {
     /// The block tables.
     pub fn table_binding(&self) -> Binding {
         Binding::whole(&self.tables)
+    }
+
+    /// Each token's position (u32), for RoPE.
+    pub fn positions_binding(&self) -> Binding {
+        Binding::whole(&self.positions)
     }
 
     /// Uploads a step's sequences and returns its token count (the `n_tok` to record the plans
@@ -100,6 +110,10 @@ impl PagedBatch {
         }
         ctx.write(&self.tok, 0, bytemuck::cast_slice(tok))?;
         ctx.write(&self.tables, 0, bytemuck::cast_slice(tables))?;
+        // The positions alone, staged in the table scratch (no longer needed).
+        tables.clear();
+        tables.extend(tok.iter().skip(1).step_by(2));
+        ctx.write(&self.positions, 0, bytemuck::cast_slice(tables))?;
         Ok(tok.len() / 2)
     }
 }
