@@ -50,7 +50,7 @@ pub struct PagedAttn {
 
 impl PagedAttn {
     /// Query heads per workgroup for a head size and GQA group: the largest divisor of the group
-    /// with at most [`MAX_HEADS`] heads and `heads * head_dim <= 1024`.
+    /// with at most 8 heads and `heads * head_dim <= 1024`.
     pub fn heads_for(head_dim: u32, group: u32) -> u32 {
         (1..=group.min(MAX_HEADS)).rev().find(|h| group.is_multiple_of(*h) && h * head_dim <= SMEM).unwrap_or(1)
     }
