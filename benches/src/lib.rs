@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod l2_prefetch;
+pub mod paged;
 pub mod probe;
 pub mod quant;
 pub mod recording;

@@ -4,6 +4,8 @@
 //!   (`NUMR_ADAPTER` picks it), printed as markdown for the README.
 //! - `bench --kernels [--quick]`: the quantized kernel table (GEMV per format at Llama-3-8B
 //!   shapes, GEMM at M = 512), each figure beside the streaming-read roofline of the same run.
+//! - `bench --paged [--quick]`: a batched decode step over the paged KV cache (1, 8, 64 sequences;
+//!   block lengths 16 and 32) in GB/s of KV read beside the roofline.
 //! - `bench --attention [--quick]`: decode attention GB/s of KV read at 4K/32K context (fraction
 //!   of the roofline of the same run) and prefill attention TFLOP/s at 2K tokens.
 //! - `bench --model FILE... [-p 512] [-n 128] [-r 5] [--profile] [--json] [--vs-llama-cpp DIR]
@@ -49,6 +51,10 @@ enum Cmd {
         /// the same run, prefill TFLOP/s at 2K tokens).
         #[arg(long)]
         attention: bool,
+        /// The paged-attention table instead (a batched decode step of 1, 8 and 64 sequences over
+        /// the paged cache at block lengths 16 and 32, GB/s of KV read beside the roofline).
+        #[arg(long)]
+        paged: bool,
         /// The end-to-end table instead (`cera bench`): pp and tg tokens per second of these
         /// model files, the work of a decode step, GB/s against the roofline of the same run.
         #[arg(short = 'm', long = "model", value_name = "FILE")]
@@ -137,9 +143,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let report = cera::bench::run(&models, &opts, &mut |what| eprintln!("bench: {what}"))?;
             println!("{}", if json { cera::bench::print_json(&report) } else { cera::bench::print_table(&report) });
         }
-        Cmd::Bench { quick, kernels, only, attention, .. } => {
+        Cmd::Bench { quick, kernels, only, attention, paged, .. } => {
             let ctx = numr::GpuContext::new()?;
-            let rows = if attention {
+            let rows = if paged {
+                benches::paged::paged_table(&ctx, quick)?
+            } else if attention {
                 benches::attention::attention_table(&ctx, quick)?
             } else if kernels && only == "gemm" {
                 benches::quant::gemm_sweep(&ctx, quick)?
