@@ -107,6 +107,12 @@ impl BlockTable {
         self.len == 0
     }
 
+    /// Takes `blocks` (already held for this table) as its first blocks and `len` as its length.
+    pub(super) fn adopt(&mut self, blocks: Vec<u32>, len: usize) {
+        self.blocks = blocks;
+        self.len = len;
+    }
+
     /// Makes room for positions up to `len` (allocating whole blocks) and records `len` as the
     /// table's length. On [`OpsError::KvBlocksExhausted`] nothing changes.
     pub fn grow(&mut self, alloc: &mut BlockAllocator, block_len: usize, len: usize) -> Result<()> {

@@ -43,12 +43,14 @@ use crate::ops_common::{OpsError, Result, bad};
 mod attention;
 mod batch;
 mod blocks;
+mod prefix;
 mod reference;
 mod write;
 
 pub use attention::{PAGED_ATTN_WG, PagedAttn, PagedAttnPlan};
 pub use batch::{BatchSeq, PagedBatch};
 pub use blocks::{BlockAllocator, BlockTable};
+pub use prefix::{PrefixCache, PrefixStats, block_hash};
 pub use reference::paged_attention_ref;
 pub use write::{PagedKvWrite, PagedKvWritePlan, PagedRowsLayout};
 
