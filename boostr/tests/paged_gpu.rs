@@ -248,3 +248,51 @@ fn bad_steps_and_shapes_are_typed_errors() {
     let plan = PagedAttnPlan::new(&ctx, &bind(&qt), &ql, &kv, 0, &batch, &c.opts, 1, None).unwrap();
     assert!(plan.run(&ctx, &StepValues::chunk(0, 5)).is_err());
 }
+
+/// The paged kernel over a contiguous cache (each segment a block, the identity table): decode and
+/// a prefill chunk on a non-empty cache, at head sizes the contiguous kernels do not take, on a
+/// cache split into segments, against the reference; at head size 64 against `DecodePlan`.
+#[test]
+fn over_a_contiguous_cache_any_head_size() {
+    let Some(ctx) = test_gpu() else { return };
+    let _s = serial();
+    for (hd, n_q, n_kv, seg, splits) in [(16, 4, 2, None, 1), (16, 4, 2, Some(7), 3), (80, 6, 2, None, 4), (40, 24, 1, Some(20), 1), (64, 8, 2, None, 2)] {
+        let what = format!("contiguous hd {hd} {n_q}q/{n_kv}kv seg {seg:?} splits {splits}");
+        let cap = 48;
+        let cache = new_cache(&ctx, n_kv, hd, cap, KvDtype::F16, seg);
+        let (x, l) = kv_rows(cap, n_kv, hd, 3);
+        let xt = up(&ctx, &x);
+        KvWritePlan::new(&ctx, &bind(&xt), &l, &cache, 0).unwrap().run(&ctx, &StepValues::chunk(0, cap as u32)).unwrap();
+        let (kc, vc) = cache.read_layer(&ctx, 0, cap).unwrap();
+        let max_tok = 9;
+        let q = rnd(max_tok * n_q * hd, 8, 2.0);
+        let qt = up(&ctx, &q);
+        let ql = QueryLayout { n_tok: max_tok, n_q, q_off: 0, tok_stride: n_q * hd };
+        let opts = AttnOptions::new(hd);
+        let plan = PagedAttnPlan::over_contiguous(&ctx, &bind(&qt), &ql, &cache, 0, &opts, splits, None).unwrap();
+        for (p0, n) in [(0usize, 9usize), (30, 1), (39, 9), (47, 1)] {
+            plan.run(&ctx, &StepValues::chunk(p0 as u32, n as u32)).unwrap();
+            let got = plan.output().unwrap().to_vec::<f32>().unwrap()[..n * n_q * hd].to_vec();
+            let kv = p0 + n;
+            let want = boostr::attention::attention_ref(
+                &q[..n * n_q * hd],
+                &prefix(&kc, n_kv, cap, kv, hd),
+                &prefix(&vc, n_kv, cap, kv, hd),
+                n,
+                n_q,
+                n_kv,
+                hd,
+                kv,
+                p0,
+                &opts,
+            )
+            .unwrap();
+            close(&got, &want, 1e-4, &format!("{what}: {n} tokens at {p0}"));
+            if hd == 64 && n == 1 {
+                let flat = attention::decode(&ctx, &bind(&qt), 0, n_q, &cache, 0, kv, &opts).unwrap().to_vec::<f32>().unwrap();
+                close(&got, &flat, 1e-4, &format!("{what}: against DecodePlan at {p0}"));
+            }
+        }
+        assert!(matches!(plan.run(&ctx, &StepValues::chunk(45, 4)), Err(boostr::ops_common::OpsError::ContextOverflow { .. })), "{what}");
+    }
+}

@@ -21,7 +21,7 @@ use numr::gpu::{Access, Binding, BufferKind, GpuContext, KernelBuilder, KernelEn
 
 use super::{PagedBatch, PagedKvCache, PagedKvConfig};
 use crate::attention::{AttnCombine, AttnOptions, QueryLayout};
-use crate::kv_cache::KvDtype;
+use crate::kv_cache::{KvCache, KvDtype};
 use crate::ops_common::{OpPlan, OpsError, Result, SAFE_TANH, bad, env_of, to_u32};
 
 /// Invocations per workgroup.
@@ -87,7 +87,11 @@ impl PagedAttn {
     }
 
     /// WGSL. Bindings `q`, `tok`, `tables`, `kc`, `vc`, `out` (rw; the output, or `o_part`) and
-    /// `ml` (rw; partials' max and sum). Grid `[splits, n_kv * group / heads, n_tok]`.
+    /// `ml` (rw; partials' max and sum). Grid `[splits, n_kv * group / heads, n_tok]`. Key `kp`
+    /// of KV head `h` lives in block `tables[table offset + kp / block_len]`, at row
+    /// `(local block * n_kv + h) * head_stride + kp % block_len` of the bound buffer
+    /// (`head_stride = block_len` in a paged cache). With `step_mode = 1`, token `t` sits at
+    /// `q_pos + t` with table offset 0 (one sequence, nothing read from `tok`).
     pub fn source(&self, env: &KernelEnv) -> Result<KernelSource> {
         self.validate()?;
         let (hd, h, t) = (self.head_dim, self.heads, self.tile());
@@ -117,7 +121,7 @@ var<workgroup> s_pos: u32;
 fn kv_row(tab: u32, kp: u32, kvh: u32) -> u32 {{
     let local = tables[tab + kp / p.block_len] - p.blk_base;
     if (local >= p.blk_count) {{ return 0xffffffffu; }}
-    return (local * p.n_kv + kvh) * p.block_len + kp % p.block_len;
+    return (local * p.n_kv + kvh) * p.head_stride + kp % p.block_len;
 }}
 // Gathers the tile's rows at `t0 ..` (below `hi`) into `kt`; `which` 0: K, 1: V.
 fn load_tile(tab: u32, t0: u32, hi: u32, kvh: u32, lidx: u32, which: u32) {{
@@ -154,7 +158,9 @@ fn load_tile(tab: u32, t0: u32, hi: u32, kvh: u32, lidx: u32, which: u32) {{
     let kvh = wid.y / nhb;
     let hb = wid.y - kvh * nhb;
     let t = wid.z;
-    if (lidx == 0u) {{ s_tab = tok[2u * t]; s_pos = tok[2u * t + 1u]; }}
+    if (lidx == 0u) {{
+        if (p.step_mode == 1u) {{ s_tab = 0u; s_pos = p.q_pos + t; }} else {{ s_tab = tok[2u * t]; s_pos = tok[2u * t + 1u]; }}
+    }}
     let tab = workgroupUniformLoad(&s_tab);
     let kv_len = workgroupUniformLoad(&s_pos) + 1u;
     let chunk = (kv_len + p.splits - 1u) / p.splits;
@@ -245,6 +251,7 @@ fn load_tile(tab: u32, t0: u32, hi: u32, kvh: u32, lidx: u32, which: u32) {{
                 "group",
                 "n_kv",
                 "block_len",
+                "head_stride",
                 "blk_base",
                 "blk_count",
                 "splits",
@@ -254,6 +261,8 @@ fn load_tile(tab: u32, t0: u32, hi: u32, kvh: u32, lidx: u32, which: u32) {{
                 "scale",
                 "softcap",
                 "window",
+                "step_mode",
+                "q_pos",
             ])
             .prelude(&pre)
             .body(&body)
@@ -276,7 +285,44 @@ fn cache_ty(dtype: KvDtype) -> &'static str {
 pub struct PagedAttnPlan {
     plan: Plan,
     max_tok: u32,
+    /// Over a contiguous cache: its positions (a step may not attend past them).
+    capacity: Option<usize>,
     owned: Option<Tensor>,
+}
+
+/// One buffer a plan attends through: its K and V, the blocks it holds and the positions per KV
+/// head in one block of it.
+struct Source {
+    k: Binding,
+    v: Binding,
+    first_block: usize,
+    n_blocks: usize,
+    head_stride: usize,
+}
+
+/// Where a plan finds each token's sequence and position.
+enum Tokens {
+    /// From a [`PagedBatch`] (`tok`, `tables`).
+    Batch(Binding, Binding),
+    /// One sequence at `step.pos + t`, the identity table given.
+    Step(Binding),
+}
+
+/// Everything [`PagedAttnPlan::build`] needs besides the adapter.
+struct Spec<'a> {
+    q: &'a Binding,
+    ql: &'a QueryLayout,
+    max_tokens: usize,
+    n_kv: usize,
+    head_dim: usize,
+    dtype: KvDtype,
+    block_len: usize,
+    sources: Vec<Source>,
+    tokens: Tokens,
+    opts: &'a AttnOptions,
+    splits: usize,
+    out: Option<(&'a Binding, usize)>,
+    capacity: Option<usize>,
 }
 
 impl PagedAttnPlan {
@@ -297,29 +343,101 @@ impl PagedAttnPlan {
         splits: usize,
         out: Option<(&Binding, usize)>,
     ) -> Result<PagedAttnPlan> {
-        const OP: &str = "paged attention";
         let c = *cache.config();
-        let hd = c.head_dim;
-        if ql.n_q == 0 || !ql.n_q.is_multiple_of(c.n_kv_heads) {
-            return Err(OpsError::Unsupported { what: "attention heads", reason: format!("{} query heads over {} KV heads", ql.n_q, c.n_kv_heads) });
+        let sources = cache
+            .buffers(layer)?
+            .iter()
+            .map(|b| Source { k: Binding::whole(&b.k), v: Binding::whole(&b.v), first_block: b.first_block, n_blocks: b.n_blocks, head_stride: c.block_len })
+            .collect();
+        let spec = Spec {
+            q,
+            ql,
+            max_tokens: batch.max_tokens(),
+            n_kv: c.n_kv_heads,
+            head_dim: c.head_dim,
+            dtype: c.dtype,
+            block_len: c.block_len,
+            sources,
+            tokens: Tokens::Batch(batch.tok_binding(), batch.table_binding()),
+            opts,
+            splits,
+            out,
+            capacity: None,
+        };
+        Self::build(ctx, spec)
+    }
+
+    /// The same kernel over one sequence's contiguous cache ([`KvCache`]): each cache segment is
+    /// a block (`[kv_head][len][row]` is a block's layout), the table is the identity, and step
+    /// `s` attends queries `0 .. s.n_tok` at positions `s.pos + t` (the contiguous plans' steps).
+    /// It takes every head size the paged kernels take (a multiple of 8 up to 256) and any GQA
+    /// group, where [`crate::attention::DecodePlan`] and [`crate::attention::PrefillPlan`] take
+    /// head sizes 64, 128 and 256 and groups up to 16. `ql.n_tok` is the most tokens a step
+    /// carries.
+    #[allow(clippy::too_many_arguments)]
+    pub fn over_contiguous(
+        ctx: &GpuContext,
+        q: &Binding,
+        ql: &QueryLayout,
+        cache: &KvCache,
+        layer: usize,
+        opts: &AttnOptions,
+        splits: usize,
+        out: Option<(&Binding, usize)>,
+    ) -> Result<PagedAttnPlan> {
+        let c = *cache.config();
+        if !PagedKvConfig::supports_head_dim(c.dtype, c.head_dim) {
+            return Err(OpsError::Unsupported { what: "paged attention", reason: format!("head size {} as {}", c.head_dim, c.dtype) });
         }
-        let group = ql.n_q / c.n_kv_heads;
-        let max_tokens = batch.max_tokens();
+        let segs = cache.segments(layer)?;
+        let ident: Vec<u32> = (0..segs.len() as u32).collect();
+        let tables = ctx.upload(bytemuck::cast_slice(&ident))?;
+        let sources = segs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Source { k: Binding::whole(&s.k), v: Binding::whole(&s.v), first_block: i, n_blocks: 1, head_stride: s.len })
+            .collect();
+        let spec = Spec {
+            q,
+            ql,
+            max_tokens: ql.n_tok,
+            n_kv: c.n_kv_heads,
+            head_dim: c.head_dim,
+            dtype: c.dtype,
+            block_len: cache.segment_len(),
+            sources,
+            tokens: Tokens::Step(Binding::whole(&tables)),
+            opts,
+            splits,
+            out,
+            capacity: Some(cache.capacity()),
+        };
+        Self::build(ctx, spec)
+    }
+
+    fn build(ctx: &GpuContext, sp: Spec<'_>) -> Result<PagedAttnPlan> {
+        const OP: &str = "paged attention";
+        let (ql, hd) = (sp.ql, sp.head_dim);
+        if ql.n_q == 0 || !ql.n_q.is_multiple_of(sp.n_kv) {
+            return Err(OpsError::Unsupported { what: "attention heads", reason: format!("{} query heads over {} KV heads", ql.n_q, sp.n_kv) });
+        }
+        let group = ql.n_q / sp.n_kv;
+        let max_tokens = sp.max_tokens;
         let max_tok = to_u32(OP, "tokens", max_tokens)?;
         let max_dim = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
-        if max_tok > max_dim || splits == 0 || to_u32(OP, "splits", splits)? > max_dim {
-            return Err(bad(OP, format!("{max_tokens} tokens and {splits} splits (1..={max_dim} each)")));
+        if max_tokens == 0 || max_tok > max_dim || sp.splits == 0 || to_u32(OP, "splits", sp.splits)? > max_dim {
+            return Err(bad(OP, format!("{max_tokens} tokens and {} splits (1..={max_dim} each)", sp.splits)));
         }
         let last = (max_tokens - 1)
             .checked_mul(ql.tok_stride)
             .and_then(|v| v.checked_add(ql.q_off))
             .and_then(|v| v.checked_add(ql.n_q * hd))
             .ok_or_else(|| bad(OP, "query layout overflows"))?;
-        if (last as u64).saturating_mul(4) > q.size {
-            return Err(bad(OP, format!("q binding of {} bytes, the layout reads {last} f32", q.size)));
+        if (last as u64).saturating_mul(4) > sp.q.size {
+            return Err(bad(OP, format!("q binding of {} bytes, the layout reads {last} f32", sp.q.size)));
         }
         let rows = max_tokens.checked_mul(ql.n_q).ok_or_else(|| bad(OP, "rows overflow"))?;
-        let (out_b, out_off, owned) = match out {
+        let (out_b, out_off, owned) = match sp.out {
             Some((b, off)) => {
                 if (off.saturating_add(rows * hd) as u64).saturating_mul(4) > b.size {
                     return Err(bad(OP, format!("output binding of {} bytes, needs {} f32 from element {off}", b.size, rows * hd)));
@@ -332,18 +450,18 @@ impl PagedAttnPlan {
                 (b, off as usize, Some(t))
             }
         };
-        let bufs = cache.buffers(layer)?;
-        let normalised = splits == 1 && bufs.len() == 1;
+        let normalised = sp.splits == 1 && sp.sources.len() == 1;
+        let hd32 = to_u32(OP, "head size", hd)?;
         let cfg = PagedAttn {
-            head_dim: to_u32(OP, "head size", hd)?,
-            heads: PagedAttn::heads_for(to_u32(OP, "head size", hd)?, to_u32(OP, "group", group)?),
-            dtype: c.dtype,
-            softcap: opts.softcap.is_some(),
+            head_dim: hd32,
+            heads: PagedAttn::heads_for(hd32, to_u32(OP, "group", group)?),
+            dtype: sp.dtype,
+            softcap: sp.opts.softcap.is_some(),
             normalised,
         };
         let env = env_of(ctx);
         let kernel = ctx.kernel(&cfg.source(&env)?)?;
-        let n_parts = splits * bufs.len();
+        let n_parts = sp.splits * sp.sources.len();
         let (part, ml) = if normalised {
             (out_b.clone(), crate::ops_common::dummy(ctx)?)
         } else {
@@ -351,27 +469,34 @@ impl PagedAttnPlan {
             let ml = ctx.alloc((n_parts * rows * 2 * 4) as u64, BufferKind::Storage)?;
             (Binding::whole(&o), Binding::whole(&ml))
         };
+        let (tok, tables, step_mode) = match sp.tokens {
+            Tokens::Batch(tok, tables) => (tok, tables, 0),
+            Tokens::Step(tables) => (crate::ops_common::dummy(ctx)?, tables, 1),
+        };
         let n_q = to_u32(OP, "query heads", ql.n_q)?;
-        let wg_y = to_u32(OP, "grid rows", c.n_kv_heads * group / cfg.heads as usize)?;
-        let splits_w = splits as u32;
+        let wg_y = to_u32(OP, "grid rows", sp.n_kv * group / cfg.heads as usize)?;
+        let splits_w = sp.splits as u32;
         let mut plan = Plan::new();
-        for (i, buf) in bufs.iter().enumerate() {
-            let b = [q.clone(), batch.tok_binding(), batch.table_binding(), Binding::whole(&buf.k), Binding::whole(&buf.v), part.clone(), ml.clone()];
+        for (i, src) in sp.sources.iter().enumerate() {
+            let b = [sp.q.clone(), tok.clone(), tables.clone(), src.k.clone(), src.v.clone(), part.clone(), ml.clone()];
             let d = PlanDispatch::new(&kernel, ctx.bind(&kernel, &b)?, [splits_w, wg_y, 0])?
                 .set_usize("q_off", ql.q_off)?
                 .set_usize("tok_stride", ql.tok_stride)?
                 .set("n_q", n_q)?
                 .set_usize("group", group)?
-                .set_usize("n_kv", c.n_kv_heads)?
-                .set_usize("block_len", c.block_len)?
-                .set_usize("blk_base", buf.first_block)?
-                .set_usize("blk_count", buf.n_blocks)?
+                .set_usize("n_kv", sp.n_kv)?
+                .set_usize("block_len", sp.block_len)?
+                .set_usize("head_stride", src.head_stride)?
+                .set_usize("blk_base", src.first_block)?
+                .set_usize("blk_count", src.n_blocks)?
                 .set("splits", splits_w)?
-                .set_usize("split_base", i * splits)?
+                .set_usize("split_base", i * sp.splits)?
                 .set_usize("out_off", out_off)?
-                .set_f32("scale", opts.scale)?
-                .set_f32("softcap", opts.softcap.unwrap_or(0.0))?
-                .set_usize("window", opts.window.unwrap_or(0))?
+                .set_f32("scale", sp.opts.scale)?
+                .set_f32("softcap", sp.opts.softcap.unwrap_or(0.0))?
+                .set_usize("window", sp.opts.window.unwrap_or(0))?
+                .set("step_mode", step_mode)?
+                .per_step("q_pos", |s| s.pos)?
                 .per_step("rows", move |s| s.n_tok.min(max_tok) * n_q)?
                 .grid_per_step(move |s| [splits_w, wg_y, s.n_tok.min(max_tok)]);
             plan.push(d);
@@ -386,7 +511,7 @@ impl PagedAttnPlan {
                 .grid_per_step(move |s| numr::gpu::grid_2d(u64::from(s.n_tok.min(max_tok) * n_q), max_dim).unwrap_or([0, 0, 0]));
             plan.push(d);
         }
-        Ok(PagedAttnPlan { plan, max_tok, owned })
+        Ok(PagedAttnPlan { plan, max_tok, capacity: sp.capacity, owned })
     }
 
     /// The plan's own output tensor (`[max tokens, n_q, head_dim]`; a step fills its first
@@ -397,10 +522,15 @@ impl PagedAttnPlan {
 }
 
 impl OpPlan for PagedAttnPlan {
-    /// At most the batch's tokens.
+    /// At most the batch's tokens; over a contiguous cache, positions inside it.
     fn check(&self, step: &StepValues) -> Result<()> {
         if step.n_tok == 0 || step.n_tok > self.max_tok {
             return Err(bad("paged attention", format!("{} tokens in a step (1..={})", step.n_tok, self.max_tok)));
+        }
+        if let Some(capacity) = self.capacity
+            && step.kv_len() as usize > capacity
+        {
+            return Err(OpsError::ContextOverflow { needed: step.kv_len() as usize, capacity });
         }
         Ok(())
     }
