@@ -384,6 +384,7 @@ impl DecodePlan {
     pub fn quantized_output_supported(ctx: &GpuContext, cache: &KvCache, layer: usize) -> bool {
         let env = env_of(ctx);
         DecodeKernel::best(&env) == DecodeKernel::Subgroup
+            && [64, 128, 256].contains(&cache.config().head_dim)
             && fused_merge_supported(ctx)
             && check_uniform_segments(cache, layer).is_ok_and(|n| n == 1)
             && ctx.capabilities().limits.max_storage_buffers_per_shader_stage >= 9

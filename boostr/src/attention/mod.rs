@@ -187,6 +187,13 @@ fn softcap_expr(on: bool) -> &'static str {
     if on { "s = bitcast<f32>(p.softcap) * tanh_s(s / bitcast<f32>(p.softcap));" } else { "" }
 }
 
+/// Whether the contiguous cache's kernels ([`DecodePlan`], [`PrefillPlan`]) take a shape: head
+/// size 64, 128 or 256 and at most 16 query heads per KV head. Other shapes run through
+/// [`crate::paged::PagedAttnPlan::over_contiguous`].
+pub fn contiguous_supported(head_dim: usize, group: usize) -> bool {
+    [64, 128, 256].contains(&head_dim) && (1..=16).contains(&group)
+}
+
 /// head_dim 64, 128 or 256 (every attention kernel).
 fn check_head_dim(op: &'static str, hd: u32) -> Result<()> {
     if ![64, 128, 256].contains(&hd) {

@@ -71,7 +71,10 @@ pub(super) fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs
         let k = inp.weights.linear.get(&i).and_then(|v| v.first()).map_or(0, |q| q.w.cols);
         if let (Op::Attention { layer, .. }, Op::Linear { x: Slot::Attn, .. }, Input::Plain) = (&g.ops[p], op, &f.input) {
             // The attention's merge writes the output projection's int8 activations.
-            if allow.attention && DecodePlan::quantized_output_supported(ctx, inp.cache, *layer) && k == g.width(Slot::Attn) {
+            let c = &g.cfg;
+            // The portable kernel (other head sizes and groups) writes f32 only.
+            let tuned = boostr::attention::contiguous_supported(c.head_dim, c.n_heads / c.n_kv_heads.max(1));
+            if allow.attention && tuned && DecodePlan::quantized_output_supported(ctx, inp.cache, *layer) && k == g.width(Slot::Attn) {
                 let target = Q8Activations::written_by_producer(ctx, k, None).map_err(|e| quant_err(ctx, "attention output", e))?;
                 links.targets.insert(i, target.clone());
                 links.attention.insert(p, target);

@@ -1,8 +1,11 @@
 //! Attention dispatches: the decode plan (flash-decoding; its merge may write the output
-//! projection's int8 activations) or the prefill plan (tiled, subgroup or cooperative-matrix).
+//! projection's int8 activations) or the prefill plan (tiled, subgroup or cooperative-matrix);
+//! for head sizes and GQA groups those do not take, boostr's portable paged kernel over the
+//! contiguous cache.
 
-use boostr::attention::{AttnOptions, DecodePlan, PrefillPlan, QueryLayout};
+use boostr::attention::{AttnOptions, DecodePlan, PrefillPlan, QueryLayout, contiguous_supported};
 use boostr::ops_common::OpPlan;
+use boostr::paged::PagedAttnPlan;
 use numr::gpu::Plan;
 
 use super::super::super::EngineError;
@@ -11,11 +14,27 @@ use super::super::ops_err;
 use super::super::plans::Mode;
 use super::PlanCx;
 
+/// Key splits per decode token on the portable path (a few workgroups per KV head at long
+/// contexts; an empty split costs one workgroup's launch).
+const GENERIC_DECODE_SPLITS: usize = 8;
+
 /// The attention op `i` over cache layer `layer`, with a sliding `window` (`None`: global).
 pub(super) fn attention(cx: &PlanCx, plan: &mut Plan, i: usize, layer: usize, window: Option<usize>) -> Result<(), EngineError> {
     let (ctx, inp, c) = (cx.ctx, cx.inp, cx.cfg());
     let opts = AttnOptions { scale: c.attn_scale, softcap: c.attn_softcap, window };
     let (q, out) = (cx.slots.bind(Slot::Qkv), cx.slots.bind(Slot::Attn));
+    if !contiguous_supported(c.head_dim, c.n_heads / c.n_kv_heads.max(1)) {
+        // Head sizes and groups the tuned kernels do not take: the portable paged kernel over
+        // the contiguous cache, splitting a decode token's keys for long contexts.
+        let (rows, splits) = match cx.mode {
+            Mode::Decode | Mode::Head => (1, GENERIC_DECODE_SPLITS),
+            Mode::Prefill { max_tok } => (max_tok, 1),
+        };
+        let ql = QueryLayout { n_tok: rows, n_q: c.n_heads, q_off: 0, tok_stride: c.qkv_dim() };
+        let p = PagedAttnPlan::over_contiguous(ctx, &q, &ql, inp.cache, layer, &opts, splits, Some((&out, 0))).map_err(ops_err)?;
+        plan.append(p.plan());
+        return Ok(());
+    }
     match cx.mode {
         Mode::Decode | Mode::Head => {
             let mut b = DecodePlan::builder(ctx, &q, 0, c.n_heads, inp.cache, layer, &opts).output(&out, 0);
