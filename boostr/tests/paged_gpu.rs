@@ -15,9 +15,10 @@
 //! written (f16 exactly; q8_0 within one quantization step), and the attention output is within
 //! 1e-4 relative of the f64 reference ([`paged_attention_ref`]) over the rows as stored.
 
+use boostr::attention::DecodeKernel;
 use boostr::attention::{self, AttnOptions, QueryLayout};
 use boostr::kv_cache::{KvCache, KvCacheConfig, KvDtype, KvWritePlan};
-use boostr::ops_common::{OpPlan, pseudo_random as rnd};
+use boostr::ops_common::{OpPlan, env_of, pseudo_random as rnd};
 use boostr::paged::{
     BatchSeq, BlockAllocator, BlockTable, PagedAttnPlan, PagedBatch, PagedKvCache, PagedKvConfig, PagedKvWritePlan, PagedRowsLayout, paged_attention_ref,
 };
@@ -114,14 +115,24 @@ fn attend(ctx: &GpuContext, c: &Case, kv: &PagedKvCache, seqs: &[(BlockTable, Ve
     let ql = QueryLayout { n_tok, n_q: c.n_q, q_off: 0, tok_stride: c.n_q * hd };
     // A plan for more tokens than the step has: rows past the step are not touched.
     let qbig = up(ctx, &[q.clone(), vec![0.0; 3 * c.n_q * hd]].concat());
-    let plan = PagedAttnPlan::new(ctx, &bind(&qbig), &ql, kv, 0, &batch, &c.opts, c.splits, None).unwrap();
     let bs: Vec<BatchSeq> = seqs.iter().zip(&c.seqs).map(|((t, _), &(cached, new))| BatchSeq { table: t, pos: cached, n_tok: new }).collect();
     assert_eq!(batch.set(ctx, &bs).unwrap(), n_tok);
-    plan.run(ctx, &StepValues::chunk(0, n_tok as u32)).unwrap();
-    let got = plan.output().unwrap().to_vec::<f32>().unwrap()[..n_tok * c.n_q * hd].to_vec();
     let refs: Vec<(&[f32], &[f32], usize, usize)> = stored.iter().zip(&c.seqs).map(|((k, v), &(cached, new))| (&k[..], &v[..], cached, new)).collect();
     let want = paged_attention_ref(&q, &refs, c.n_q, c.n_kv, hd, &c.opts).unwrap();
-    close(&got, &want, 1e-4, &format!("{what}: attention"));
+    // Both kernels where the subgroup one takes the shape (head sizes 64, 128, 256, groups up
+    // to 16, subgroups of at least 8), else the portable one.
+    let shape_sg = attention::contiguous_supported(hd, c.n_q / c.n_kv);
+    let sg = shape_sg && DecodeKernel::best(&env_of(ctx)) == DecodeKernel::Subgroup;
+    if shape_sg && !sg {
+        numr::testing::skip_path(ctx, "the paged subgroup attention kernel", "no subgroups of at least 8 invocations");
+    }
+    let mut got = Vec::new();
+    for kernel in [DecodeKernel::Tiled, DecodeKernel::Subgroup].into_iter().filter(|k| sg || *k == DecodeKernel::Tiled) {
+        let plan = PagedAttnPlan::with_kernel(ctx, &bind(&qbig), &ql, kv, 0, &batch, &c.opts, c.splits, None, Some(kernel)).unwrap();
+        plan.run(ctx, &StepValues::chunk(0, n_tok as u32)).unwrap();
+        got = plan.output().unwrap().to_vec::<f32>().unwrap()[..n_tok * c.n_q * hd].to_vec();
+        close(&got, &want, 1e-4, &format!("{what}: attention ({kernel:?})"));
+    }
     drop(qt);
     got
 }
@@ -137,7 +148,7 @@ fn run_case(ctx: &GpuContext, c: &Case) -> Vec<f32> {
 fn every_head_size_and_group_matches_the_reference() {
     let Some(ctx) = test_gpu() else { return };
     let _s = serial();
-    for hd in [16, 32, 80, 96, 112, 128, 160, 256] {
+    for hd in [16, 32, 64, 80, 96, 112, 128, 160, 256] {
         run_case(&ctx, &Case::new(hd, 4, 2, KvDtype::F16));
     }
     for hd in [32, 96, 128, 256] {

@@ -95,6 +95,11 @@ pub struct DecodeAttnSg {
     /// (`xq`/`xs`, the layout of [`crate::quant::Q8Activations`], block `out index / 32`), the
     /// input of an integer-dot output projection, so no quantizer dispatch runs between them.
     pub quantize: bool,
+    /// Read K/V through block tables ([`crate::paged`]): bindings `tokinfo` and `tables` follow
+    /// `ml`; token `wid.z` takes its table offset and position from `tokinfo` (or, with
+    /// `step_mode = 1`, offset 0 and `q_pos + wid.z`), and its keys are cut into `splits` chunks
+    /// of whole workgroup steps. Not with `fused` or `quantize`.
+    pub paged: bool,
 }
 
 impl DecodeAttnSg {
@@ -113,7 +118,7 @@ impl DecodeAttnSg {
         while !group.is_multiple_of(heads) {
             heads -= 1;
         }
-        Ok(DecodeAttnSg { head_dim, group, heads, dtype, softcap, keys: KEYS_PER_STEP, normalised: false, fused: false, quantize: false })
+        Ok(DecodeAttnSg { head_dim, group, heads, dtype, softcap, keys: KEYS_PER_STEP, normalised: false, fused: false, quantize: false, paged: false })
     }
 
     /// Checks the variant (every field; [`Self::source`] calls it): head_dim 64, 128 or 256,
@@ -129,6 +134,9 @@ impl DecodeAttnSg {
         }
         if self.normalised && self.fused {
             return bad("normalised and fused together".into());
+        }
+        if self.paged && (self.fused || self.quantize) {
+            return bad("a paged variant with the fused merge or a quantized output".into());
         }
         if self.quantize && !self.fused && !self.normalised {
             return bad("a quantized output needs the fused merge or the normalised output".into());
@@ -158,6 +166,8 @@ impl DecodeAttnSg {
                             v.push(DecodeAttnSg { fused: true, keys: DECODE_KEYS_PER_STEP, ..c });
                             v.push(DecodeAttnSg { fused: true, quantize: true, keys: DECODE_KEYS_PER_STEP, ..c });
                             v.push(DecodeAttnSg { normalised: true, quantize: true, heads: 1, keys: DECODE_KEYS_PER_STEP, ..c });
+                            v.push(DecodeAttnSg { paged: true, ..c });
+                            v.push(DecodeAttnSg { paged: true, normalised: true, ..c });
                             if group == 4 && !softcap {
                                 v.push(DecodeAttnSg { heads: 2, keys: 1, ..c });
                                 v.push(DecodeAttnSg { heads: 1, keys: 4, ..c });
@@ -210,6 +220,10 @@ impl DecodeAttnSg {
         }
         if self.quantize {
             kb = kb.storage("xq", Access::ReadWrite, "array<vec4<u32>>").storage("xs", Access::ReadWrite, "array<vec4<f32>>");
+        }
+        if self.paged {
+            kb = kb.storage("tokinfo", Access::Read, "array<u32>").storage("tables", Access::Read, "array<u32>");
+            params.extend(["n_kv", "block_len", "head_stride", "blk_base", "blk_count", "splits", "step_mode"]);
         }
         Ok(kb.params(&params).prelude(&g.prelude()).body(&g.body()).build())
     }

@@ -32,12 +32,13 @@ impl SgWgsl {
     pub(super) fn name(&self) -> String {
         let (hd, g, h, u, c) = (self.hd, self.g, self.h, self.u, &self.c);
         format!(
-            "attn_decode_sg_hd{hd}_g{g}_h{h}_k{u}_{:?}_c{}_n{}_f{}{}",
+            "attn_decode_sg_hd{hd}_g{g}_h{h}_k{u}_{:?}_c{}_n{}_f{}{}{}",
             c.dtype,
             c.softcap as u8,
             c.normalised as u8,
             c.fused as u8,
-            if c.quantize { "_q8" } else { "" }
+            if c.quantize { "_q8" } else { "" },
+            if c.paged { "_paged" } else { "" }
         )
         .to_lowercase()
     }
@@ -63,6 +64,20 @@ impl SgWgsl {
         if c.quantize {
             pre.push_str(&format!("var<workgroup> sq: array<vec4<f32>, {}>;\n{}", h * hd4, crate::quant::q8_activations::QUANT_BLOCK));
         }
+        if c.paged {
+            pre.push_str(
+                "var<workgroup> s_tab: u32;
+var<workgroup> s_pos: u32;
+// The cache row of key position `kp` of KV head `kvh`, or 0xffffffff when its block lives in
+// another buffer.
+fn kv_row(tab: u32, kp: u32, kvh: u32) -> u32 {
+    let local = tables[tab + kp / p.block_len] - p.blk_base;
+    if (local >= p.blk_count) { return 0xffffffffu; }
+    return (local * p.n_kv + kvh) * p.head_stride + kp % p.block_len;
+}
+",
+            );
+        }
         pre
     }
 
@@ -85,16 +100,35 @@ impl SgWgsl {
     /// lane (from the subgroup builtins only, see the module docs).
     fn slot_indices(&self) -> String {
         let (g, h, hd) = (self.g, self.h, self.hd);
+        let range = if self.c.paged {
+            format!(
+                "    let tok = wid.z;
+    if (lidx == 0u) {{
+        if (p.step_mode == 1u) {{ s_tab = 0u; s_pos = p.q_pos + tok; }} else {{ s_tab = tokinfo[2u * tok]; s_pos = tokinfo[2u * tok + 1u]; }}
+    }}
+    let tab = workgroupUniformLoad(&s_tab);
+    let q_pos = workgroupUniformLoad(&s_pos);
+    let chunk = ((q_pos + p.splits) / p.splits + {st1}u) / {st}u * {st}u;
+    let lo0 = wid.x * chunk;
+    let hi = min(lo0 + chunk, q_pos + 1u);
+",
+                st = self.nslot * self.u,
+                st1 = self.nslot * self.u - 1
+            )
+        } else {
+            "    let tok = p.n_tok - 1u - wid.z;
+    let q_pos = p.q_pos + tok;
+    let lo0 = p.seg_start + wid.x * p.chunk;
+    let hi = min(min(lo0 + p.chunk, p.seg_start + p.seg_len), q_pos + 1u);
+"
+            .to_string()
+        };
         format!(
             "    let nhb = {g}u / {h}u;
     let kvh = wid.y / nhb;
     let hb = wid.y - kvh * nhb;
     let split = p.split_base + wid.x;
-    let tok = p.n_tok - 1u - wid.z;
-    let q_pos = p.q_pos + tok;
-    let lo0 = p.seg_start + wid.x * p.chunk;
-    let hi = min(min(lo0 + p.chunk, p.seg_start + p.seg_len), q_pos + 1u);
-    var lo = lo0;
+{range}    var lo = lo0;
     if (p.window > 0u && q_pos + 1u > p.window) {{ lo = max(lo, q_pos + 1u - p.window); }}
     let c = sg_id % {SLOT}u;
     // Full subgroups (the only layout where the slots below cover the workgroup).
@@ -133,7 +167,13 @@ impl SgWgsl {
         let (u, nv) = (self.u, self.nv);
         let mut b = format!("    for (var t = lo; t < hi; t += {}u) {{\n", self.nslot * u);
         for k in 0..u {
-            b.push_str(&format!("        let p{k} = t + slot * {u}u + {k}u;\n        let r{k} = rowb + min(p{k}, hi - 1u) - p.seg_start;\n"));
+            if self.c.paged {
+                b.push_str(&format!(
+                    "        let p{k} = t + slot * {u}u + {k}u;\n        let g{k} = kv_row(tab, min(p{k}, hi - 1u), kvh);\n        let ok{k} = g{k} != 0xffffffffu;\n        let r{k} = select(0u, g{k}, ok{k});\n"
+                ));
+            } else {
+                b.push_str(&format!("        let p{k} = t + slot * {u}u + {k}u;\n        let r{k} = rowb + min(p{k}, hi - 1u) - p.seg_start;\n"));
+            }
             for j in 0..nv {
                 b.push_str(&format!("        let k{k}_{j} = ld8_kc(r{k}, c + {j8}u);\n", j8 = 8 * j));
             }
@@ -160,10 +200,11 @@ impl SgWgsl {
             b.push_str(&format!(
                 "            var x{k} = {};
             x{k} += subgroupShuffleXor(x{k}, 1u); x{k} += subgroupShuffleXor(x{k}, 2u); x{k} += subgroupShuffleXor(x{k}, 4u);
-            let s{k} = select({NEG}, {}, p{k} < hi);
+            let s{k} = select({NEG}, {}, p{k} < hi{ok});
 ",
                 dots.join(" + "),
-                cap(format!("x{k}"))
+                cap(format!("x{k}")),
+                ok = if self.c.paged { format!(" && ok{k}") } else { String::new() }
             ));
         }
         let smax = (0..u).fold(format!("m{gi}"), |acc, k| format!("max({acc}, s{k})"));

@@ -20,7 +20,7 @@ use numr::Tensor;
 use numr::gpu::{Access, Binding, BufferKind, GpuContext, KernelBuilder, KernelEnv, KernelSource, Plan, PlanDispatch, StepValues};
 
 use super::{PagedBatch, PagedKvCache, PagedKvConfig};
-use crate::attention::{AttnCombine, AttnOptions, QueryLayout};
+use crate::attention::{AttnCombine, AttnOptions, DecodeAttnSg, DecodeKernel, QueryLayout};
 use crate::kv_cache::{KvCache, KvDtype};
 use crate::ops_common::{OpPlan, OpsError, Result, SAFE_TANH, bad, env_of, to_u32};
 
@@ -323,6 +323,7 @@ struct Spec<'a> {
     splits: usize,
     out: Option<(&'a Binding, usize)>,
     capacity: Option<usize>,
+    kernel: Option<DecodeKernel>,
 }
 
 impl PagedAttnPlan {
@@ -342,6 +343,26 @@ impl PagedAttnPlan {
         opts: &AttnOptions,
         splits: usize,
         out: Option<(&Binding, usize)>,
+    ) -> Result<PagedAttnPlan> {
+        Self::with_kernel(ctx, q, ql, cache, layer, batch, opts, splits, out, None)
+    }
+
+    /// [`Self::new`] with the kernel chosen: `Subgroup` the subgroup flash-decoding kernel of
+    /// [`crate::attention`] reading through the tables (head sizes 64, 128, 256, groups up to 16,
+    /// subgroups of at least 8), `Tiled` the portable one; `None` the subgroup kernel where it
+    /// runs. Typed error for a kernel the shape or the adapter does not allow.
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_kernel(
+        ctx: &GpuContext,
+        q: &Binding,
+        ql: &QueryLayout,
+        cache: &PagedKvCache,
+        layer: usize,
+        batch: &PagedBatch,
+        opts: &AttnOptions,
+        splits: usize,
+        out: Option<(&Binding, usize)>,
+        kernel: Option<DecodeKernel>,
     ) -> Result<PagedAttnPlan> {
         let c = *cache.config();
         let sources = cache
@@ -363,6 +384,7 @@ impl PagedAttnPlan {
             splits,
             out,
             capacity: None,
+            kernel,
         };
         Self::build(ctx, spec)
     }
@@ -411,6 +433,7 @@ impl PagedAttnPlan {
             splits,
             out,
             capacity: Some(cache.capacity()),
+            kernel: None,
         };
         Self::build(ctx, spec)
     }
@@ -446,11 +469,26 @@ impl PagedAttnPlan {
             }
             None => {
                 let t = Tensor::zeros(&[max_tokens, ql.n_q, hd], numr::DType::F32, &numr::Device::Gpu(ctx.clone()))?;
-                let (b, off) = t.gpu_binding(4)?;
+                let (b, off) = t.gpu_binding(16)?;
                 (b, off as usize, Some(t))
             }
         };
-        let normalised = sp.splits == 1 && sp.sources.len() == 1;
+        let env = env_of(ctx);
+        let sg_ok = DecodeKernel::best(&env) == DecodeKernel::Subgroup && crate::attention::contiguous_supported(hd, group);
+        let use_sg = match sp.kernel {
+            None => sg_ok,
+            Some(DecodeKernel::Subgroup) if sg_ok => true,
+            Some(DecodeKernel::Tiled) => false,
+            Some(k) => {
+                return Err(OpsError::Unsupported {
+                    what: "paged attention kernel",
+                    reason: format!("{k:?} for head size {hd}, group {group} on this adapter"),
+                });
+            }
+        };
+        // The subgroup kernel stores a normalised output as vec4s.
+        let aligned = out_off.is_multiple_of(4) && out_b.size.is_multiple_of(16);
+        let normalised = sp.splits == 1 && sp.sources.len() == 1 && (!use_sg || aligned);
         let hd32 = to_u32(OP, "head size", hd)?;
         let cfg = PagedAttn {
             head_dim: hd32,
@@ -459,8 +497,17 @@ impl PagedAttnPlan {
             softcap: sp.opts.softcap.is_some(),
             normalised,
         };
-        let env = env_of(ctx);
-        let kernel = ctx.kernel(&cfg.source(&env)?)?;
+        let mut sg = DecodeAttnSg::new(hd32, to_u32(OP, "group", group)?, sp.dtype, sp.opts.softcap.is_some());
+        if let Ok(c) = &mut sg {
+            c.paged = true;
+            c.normalised = normalised;
+        }
+        let (kernel, heads) = if use_sg {
+            let c = sg?;
+            (ctx.kernel(&c.source(&env)?)?, c.heads)
+        } else {
+            (ctx.kernel(&cfg.source(&env)?)?, cfg.heads)
+        };
         let n_parts = sp.splits * sp.sources.len();
         let (part, ml) = if normalised {
             (out_b.clone(), crate::ops_common::dummy(ctx)?)
@@ -474,10 +521,37 @@ impl PagedAttnPlan {
             Tokens::Step(tables) => (crate::ops_common::dummy(ctx)?, tables, 1),
         };
         let n_q = to_u32(OP, "query heads", ql.n_q)?;
-        let wg_y = to_u32(OP, "grid rows", sp.n_kv * group / cfg.heads as usize)?;
+        let wg_y = to_u32(OP, "grid rows", sp.n_kv * group / heads as usize)?;
         let splits_w = sp.splits as u32;
         let mut plan = Plan::new();
         for (i, src) in sp.sources.iter().enumerate() {
+            if use_sg {
+                let b = [sp.q.clone(), src.k.clone(), src.v.clone(), part.clone(), ml.clone(), tok.clone(), tables.clone()];
+                let mut d = PlanDispatch::new(&kernel, ctx.bind(&kernel, &b)?, [splits_w, wg_y, 0])?
+                    .set_usize("q_off", ql.q_off)?
+                    .set_usize("tok_stride", ql.tok_stride)?
+                    .set("n_q", n_q)?
+                    .set_usize("n_kv", sp.n_kv)?
+                    .set_usize("block_len", sp.block_len)?
+                    .set_usize("head_stride", src.head_stride)?
+                    .set_usize("blk_base", src.first_block)?
+                    .set_usize("blk_count", src.n_blocks)?
+                    .set("splits", splits_w)?
+                    .set_usize("split_base", i * sp.splits)?
+                    .set_f32("scale", sp.opts.scale)?
+                    .set_f32("softcap", sp.opts.softcap.unwrap_or(0.0))?
+                    .set_usize("window", sp.opts.window.unwrap_or(0))?
+                    .set("step_mode", step_mode)?
+                    .per_step("q_pos", |s| s.pos)?
+                    .per_step("n_tok", move |s| s.n_tok.min(max_tok))?
+                    .per_step("rows", move |s| s.n_tok.min(max_tok) * n_q)?
+                    .grid_per_step(move |s| [splits_w, wg_y, s.n_tok.min(max_tok)]);
+                if normalised {
+                    d = d.set_usize("o_base", out_off / 4)?;
+                }
+                plan.push(d);
+                continue;
+            }
             let b = [sp.q.clone(), tok.clone(), tables.clone(), src.k.clone(), src.v.clone(), part.clone(), ml.clone()];
             let d = PlanDispatch::new(&kernel, ctx.bind(&kernel, &b)?, [splits_w, wg_y, 0])?
                 .set_usize("q_off", ql.q_off)?
