@@ -26,11 +26,16 @@
 //! Plans are built once for the most tokens and table entries a step may carry; recording a step
 //! allocates nothing.
 //!
-//! # Head sizes
+//! # Head sizes and kernels
 //! Every head size that is a multiple of 8 from 8 to 256 (a multiple of 32 for q8_0), and any
-//! number of query heads per KV head. The kernels here are the portable ones (workgroup memory,
-//! no subgroups), correct everywhere; the contiguous cache's tuned decode paths stay in
-//! [`crate::attention`].
+//! number of query heads per KV head. Attention runs the subgroup flash-decoding kernel of
+//! [`crate::attention`] (its paged variant) for head sizes 64, 128 and 256 with up to 16 query
+//! heads per KV head where the adapter has subgroups of at least 8, and a portable kernel
+//! (workgroup memory, no subgroups) for every other shape and adapter.
+//!
+//! # Prefix sharing
+//! [`PrefixCache`] lets sequences with a common token prefix share its full blocks (see its
+//! module docs in `prefix.rs`).
 
 use std::fmt;
 use std::sync::Arc;
