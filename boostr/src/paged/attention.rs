@@ -1,6 +1,9 @@
 //! [`PagedAttn`]: causal attention of a step's tokens (decode rows and prefill chunks of several
 //! sequences mixed) over the paged cache, and [`PagedAttnPlan`].
 //!
+//! [`PagedAttnPlan`] runs the subgroup flash-decoding kernel ([`DecodeAttnSg`] with `paged`) where
+//! the shape and the adapter allow it, else the portable [`PagedAttn`] described here.
+//!
 //! One workgroup handles one token, `heads` query heads sharing one KV head, and one split of the
 //! token's keys: the token's `pos + 1` keys are cut into `splits` chunks (whole tiles each), so a
 //! long sequence spreads over several workgroups and short ones leave their extra splits empty.
