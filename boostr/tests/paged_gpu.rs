@@ -5,7 +5,8 @@
 //!   256 as q8_0), GQA groups from 1 to 24, three sequences in one step mixing decode rows and
 //!   prefill chunks, block lengths 16 and 32, positions across block boundaries.
 //! - A layer spread over several buffers (a buffer of 3 blocks) with several splits, a sliding
-//!   window and soft-capping.
+//!   window and soft-capping, on both kernels (the subgroup one at head sizes 64, 128 and 256
+//!   where the adapter has subgroups of 8, the portable one always).
 //! - A freed-then-reused block: a released sequence's blocks go to a new one, whose output shows
 //!   none of the old rows.
 //! - The same rows in the contiguous cache give the same attention output (within 1e-4: both read
@@ -177,13 +178,23 @@ fn blocks_of_32_several_buffers_splits_window_and_softcap() {
         c.dtype = KvDtype::Q8_0;
         run_case(&ctx, &c);
     }
-    let mut c = Case::new(32, 4, 1, KvDtype::F16);
-    c.buf_blocks = Some(2);
-    c.splits = 3;
-    c.seqs = vec![(90, 1), (20, 12)];
-    c.opts.window = Some(19);
-    c.opts.softcap = Some(1.5);
-    run_case(&ctx, &c);
+    // The same at head sizes the subgroup kernel takes (both kernels run).
+    for (hd, dtype) in [(64, KvDtype::F16), (128, KvDtype::Q8_0)] {
+        let mut c = Case::new(hd, 8, 2, dtype);
+        c.buf_blocks = Some(3);
+        c.splits = 4;
+        c.seqs = vec![(100, 1), (7, 9), (47, 2)];
+        run_case(&ctx, &c);
+    }
+    for hd in [32, 64] {
+        let mut c = Case::new(hd, 4, 1, KvDtype::F16);
+        c.buf_blocks = Some(2);
+        c.splits = 3;
+        c.seqs = vec![(90, 1), (20, 12)];
+        c.opts.window = Some(19);
+        c.opts.softcap = Some(1.5);
+        run_case(&ctx, &c);
+    }
 }
 
 #[test]

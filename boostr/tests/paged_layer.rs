@@ -5,7 +5,8 @@
 //! Two steps over three sequences: prefill chunks of different lengths, then one decode row for
 //! each of two of them beside a new sequence's prefill chunk. Each step's attention output and the
 //! cached rows are checked against the CPU references run per sequence (`QkvRope::reference`
-//! then `paged_attention_ref`), at head sizes 16 and 80. Recording a step creates no buffer and no
+//! then `paged_attention_ref`), at head sizes 16, 64 (the subgroup kernel where the adapter has
+//! subgroups) and 80. Recording a step creates no buffer and no
 //! bind group, and the dispatch count does not depend on how many tokens or sequences it carries.
 
 use boostr::attention::{AttnOptions, QueryLayout};
@@ -117,7 +118,7 @@ fn block(ctx: &GpuContext, hd: usize) {
 fn a_batched_attention_block_matches_the_per_sequence_references() {
     let Some(ctx) = test_gpu() else { return };
     let _s = serial();
-    for hd in [16, 80] {
+    for hd in [16, 64, 80] {
         block(&ctx, hd);
     }
 }
