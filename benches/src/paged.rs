@@ -6,8 +6,7 @@
 use boostr::attention::{AttnOptions, QueryLayout};
 use boostr::kv_cache::KvDtype;
 use boostr::ops_common::{OpPlan, OpsError};
-use boostr::paged::{BatchSeq, BlockAllocator, BlockTable, PagedAttnPlan, PagedBatch, PagedKvCache, PagedKvConfig};
-use numr::gpu::StepValues;
+use boostr::paged::{BatchSeq, BlockAllocator, BlockTable, PagedAttnPlan, PagedBatch, PagedKvCache, PagedKvConfig, Splits};
 use numr::{DType, Device, GpuContext, Result, Tensor};
 
 use crate::{Measurement, time_recorded};
@@ -27,7 +26,7 @@ pub fn paged_decode(
     b: usize,
     ctx_len: usize,
     block_len: usize,
-    splits: usize,
+    splits: Splits,
     reps: usize,
 ) -> Result<Measurement> {
     let per_seq = ctx_len.div_ceil(block_len);
@@ -40,16 +39,21 @@ pub fn paged_decode(
     }
     let batch = PagedBatch::new(ctx, b, b * per_seq, block_len).map_err(ops_err)?;
     let seqs: Vec<BatchSeq> = tables.iter().map(|t| BatchSeq { table: t, pos: ctx_len - 1, n_tok: 1 }).collect();
-    batch.set(ctx, &seqs).map_err(ops_err)?;
+    let step = batch.set(ctx, &seqs).map_err(ops_err)?;
     let q = Tensor::zeros(&[b * n_q * hd], DType::F32, &Device::Gpu(ctx.clone()))?;
     let qb = q.gpu_binding(4)?.0;
     let ql = QueryLayout { n_tok: b, n_q, q_off: 0, tok_stride: n_q * hd };
     let plan = PagedAttnPlan::new(ctx, &qb, &ql, &kv, 0, &batch, &AttnOptions::new(hd), splits, None).map_err(ops_err)?;
-    let step = StepValues::chunk(0, b as u32);
     let s = time_recorded(ctx, reps, 5, |rec, _| plan.record(rec, &step).map_err(ops_err))?;
     let bytes = 2.0 * (b * ctx_len * n_kv * KvDtype::F16.row_words(hd) * 4) as f64;
     Ok(Measurement {
-        label: format!("paged decode {n_q}q/{n_kv}kv hd{hd} B={b} ctx {ctx_len} block {block_len} splits {splits}"),
+        label: format!(
+            "paged decode {n_q}q/{n_kv}kv hd{hd} B={b} ctx {ctx_len} block {block_len} {}",
+            match splits {
+                Splits::Fixed(n) => format!("splits {n}"),
+                Splits::Auto { max } => format!("splits auto (<= {max})"),
+            }
+        ),
         seconds: s,
         bytes,
         flops: 0.0,
@@ -77,7 +81,10 @@ pub fn paged_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
                 &[1, 4]
             };
             for &s in splits {
-                v.push(paged_decode(ctx, 32, 8, 128, b, len, block_len, s, reps)?);
+                v.push(paged_decode(ctx, 32, 8, 128, b, len, block_len, Splits::Fixed(s), reps)?);
+            }
+            if block_len == 16 {
+                v.push(paged_decode(ctx, 32, 8, 128, b, len, block_len, Splits::Auto { max: 256 }, reps)?);
             }
         }
     }

@@ -21,7 +21,8 @@ use boostr::attention::{self, AttnOptions, QueryLayout};
 use boostr::kv_cache::{KvCache, KvCacheConfig, KvDtype, KvWritePlan};
 use boostr::ops_common::{OpPlan, env_of, pseudo_random as rnd};
 use boostr::paged::{
-    BatchSeq, BlockAllocator, BlockTable, PagedAttnPlan, PagedBatch, PagedKvCache, PagedKvConfig, PagedKvWritePlan, PagedRowsLayout, paged_attention_ref,
+    BatchSeq, BlockAllocator, BlockTable, PagedAttnPlan, PagedBatch, PagedKvCache, PagedKvConfig, PagedKvWritePlan, PagedRowsLayout, Splits, auto_splits,
+    paged_attention_ref,
 };
 use boostr::rope::QkvLayout;
 use numr::gpu::{GpuContext, StepValues};
@@ -83,8 +84,9 @@ fn fill(ctx: &GpuContext, c: &Case, kv: &PagedKvCache, alloc: &mut BlockAllocato
         let xt = up(ctx, &x);
         let batch = PagedBatch::new(ctx, n, 64, c.block_len).unwrap();
         let w = PagedKvWritePlan::new(ctx, &bind(&xt), &l, kv, 0, &batch).unwrap();
-        let n_tok = batch.set(ctx, &[BatchSeq { table: &t, pos: 0, n_tok: n }]).unwrap();
-        w.run(ctx, &StepValues::chunk(0, n_tok as u32)).unwrap();
+        let step = batch.set(ctx, &[BatchSeq { table: &t, pos: 0, n_tok: n }]).unwrap();
+        assert_eq!((step.n_tok, step.kv_max()), (n as u32, n as u32));
+        w.run(ctx, &step).unwrap();
         out.push((t, x));
     }
     out
@@ -117,7 +119,8 @@ fn attend(ctx: &GpuContext, c: &Case, kv: &PagedKvCache, seqs: &[(BlockTable, Ve
     // A plan for more tokens than the step has: rows past the step are not touched.
     let qbig = up(ctx, &[q.clone(), vec![0.0; 3 * c.n_q * hd]].concat());
     let bs: Vec<BatchSeq> = seqs.iter().zip(&c.seqs).map(|((t, _), &(cached, new))| BatchSeq { table: t, pos: cached, n_tok: new }).collect();
-    assert_eq!(batch.set(ctx, &bs).unwrap(), n_tok);
+    let step = batch.set(ctx, &bs).unwrap();
+    assert_eq!(step.n_tok as usize, n_tok);
     let refs: Vec<(&[f32], &[f32], usize, usize)> = stored.iter().zip(&c.seqs).map(|((k, v), &(cached, new))| (&k[..], &v[..], cached, new)).collect();
     let want = paged_attention_ref(&q, &refs, c.n_q, c.n_kv, hd, &c.opts).unwrap();
     // Both kernels where the subgroup one takes the shape (head sizes 64, 128, 256, groups up
@@ -129,10 +132,13 @@ fn attend(ctx: &GpuContext, c: &Case, kv: &PagedKvCache, seqs: &[(BlockTable, Ve
     }
     let mut got = Vec::new();
     for kernel in [DecodeKernel::Tiled, DecodeKernel::Subgroup].into_iter().filter(|k| sg || *k == DecodeKernel::Tiled) {
-        let plan = PagedAttnPlan::with_kernel(ctx, &bind(&qbig), &ql, kv, 0, &batch, &c.opts, c.splits, None, Some(kernel)).unwrap();
-        plan.run(ctx, &StepValues::chunk(0, n_tok as u32)).unwrap();
-        got = plan.output().unwrap().to_vec::<f32>().unwrap()[..n_tok * c.n_q * hd].to_vec();
-        close(&got, &want, 1e-4, &format!("{what}: attention ({kernel:?})"));
+        // The fixed split count, and the count picked per step (at most 8).
+        for splits in [Splits::Fixed(c.splits), Splits::Auto { max: 8 }] {
+            let plan = PagedAttnPlan::with_kernel(ctx, &bind(&qbig), &ql, kv, 0, &batch, &c.opts, splits, None, Some(kernel)).unwrap();
+            plan.run(ctx, &step).unwrap();
+            got = plan.output().unwrap().to_vec::<f32>().unwrap()[..n_tok * c.n_q * hd].to_vec();
+            close(&got, &want, 1e-4, &format!("{what}: attention ({kernel:?}, {splits:?})"));
+        }
     }
     drop(qt);
     got
@@ -263,12 +269,22 @@ fn bad_steps_and_shapes_are_typed_errors() {
     assert!(PagedKvCache::new(&ctx, PagedKvConfig { head_dim: 80, dtype: KvDtype::Q8_0, ..bad }).is_err());
     let qt = up(&ctx, &vec![0.0; 5 * 64 * 4]);
     let ql = QueryLayout { n_tok: 4, n_q: 5, q_off: 0, tok_stride: 5 * 64 };
-    assert!(PagedAttnPlan::new(&ctx, &bind(&qt), &ql, &kv, 0, &batch, &c.opts, 1, None).is_err());
+    assert!(PagedAttnPlan::new(&ctx, &bind(&qt), &ql, &kv, 0, &batch, &c.opts, Splits::Fixed(1), None).is_err());
     // A layer the cache lacks; a step over the plan's tokens.
     let ql = QueryLayout { n_tok: 4, n_q: 4, q_off: 0, tok_stride: 4 * 64 };
-    assert!(PagedAttnPlan::new(&ctx, &bind(&qt), &ql, &kv, 1, &batch, &c.opts, 1, None).is_err());
-    let plan = PagedAttnPlan::new(&ctx, &bind(&qt), &ql, &kv, 0, &batch, &c.opts, 1, None).unwrap();
+    assert!(PagedAttnPlan::new(&ctx, &bind(&qt), &ql, &kv, 1, &batch, &c.opts, Splits::Fixed(1), None).is_err());
+    let plan = PagedAttnPlan::new(&ctx, &bind(&qt), &ql, &kv, 0, &batch, &c.opts, Splits::Fixed(1), None).unwrap();
     assert!(plan.run(&ctx, &StepValues::chunk(0, 5)).is_err());
+}
+
+#[test]
+fn auto_splits_follow_the_measured_best() {
+    // Llama-3-8B's shape: 8 KV heads x 2 head blocks of the subgroup kernel = 16 rows per token.
+    assert_eq!(auto_splits(1, 4096, 16, 64), 16);
+    assert_eq!(auto_splits(8, 4096, 16, 64), 4);
+    assert_eq!(auto_splits(64, 1024, 16, 64), 1);
+    assert_eq!(auto_splits(1, 100, 16, 64), 1, "short contexts are one split");
+    assert_eq!(auto_splits(1, 1 << 20, 16, 8), 8, "never past the plan's most");
 }
 
 /// The paged kernel over a contiguous cache (each segment a block, the identity table): decode and
@@ -291,7 +307,7 @@ fn over_a_contiguous_cache_any_head_size() {
         let qt = up(&ctx, &q);
         let ql = QueryLayout { n_tok: max_tok, n_q, q_off: 0, tok_stride: n_q * hd };
         let opts = AttnOptions::new(hd);
-        let plan = PagedAttnPlan::over_contiguous(&ctx, &bind(&qt), &ql, &cache, 0, &opts, splits, None).unwrap();
+        let plan = PagedAttnPlan::over_contiguous(&ctx, &bind(&qt), &ql, &cache, 0, &opts, Splits::Fixed(splits), None).unwrap();
         for (p0, n) in [(0usize, 9usize), (30, 1), (39, 9), (47, 1)] {
             plan.run(&ctx, &StepValues::chunk(p0 as u32, n as u32)).unwrap();
             let got = plan.output().unwrap().to_vec::<f32>().unwrap()[..n * n_q * hd].to_vec();

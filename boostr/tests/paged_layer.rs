@@ -13,10 +13,11 @@ use boostr::attention::{AttnOptions, QueryLayout};
 use boostr::kv_cache::KvDtype;
 use boostr::ops_common::{OpPlan, pseudo_random as rnd};
 use boostr::paged::{
-    BatchSeq, BlockAllocator, BlockTable, PagedAttnPlan, PagedBatch, PagedKvCache, PagedKvConfig, PagedKvWritePlan, PagedRowsLayout, paged_attention_ref,
+    BatchSeq, BlockAllocator, BlockTable, PagedAttnPlan, PagedBatch, PagedKvCache, PagedKvConfig, PagedKvWritePlan, PagedRowsLayout, Splits,
+    paged_attention_ref,
 };
 use boostr::rope::{QkvLayout, QkvRope, QkvRopeInputs, QkvRopePlan, RopePositions, RopeStyle};
-use numr::gpu::{GpuContext, StepValues};
+use numr::gpu::GpuContext;
 use numr::testing::test_gpu;
 
 #[path = "plans_util.rs"]
@@ -55,7 +56,7 @@ fn block(ctx: &GpuContext, hd: usize) {
     let write = PagedKvWritePlan::new(ctx, &xb, &rows, &kv, 0, &batch).unwrap();
     let opts = AttnOptions::new(hd);
     let ql = QueryLayout { n_tok: MAX_TOK, n_q, q_off: 0, tok_stride: width };
-    let attn = PagedAttnPlan::new(ctx, &xb, &ql, &kv, 0, &batch, &opts, 2, None).unwrap();
+    let attn = PagedAttnPlan::new(ctx, &xb, &ql, &kv, 0, &batch, &opts, Splits::Auto { max: 4 }, None).unwrap();
 
     let mut alloc = BlockAllocator::new(16);
     let mut tables = [BlockTable::new(), BlockTable::new(), BlockTable::new()];
@@ -72,8 +73,8 @@ fn block(ctx: &GpuContext, hd: usize) {
         let x0 = rnd(n_tok * width, 10 + si as u64, 1.0);
         ctx.write(xt.gpu_buffer().unwrap(), 0, bytemuck::cast_slice(&x0)).unwrap();
         let bs: Vec<BatchSeq> = step.iter().map(|&(s, pos, n)| BatchSeq { table: &tables[s], pos, n_tok: n }).collect();
-        assert_eq!(batch.set(ctx, &bs).unwrap(), n_tok);
-        let sv = StepValues::chunk(0, n_tok as u32);
+        let sv = batch.set(ctx, &bs).unwrap();
+        assert_eq!(sv.n_tok as usize, n_tok);
         let before = no_copy_alloc_snapshot(ctx);
         let mut rec = ctx.recorder();
         rope.record(&mut rec, &sv).unwrap();

@@ -280,6 +280,43 @@ fn cache_ty(dtype: KvDtype) -> &'static str {
     }
 }
 
+/// How many chunks each token's keys are cut into (each chunk one workgroup per head block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Splits {
+    /// Always this many.
+    Fixed(usize),
+    /// Per step, from its tokens and its longest KV length ([`auto_splits`]), at most `max`.
+    Auto {
+        /// The most splits any step uses.
+        max: usize,
+    },
+}
+
+impl Splits {
+    /// The most splits a step uses.
+    pub fn max(&self) -> usize {
+        match *self {
+            Splits::Fixed(n) | Splits::Auto { max: n } => n,
+        }
+    }
+}
+
+/// Workgroups a step's splits aim at (enough to fill a large GPU several times over).
+const AUTO_TARGET_WGS: u32 = 512;
+/// Fewest keys per split worth a workgroup of its own.
+const AUTO_MIN_KEYS: u32 = 256;
+
+/// The split count [`Splits::Auto`] picks for a step of `n_tok` tokens whose longest sequence
+/// reaches `kv_max` positions, with `wg_rows` head blocks per token: enough splits to give about
+/// 512 workgroups, none shorter than 256 keys, between 1 and `max`. Measured on an H100 at
+/// Llama-3-8B's attention shape (`cargo xtask bench --paged`): one sequence at 4K positions is
+/// fastest with 16 splits, 8 sequences at 4K with 4, 64 sequences at 1K or 4K with 1.
+pub fn auto_splits(n_tok: u32, kv_max: u32, wg_rows: u32, max: u32) -> u32 {
+    let by_wgs = AUTO_TARGET_WGS.div_ceil((n_tok * wg_rows).max(1));
+    let by_len = kv_max / AUTO_MIN_KEYS;
+    by_wgs.min(by_len).clamp(1, max.max(1))
+}
+
 /// Attention of a step's tokens over one layer of a paged cache, built once for the batch's most
 /// tokens and recorded per step with `n_tok` = the step's tokens (their positions and sequences
 /// come from the [`PagedBatch`]). Writes `[n_tok, n_q, head_dim]` f32: its own tensor or a
@@ -323,7 +360,7 @@ struct Spec<'a> {
     sources: Vec<Source>,
     tokens: Tokens,
     opts: &'a AttnOptions,
-    splits: usize,
+    splits: Splits,
     out: Option<(&'a Binding, usize)>,
     capacity: Option<usize>,
     kernel: Option<DecodeKernel>,
@@ -344,7 +381,7 @@ impl PagedAttnPlan {
         layer: usize,
         batch: &PagedBatch,
         opts: &AttnOptions,
-        splits: usize,
+        splits: Splits,
         out: Option<(&Binding, usize)>,
     ) -> Result<PagedAttnPlan> {
         Self::with_kernel(ctx, q, ql, cache, layer, batch, opts, splits, out, None)
@@ -363,7 +400,7 @@ impl PagedAttnPlan {
         layer: usize,
         batch: &PagedBatch,
         opts: &AttnOptions,
-        splits: usize,
+        splits: Splits,
         out: Option<(&Binding, usize)>,
         kernel: Option<DecodeKernel>,
     ) -> Result<PagedAttnPlan> {
@@ -407,7 +444,7 @@ impl PagedAttnPlan {
         cache: &KvCache,
         layer: usize,
         opts: &AttnOptions,
-        splits: usize,
+        splits: Splits,
         out: Option<(&Binding, usize)>,
     ) -> Result<PagedAttnPlan> {
         let c = *cache.config();
@@ -451,8 +488,9 @@ impl PagedAttnPlan {
         let max_tokens = sp.max_tokens;
         let max_tok = to_u32(OP, "tokens", max_tokens)?;
         let max_dim = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
-        if max_tokens == 0 || max_tok > max_dim || sp.splits == 0 || to_u32(OP, "splits", sp.splits)? > max_dim {
-            return Err(bad(OP, format!("{max_tokens} tokens and {} splits (1..={max_dim} each)", sp.splits)));
+        let max_splits = sp.splits.max();
+        if max_tokens == 0 || max_tok > max_dim || max_splits == 0 || to_u32(OP, "splits", max_splits)? > max_dim {
+            return Err(bad(OP, format!("{max_tokens} tokens and {max_splits} splits (1..={max_dim} each)")));
         }
         let last = (max_tokens - 1)
             .checked_mul(ql.tok_stride)
@@ -491,7 +529,7 @@ impl PagedAttnPlan {
         };
         // The subgroup kernel stores a normalised output as vec4s.
         let aligned = out_off.is_multiple_of(4) && out_b.size.is_multiple_of(16);
-        let normalised = sp.splits == 1 && sp.sources.len() == 1 && (!use_sg || aligned);
+        let normalised = max_splits == 1 && sp.sources.len() == 1 && (!use_sg || aligned);
         let hd32 = to_u32(OP, "head size", hd)?;
         let cfg = PagedAttn {
             head_dim: hd32,
@@ -511,7 +549,7 @@ impl PagedAttnPlan {
         } else {
             (ctx.kernel(&cfg.source(&env)?)?, cfg.heads)
         };
-        let n_parts = sp.splits * sp.sources.len();
+        let n_parts = max_splits * sp.sources.len();
         let (part, ml) = if normalised {
             (out_b.clone(), crate::ops_common::dummy(ctx)?)
         } else {
@@ -525,12 +563,20 @@ impl PagedAttnPlan {
         };
         let n_q = to_u32(OP, "query heads", ql.n_q)?;
         let wg_y = to_u32(OP, "grid rows", sp.n_kv * group / heads as usize)?;
-        let splits_w = sp.splits as u32;
+        let policy = sp.splits;
+        let max_w = max_splits as u32;
+        let chosen = move |s: &StepValues| -> u32 {
+            match policy {
+                Splits::Fixed(n) => n as u32,
+                Splits::Auto { .. } => auto_splits(s.n_tok.min(max_tok), s.kv_max(), wg_y, max_w),
+            }
+        };
+        let n_src = sp.sources.len() as u32;
         let mut plan = Plan::new();
         for (i, src) in sp.sources.iter().enumerate() {
             if use_sg {
                 let b = [sp.q.clone(), src.k.clone(), src.v.clone(), part.clone(), ml.clone(), tok.clone(), tables.clone()];
-                let mut d = PlanDispatch::new(&kernel, ctx.bind(&kernel, &b)?, [splits_w, wg_y, 0])?
+                let mut d = PlanDispatch::new(&kernel, ctx.bind(&kernel, &b)?, [max_w, wg_y, 0])?
                     .set_usize("q_off", ql.q_off)?
                     .set_usize("tok_stride", ql.tok_stride)?
                     .set("n_q", n_q)?
@@ -539,8 +585,8 @@ impl PagedAttnPlan {
                     .set_usize("head_stride", src.head_stride)?
                     .set_usize("blk_base", src.first_block)?
                     .set_usize("blk_count", src.n_blocks)?
-                    .set("splits", splits_w)?
-                    .set_usize("split_base", i * sp.splits)?
+                    .per_step("splits", chosen)?
+                    .per_step("split_base", move |s| i as u32 * chosen(s))?
                     .set_f32("scale", sp.opts.scale)?
                     .set_f32("softcap", sp.opts.softcap.unwrap_or(0.0))?
                     .set_usize("window", sp.opts.window.unwrap_or(0))?
@@ -548,7 +594,7 @@ impl PagedAttnPlan {
                     .per_step("q_pos", |s| s.pos)?
                     .per_step("n_tok", move |s| s.n_tok.min(max_tok))?
                     .per_step("rows", move |s| s.n_tok.min(max_tok) * n_q)?
-                    .grid_per_step(move |s| [splits_w, wg_y, s.n_tok.min(max_tok)]);
+                    .grid_per_step(move |s| [chosen(s), wg_y, s.n_tok.min(max_tok)]);
                 if normalised {
                     d = d.set_usize("o_base", out_off / 4)?;
                 }
@@ -556,7 +602,7 @@ impl PagedAttnPlan {
                 continue;
             }
             let b = [sp.q.clone(), tok.clone(), tables.clone(), src.k.clone(), src.v.clone(), part.clone(), ml.clone()];
-            let d = PlanDispatch::new(&kernel, ctx.bind(&kernel, &b)?, [splits_w, wg_y, 0])?
+            let d = PlanDispatch::new(&kernel, ctx.bind(&kernel, &b)?, [max_w, wg_y, 0])?
                 .set_usize("q_off", ql.q_off)?
                 .set_usize("tok_stride", ql.tok_stride)?
                 .set("n_q", n_q)?
@@ -566,8 +612,8 @@ impl PagedAttnPlan {
                 .set_usize("head_stride", src.head_stride)?
                 .set_usize("blk_base", src.first_block)?
                 .set_usize("blk_count", src.n_blocks)?
-                .set("splits", splits_w)?
-                .set_usize("split_base", i * sp.splits)?
+                .per_step("splits", chosen)?
+                .per_step("split_base", move |s| i as u32 * chosen(s))?
                 .set_usize("out_off", out_off)?
                 .set_f32("scale", sp.opts.scale)?
                 .set_f32("softcap", sp.opts.softcap.unwrap_or(0.0))?
@@ -575,14 +621,14 @@ impl PagedAttnPlan {
                 .set("step_mode", step_mode)?
                 .per_step("q_pos", |s| s.pos)?
                 .per_step("rows", move |s| s.n_tok.min(max_tok) * n_q)?
-                .grid_per_step(move |s| [splits_w, wg_y, s.n_tok.min(max_tok)]);
+                .grid_per_step(move |s| [chosen(s), wg_y, s.n_tok.min(max_tok)]);
             plan.push(d);
         }
         if !normalised {
             let comb = ctx.kernel(&AttnCombine { head_dim: cfg.head_dim }.source(&env)?)?;
             let b = [part, ml, out_b];
             let d = PlanDispatch::new(&comb, ctx.bind(&comb, &b)?, [0, 1, 1])?
-                .set_usize("splits", n_parts)?
+                .per_step("splits", move |s| chosen(s) * n_src)?
                 .set_usize("out_off", out_off)?
                 .per_step("rows", move |s| s.n_tok.min(max_tok) * n_q)?
                 .grid_per_step(move |s| numr::gpu::grid_2d(u64::from(s.n_tok.min(max_tok) * n_q), max_dim).unwrap_or([0, 0, 0]));

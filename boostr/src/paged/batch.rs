@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext};
+use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, StepValues};
 
 use super::BlockTable;
 use crate::ops_common::{Result, bad};
@@ -76,16 +76,17 @@ impl PagedBatch {
         Binding::whole(&self.positions)
     }
 
-    /// Uploads a step's sequences and returns its token count (the `n_tok` to record the plans
-    /// with). Typed errors for a step over the buffers' sizes, a sequence with no tokens, or a
+    /// Uploads a step's sequences and returns the step values to record the plans with
+    /// ([`StepValues::batch`]: the step's tokens and its longest sequence's KV length). Typed errors for a step over the buffers' sizes, a sequence with no tokens, or a
     /// table that does not hold a sequence's positions. Ordered after everything recorded or
     /// submitted before (a step in flight still reads the old contents).
-    pub fn set(&self, ctx: &GpuContext, seqs: &[BatchSeq<'_>]) -> Result<usize> {
+    pub fn set(&self, ctx: &GpuContext, seqs: &[BatchSeq<'_>]) -> Result<StepValues> {
         const OP: &str = "PagedBatch::set";
         let mut guard = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let (tok, tables) = &mut *guard;
         tok.clear();
         tables.clear();
+        let mut kv_max = 0;
         for (i, s) in seqs.iter().enumerate() {
             let end = s.pos.checked_add(s.n_tok).ok_or_else(|| bad(OP, "positions overflow"))?;
             if s.n_tok == 0 || end > s.table.blocks().len() * self.block_len {
@@ -95,6 +96,7 @@ impl PagedBatch {
                 ));
             }
             let off = u32::try_from(tables.len()).map_err(|_| bad(OP, "table offset over 32 bits"))?;
+            kv_max = kv_max.max(end);
             let used = end.div_ceil(self.block_len);
             if tables.len() + used > self.max_entries || tok.len() / 2 + s.n_tok > self.max_tokens {
                 return Err(bad(OP, format!("the step needs more than {} tokens or {} table entries (the batch's size)", self.max_tokens, self.max_entries)));
@@ -114,6 +116,7 @@ impl PagedBatch {
         tables.clear();
         tables.extend(tok.iter().skip(1).step_by(2));
         ctx.write(&self.positions, 0, bytemuck::cast_slice(tables))?;
-        Ok(tok.len() / 2)
+        let n = u32::try_from(tok.len() / 2).map_err(|_| bad(OP, "tokens over 32 bits"))?;
+        Ok(StepValues::batch(n, u32::try_from(kv_max).map_err(|_| bad(OP, "positions over 32 bits"))?))
     }
 }

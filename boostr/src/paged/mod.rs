@@ -52,7 +52,7 @@ mod prefix;
 mod reference;
 mod write;
 
-pub use attention::{PAGED_ATTN_WG, PagedAttn, PagedAttnPlan};
+pub use attention::{PAGED_ATTN_WG, PagedAttn, PagedAttnPlan, Splits, auto_splits};
 pub use batch::{BatchSeq, PagedBatch};
 pub use blocks::{BlockAllocator, BlockTable};
 pub use prefix::{PrefixCache, PrefixStats, block_hash};

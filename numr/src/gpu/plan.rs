@@ -49,17 +49,20 @@ pub struct StepValues {
     /// Index into GPU-resident token buffers (the ids an embedding reads, the slot an argmax
     /// writes): lets a decode loop keep a ring of ids on the GPU.
     pub token: u32,
+    /// A batched step of several sequences (their positions in a GPU buffer): the longest KV
+    /// length any of them reaches; 0 for a step of one sequence (see [`Self::kv_max`]).
+    pub batch_kv: u32,
 }
 
 impl StepValues {
     /// One token at `pos` (id slot 0).
     pub const fn decode(pos: u32) -> Self {
-        StepValues { pos, n_tok: 1, token: 0 }
+        StepValues { pos, n_tok: 1, token: 0, batch_kv: 0 }
     }
 
     /// A chunk of `n_tok` tokens whose first sits at `pos` (id slot 0).
     pub const fn chunk(pos: u32, n_tok: u32) -> Self {
-        StepValues { pos, n_tok, token: 0 }
+        StepValues { pos, n_tok, token: 0, batch_kv: 0 }
     }
 
     /// The same step reading / writing GPU token slot `token`.
@@ -71,6 +74,17 @@ impl StepValues {
     /// KV positions valid once the step's tokens are written: `pos + n_tok`.
     pub const fn kv_len(&self) -> u32 {
         self.pos + self.n_tok
+    }
+
+    /// A batched step of `n_tok` tokens of several sequences, the longest reaching `kv_max`
+    /// positions (id slot 0; positions come from the batch's buffers, `pos` is 0).
+    pub const fn batch(n_tok: u32, kv_max: u32) -> Self {
+        StepValues { pos: 0, n_tok, token: 0, batch_kv: kv_max }
+    }
+
+    /// The longest KV length of the step: [`Self::batch`]'s, else [`Self::kv_len`].
+    pub const fn kv_max(&self) -> u32 {
+        if self.batch_kv > 0 { self.batch_kv } else { self.kv_len() }
     }
 }
 

@@ -5,7 +5,7 @@
 
 use boostr::attention::{AttnOptions, DecodePlan, PrefillPlan, QueryLayout, contiguous_supported};
 use boostr::ops_common::OpPlan;
-use boostr::paged::PagedAttnPlan;
+use boostr::paged::{PagedAttnPlan, Splits};
 use numr::gpu::Plan;
 
 use super::super::super::EngineError;
@@ -14,9 +14,9 @@ use super::super::ops_err;
 use super::super::plans::Mode;
 use super::PlanCx;
 
-/// Key splits per decode token on the portable path (a few workgroups per KV head at long
-/// contexts; an empty split costs one workgroup's launch).
-const GENERIC_DECODE_SPLITS: usize = 8;
+/// The most key splits per token on the portable path (chosen per step by
+/// `boostr::paged::auto_splits`: one split up to 256 positions, more at long contexts).
+const GENERIC_DECODE_SPLITS: usize = 64;
 
 /// The attention op `i` over cache layer `layer`, with a sliding `window` (`None`: global).
 pub(super) fn attention(cx: &PlanCx, plan: &mut Plan, i: usize, layer: usize, window: Option<usize>) -> Result<(), EngineError> {
@@ -27,8 +27,8 @@ pub(super) fn attention(cx: &PlanCx, plan: &mut Plan, i: usize, layer: usize, wi
         // Head sizes and groups the tuned kernels do not take: the portable paged kernel over
         // the contiguous cache, splitting a decode token's keys for long contexts.
         let (rows, splits) = match cx.mode {
-            Mode::Decode | Mode::Head => (1, GENERIC_DECODE_SPLITS),
-            Mode::Prefill { max_tok } => (max_tok, 1),
+            Mode::Decode | Mode::Head => (1, Splits::Auto { max: GENERIC_DECODE_SPLITS }),
+            Mode::Prefill { max_tok } => (max_tok, Splits::Auto { max: GENERIC_DECODE_SPLITS }),
         };
         let ql = QueryLayout { n_tok: rows, n_q: c.n_heads, q_off: 0, tok_stride: c.qkv_dim() };
         let p = PagedAttnPlan::over_contiguous(ctx, &q, &ql, inp.cache, layer, &opts, splits, Some((&out, 0))).map_err(ops_err)?;
