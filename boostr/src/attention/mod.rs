@@ -176,7 +176,7 @@ fn i8x4(w: u32) -> vec4<f32> {
 }
 ";
 
-fn cache_ty(dtype: KvDtype) -> &'static str {
+pub(crate) fn cache_ty(dtype: KvDtype) -> &'static str {
     match dtype {
         KvDtype::F16 => "array<vec4<u32>>",
         KvDtype::Q8_0 => "array<u32>",

@@ -243,8 +243,8 @@ fn load_tile(tab: u32, t0: u32, hi: u32, kvh: u32, lidx: u32, which: u32) {{
             .storage("q", Access::Read, "array<f32>")
             .storage("tok", Access::Read, "array<u32>")
             .storage("tables", Access::Read, "array<u32>")
-            .storage("kc", Access::Read, cache_ty(self.dtype))
-            .storage("vc", Access::Read, cache_ty(self.dtype))
+            .storage("kc", Access::Read, crate::attention::cache_ty(self.dtype))
+            .storage("vc", Access::Read, crate::attention::cache_ty(self.dtype))
             .storage("out", Access::ReadWrite, "array<f32>")
             .storage("ml", Access::ReadWrite, "array<f32>")
             .params(&[
@@ -270,13 +270,6 @@ fn load_tile(tab: u32, t0: u32, hi: u32, kvh: u32, lidx: u32, which: u32) {{
             .prelude(&pre)
             .body(&body)
             .build())
-    }
-}
-
-fn cache_ty(dtype: KvDtype) -> &'static str {
-    match dtype {
-        KvDtype::F16 => "array<vec4<u32>>",
-        KvDtype::Q8_0 => "array<u32>",
     }
 }
 
@@ -368,8 +361,8 @@ struct Spec<'a> {
 
 impl PagedAttnPlan {
     /// `ql` places each token's queries in `q` (`ql.n_tok` is ignored: the batch's most tokens
-    /// count); `splits` cuts each token's keys into that many chunks (1 for short contexts; more
-    /// spread one long sequence over more workgroups); `out` is an output binding and the element
+    /// count); `splits` cuts each token's keys into chunks, a fixed count or one chosen per step
+    /// ([`Splits`]); `out` is an output binding and the element
     /// of its first value, or `None` for a tensor of the plan's own. Typed errors for a head count
     /// that is not a whole GQA group, a layer the cache lacks, and bindings too small.
     #[allow(clippy::too_many_arguments)]
