@@ -168,6 +168,12 @@ pub trait Backend: Send + Sync {
     fn device_name(&self) -> String;
     /// Whether this runs on a GPU.
     fn is_gpu(&self) -> bool;
+    /// A state for many sequences at once (a paged KV cache; [`super::batch`]), allocated here.
+    /// Executors without batched steps give [`EngineError::Unsupported`].
+    fn new_batch(&self, opts: &super::batch::BatchOpts) -> Result<Box<dyn super::batch::BatchState>, EngineError> {
+        let _ = opts;
+        Err(EngineError::Unsupported { what: format!("batched steps on {}", self.device_name()) })
+    }
 }
 
 /// One sequence on a device.

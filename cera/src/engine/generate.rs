@@ -18,6 +18,7 @@
 //!   [`Want::Logits`] row. `top_logprobs` are a log-softmax over the raw row, before penalties,
 //!   the mask and every sampling transform.
 
+use std::ops::DerefMut;
 use std::time::{Duration, Instant};
 
 use crate::tokenizer::{DecodeOptions, StreamDecoder};
@@ -188,23 +189,48 @@ fn row_logsumexp(logits: &[f32]) -> f64 {
 /// The raw log-probabilities of one step: the chosen token's and the most likely ones (none
 /// unless `top_logprobs` was asked for).
 #[derive(Clone, Debug, Default)]
-struct StepLogprobs {
-    chosen: Option<f32>,
-    top: Vec<(u32, f32)>,
+pub(crate) struct StepLogprobs {
+    pub(crate) chosen: Option<f32>,
+    pub(crate) top: Vec<(u32, f32)>,
 }
 
 /// Chooses tokens from step outputs under one generation's options.
-struct Chooser<'a> {
-    opts: &'a GenerateOpts,
+pub(crate) struct Chooser {
+    opts: GenerateOpts,
     sampler: SamplerOpts,
     /// The same without penalties (applied before the candidates are cut).
     plain: SamplerOpts,
-    masked: &'a [u32],
+    masked: Vec<u32>,
     mode: Mode,
     device: String,
 }
 
-impl Chooser<'_> {
+impl Chooser {
+    /// The chooser of a generation under `opts` (`eog`: the model's end-of-generation ids, masked
+    /// with `ignore_eos`). `device_mask`: whether the executor masks argmax ids itself
+    /// ([`BackendState::set_argmax_mask`]); a batched step does not, so a masked greedy
+    /// generation reads the top `1 + masked` candidates instead.
+    pub(crate) fn new(opts: &GenerateOpts, eog: &[u32], device: String, device_mask: bool) -> Chooser {
+        let sampler = sampler_opts(opts);
+        let plain = SamplerOpts { repeat_penalty: 1.0, presence_penalty: 0.0, frequency_penalty: 0.0, ..sampler.clone() };
+        let masked: Vec<u32> = if opts.ignore_eos { eog.to_vec() } else { Vec::new() };
+        let mut mode = mode(opts, &sampler, masked.len());
+        if mode == Mode::Argmax && !device_mask && !masked.is_empty() {
+            mode = if 1 + masked.len() <= MAX_TOP_K { Mode::TopK(1 + masked.len()) } else { Mode::Logits };
+        }
+        Chooser { opts: opts.clone(), sampler, plain, masked, mode, device }
+    }
+
+    /// What each step asks the executor for.
+    pub(crate) fn want(&self) -> Want {
+        self.mode.want()
+    }
+
+    /// Greedy with the id left on the device (pipelining and `LastArgmax` possible).
+    fn is_argmax(&self) -> bool {
+        self.mode == Mode::Argmax
+    }
+
     fn unexpected(&self, out: &StepOutput) -> EngineError {
         let got = match out {
             StepOutput::Nothing => "nothing",
@@ -220,7 +246,7 @@ impl Chooser<'_> {
     }
 
     /// The next id and the raw log-probabilities (if asked for) for the token at `position`.
-    fn choose(&self, out: StepOutput, history: &[u32], position: u64) -> Result<(u32, StepLogprobs), EngineError> {
+    pub(crate) fn choose(&self, out: StepOutput, history: &[u32], position: u64) -> Result<(u32, StepLogprobs), EngineError> {
         let none = || EngineError::Usage("every token is masked: nothing can be generated".into());
         match (self.mode, out) {
             (Mode::Argmax, StepOutput::Argmax(id)) => Ok((id, StepLogprobs::default())),
@@ -260,7 +286,7 @@ impl Chooser<'_> {
 
 /// Streams text: detokenizes, holds back possible stop strings, and delivers events. Its text
 /// buffers are reused from token to token (a step allocates nothing here).
-struct Stream<'t, 's, S: Sink + ?Sized> {
+pub(crate) struct Stream<'t, K: DerefMut<Target: Sink>> {
     decoder: StreamDecoder<'t>,
     matcher: StopMatcher,
     /// A token's event, held while its text (`held_text`) may still be extended by the end of
@@ -270,8 +296,8 @@ struct Stream<'t, 's, S: Sink + ?Sized> {
     /// The current token's decoded piece and the text it makes safe to show.
     piece: String,
     emit: String,
-    text: String,
-    sink: &'s mut S,
+    pub(crate) text: String,
+    pub(crate) sink: K,
 }
 
 /// Appends an event's text to the generation's and hands the event to the sink.
@@ -280,8 +306,8 @@ fn deliver<S: Sink + ?Sized>(all: &mut String, sink: &mut S, id: u32, text: &str
     sink.token(&TokenEvent { id, text, logprob: lp.chosen, top_logprobs: &lp.top });
 }
 
-impl<'t, 's, S: Sink + ?Sized> Stream<'t, 's, S> {
-    fn new(decoder: StreamDecoder<'t>, matcher: StopMatcher, text: String, sink: &'s mut S) -> Self {
+impl<'t, K: DerefMut<Target: Sink>> Stream<'t, K> {
+    pub(crate) fn new(decoder: StreamDecoder<'t>, matcher: StopMatcher, text: String, sink: K) -> Self {
         Stream { decoder, matcher, held: None, held_text: String::new(), piece: String::new(), emit: String::new(), text, sink }
     }
 
@@ -297,37 +323,37 @@ impl<'t, 's, S: Sink + ?Sized> Stream<'t, 's, S> {
 
     /// A generated token; `last`: generation ends after it. Returns whether a stop string was
     /// completed (generation ends).
-    fn token(&mut self, id: u32, top: StepLogprobs, last: bool) -> Result<bool, EngineError> {
+    pub(crate) fn token(&mut self, id: u32, top: StepLogprobs, last: bool) -> Result<bool, EngineError> {
         self.piece.clear();
         self.decoder.push_into(id, &mut self.piece)?;
         self.emit.clear();
         let stopped = self.matcher.push_into(&self.piece, &mut self.emit);
         if let Some((hid, htop)) = self.held.take() {
-            deliver(&mut self.text, self.sink, hid, &self.held_text, &htop);
+            deliver(&mut self.text, &mut *self.sink, hid, &self.held_text, &htop);
         }
         if stopped {
-            deliver(&mut self.text, self.sink, id, &self.emit, &top);
+            deliver(&mut self.text, &mut *self.sink, id, &self.emit, &top);
             return Ok(true);
         }
         if last {
             Self::release(&mut self.decoder, &mut self.matcher, &mut self.piece, &mut self.emit);
-            deliver(&mut self.text, self.sink, id, &self.emit, &top);
+            deliver(&mut self.text, &mut *self.sink, id, &self.emit, &top);
         } else if !self.matcher.held().is_empty() || !self.decoder.pending_bytes().is_empty() {
             std::mem::swap(&mut self.held_text, &mut self.emit);
             self.held = Some((id, top));
         } else {
-            deliver(&mut self.text, self.sink, id, &self.emit, &top);
+            deliver(&mut self.text, &mut *self.sink, id, &self.emit, &top);
         }
         Ok(false)
     }
 
     /// Generation ended for a reason other than the last token itself.
-    fn end(&mut self) {
+    pub(crate) fn end(&mut self) {
         self.emit.clear();
         Self::release(&mut self.decoder, &mut self.matcher, &mut self.piece, &mut self.emit);
         if let Some((hid, htop)) = self.held.take() {
             self.held_text.push_str(&self.emit);
-            deliver(&mut self.text, self.sink, hid, &self.held_text, &htop);
+            deliver(&mut self.text, &mut *self.sink, hid, &self.held_text, &htop);
         }
     }
 }
@@ -335,8 +361,8 @@ impl<'t, 's, S: Sink + ?Sized> Stream<'t, 's, S> {
 /// Bytes of the generation's text reserved per token it may generate (at most
 /// [`TEXT_RESERVE_MAX`] in all); past that the text grows by doubling, a handful of
 /// allocations in a whole generation.
-const TEXT_RESERVE_PER_TOKEN: usize = 16;
-const TEXT_RESERVE_MAX: usize = 64 << 10;
+pub(crate) const TEXT_RESERVE_PER_TOKEN: usize = 16;
+pub(crate) const TEXT_RESERVE_MAX: usize = 64 << 10;
 
 /// Collects and drops the outstanding steps (after an error or a stop seen one step late).
 fn drain(state: &mut dyn BackendState) {
@@ -381,10 +407,7 @@ impl Session {
         if prompt_tokens == 0 {
             return Err(EngineError::Usage("the session has no tokens to generate from (append a prompt first)".into()));
         }
-        let sampler = sampler_opts(opts);
-        let plain = SamplerOpts { repeat_penalty: 1.0, presence_penalty: 0.0, frequency_penalty: 0.0, ..sampler.clone() };
-        let masked: &[u32] = if opts.ignore_eos { &inner.eog } else { &[] };
-        let chooser = Chooser { opts, mode: mode(opts, &sampler, masked.len()), sampler, plain, masked, device: inner.backend.device_name() };
+        let chooser = Chooser::new(opts, &inner.eog, inner.backend.device_name(), true);
         let mut res = Generation {
             ids: Vec::new(),
             text: String::new(),
@@ -418,9 +441,9 @@ impl Session {
         self.cached.truncate(reused);
         res.reused = reused;
         let mut first_out = StepOutput::Nothing;
-        let first_want = if opts.max_tokens == 0 { Want::Nothing } else { chooser.mode.want() };
-        self.state.set_argmax_mask(if chooser.mode == Mode::Argmax { masked } else { &[] })?;
-        let pipelined = opts.pipeline && chooser.mode == Mode::Argmax;
+        let first_want = if opts.max_tokens == 0 { Want::Nothing } else { chooser.want() };
+        self.state.set_argmax_mask(if chooser.is_argmax() { &chooser.masked } else { &[] })?;
+        let pipelined = opts.pipeline && chooser.is_argmax();
         // Whether the step running the `nth` generated token (1-based) at `pos` can be needed:
         // that token does not end the generation by the token or context limit.
         let may_run = |nth: usize, pos: usize| nth < opts.max_tokens && pos + 1 < n_ctx;
@@ -516,8 +539,8 @@ impl Session {
             // next token's step goes in before this one's output is read.
             let pos = self.seq.len() - 1;
             if self.state.in_flight() == 0 {
-                let input = if chooser.mode == Mode::Argmax { StepInput::LastArgmax } else { StepInput::Tokens(&self.seq[pos..]) };
-                if let Err(e) = self.state.submit(input, pos, chooser.mode.want()) {
+                let input = if chooser.is_argmax() { StepInput::LastArgmax } else { StepInput::Tokens(&self.seq[pos..]) };
+                if let Err(e) = self.state.submit(input, pos, chooser.want()) {
                     break Err(e);
                 }
             }

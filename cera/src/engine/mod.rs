@@ -27,6 +27,7 @@
 
 pub mod arch;
 pub mod backend;
+pub mod batch;
 pub mod config;
 pub mod cpu;
 pub mod cpu_ref;
@@ -44,6 +45,7 @@ pub mod tuning;
 pub mod weights;
 
 pub use backend::{Backend, BackendState, KernelTime, KvType, LoadProgress, MAX_IN_FLIGHT, StateOpts, StepCounters, StepInput, StepOutput, Want};
+pub use batch::{BatchEntry, BatchOpts, BatchState, Batcher, BatcherMetrics, BatcherOpts, BoxSink, Canceller, Prompt, RequestHandle};
 pub use config::{Arch, GateAct, LayerKind, LayerRope, ModelConfig};
 pub use generate::{Generation, Sink, Timings, TokenEvent, row_top_logprobs};
 pub use graph::{DecodeTraffic, ModelGraph, Op, Slot};

@@ -17,6 +17,7 @@
 //! [`KvType`]: super::KvType
 
 mod attention;
+mod batch;
 mod kernels;
 mod matmul;
 mod ops;
@@ -245,6 +246,9 @@ impl CpuBackend {
 }
 
 impl Backend for CpuBackend {
+    fn new_batch(&self, opts: &super::batch::BatchOpts) -> Result<Box<dyn super::batch::BatchState>, EngineError> {
+        Ok(Box::new(batch::CpuBatch::new(self.model.clone(), opts)?))
+    }
     fn new_state(&self, opts: &StateOpts) -> Result<Box<dyn BackendState>, EngineError> {
         Ok(Box::new(state::CpuState::new(self.model.clone(), opts)?))
     }

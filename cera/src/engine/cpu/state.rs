@@ -39,12 +39,12 @@ pub(super) fn slot_index(s: Slot) -> usize {
     }
 }
 
-fn ops_err(e: boostr::ops_common::OpsError) -> EngineError {
+pub(super) fn ops_err(e: boostr::ops_common::OpsError) -> EngineError {
     EngineError::Device { device: "CPU".into(), reason: e.to_string() }
 }
 
 /// `n` zeros, or a typed error when the memory is not there.
-fn zeros(n: Option<usize>, what: &str) -> Result<Arc<Vec<f32>>, EngineError> {
+pub(super) fn zeros(n: Option<usize>, what: &str) -> Result<Arc<Vec<f32>>, EngineError> {
     let oom = |n: Option<usize>| EngineError::Device {
         device: "CPU".into(),
         reason: format!("cannot allocate {what} ({} MiB)", n.map_or(u64::MAX, |n| (n as u64 * 4) >> 20)),
@@ -57,7 +57,7 @@ fn zeros(n: Option<usize>, what: &str) -> Result<Arc<Vec<f32>>, EngineError> {
 }
 
 /// A read-only slot and a different, writable one.
-fn io(slots: &mut [Arc<Vec<f32>>], x: Slot, out: Slot) -> (&[f32], &mut [f32]) {
+pub(super) fn io(slots: &mut [Arc<Vec<f32>>], x: Slot, out: Slot) -> (&[f32], &mut [f32]) {
     let (i, o) = (slot_index(x), slot_index(out));
     if i < o {
         let (a, b) = slots.split_at_mut(o);
@@ -74,7 +74,7 @@ fn key(v: f32) -> f32 {
 }
 
 /// The `k` largest logits with their ids, largest first, ties lower id first.
-fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+pub(super) fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     let k = k.min(logits.len());
     let mut best: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
     for (i, &v) in logits.iter().enumerate() {
@@ -176,32 +176,12 @@ impl CpuState {
 
     fn run(&mut self, op: &CpuOp, pool: &mut super::Pool, ids: &[u32], pos: usize, logits: bool) -> Result<(), EngineError> {
         let m = &*self.model;
+        if run_rowwise(m, &mut self.slots, pool, op, ids)? {
+            return Ok(());
+        }
         let c = &m.cfg;
         let (n, k) = (ids.len(), m.kernels);
-        let width = |s: Slot| m.widths[slot_index(s)];
         match op {
-            CpuOp::Embed { table, scale } => {
-                let e = embedding_ref(table, ids, *scale).map_err(ops_err)?;
-                Arc::make_mut(&mut self.slots[slot_index(Slot::Hidden)])[..e.len()].copy_from_slice(&e);
-            }
-            CpuOp::Norm { x, w, out } => {
-                let (xs, o) = io(&mut self.slots, *x, *out);
-                let y = Norm::rms().reference(&xs[..n * w.len()], w, None, None, w.len(), c.norm_eps).map_err(ops_err)?;
-                o[..y.len()].copy_from_slice(&y);
-            }
-            CpuOp::AddNorm { x, w, out } => {
-                let y = {
-                    let (xs, h) = io(&mut self.slots, *x, Slot::Hidden);
-                    let add = Norm { kind: NormKind::Rms, weight_offset: false, bias: false, residual: true };
-                    add.reference(&xs[..n * c.dim], w, None, Some(&mut h[..n * c.dim]), c.dim, c.norm_eps).map_err(ops_err)?
-                };
-                Arc::make_mut(&mut self.slots[slot_index(*out)])[..y.len()].copy_from_slice(&y);
-            }
-            CpuOp::Linear { g, x, out } => {
-                let xs = self.slots[slot_index(*x)].clone();
-                let o = Arc::make_mut(&mut self.slots[slot_index(*out)]);
-                linear(pool, k, g, &xs, 0, n, o, width(*out))?;
-            }
             CpuOp::QkvRope { layer, qk_norm, rope, freqs } => {
                 let h = Heads { n_q: c.n_heads, n_kv: c.n_kv_heads, head_dim: c.head_dim, n_ctx: self.opts.n_ctx };
                 let qkv = Arc::make_mut(&mut self.slots[slot_index(Slot::Qkv)]);
@@ -223,21 +203,11 @@ impl CpuState {
                 let o = Arc::make_mut(&mut self.slots[slot_index(Slot::Attn)]);
                 attention(pool, k, s, &qkv, &self.keys[*layer], &self.values[*layer], pos, n, o)?;
             }
-            CpuOp::Bias { x, b } => {
-                let rows = &mut Arc::make_mut(&mut self.slots[slot_index(*x)])[..n * b.len()];
-                boostr::bias::bias_reference(rows, b);
-            }
             CpuOp::ShortConv { state, conv, w } => {
                 let d = c.dim;
                 let bcx = self.slots[slot_index(Slot::ConvIn)].clone();
                 let y = conv.reference(&bcx[..n * 3 * d], w, &mut self.conv[*state], pos, n, d).map_err(ops_err)?;
                 Arc::make_mut(&mut self.slots[slot_index(Slot::Conv)])[..y.len()].copy_from_slice(&y);
-            }
-            CpuOp::Glu { act, x, out } => {
-                let f = width(*out);
-                let (xs, o) = io(&mut self.slots, *x, *out);
-                let y = Act { kind: *act, input: GluInput::Packed }.reference(&xs[..n * 2 * f], None, n, f).map_err(ops_err)?;
-                o[..y.len()].copy_from_slice(&y);
             }
             CpuOp::LmHead { g, softcap } => {
                 if logits {
@@ -249,9 +219,55 @@ impl CpuState {
                     }
                 }
             }
+            _ => unreachable!("row-wise ops ran above"),
         }
         Ok(())
     }
+}
+
+/// Runs `op` over the `ids.len()` rows of `slots` when it treats each row on its own (the
+/// embedding, norms, mat-muls, bias, GLU) and returns true; false for the ops that read a
+/// sequence's cache or state (RoPE + KV write, attention, the short conv, the LM head).
+pub(super) fn run_rowwise(m: &Model, slots: &mut [Arc<Vec<f32>>], pool: &mut super::Pool, op: &CpuOp, ids: &[u32]) -> Result<bool, EngineError> {
+    let c = &m.cfg;
+    let (n, k) = (ids.len(), m.kernels);
+    let width = |s: Slot| m.widths[slot_index(s)];
+    match op {
+        CpuOp::Embed { table, scale } => {
+            let e = embedding_ref(table, ids, *scale).map_err(ops_err)?;
+            Arc::make_mut(&mut slots[slot_index(Slot::Hidden)])[..e.len()].copy_from_slice(&e);
+        }
+        CpuOp::Norm { x, w, out } => {
+            let (xs, o) = io(slots, *x, *out);
+            let y = Norm::rms().reference(&xs[..n * w.len()], w, None, None, w.len(), c.norm_eps).map_err(ops_err)?;
+            o[..y.len()].copy_from_slice(&y);
+        }
+        CpuOp::AddNorm { x, w, out } => {
+            let y = {
+                let (xs, h) = io(slots, *x, Slot::Hidden);
+                let add = Norm { kind: NormKind::Rms, weight_offset: false, bias: false, residual: true };
+                add.reference(&xs[..n * c.dim], w, None, Some(&mut h[..n * c.dim]), c.dim, c.norm_eps).map_err(ops_err)?
+            };
+            Arc::make_mut(&mut slots[slot_index(*out)])[..y.len()].copy_from_slice(&y);
+        }
+        CpuOp::Linear { g, x, out } => {
+            let xs = slots[slot_index(*x)].clone();
+            let o = Arc::make_mut(&mut slots[slot_index(*out)]);
+            linear(pool, k, g, &xs, 0, n, o, width(*out))?;
+        }
+        CpuOp::Bias { x, b } => {
+            let rows = &mut Arc::make_mut(&mut slots[slot_index(*x)])[..n * b.len()];
+            boostr::bias::bias_reference(rows, b);
+        }
+        CpuOp::Glu { act, x, out } => {
+            let f = width(*out);
+            let (xs, o) = io(slots, *x, *out);
+            let y = Act { kind: *act, input: GluInput::Packed }.reference(&xs[..n * 2 * f], None, n, f).map_err(ops_err)?;
+            o[..y.len()].copy_from_slice(&y);
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 impl CpuState {

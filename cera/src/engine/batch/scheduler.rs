@@ -1,0 +1,534 @@
+//! The batcher's thread: continuous batching over one [`BatchState`].
+//!
+//! Each turn of the loop takes in new requests and cancellations, then plans one step under the
+//! token budget ([`BatchOpts::max_tokens`]):
+//! 1. one decode row for every running sequence whose last token is still to run, oldest first;
+//! 2. the next prompt chunk of every running sequence still in its prefill, oldest first;
+//! 3. new sequences from the queue (first come, first served) while slots, tokens and KV blocks
+//!    last. A new sequence takes the cached blocks of its prompt's longest cached prefix
+//!    ([`PrefixCache::start`]) and prefills only the rest.
+//!
+//! Blocks are taken as positions need them ([`PrefixCache::grow`], which first evicts cached
+//! blocks no sequence holds, least recently used first). When none are left for a running
+//! sequence, the newest running sequence is preempted: its blocks are released (its filled
+//! blocks stay cached, so it may find them again), it goes back to the front of the queue with
+//! its prompt and the tokens it generated so far, and later runs them again as a prefill and
+//! goes on where it stopped. Its sink has seen each token once and sees nothing twice: every
+//! row of a batched step gives the same numbers whatever else is in the step, so the rerun
+//! recomputes exactly the cache it lost.
+//!
+//! After the step every sequence whose step reached its last token chooses the next one with
+//! its own sampler (seed, penalties, `top_logprobs`), streams it, and checks its stop strings,
+//! stop tokens, `max_tokens` and context; a finished or cancelled sequence frees its blocks and
+//! its slot at once.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use boostr::ops_common::OpsError;
+use boostr::paged::{BlockTable, PrefixCache};
+
+use super::super::backend::{StepOutput, Want};
+use super::super::generate::{Chooser, Generation, Stream, TEXT_RESERVE_MAX, TEXT_RESERVE_PER_TOKEN, Timings};
+use super::super::model::Engine;
+use super::super::options::{FinishReason, GenerateOpts};
+use super::super::stop::StopMatcher;
+use super::super::{EngineError, TokenEvent};
+use super::request::{BatcherMetrics, BoxSink, Reply};
+use super::step::{BatchEntry, BatchOpts, BatchState};
+use crate::tokenizer::{DecodeOptions, StreamDecoder};
+
+/// A request on its way to the batcher's thread.
+pub(crate) struct Pending {
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) opts: GenerateOpts,
+    pub(crate) sink: Option<BoxSink>,
+    pub(crate) reply: Reply,
+}
+
+/// What the batcher's thread receives.
+pub(crate) enum Msg {
+    Submit(Box<Pending>),
+    Shutdown,
+}
+
+/// One request inside the loop.
+struct Seq<'t> {
+    /// Admission order (preemption takes the largest).
+    order: u64,
+    slot: Option<usize>,
+    /// Prompt, then every generated token (the last one not yet run).
+    tokens: Vec<u32>,
+    table: BlockTable,
+    /// Positions `0 .. computed` are in its blocks.
+    computed: usize,
+    /// Full blocks registered in the prefix cache.
+    registered: usize,
+    chooser: Chooser,
+    stream: Stream<'t, BoxSink>,
+    opts: GenerateOpts,
+    res: Generation,
+    reply: Reply,
+    admitted: Option<Instant>,
+    first_token: Option<Instant>,
+}
+
+/// One sequence's part of the planned step.
+struct Planned {
+    seq: usize,
+    pos: usize,
+    n: usize,
+    want: Want,
+}
+
+fn empty_generation(prompt_tokens: usize) -> Generation {
+    Generation {
+        ids: Vec::new(),
+        text: String::new(),
+        finish: FinishReason::MaxTokens,
+        stop_token: None,
+        top_logprobs: Vec::new(),
+        logprobs: Vec::new(),
+        prompt_tokens,
+        reused: 0,
+        prefilled: 0,
+        timings: Timings::default(),
+    }
+}
+
+fn noop_sink() -> BoxSink {
+    Box::new(|_: &TokenEvent<'_>| {})
+}
+
+fn engine_err(e: OpsError) -> EngineError {
+    EngineError::Usage(e.to_string())
+}
+
+/// The loop's state.
+struct Loop<'t> {
+    engine: &'t Engine,
+    o: BatchOpts,
+    prefix: bool,
+    cache: PrefixCache,
+    waiting: VecDeque<Seq<'t>>,
+    running: Vec<Seq<'t>>,
+    free_slots: Vec<usize>,
+    next_order: u64,
+    metrics: BatcherMetrics,
+    /// Generated-token counts of recent steps, for the rate.
+    recent: VecDeque<(Instant, u64)>,
+    /// Results of the sequences that ended this turn.
+    outbox: Vec<(std::sync::mpsc::SyncSender<Result<Generation, EngineError>>, Result<Generation, EngineError>)>,
+}
+
+impl<'t> Loop<'t> {
+    fn new_seq(&mut self, p: Pending) -> Seq<'t> {
+        let inner = &self.engine.inner;
+        let prompt_tokens = p.tokens.len();
+        let room = p.opts.max_tokens.min(self.o.n_ctx.saturating_sub(prompt_tokens)) + 1;
+        let decoder = StreamDecoder::with_options(&inner.tokenizer, DecodeOptions { render_special: false, strip_space_prefix: false });
+        let text = String::with_capacity((room * TEXT_RESERVE_PER_TOKEN).min(TEXT_RESERVE_MAX));
+        let stream = Stream::new(decoder, StopMatcher::new(&p.opts.stop), text, p.sink.unwrap_or_else(noop_sink));
+        let mut res = empty_generation(prompt_tokens);
+        res.ids.reserve(room);
+        let chooser = Chooser::new(&p.opts, &inner.eog, inner.backend.device_name(), false);
+        self.next_order += 1;
+        Seq {
+            order: self.next_order,
+            slot: None,
+            tokens: p.tokens,
+            table: BlockTable::new(),
+            computed: 0,
+            registered: 0,
+            chooser,
+            stream,
+            opts: p.opts,
+            res,
+            reply: p.reply,
+            admitted: None,
+            first_token: None,
+        }
+    }
+
+    /// Ends a sequence: frees its blocks and slot and sends its result.
+    fn finish(&mut self, mut s: Seq<'t>, result: Result<FinishReason, EngineError>) {
+        // Releasing fails only on a bookkeeping bug (a block released twice).
+        let released = self.cache.release(&mut s.table);
+        debug_assert!(released.is_ok(), "{released:?}");
+        if let Some(slot) = s.slot.take() {
+            self.free_slots.push(slot);
+        }
+        let out = result.map(|f| {
+            if f == FinishReason::Cancelled {
+                s.stream.end();
+            }
+            let now = Instant::now();
+            let first = s.first_token.unwrap_or(now);
+            let mut g = std::mem::replace(&mut s.res, empty_generation(0));
+            g.finish = f;
+            g.text = std::mem::take(&mut s.stream.text);
+            g.timings.prefill = s.admitted.map_or(std::time::Duration::ZERO, |a| first.saturating_duration_since(a));
+            g.timings.prefill_tokens = g.prefilled;
+            g.timings.decode = now.saturating_duration_since(first);
+            g.timings.decode_steps = g.ids.len().saturating_sub(1);
+            g
+        });
+        self.metrics.finished += 1;
+        // Sent after the metrics are published, so that a caller that has its result sees them.
+        self.outbox.push((s.reply.done, out));
+    }
+
+    /// Preempts the newest running sequence (other than `keep`), removing its planned entry;
+    /// returns false when there is none.
+    fn preempt_newest(&mut self, plan: &mut Vec<Planned>, budget: &mut usize, keep: usize) -> bool {
+        let Some(victim) = (0..self.running.len()).filter(|&i| i != keep).max_by_key(|&i| self.running[i].order) else { return false };
+        if let Some(at) = plan.iter().position(|p| p.seq == victim) {
+            *budget += plan.remove(at).n;
+        }
+        let mut s = self.running.remove(victim);
+        for p in plan.iter_mut() {
+            if p.seq > victim {
+                p.seq -= 1;
+            }
+        }
+        let released = self.cache.release(&mut s.table);
+        debug_assert!(released.is_ok(), "{released:?}");
+        if let Some(slot) = s.slot.take() {
+            self.free_slots.push(slot);
+        }
+        s.computed = 0;
+        s.registered = 0;
+        self.metrics.preemptions += 1;
+        // Back to the queue in admission order, ahead of requests that never ran.
+        let at = self.waiting.iter().position(|w| w.admitted.is_none() || w.order > s.order).unwrap_or(self.waiting.len());
+        self.waiting.insert(at, s);
+        true
+    }
+
+    /// Plans the running sequences' part of a step (decode rows, then prefill chunks), preempting
+    /// the newest where blocks run out. Sequences that cannot fit even alone end with an error.
+    fn plan_running(&mut self, plan: &mut Vec<Planned>, budget: &mut usize) {
+        for decode in [true, false] {
+            let mut order: Vec<u64> = self.running.iter().map(|s| s.order).collect();
+            order.sort_unstable();
+            for ord in order {
+                let Some(i) = self.running.iter().position(|s| s.order == ord) else { continue };
+                let s = &self.running[i];
+                let left = s.tokens.len() - s.computed;
+                if (left == 1) != decode || left == 0 || *budget == 0 || plan.iter().any(|p| p.seq == i) {
+                    continue;
+                }
+                let n = left.min(*budget);
+                let end = s.computed + n;
+                let mut idx = i;
+                loop {
+                    let s = &mut self.running[idx];
+                    match self.cache.grow(&mut s.table, end) {
+                        Ok(()) => {
+                            let want = self.want_of(idx, end);
+                            plan.push(Planned { seq: idx, pos: self.running[idx].computed, n, want });
+                            *budget -= n;
+                            break;
+                        }
+                        Err(OpsError::KvBlocksExhausted { .. }) => {
+                            let victim_is_self = (0..self.running.len()).max_by_key(|&j| self.running[j].order) == Some(idx);
+                            if victim_is_self {
+                                // This sequence is the newest: it waits (preempted) unless it is alone.
+                                if self.running.len() == 1 {
+                                    let s = self.running.remove(idx);
+                                    let need = end.div_ceil(self.o.block_len);
+                                    let e = EngineError::Usage(format!(
+                                        "the KV budget of {} blocks of {} positions cannot hold one sequence of {end} positions ({need} blocks)",
+                                        self.o.n_blocks, self.o.block_len
+                                    ));
+                                    self.finish(s, Err(e));
+                                    break;
+                                }
+                                self.preempt_newest(plan, budget, usize::MAX);
+                                break;
+                            }
+                            let before = self.running[idx].order;
+                            self.preempt_newest(plan, budget, idx);
+                            match self.running.iter().position(|s| s.order == before) {
+                                Some(j) => idx = j,
+                                None => break,
+                            }
+                        }
+                        Err(e) => {
+                            let s = self.running.remove(idx);
+                            self.finish(s, Err(engine_err(e)));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// What the step of sequence `i` ending at `end` asks for.
+    fn want_of(&self, i: usize, end: usize) -> Want {
+        let s = &self.running[i];
+        if end < s.tokens.len() || s.opts.max_tokens == 0 { Want::Nothing } else { s.chooser.want() }
+    }
+
+    /// Admits queued sequences while slots, tokens and blocks last (never preempting for them).
+    fn admit(&mut self, plan: &mut Vec<Planned>, budget: &mut usize) {
+        while *budget > 0 && !self.free_slots.is_empty() && self.running.len() < self.o.max_seqs {
+            let Some(mut s) = self.waiting.pop_front() else { break };
+            let first = s.admitted.is_none();
+            if self.prefix && s.table.is_empty() {
+                match self.cache.start(&s.tokens) {
+                    Ok((table, hit)) => {
+                        s.table = table;
+                        s.computed = hit;
+                        s.registered = hit / self.o.block_len;
+                    }
+                    Err(e) => {
+                        self.finish(s, Err(engine_err(e)));
+                        continue;
+                    }
+                }
+            }
+            let n = (s.tokens.len() - s.computed).min(*budget);
+            let end = s.computed + n;
+            match self.cache.grow(&mut s.table, end) {
+                Ok(()) => {}
+                Err(OpsError::KvBlocksExhausted { .. }) if !self.running.is_empty() => {
+                    // Wait for running sequences to free blocks (keeping the queue's order).
+                    let _ = self.cache.release(&mut s.table);
+                    s.computed = 0;
+                    s.registered = 0;
+                    self.waiting.push_front(s);
+                    break;
+                }
+                Err(OpsError::KvBlocksExhausted { .. }) => {
+                    let need = end.div_ceil(self.o.block_len);
+                    let e = EngineError::Usage(format!(
+                        "the KV budget of {} blocks of {} positions cannot hold one sequence of {end} positions ({need} blocks)",
+                        self.o.n_blocks, self.o.block_len
+                    ));
+                    self.finish(s, Err(e));
+                    continue;
+                }
+                Err(e) => {
+                    self.finish(s, Err(engine_err(e)));
+                    continue;
+                }
+            }
+            if first {
+                s.admitted = Some(Instant::now());
+                s.res.reused = s.computed;
+            }
+            s.slot = self.free_slots.pop();
+            self.running.push(s);
+            let i = self.running.len() - 1;
+            let want = self.want_of(i, end);
+            plan.push(Planned { seq: i, pos: self.running[i].computed, n, want });
+            *budget -= n;
+        }
+    }
+
+    /// Ends the cancelled sequences, queued or running.
+    fn reap_cancelled(&mut self) {
+        let cancelled = |s: &Seq<'_>| s.reply.cancel.load(Ordering::SeqCst);
+        for list in [true, false] {
+            let mut i = 0;
+            loop {
+                let hit = if list { self.running.get(i).map(cancelled) } else { self.waiting.get(i).map(cancelled) };
+                match hit {
+                    None => break,
+                    Some(true) => {
+                        let s = if list { self.running.remove(i) } else { self.waiting.remove(i).expect("index checked") };
+                        self.finish(s, Ok(FinishReason::Cancelled));
+                    }
+                    Some(false) => i += 1,
+                }
+            }
+        }
+    }
+
+    /// Takes a sequence's step output: registers its filled blocks, chooses and streams the next
+    /// token. Returns the reason it ended, if it did.
+    fn after_step(&mut self, i: usize, p: &Planned, out: StepOutput) -> Result<Option<FinishReason>, EngineError> {
+        let (bl, prefix, n_ctx) = (self.o.block_len, self.prefix, self.o.n_ctx);
+        let s = &mut self.running[i];
+        // A decode row runs the token the sequence generated last; every other row is prompt
+        // (or, after a preemption, recomputed) tokens.
+        let decode_row = p.n == 1 && p.pos + 1 == s.tokens.len() && s.first_token.is_some();
+        if !decode_row {
+            s.res.prefilled += p.n;
+            self.metrics.prefill_tokens += p.n as u64;
+        }
+        s.computed = p.pos + p.n;
+        if prefix && s.computed / bl > s.registered {
+            self.cache.register(&s.table, &s.tokens[..s.computed]).map_err(engine_err)?;
+            s.registered = s.computed / bl;
+        }
+        if p.want == Want::Nothing {
+            return Ok(if s.opts.max_tokens == 0 && s.computed == s.tokens.len() { Some(FinishReason::MaxTokens) } else { None });
+        }
+        let inner = &self.engine.inner;
+        let position = s.tokens.len();
+        let (id, top) = s.chooser.choose(out, &s.tokens, position as u64)?;
+        if (id as usize) >= inner.config.vocab {
+            return Err(EngineError::Device { device: inner.backend.device_name(), reason: format!("the executor chose id {id} outside the vocabulary") });
+        }
+        s.first_token.get_or_insert_with(Instant::now);
+        s.tokens.push(id);
+        self.metrics.generated_tokens += 1;
+        if (!s.opts.ignore_eos && inner.eog.binary_search(&id).is_ok()) || s.opts.stop_tokens.contains(&id) {
+            s.res.stop_token = Some(id);
+            s.stream.end();
+            return Ok(Some(FinishReason::Stop));
+        }
+        s.res.ids.push(id);
+        if s.opts.top_logprobs > 0 {
+            s.res.top_logprobs.push(top.top.clone());
+            s.res.logprobs.push(top.chosen.unwrap_or(f32::NAN));
+        }
+        let finish = if s.res.ids.len() >= s.opts.max_tokens {
+            Some(FinishReason::MaxTokens)
+        } else if s.tokens.len() >= n_ctx {
+            Some(FinishReason::ContextFull)
+        } else {
+            None
+        };
+        if s.stream.token(id, top, finish.is_some())? {
+            return Ok(Some(FinishReason::Stop));
+        }
+        Ok(finish)
+    }
+
+    /// Runs one planned step and hands each sequence its output.
+    fn run_step(&mut self, state: &mut dyn BatchState, plan: Vec<Planned>) {
+        let entries: Vec<BatchEntry<'_>> = plan
+            .iter()
+            .map(|p| {
+                let s = &self.running[p.seq];
+                BatchEntry {
+                    slot: s.slot.expect("running sequences hold a slot"),
+                    tokens: &s.tokens[p.pos..p.pos + p.n],
+                    pos: p.pos,
+                    table: &s.table,
+                    want: p.want,
+                }
+            })
+            .collect();
+        let outs = state.step(&entries);
+        drop(entries);
+        self.metrics.steps += 1;
+        let generated_before = self.metrics.generated_tokens;
+        let mut ended: Vec<(u64, Result<FinishReason, EngineError>)> = Vec::new();
+        match outs {
+            Ok(outs) => {
+                for (p, out) in plan.iter().zip(outs) {
+                    match self.after_step(p.seq, p, out) {
+                        Ok(None) => {}
+                        Ok(Some(f)) => ended.push((self.running[p.seq].order, Ok(f))),
+                        Err(e) => ended.push((self.running[p.seq].order, Err(e))),
+                    }
+                }
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                let device = self.engine.device_name();
+                for p in &plan {
+                    ended.push((self.running[p.seq].order, Err(EngineError::Device { device: device.clone(), reason: msg.clone() })));
+                }
+            }
+        }
+        for (order, r) in ended {
+            if let Some(i) = self.running.iter().position(|s| s.order == order) {
+                let s = self.running.remove(i);
+                self.finish(s, r);
+            }
+        }
+        let now = Instant::now();
+        self.recent.push_back((now, self.metrics.generated_tokens - generated_before));
+        while self.recent.front().is_some_and(|(t, _)| now.duration_since(*t).as_secs_f64() > 1.0) && self.recent.len() > 1 {
+            self.recent.pop_front();
+        }
+        let span = self.recent.front().map_or(0.0, |(t, _)| now.duration_since(*t).as_secs_f64());
+        let toks: u64 = self.recent.iter().skip(1).map(|x| x.1).sum();
+        self.metrics.tokens_per_second = if span > 0.0 { toks as f64 / span } else { 0.0 };
+    }
+
+    fn publish(&mut self, shared: &Mutex<BatcherMetrics>) {
+        let st = self.cache.stats();
+        self.metrics.queued = self.waiting.len();
+        self.metrics.active = self.running.len();
+        self.metrics.blocks_used = st.used_blocks;
+        self.metrics.blocks_free = st.free_blocks;
+        self.metrics.blocks_cached = st.evictable_blocks;
+        self.metrics.prefix_hit_tokens = st.hit_tokens;
+        *shared.lock().unwrap_or_else(|p| p.into_inner()) = self.metrics;
+        for (to, out) in self.outbox.drain(..) {
+            let _ = to.send(out);
+        }
+    }
+}
+
+/// The batcher's thread: runs until [`Msg::Shutdown`] or every sender is gone, then ends the
+/// requests left with [`FinishReason::Cancelled`].
+pub(crate) fn run(engine: Engine, mut state: Box<dyn BatchState>, rx: Receiver<Msg>, shared: Arc<Mutex<BatcherMetrics>>, prefix: bool) {
+    let o = *state.opts();
+    let mut lp = Loop {
+        engine: &engine,
+        o,
+        prefix,
+        cache: PrefixCache::new(o.n_blocks, o.block_len),
+        waiting: VecDeque::new(),
+        running: Vec::new(),
+        free_slots: (0..o.max_seqs).rev().collect(),
+        next_order: 0,
+        metrics: BatcherMetrics::default(),
+        recent: VecDeque::new(),
+        outbox: Vec::new(),
+    };
+    let mut open = true;
+    while open {
+        // Requests in: block while there is nothing to run.
+        if lp.running.is_empty() && lp.waiting.is_empty() {
+            match rx.recv() {
+                Ok(Msg::Submit(p)) => {
+                    let s = lp.new_seq(*p);
+                    lp.waiting.push_back(s);
+                }
+                Ok(Msg::Shutdown) | Err(_) => break,
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(Msg::Submit(p)) => {
+                    let s = lp.new_seq(*p);
+                    lp.waiting.push_back(s);
+                }
+                Ok(Msg::Shutdown) | Err(TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        if !open {
+            break;
+        }
+        lp.reap_cancelled();
+        let mut plan = Vec::new();
+        let mut budget = o.max_tokens;
+        lp.plan_running(&mut plan, &mut budget);
+        lp.admit(&mut plan, &mut budget);
+        if !plan.is_empty() {
+            lp.run_step(state.as_mut(), plan);
+        }
+        lp.publish(&shared);
+    }
+    let left: Vec<Seq<'_>> = lp.running.drain(..).chain(lp.waiting.drain(..)).collect();
+    for s in left {
+        lp.finish(s, Ok(FinishReason::Cancelled));
+    }
+    lp.publish(&shared);
+}

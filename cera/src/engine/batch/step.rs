@@ -1,0 +1,128 @@
+//! The interface between the scheduler ([`super::Batcher`]) and an executor running many
+//! sequences in one step: a [`BatchState`] holds a paged KV cache (blocks of
+//! [`BatchOpts::block_len`] positions that any sequence's [`BlockTable`] points into), and
+//! [`BatchState::step`] runs the tokens of several sequences at once, each at its own positions,
+//! decode rows (one token) and prefill chunks (several) mixed.
+//!
+//! The executor never decides which blocks a sequence holds: the scheduler allocates them
+//! ([`boostr::paged::PrefixCache`]) and hands each entry its table, so blocks shared by a common
+//! prefix are read by several sequences and written by none of them.
+//!
+//! **Batch invariance.** A sequence's rows give the same numbers whichever other sequences share
+//! the step and however many tokens it carries: every kernel of a batched step computes a row
+//! from that row alone in a fixed order (the projections as one matrix product over all the
+//! step's rows, the attention with a split count fixed when the state is made). So greedy and
+//! seeded sampling give exactly what the sequence gives alone in a batch of one.
+
+use boostr::paged::BlockTable;
+
+use super::super::EngineError;
+use super::super::backend::{KvType, StepCounters, StepOutput, Want};
+
+/// Sizes of a batched state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchOpts {
+    /// KV storage type (f16 or q8_0 on the GPU; f32 too on the CPU).
+    pub kv: KvType,
+    /// Positions per KV block.
+    pub block_len: usize,
+    /// KV blocks in the pool (every layer has this many).
+    pub n_blocks: usize,
+    /// Most tokens one step runs, all sequences together (the step's token budget).
+    pub max_tokens: usize,
+    /// Most sequences one step runs (and slots of per-sequence state: LFM2's conv rings).
+    pub max_seqs: usize,
+    /// Most positions one sequence reaches.
+    pub n_ctx: usize,
+}
+
+impl BatchOpts {
+    /// Checks that every size is positive and that a step's sequences fit its tokens.
+    pub fn check(&self) -> Result<(), EngineError> {
+        let o = self;
+        if o.block_len == 0 || o.n_blocks == 0 || o.max_tokens == 0 || o.max_seqs == 0 || o.n_ctx == 0 {
+            return Err(EngineError::Usage(format!(
+                "a batch of block length {}, {} blocks, {} tokens and {} sequences per step, {} positions per sequence (all must be positive)",
+                o.block_len, o.n_blocks, o.max_tokens, o.max_seqs, o.n_ctx
+            )));
+        }
+        if u32::try_from(o.n_ctx).is_err() || u32::try_from(o.max_tokens).is_err() {
+            return Err(EngineError::Usage(format!("{} positions and {} tokens per step must fit 32 bits", o.n_ctx, o.max_tokens)));
+        }
+        Ok(())
+    }
+
+    /// Blocks one sequence of `n_ctx` positions can hold.
+    pub fn blocks_per_seq(&self) -> usize {
+        self.n_ctx.div_ceil(self.block_len.max(1))
+    }
+}
+
+/// One sequence's part of a step.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchEntry<'a> {
+    /// The sequence's slot (`< max_seqs`; at most one entry per slot in a step): where its
+    /// recurrent state lives. A sequence keeps its slot from its first step to its last.
+    pub slot: usize,
+    /// Its tokens in this step, at positions `pos .. pos + tokens.len()`.
+    pub tokens: &'a [u32],
+    /// Position of the first token.
+    pub pos: usize,
+    /// Its blocks; they must hold the step's positions.
+    pub table: &'a BlockTable,
+    /// What comes back about the distribution after its last token.
+    pub want: Want,
+}
+
+/// Many sequences on one device: a paged KV cache and the buffers a step runs through, made once.
+pub trait BatchState: Send {
+    /// The sizes it was made with.
+    fn opts(&self) -> &BatchOpts;
+    /// Runs one step over `entries` (their tokens together at most `max_tokens`, at most
+    /// `max_seqs` entries, distinct slots) and returns one output per entry, in order. A step
+    /// whose first position is 0 starts the slot's recurrent state afresh. Positions at and
+    /// after an entry's `pos` are overwritten in its blocks.
+    fn step(&mut self, entries: &[BatchEntry<'_>]) -> Result<Vec<StepOutput>, EngineError>;
+    /// The counters of the last step (dispatches, passes, submits; zeros on the CPU).
+    fn last_step_counters(&self) -> StepCounters;
+}
+
+/// Typed checks every executor makes before a step: sizes, slots, tokens, tables, wants.
+pub(crate) fn check_entries(o: &BatchOpts, vocab: usize, entries: &[BatchEntry<'_>]) -> Result<usize, EngineError> {
+    if entries.is_empty() {
+        return Err(EngineError::Usage("a batched step of no sequences".into()));
+    }
+    if entries.len() > o.max_seqs {
+        return Err(EngineError::Usage(format!("a step of {} sequences (at most {})", entries.len(), o.max_seqs)));
+    }
+    let mut seen = vec![false; o.max_seqs];
+    let mut total = 0usize;
+    for (i, e) in entries.iter().enumerate() {
+        if e.slot >= o.max_seqs || std::mem::replace(&mut seen[e.slot], true) {
+            return Err(EngineError::Usage(format!("entry {i}: slot {} (below {}, one entry per slot)", e.slot, o.max_seqs)));
+        }
+        if e.tokens.is_empty() {
+            return Err(EngineError::Usage(format!("entry {i}: no tokens")));
+        }
+        let end = e.pos.saturating_add(e.tokens.len());
+        if end > o.n_ctx {
+            return Err(EngineError::ContextOverflow { tokens: end, n_ctx: o.n_ctx });
+        }
+        if end > e.table.len() * o.block_len {
+            return Err(EngineError::Usage(format!("entry {i}: positions {}..{end} with {} blocks of {} positions", e.pos, e.table.len(), o.block_len)));
+        }
+        if let Some(&id) = e.tokens.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::TokenOutOfRange { id, vocab });
+        }
+        if let Want::TopK(k) = e.want
+            && !(1..=super::super::backend::MAX_TOP_K).contains(&k)
+        {
+            return Err(EngineError::Usage(format!("entry {i}: Want::TopK({k}) (1 to {})", super::super::backend::MAX_TOP_K)));
+        }
+        total += e.tokens.len();
+    }
+    if total > o.max_tokens {
+        return Err(EngineError::Usage(format!("a step of {total} tokens (at most {})", o.max_tokens)));
+    }
+    Ok(total)
+}
