@@ -47,19 +47,26 @@ pub struct Argmax {
 
 impl Argmax {
     /// WGSL. Bindings `vals`, `idx`, `out_v` (rw), `out_i` (rw); params `n, per_wg, in_off,
-    /// outv_off, outi_off`.
+    /// outv_off, outi_off, wg_per_row, in_row, out_row, n_rows` (rows past `n_rows` do nothing): workgroup `w` serves row
+    /// `r = w / wg_per_row`, chunk `c = w % wg_per_row` of it (one row: `wg_per_row` = the grid).
     ///
-    /// Bounds: workgroup `w` reads `vals[in_off + j]` (and `idx[in_off + j]` after the first
-    /// pass) for `j < n`, and writes `out_v[outv_off + w]`, `out_i[outi_off + w]`;
-    /// [`ArgmaxPlan::new`] sizes the scratch and checks the views (and each step's slot).
+    /// Bounds: workgroup `w` reads `vals[in_off + r * in_row + j]` (and `idx[..]` after the
+    /// first pass) for `j < n`, and writes `out_v[outv_off + r * out_row + c]`,
+    /// `out_i[outi_off + r * out_row + c]`; [`ArgmaxPlan::new`] and [`ArgmaxPlan::rows`] size the
+    /// scratch and check the views (and each step's slot or rows).
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
-        let load_i = if self.first { "j" } else { "idx[p.in_off + j]" };
+        let load_i = if self.first { "j" } else { "idx[base + j]" };
         let body = format!(
-            "    let lo = wg_linear * p.per_wg;
+            "    let row = wg_linear / p.wg_per_row;
+    let chunk = wg_linear % p.wg_per_row;
+    // Workgroups past the last row (a 2-D grid's rounding) do nothing (uniform per workgroup).
+    if (row >= p.n_rows) {{ return; }}
+    let base = p.in_off + row * p.in_row;
+    let lo = chunk * p.per_wg;
     var bv = -3.4028235e38;
     var bi = 0xffffffffu;
     for (var j = lo + lidx; j < min(lo + p.per_wg, p.n); j += 256u) {{
-        var v = vals[p.in_off + j];
+        var v = vals[base + j];
         {CLAMP_LOW}
         let i = {load_i};
         if (v > bv || (v == bv && i < bi)) {{ bv = v; bi = i; }}
@@ -75,7 +82,7 @@ impl Argmax {
         }}
         workgroupBarrier();
     }}
-    if (lidx == 0u) {{ out_v[p.outv_off + wg_linear] = sv[0]; out_i[p.outi_off + wg_linear] = si[0]; }}
+    if (lidx == 0u) {{ out_v[p.outv_off + row * p.out_row + chunk] = sv[0]; out_i[p.outi_off + row * p.out_row + chunk] = si[0]; }}
 "
         );
         KernelBuilder::new(format!("argmax_f{}", self.first as u8), *env)
@@ -84,7 +91,7 @@ impl Argmax {
             .storage("idx", Access::Read, "array<u32>")
             .storage("out_v", Access::ReadWrite, "array<f32>")
             .storage("out_i", Access::ReadWrite, "array<u32>")
-            .params(&["n", "per_wg", "in_off", "outv_off", "outi_off"])
+            .params(&["n", "per_wg", "in_off", "outv_off", "outi_off", "wg_per_row", "in_row", "out_row", "n_rows"])
             .prelude("var<workgroup> sv: array<f32, 256>;\nvar<workgroup> si: array<u32, 256>;\n")
             .body(&body)
             .build()

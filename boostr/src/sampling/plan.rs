@@ -47,19 +47,81 @@ impl ArgmaxPlan {
         let in_off = logits.offset_u32(OP)?;
         if nwg == 1 {
             let g = ctx.bind(&first, &[logits.binding.clone(), dummy(ctx)?, values.binding.clone(), ids.binding.clone()])?;
-            let d = PlanDispatch::new(&first, g, [1, 1, 1])?.set("n", n32)?.set("per_wg", ARGMAX_PER_WG)?.set("in_off", in_off)?;
+            let d = PlanDispatch::new(&first, g, [1, 1, 1])?
+                .set("n", n32)?
+                .set("per_wg", ARGMAX_PER_WG)?
+                .set("in_off", in_off)?
+                .set("wg_per_row", 1)?
+                .set("n_rows", 1)?;
             plan.push(d.per_step("outv_off", slot(val_off))?.per_step("outi_off", slot(idx_off))?);
         } else {
             let (pv, pi) = (owned(ctx, nwg as usize)?, owned(ctx, nwg as usize)?);
             let g = ctx.bind(&first, &[logits.binding.clone(), dummy(ctx)?, pv.binding.clone(), pi.binding.clone()])?;
             let grid = crate::ops_common::grid_for(ctx, nwg as u64)?;
-            plan.push(PlanDispatch::new(&first, g, grid)?.set("n", n32)?.set("per_wg", ARGMAX_PER_WG)?.set("in_off", in_off)?);
+            plan.push(
+                PlanDispatch::new(&first, g, grid)?
+                    .set("n", n32)?
+                    .set("per_wg", ARGMAX_PER_WG)?
+                    .set("in_off", in_off)?
+                    .set("wg_per_row", nwg)?
+                    .set("n_rows", 1)?,
+            );
             let second = ctx.kernel(&Argmax { first: false }.source(&env))?;
             let g = ctx.bind(&second, &[pv.binding, pi.binding, values.binding.clone(), ids.binding.clone()])?;
-            let d = PlanDispatch::new(&second, g, [1, 1, 1])?.set("n", nwg)?.set("per_wg", nwg)?;
+            let d = PlanDispatch::new(&second, g, [1, 1, 1])?.set("n", nwg)?.set("per_wg", nwg)?.set("wg_per_row", 1)?.set("n_rows", 1)?;
             plan.push(d.per_step("outv_off", slot(val_off))?.per_step("outi_off", slot(idx_off))?);
         }
         Ok(ArgmaxPlan { plan, ids, values, slots })
+    }
+
+    /// Argmax of each of a step's rows of `logits` (`max_rows` rows of `n` f32 one after
+    /// another): row `r < step.n_tok` writes its winner to `ids[r]` and its logit to
+    /// [`ArgmaxPlan::values`]`[r]` (ties: the lowest index, as [`Self::new`]). Two dispatches,
+    /// whatever the rows; `ids` as in [`Self::new`] with `max_rows` slots.
+    pub fn rows(ctx: &GpuContext, logits: &GpuView, n: usize, max_rows: usize, ids: Option<GpuView>) -> Result<ArgmaxPlan> {
+        const OP: &str = "argmax rows plan";
+        if n == 0 || max_rows == 0 {
+            return Err(bad(OP, format!("{n} logits and {max_rows} rows (both must be positive)")));
+        }
+        logits.need(OP, "the logits", mul(OP, "logits", n, max_rows)?)?;
+        let ids = out_or_owned(ctx, OP, ids.as_ref(), max_rows)?;
+        let values = owned(ctx, max_rows)?;
+        let (n32, rows32) = (to_u32(OP, "n", n)?, to_u32(OP, "rows", max_rows)?);
+        let nwg = n32.div_ceil(ARGMAX_PER_WG);
+        let (idx_off, val_off, in_off) = (ids.offset_u32(OP)?, values.offset_u32(OP)?, logits.offset_u32(OP)?);
+        let env = env_of(ctx);
+        let first = ctx.kernel(&Argmax { first: true }.source(&env))?;
+        let second = ctx.kernel(&Argmax { first: false }.source(&env))?;
+        let (pv, pi) = (owned(ctx, mul(OP, "partials", nwg as usize, max_rows)?)?, owned(ctx, mul(OP, "partials", nwg as usize, max_rows)?)?);
+        let rows = move |s: &StepValues| s.n_tok.min(rows32);
+        let mut plan = Plan::new();
+        let g = ctx.bind(&first, &[logits.binding.clone(), dummy(ctx)?, pv.binding.clone(), pi.binding.clone()])?;
+        let d = PlanDispatch::new(&first, g, [1, 1, 1])?
+            .set("n", n32)?
+            .set("per_wg", ARGMAX_PER_WG)?
+            .set("in_off", in_off)?
+            .set("wg_per_row", nwg)?
+            .set("in_row", n32)?
+            .set("out_row", nwg)?
+            .per_step("n_rows", rows)?;
+        let max_dim = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
+        plan.push(d.grid_per_step(move |s| {
+            let total = rows(s) * nwg;
+            let x = total.min(max_dim);
+            [x, total.div_ceil(x.max(1)), 1]
+        }));
+        let g = ctx.bind(&second, &[pv.binding, pi.binding, values.binding.clone(), ids.binding.clone()])?;
+        let d = PlanDispatch::new(&second, g, [1, 1, 1])?
+            .set("n", nwg)?
+            .set("per_wg", nwg)?
+            .set("wg_per_row", 1)?
+            .set("in_row", nwg)?
+            .set("out_row", 1)?
+            .set("outv_off", val_off)?
+            .set("outi_off", idx_off)?
+            .per_step("n_rows", rows)?;
+        plan.push(d.grid_per_step(move |s| [rows(s), 1, 1]));
+        Ok(ArgmaxPlan { plan, ids, values, slots: max_rows })
     }
 
     /// The u32 winners, one per slot.

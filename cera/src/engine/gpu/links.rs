@@ -74,7 +74,8 @@ pub(super) fn epilogue_links(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs
             let c = &g.cfg;
             // The portable kernel (other head sizes and groups) writes f32 only.
             let tuned = boostr::attention::contiguous_supported(c.head_dim, c.n_heads / c.n_kv_heads.max(1));
-            if allow.attention && tuned && DecodePlan::quantized_output_supported(ctx, inp.cache, *layer) && k == g.width(Slot::Attn) {
+            if allow.attention && tuned && inp.cache.is_some_and(|cache| DecodePlan::quantized_output_supported(ctx, cache, *layer)) && k == g.width(Slot::Attn)
+            {
                 let target = Q8Activations::written_by_producer(ctx, k, None).map_err(|e| quant_err(ctx, "attention output", e))?;
                 links.targets.insert(i, target.clone());
                 links.attention.insert(p, target);

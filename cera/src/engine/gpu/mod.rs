@@ -3,6 +3,7 @@
 //! and a step recorded and submitted once per token (`state.rs`).
 
 mod ablate;
+mod batch;
 mod chains;
 mod fuse;
 mod links;
@@ -114,6 +115,9 @@ impl GpuBackend {
 }
 
 impl Backend for GpuBackend {
+    fn new_batch(&self, opts: &super::batch::BatchOpts) -> Result<Box<dyn super::batch::BatchState>, EngineError> {
+        Ok(Box::new(batch::GpuBatch::new(self, opts)?))
+    }
     fn new_state(&self, opts: &StateOpts) -> Result<Box<dyn BackendState>, EngineError> {
         Ok(Box::new(state::GpuState::new(self, opts)?))
     }

@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 use boostr::kv_cache::{KvCache, KvDtype};
 use boostr::ops_common::GpuView;
+use boostr::paged::{PagedBatch, PagedKvCache};
 use boostr::rope::{RopeParams, RopeScaling, RopeStyle};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, KernelEnv, Plan};
 
@@ -52,15 +53,23 @@ use super::weights::GpuWeights;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Mode {
     Decode,
-    Prefill { max_tok: usize },
+    Prefill {
+        max_tok: usize,
+    },
     Head,
+    /// Several sequences' tokens (up to `max_tok`) through the paged cache: the prefill plan's
+    /// GEMMs over every row, RoPE at each row's position, the paged KV write and attention;
+    /// no LM head (the batch state runs it over the rows that want logits).
+    Batch {
+        max_tok: usize,
+    },
 }
 
 impl Mode {
     pub(super) fn rows(self) -> usize {
         match self {
             Mode::Decode | Mode::Head => 1,
-            Mode::Prefill { max_tok } => max_tok,
+            Mode::Prefill { max_tok } | Mode::Batch { max_tok } => max_tok,
         }
     }
 }
@@ -74,10 +83,15 @@ impl Slots {
     /// `qkv_splits`: the K splits of the mode's Q/K/V projection ([`prefill_qkv_splits`]), each
     /// partial sum needing its own `rows x width` of the Q/K/V slot.
     pub(crate) fn new(ctx: &GpuContext, graph: &ModelGraph, rows: usize, qkv_splits: u32) -> Result<Slots, EngineError> {
+        Self::with_logit_rows(ctx, graph, rows, qkv_splits, 1)
+    }
+
+    /// [`Self::new`] with `logit_rows` rows of logits (a batched step's LM head).
+    pub(crate) fn with_logit_rows(ctx: &GpuContext, graph: &ModelGraph, rows: usize, qkv_splits: u32, logit_rows: usize) -> Result<Slots, EngineError> {
         let mut bufs = HashMap::new();
         for s in graph.slots() {
             let r = match s {
-                Slot::Logits => 1,
+                Slot::Logits => logit_rows,
                 Slot::Qkv => rows * qkv_splits.max(1) as usize,
                 _ => rows,
             };
@@ -105,7 +119,12 @@ impl Slots {
 pub(crate) struct PlanInputs<'a> {
     pub(crate) graph: &'a ModelGraph,
     pub(crate) weights: &'a GpuWeights,
-    pub(crate) cache: &'a KvCache,
+    /// The sequence's contiguous cache (decode, prefill and head plans).
+    pub(crate) cache: Option<&'a KvCache>,
+    /// The paged cache and the step's batch (batched plans).
+    pub(crate) paged: Option<(&'a PagedKvCache, &'a PagedBatch)>,
+    /// The most positions a sequence of the paged cache reaches (0 without one).
+    pub(crate) paged_ctx: usize,
     /// Token ids: `[ubatch prompt slots | 1 argmax slot]`.
     pub(crate) ids: &'a Arc<GpuBuffer>,
     /// Per layer: the inverse frequencies on the GPU.
@@ -116,6 +135,18 @@ pub(crate) struct PlanInputs<'a> {
     pub(crate) decode_gemv: DecodeGemv,
     /// The measured constants and their overrides.
     pub(crate) tuning: &'a GpuTuning,
+}
+
+impl<'a> PlanInputs<'a> {
+    /// The contiguous cache ([`EngineError::Usage`] for a batched plan, which has none).
+    pub(crate) fn cache(&self) -> Result<&'a KvCache, EngineError> {
+        self.cache.ok_or_else(|| EngineError::Usage("a sequence plan without a contiguous KV cache".into()))
+    }
+
+    /// The paged cache and the batch ([`EngineError::Usage`] for a sequence's plan).
+    pub(crate) fn paged(&self) -> Result<(&'a PagedKvCache, &'a PagedBatch), EngineError> {
+        self.paged.ok_or_else(|| EngineError::Usage("a batched plan without a paged KV cache".into()))
+    }
 }
 
 /// The inverse RoPE frequencies of a layer's op (frequency factors folded in).
@@ -154,6 +185,16 @@ pub(crate) fn kv_dtype(kv: super::super::KvType) -> Result<KvDtype, EngineError>
 /// Builds the plan of `mode` over `slots`.
 pub(crate) fn build(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mode: Mode) -> Result<Plan, EngineError> {
     Ok(build_layers(ctx, inp, slots, mode)?.0)
+}
+
+/// The LM head over up to `max_rows` normalised rows of `x` into `out` (a batched step's head).
+pub(crate) fn build_head_rows(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, x: Binding, out: Binding, max_rows: usize) -> Result<Plan, EngineError> {
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let links = Links::default();
+    let cx = PlanCx { ctx, env: &env, inp, slots, mode: Mode::Batch { max_tok: max_rows }, links: &links };
+    let mut plan = Plan::new();
+    super::plan_ops::lm_head_rows(&cx, &mut plan, x, out, max_rows)?;
+    Ok(plan)
 }
 
 /// [`build`], with the index of each layer's first dispatch in the plan.

@@ -106,8 +106,18 @@ impl GpuState {
             ctx.write(&ring, 0, &vec![0u8; 4 * CONV_RING * c.dim]).map_err(|e| dev_err(ctx, e))?;
             conv.push(ring);
         }
-        let inp =
-            PlanInputs { graph: g, weights: &b.weights, cache: &cache, ids: &ids, freqs: &freqs, conv: &conv, decode_gemv: b.decode_gemv, tuning: &b.tuning };
+        let inp = PlanInputs {
+            graph: g,
+            weights: &b.weights,
+            cache: Some(&cache),
+            paged: None,
+            paged_ctx: 0,
+            ids: &ids,
+            freqs: &freqs,
+            conv: &conv,
+            decode_gemv: b.decode_gemv,
+            tuning: &b.tuning,
+        };
         let dec_slots = Slots::new(ctx, g, 1, 1)?;
         let pre_slots = Slots::new(ctx, g, ubatch, prefill_qkv_splits(ctx, &inp, ubatch))?;
         let (decode, layer_starts) = build_layers(ctx, &inp, &dec_slots, Mode::Decode)?;

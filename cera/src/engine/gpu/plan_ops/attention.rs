@@ -18,26 +18,43 @@ use super::PlanCx;
 /// `boostr::paged::auto_splits`: one split up to 256 positions, more at long contexts).
 const GENERIC_DECODE_SPLITS: usize = 64;
 
+/// Key splits per token of a batched step's attention, fixed by the longest sequence it serves
+/// (`n_ctx`): one up to 1024 positions, one more per 1024 after that, at most 16.
+pub(in super::super) fn batch_attn_splits(n_ctx: usize) -> usize {
+    n_ctx.div_ceil(1024).clamp(1, 16)
+}
+
 /// The attention op `i` over cache layer `layer`, with a sliding `window` (`None`: global).
 pub(super) fn attention(cx: &PlanCx, plan: &mut Plan, i: usize, layer: usize, window: Option<usize>) -> Result<(), EngineError> {
     let (ctx, inp, c) = (cx.ctx, cx.inp, cx.cfg());
     let opts = AttnOptions { scale: c.attn_scale, softcap: c.attn_softcap, window };
     let (q, out) = (cx.slots.bind(Slot::Qkv), cx.slots.bind(Slot::Attn));
+    if let Mode::Batch { max_tok } = cx.mode {
+        // Every row at its own position through its sequence's blocks; a fixed split count, so
+        // that a row's numbers never depend on the rest of the step.
+        let (cache, batch) = inp.paged()?;
+        let ql = QueryLayout { n_tok: max_tok, n_q: c.n_heads, q_off: 0, tok_stride: c.qkv_dim() };
+        let splits = Splits::Fixed(batch_attn_splits(inp.paged_ctx));
+        let p = PagedAttnPlan::with_kernel(ctx, &q, &ql, cache, layer, batch, &opts, splits, Some((&out, 0)), None).map_err(ops_err)?;
+        plan.append(p.plan());
+        return Ok(());
+    }
+    let cache = inp.cache()?;
     if !contiguous_supported(c.head_dim, c.n_heads / c.n_kv_heads.max(1)) {
         // Head sizes and groups the tuned kernels do not take: the portable paged kernel over
         // the contiguous cache, splitting a decode token's keys for long contexts.
         let (rows, splits) = match cx.mode {
             Mode::Decode | Mode::Head => (1, Splits::Auto { max: GENERIC_DECODE_SPLITS }),
-            Mode::Prefill { max_tok } => (max_tok, Splits::Auto { max: GENERIC_DECODE_SPLITS }),
+            Mode::Prefill { max_tok } | Mode::Batch { max_tok } => (max_tok, Splits::Auto { max: GENERIC_DECODE_SPLITS }),
         };
         let ql = QueryLayout { n_tok: rows, n_q: c.n_heads, q_off: 0, tok_stride: c.qkv_dim() };
-        let p = PagedAttnPlan::over_contiguous(ctx, &q, &ql, inp.cache, layer, &opts, splits, Some((&out, 0))).map_err(ops_err)?;
+        let p = PagedAttnPlan::over_contiguous(ctx, &q, &ql, cache, layer, &opts, splits, Some((&out, 0))).map_err(ops_err)?;
         plan.append(p.plan());
         return Ok(());
     }
     match cx.mode {
         Mode::Decode | Mode::Head => {
-            let mut b = DecodePlan::builder(ctx, &q, 0, c.n_heads, inp.cache, layer, &opts).output(&out, 0);
+            let mut b = DecodePlan::builder(ctx, &q, 0, c.n_heads, cache, layer, &opts).output(&out, 0);
             if let Some(t) = inp.tuning.attn_tuning {
                 b = b.tuning(t.heads, t.keys, t.target_wgs);
             }
@@ -49,9 +66,9 @@ pub(super) fn attention(cx: &PlanCx, plan: &mut Plan, i: usize, layer: usize, wi
             }
             plan.append(b.build().map_err(ops_err)?.plan());
         }
-        Mode::Prefill { max_tok } => {
+        Mode::Prefill { max_tok } | Mode::Batch { max_tok } => {
             let ql = QueryLayout { n_tok: max_tok, n_q: c.n_heads, q_off: 0, tok_stride: c.qkv_dim() };
-            let mut b = PrefillPlan::builder(ctx, &q, &ql, inp.cache, layer, &opts).output(&out, 0);
+            let mut b = PrefillPlan::builder(ctx, &q, &ql, cache, layer, &opts).output(&out, 0);
             if let Some(kind) = inp.tuning.prefill_attn {
                 b = b.kernel(kind);
             }

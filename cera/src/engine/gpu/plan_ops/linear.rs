@@ -30,6 +30,13 @@ pub(super) struct GemvFusion {
     rope: Option<usize>,
 }
 
+impl GemvFusion {
+    /// `out = x Wᵀ`, nothing fused.
+    pub(in super::super) fn plain(x: Binding, out: Binding) -> GemvFusion {
+        GemvFusion { x, out, norm: None, glu: None, accumulate: false, rope: None }
+    }
+}
+
 /// The bindings of a linear op reading `x` into `out`, fused as `f` says: accumulating GEMVs
 /// add into the residual stream instead of writing their slot; a fused RMSNorm reads the
 /// stream, a fused GLU the packed `[gate | up]` rows.
@@ -84,15 +91,12 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
         _ => None,
     });
     let freqs = rope_layer.map(|l| Binding::whole(&inp.freqs[l]));
-    let rope = rope_layer.zip(freqs.as_ref()).map(|(layer, freqs)| RopeKv {
-        n_q: c.n_heads,
-        n_kv: c.n_kv_heads,
-        head_dim: c.head_dim,
-        rot_dim: c.rope_dim,
-        freqs,
-        cache: inp.cache,
-        layer,
-    });
+    let rope = match rope_layer.zip(freqs.as_ref()) {
+        Some((layer, freqs)) => {
+            Some(RopeKv { n_q: c.n_heads, n_kv: c.n_kv_heads, head_dim: c.head_dim, rot_dim: c.rope_dim, freqs, cache: inp.cache()?, layer })
+        }
+        None => None,
+    };
     for part in parts {
         let w = &part.w;
         let output = if rope.is_some() {
@@ -151,9 +155,11 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
                 };
                 plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
             }
-            (Mode::Prefill { max_tok }, _) => {
+            (Mode::Prefill { max_tok } | Mode::Batch { max_tok }, _) => {
                 let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
-                let p = match qkv_split_k(ctx, inp, op, max_tok) {
+                // A batched step never splits over K (its RoPE reads one sum).
+                let splits = if matches!(mode, Mode::Batch { .. }) { 1 } else { qkv_split_k(ctx, inp, op, max_tok) };
+                let p = match splits {
                     1 => GemmPlan::with_output(ctx, &cfg, w, &x, &output, max_tok),
                     splits => GemmPlan::with_split_k(ctx, &cfg, w, &x, &y, max_tok, splits),
                 };
@@ -170,8 +176,9 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
 pub(in super::super) fn rope_fusable(ctx: &GpuContext, env: &KernelEnv, inp: &PlanInputs, op: usize) -> bool {
     let c = &inp.graph.cfg;
     let Ok(parts) = inp.weights.linear_parts(inp.graph, op) else { return false };
-    let cc = inp.cache.config();
-    let one_segment = inp.cache.segment_len() >= inp.cache.capacity();
+    let Some(cache) = inp.cache else { return false };
+    let cc = cache.config();
+    let one_segment = cache.segment_len() >= cache.capacity();
     if parts.len() != 1
         || parts[0].w.rows != (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
         || cc.dtype != KvDtype::F16

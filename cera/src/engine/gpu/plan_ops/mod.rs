@@ -44,6 +44,18 @@ impl PlanCx<'_> {
     }
 }
 
+/// The LM head as one matrix product over up to `max_rows` rows of `x` (normalised rows of
+/// `dim` f32) into `out` (`max_rows` rows of `vocab` logits); a step runs `step.n_tok` rows.
+pub(super) fn lm_head_rows(cx: &PlanCx, plan: &mut Plan, x: numr::gpu::Binding, out: numr::gpu::Binding, max_rows: usize) -> Result<(), EngineError> {
+    let (g, c) = (cx.inp.graph, cx.cfg());
+    let i = g.ops.iter().position(|op| matches!(op, Op::LmHead { .. })).ok_or_else(|| EngineError::BadConfig { reason: "the graph has no LM head".into() })?;
+    if let Op::LmHead { softcap: Some(cap), .. } = &g.ops[i] {
+        return Err(EngineError::Unsupported { what: format!("final logit soft-capping ({cap}) on the GPU") });
+    }
+    let fusion = linear::GemvFusion::plain(x, out);
+    linear::linear(cx, plan, LinearArgs { op: i, fusion, width: c.vocab, eps: c.norm_eps, mode: Mode::Batch { max_tok: max_rows } })
+}
+
 /// Appends the dispatches of op `i` (`op`, fused as `f`) to `plan`.
 pub(super) fn record_op(cx: &PlanCx, plan: &mut Plan, i: usize, op: &Op, f: &Fused) -> Result<(), EngineError> {
     let (g, c) = (cx.inp.graph, cx.cfg());
@@ -74,6 +86,9 @@ pub(super) fn record_op(cx: &PlanCx, plan: &mut Plan, i: usize, op: &Op, f: &Fus
         }
         Op::Attention { layer, window } => attention::attention(cx, plan, i, *layer, *window),
         Op::Bias { x, bs } => misc::bias(cx, plan, *x, bs),
+        Op::ShortConv { .. } if matches!(cx.mode, Mode::Batch { .. }) => {
+            Err(EngineError::Unsupported { what: "batched steps of LFM2's short conv on the GPU (the CPU executor runs them)".into() })
+        }
         Op::ShortConv { state, w } => misc::short_conv(cx, plan, *state, w),
         Op::Glu { act, x, out } => misc::glu(cx, plan, *act, *x, *out),
     }

@@ -1,0 +1,243 @@
+//! Many sequences on the GPU: a paged KV cache, the batched plan over a step's rows, and the LM
+//! head over the rows that want logits. One step is ONE recording and ONE submit, and its
+//! dispatch count does not grow with the number of sequences:
+//!
+//! 1. the step's token ids and its batch (each row's table offset and position, the tables)
+//!    are written to buffers made once ([`PagedBatch::set`]);
+//! 2. the batched plan ([`Mode::Batch`]) runs the graph over every row: the GEMM kernels
+//!    (cooperative-matrix where the adapter has them) as one product over the step's rows,
+//!    QK-norm + RoPE at each row's position, the paged KV write, and paged attention with a
+//!    split count fixed at build (so a row's numbers never depend on the other rows);
+//! 3. the LM head (one matrix product) over the last row of every sequence that wants logits,
+//!    read from the `Normed` rows directly when they are the step's first rows (a step of decode
+//!    rows), else gathered by buffer copies;
+//! 4. argmax over every head row in two dispatches, and one readback: the ids, and the logits
+//!    rows of the sequences that sample (their top-k is taken on the host).
+
+use std::sync::Arc;
+
+use boostr::ops_common::OpPlan;
+use boostr::paged::{BatchSeq, PagedBatch, PagedKvCache, PagedKvConfig};
+use boostr::sampling::ArgmaxPlan;
+use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, Plan, Recorder, StepValues};
+
+use super::super::EngineError;
+use super::super::backend::{StepCounters, StepOutput, Want};
+use super::super::batch::{BatchEntry, BatchOpts, BatchState, check_entries};
+use super::super::cpu::top_k;
+use super::super::graph::{ModelGraph, Op, Slot};
+use super::plans::{Mode, PlanInputs, Slots, build, build_head_rows, inv_freqs, kv_dtype};
+use super::weights::GpuWeights;
+use super::{GpuBackend, dev_err, ops_err};
+
+pub(crate) struct GpuBatch {
+    ctx: Arc<GpuContext>,
+    graph: Arc<ModelGraph>,
+    device: String,
+    opts: BatchOpts,
+    _weights: Arc<GpuWeights>,
+    _cache: PagedKvCache,
+    batch: PagedBatch,
+    _freqs: Vec<Arc<GpuBuffer>>,
+    ids: Arc<GpuBuffer>,
+    slots: Slots,
+    plan: Plan,
+    /// The head's input rows when they are gathered.
+    head_in: Arc<GpuBuffer>,
+    /// The LM head over the `Normed` rows / over `head_in`.
+    head_direct: Plan,
+    head_gather: Plan,
+    argmax: ArgmaxPlan,
+    rec: Option<Recorder>,
+    counters: StepCounters,
+    /// Host staging of a step's ids.
+    scratch: Vec<u32>,
+}
+
+impl GpuBatch {
+    pub(crate) fn new(b: &GpuBackend, opts: &BatchOpts) -> Result<GpuBatch, EngineError> {
+        opts.check()?;
+        let (ctx, g) = (&b.ctx, &b.graph);
+        let c = &g.cfg;
+        let dtype = kv_dtype(opts.kv)?;
+        if !PagedKvConfig::supports_head_dim(dtype, c.head_dim) {
+            return Err(EngineError::Unsupported {
+                what: format!("a paged {dtype} KV cache of head size {} (a multiple of 8 up to 256; q8_0: of 32)", c.head_dim),
+            });
+        }
+        let cfg = PagedKvConfig {
+            n_layers: c.kv_layers().max(1),
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            block_len: opts.block_len,
+            n_blocks: opts.n_blocks,
+            dtype,
+            max_buffer_bytes: None,
+        };
+        let cache = PagedKvCache::new(ctx, cfg).map_err(ops_err)?;
+        let entries = opts.max_seqs.saturating_mul(opts.blocks_per_seq()).max(1);
+        let batch = PagedBatch::new(ctx, opts.max_tokens, entries, opts.block_len).map_err(ops_err)?;
+        let ids = ctx.alloc(4 * opts.max_tokens as u64, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
+        let dummy = ctx.alloc(16, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
+        let mut freqs = vec![dummy.clone(); c.n_layers];
+        for op in &g.ops {
+            if let Op::QkvRope { layer, .. } = op {
+                let f = inv_freqs(g, &b.weights, op)?;
+                freqs[*layer] = ctx.upload(bytemuck::cast_slice(&f)).map_err(|e| dev_err(ctx, e))?;
+            }
+        }
+        let inp = PlanInputs {
+            graph: g,
+            weights: &b.weights,
+            cache: None,
+            paged: Some((&cache, &batch)),
+            paged_ctx: opts.n_ctx,
+            ids: &ids,
+            freqs: &freqs,
+            conv: &[],
+            decode_gemv: b.decode_gemv,
+            tuning: &b.tuning,
+        };
+        let slots = Slots::with_logit_rows(ctx, g, opts.max_tokens, 1, opts.max_seqs)?;
+        let plan = build(ctx, &inp, &slots, Mode::Batch { max_tok: opts.max_tokens })?;
+        let dim = g.width(Slot::Normed);
+        let head_in = ctx.alloc((4 * dim * opts.max_seqs) as u64, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
+        let logits = slots.bind(Slot::Logits);
+        let direct_rows = opts.max_seqs.min(opts.max_tokens);
+        let head_direct = build_head_rows(ctx, &inp, &slots, slots.bind(Slot::Normed), logits.clone(), direct_rows)?;
+        let head_gather = build_head_rows(ctx, &inp, &slots, Binding::whole(&head_in), logits, opts.max_seqs)?;
+        let argmax = ArgmaxPlan::rows(ctx, &slots.view(Slot::Logits), c.vocab, opts.max_seqs, None).map_err(ops_err)?;
+        Ok(GpuBatch {
+            ctx: ctx.clone(),
+            graph: g.clone(),
+            device: b.device.clone(),
+            opts: *opts,
+            _weights: b.weights.clone(),
+            _cache: cache,
+            batch,
+            _freqs: freqs,
+            ids,
+            slots,
+            plan,
+            head_in,
+            head_direct,
+            head_gather,
+            argmax,
+            rec: Some(ctx.recorder()),
+            counters: StepCounters::default(),
+            scratch: Vec::with_capacity(opts.max_tokens),
+        })
+    }
+
+    fn err(&self, e: numr::NumrError) -> EngineError {
+        EngineError::Device { device: self.device.clone(), reason: e.to_string() }
+    }
+
+    /// Records the step into `rec`; returns each entry's head row (`None`: wants nothing).
+    fn record(&mut self, rec: &mut Recorder, entries: &[BatchEntry<'_>]) -> Result<Vec<Option<usize>>, EngineError> {
+        self.scratch.clear();
+        let mut seqs = Vec::with_capacity(entries.len());
+        let mut last_rows = Vec::with_capacity(entries.len());
+        for e in entries {
+            seqs.push(BatchSeq { table: e.table, pos: e.pos, n_tok: e.tokens.len() });
+            self.scratch.extend_from_slice(e.tokens);
+            last_rows.push(self.scratch.len() - 1);
+        }
+        self.ctx.write(&self.ids, 0, bytemuck::cast_slice(&self.scratch)).map_err(|e| self.err(e))?;
+        let step = self.batch.set(&self.ctx, &seqs).map_err(ops_err)?;
+        self.plan.record(rec, &step).map_err(|e| self.err(e))?;
+        let mut head = Vec::with_capacity(entries.len());
+        let mut wanted = Vec::new();
+        for (e, &row) in entries.iter().zip(&last_rows) {
+            if e.want == Want::Nothing {
+                head.push(None);
+            } else {
+                head.push(Some(wanted.len()));
+                wanted.push(row);
+            }
+        }
+        let m = wanted.len();
+        if m == 0 {
+            return Ok(head);
+        }
+        let rows = StepValues::chunk(0, m as u32);
+        if wanted.iter().enumerate().all(|(j, &r)| r == j) && m <= self.opts.max_tokens.min(self.opts.max_seqs) {
+            self.head_direct.record(rec, &rows).map_err(|e| self.err(e))?;
+        } else {
+            let row = 4 * self.graph.width(Slot::Normed) as u64;
+            let src = self.slots.buf(Slot::Normed).clone();
+            for (j, &r) in wanted.iter().enumerate() {
+                rec.copy(&src, r as u64 * row, &self.head_in, j as u64 * row, row).map_err(|e| self.err(e))?;
+            }
+            self.head_gather.record(rec, &rows).map_err(|e| self.err(e))?;
+        }
+        if entries.iter().any(|e| e.want == Want::Argmax) {
+            self.argmax.record(rec, &rows).map_err(ops_err)?;
+        }
+        Ok(head)
+    }
+}
+
+impl BatchState for GpuBatch {
+    fn opts(&self) -> &BatchOpts {
+        &self.opts
+    }
+
+    fn step(&mut self, entries: &[BatchEntry<'_>]) -> Result<Vec<StepOutput>, EngineError> {
+        check_entries(&self.opts, self.graph.cfg.vocab, entries)?;
+        if let Some(b) = entries.iter().flat_map(|e| e.table.blocks()).find(|&&b| b as usize >= self.opts.n_blocks) {
+            return Err(EngineError::Usage(format!("block {b} of a cache of {} blocks", self.opts.n_blocks)));
+        }
+        let start = std::time::Instant::now();
+        let mut rec = self.rec.take().unwrap_or_else(|| self.ctx.recorder());
+        let head = match self.record(&mut rec, entries) {
+            Ok(h) => h,
+            // The half-recorded step is dropped with its recorder; the next step makes another.
+            Err(e) => return Err(e),
+        };
+        let vocab = self.graph.cfg.vocab as u64;
+        let m = head.iter().flatten().count() as u64;
+        let any_argmax = entries.iter().any(|e| e.want == Want::Argmax);
+        let ids_read = if any_argmax {
+            let v = self.argmax.ids();
+            Some(rec.read(v.buffer(), v.byte_offset(), 4 * m).map_err(|e| self.err(e))?)
+        } else {
+            None
+        };
+        let mut row_reads = Vec::with_capacity(entries.len());
+        for (e, h) in entries.iter().zip(&head) {
+            row_reads.push(match (e.want, h) {
+                (Want::TopK(_) | Want::Logits, Some(j)) => {
+                    Some(rec.read(self.slots.buf(Slot::Logits), *j as u64 * 4 * vocab, 4 * vocab).map_err(|e| self.err(e))?)
+                }
+                _ => None,
+            });
+        }
+        let (dispatches, passes) = (rec.dispatch_count(), rec.pass_count());
+        let submitted = rec.submit_and_clear();
+        self.rec = Some(rec);
+        submitted.map_err(|e| self.err(e))?;
+        self.counters = StepCounters { dispatches, passes, submits: 1, host_ns: start.elapsed().as_nanos() as u64 };
+        let ids: Vec<u32> = match ids_read {
+            Some(r) => r.wait_u32().map_err(|e| self.err(e))?,
+            None => Vec::new(),
+        };
+        let mut out = Vec::with_capacity(entries.len());
+        for ((e, h), read) in entries.iter().zip(&head).zip(row_reads) {
+            out.push(match (e.want, h, read) {
+                (Want::Argmax, Some(j), _) => StepOutput::Argmax(ids[*j]),
+                (Want::TopK(k), _, Some(r)) => {
+                    let bytes = r.wait().map_err(|e| self.err(e))?;
+                    StepOutput::TopK(top_k(bytemuck::cast_slice(&bytes), k))
+                }
+                (Want::Logits, _, Some(r)) => StepOutput::Logits(bytemuck::cast_slice(&r.wait().map_err(|e| self.err(e))?).to_vec()),
+                _ => StepOutput::Nothing,
+            });
+        }
+        Ok(out)
+    }
+
+    fn last_step_counters(&self) -> StepCounters {
+        self.counters
+    }
+}

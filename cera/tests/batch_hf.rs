@@ -1,0 +1,188 @@
+//! Batched steps on the tiny random Hugging Face checkpoints of every architecture
+//! (`tests/golden/hf/`, transformers' logits and greedy continuations), on the CPU executor and
+//! on the GPU (lavapipe in CI; head size 16, which only the paged kernels take on the GPU):
+//! - one batched step holding every case's whole prompt (sequences of different lengths in one
+//!   step, rows at their own positions through their own block tables, blocks handed out
+//!   interleaved) gives each case's last logits within the tolerance of `hf_goldens.rs`;
+//! - the batcher's greedy continuations equal transformers' (stopping at its EOS), three
+//!   sequences joining at different steps, and each sequence's ids (greedy and seeded) equal
+//!   what it gives alone;
+//! - a batched step is one submit, and its dispatch count does not grow with the sequences.
+//!
+//! LFM2 (short-conv layers) runs batched on the CPU; the GPU refuses it with a typed error.
+
+mod batch_support;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use batch_support::{alone, run_staggered};
+use boostr::paged::{BlockAllocator, BlockTable};
+use cera::engine::cpu::CpuBackend;
+use cera::engine::gpu::GpuBackend;
+use cera::engine::{
+    Backend, BatchEntry, BatchOpts, BatcherOpts, DeviceChoice, Engine, EngineError, GenerateOpts, HfModel, KvType, LoadOptions, StepOutput, Want,
+};
+use serde_json::Value;
+
+const MODELS: [&str; 8] = ["llama-tiny", "qwen2-tiny", "qwen3-tiny", "lfm2-tiny", "gemma3-tiny", "gemma3-6l-tiny", "llama-tiny-awq", "llama-tiny-gptq"];
+/// `hf_goldens.rs`'s tolerances (relative to the row's largest logit): the CPU with an f32 KV
+/// cache, the GPU with f16 K/V (f16 activations in the GEMMs where it has cooperative matrices).
+const CPU_TOL: f64 = 1e-3;
+const GPU_TOL: f64 = 2e-3;
+const GPU_TOL_F16_GEMM: f64 = 4e-3;
+
+fn dir(model: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/hf").join(model)
+}
+
+struct Case {
+    ids: Vec<u32>,
+    generated: Vec<u32>,
+    last_logits: Vec<f32>,
+}
+
+fn cases(model: &str) -> Vec<Case> {
+    let d = dir(model);
+    let g: Value = serde_json::from_slice(&std::fs::read(d.join("golden.json")).unwrap()).unwrap();
+    let blob = std::fs::read(d.join("logits.bin")).unwrap();
+    let all: Vec<f32> = blob.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let vocab = g["vocab"].as_u64().unwrap() as usize;
+    let ids = |v: &Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<u32>>();
+    g["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let (off, n) = (c["logits_offset"].as_u64().unwrap() as usize, c["n_tokens"].as_u64().unwrap() as usize);
+            Case { ids: ids(&c["ids"]), generated: ids(&c["generated"]), last_logits: all[off + (n - 1) * vocab..off + n * vocab].to_vec() }
+        })
+        .collect()
+}
+
+fn rel(a: &[f32], b: &[f32]) -> f64 {
+    let scale = b.iter().fold(0f64, |m, &x| m.max(x.abs() as f64));
+    a.iter().zip(b).fold(0f64, |m, (&x, &y)| m.max((x as f64 - y as f64).abs())) / scale
+}
+
+/// Every case's prompt in one batched step (blocks of 4 positions, handed out round-robin so
+/// that each sequence's blocks are interleaved with the others'): its last logits against
+/// transformers'. Then the same step with one case alone: the same dispatch count, one submit.
+fn one_step(b: &dyn Backend, kv: KvType, tol: f64, what: &str) {
+    let cs = cases(what.split(' ').next().unwrap());
+    let opts = BatchOpts { kv, block_len: 4, n_blocks: 256, max_tokens: 256, max_seqs: 8, n_ctx: 128 };
+    let mut st = b.new_batch(&opts).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let mut alloc = BlockAllocator::new(opts.n_blocks);
+    let mut tables: Vec<BlockTable> = cs.iter().map(|_| BlockTable::new()).collect();
+    let longest = cs.iter().map(|c| c.ids.len()).max().unwrap();
+    for len in (4..=longest.next_multiple_of(4)).step_by(4) {
+        for (t, c) in tables.iter_mut().zip(&cs) {
+            t.grow(&mut alloc, 4, len.min(c.ids.len())).unwrap();
+        }
+    }
+    let entries: Vec<BatchEntry> =
+        cs.iter().zip(&tables).enumerate().map(|(i, (c, t))| BatchEntry { slot: i, tokens: &c.ids, pos: 0, table: t, want: Want::Logits }).collect();
+    let outs = st.step(&entries).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let many = st.last_step_counters();
+    for ((c, out), i) in cs.iter().zip(outs).zip(0..) {
+        let StepOutput::Logits(l) = out else { panic!("{what}: not logits") };
+        let e = rel(&l, &c.last_logits);
+        println!("{what} case {i} ({} tokens): relative logit error {e:.2e}", c.ids.len());
+        assert!(e <= tol, "{what} case {i}: relative logit error {e:.2e} > {tol:.0e}");
+    }
+    st.step(&entries[..1]).unwrap();
+    let one = st.last_step_counters();
+    assert_eq!((many.submits, one.submits), (if b.is_gpu() { (1, 1) } else { (0, 0) }), "{what}: one submit per step");
+    assert_eq!(many.dispatches, one.dispatches, "{what}: the dispatches do not grow with the sequences");
+}
+
+/// Greedy through the batcher: transformers' continuations, three sequences at different
+/// steps; each sequence's ids (greedy and seeded) the same alone.
+fn batcher(e: &Engine, model: &str, exact: bool) {
+    let cs = cases(model);
+    let prompts: Vec<Vec<u32>> = cs.iter().map(|c| c.ids.clone()).collect();
+    let greedy: Vec<GenerateOpts> = cs.iter().map(|c| GenerateOpts::greedy(c.generated.len())).collect();
+    let b = e.batcher(BatcherOpts { block_len: 4, max_seqs: 4, ..BatcherOpts::default() }).unwrap();
+    let got = run_staggered(&b, &prompts, &greedy);
+    for (i, (g, c)) in got.iter().zip(&cs).enumerate() {
+        let mut want = c.generated.clone();
+        if g.stop_token.is_some() {
+            assert_eq!(g.stop_token, want.pop(), "{model} case {i}: stop token");
+        }
+        if exact {
+            assert_eq!(g.ids, want, "{model} case {i}: greedy continuation");
+        } else if g.ids != want {
+            println!("{model} case {i}: parts from transformers (f16 GEMMs): {:?} vs {want:?}", g.ids);
+        }
+        assert_eq!(g.ids, alone(e, &prompts[i], &greedy[i]).ids, "{model} case {i}: alone");
+    }
+    let seeded: Vec<GenerateOpts> =
+        (0..cs.len()).map(|i| GenerateOpts::default().with_seed(11 + i as u64).with_temperature(1.5)).map(|o| GenerateOpts { max_tokens: 6, ..o }).collect();
+    let got = run_staggered(&b, &prompts, &seeded);
+    for i in 0..cs.len() {
+        assert_eq!(got[i].ids, alone(e, &prompts[i], &seeded[i]).ids, "{model} case {i}: seeded, alone");
+    }
+}
+
+fn check(model: &str) {
+    let hf = HfModel::open(&dir(model)).unwrap();
+    let graph = hf.graph().unwrap();
+    let cpu = CpuBackend::load(&graph, &hf, 2, None).unwrap();
+    one_step(&cpu, KvType::F32, CPU_TOL, &format!("{model} CPU"));
+    let e = Engine::load(dir(model), &LoadOptions { device: DeviceChoice::Cpu, n_ctx: Some(128), threads: Some(2), ..Default::default() }, None).unwrap();
+    batcher(&e, model, true);
+    let Some(ctx) = numr::testing::test_gpu() else { return };
+    let gpu = GpuBackend::load(Arc::new(ctx), &graph, &hf, None).unwrap();
+    if graph.cfg.conv_layers() > 0 {
+        let err = gpu
+            .new_batch(&BatchOpts { kv: KvType::F16, block_len: 4, n_blocks: 8, max_tokens: 8, max_seqs: 2, n_ctx: 32 })
+            .err()
+            .expect("LFM2 batched on the GPU");
+        assert!(matches!(err, EngineError::Unsupported { .. }), "{err}");
+        return;
+    }
+    let coop = boostr::quant::QuantGemm::coopmat_available(gpu.context());
+    one_step(&gpu, KvType::F16, if coop { GPU_TOL_F16_GEMM } else { GPU_TOL }, &format!("{model} GPU"));
+    let e = Engine::load(dir(model), &LoadOptions { device: DeviceChoice::Gpu, n_ctx: Some(128), ..Default::default() }, None).unwrap();
+    batcher(&e, model, !coop);
+}
+
+#[test]
+fn llama_tiny() {
+    check(MODELS[0]);
+}
+
+#[test]
+fn qwen2_tiny() {
+    check(MODELS[1]);
+}
+
+#[test]
+fn qwen3_tiny() {
+    check(MODELS[2]);
+}
+
+#[test]
+fn lfm2_tiny() {
+    check(MODELS[3]);
+}
+
+#[test]
+fn gemma3_tiny() {
+    check(MODELS[4]);
+}
+
+#[test]
+fn gemma3_6l_tiny() {
+    check(MODELS[5]);
+}
+
+#[test]
+fn llama_tiny_awq() {
+    check(MODELS[6]);
+}
+
+#[test]
+fn llama_tiny_gptq() {
+    check(MODELS[7]);
+}
