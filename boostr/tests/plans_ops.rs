@@ -324,6 +324,37 @@ fn argmax_plan_writes_slots() {
     }
 }
 
+/// Every row of a step at once (a batched step's head): each row's winner, ties to the lowest
+/// index, rows past the step's untouched; the same plan at another row count.
+#[test]
+fn argmax_rows_plan_takes_each_row() {
+    let Some((ctx, _serial)) = gpu() else { return };
+    for n in [700usize, 10_001] {
+        let max_rows = 6;
+        let mut ls: Vec<Vec<f32>> = (0..max_rows).map(|r| logits_with_winner(n, 40 + r as u64, (r * 977 + 5) % n)).collect();
+        // A tie in row 1: the lower index wins.
+        let top = ls[1].iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        ls[1][2] = top;
+        let logits = f32_buf(&ctx, &ls.concat());
+        let plan = ArgmaxPlan::rows(&ctx, &(&logits).into(), n, max_rows, None).unwrap();
+        for rows in [max_rows, 4, 1] {
+            let ids = plan.ids().clone();
+            let mut rec = ctx.recorder();
+            rec.clear(ids.buffer()).unwrap();
+            plan.record(&mut rec, &StepValues::chunk(0, rows as u32)).unwrap();
+            rec.submit().unwrap();
+            let got = read_u32(&ctx, ids.buffer(), max_rows);
+            for (r, l) in ls.iter().enumerate() {
+                let want = if r < rows { sampling::argmax_ref(l).unwrap().0 } else { 0 };
+                assert_eq!(got[r], want, "n {n}, {rows} rows: row {r}");
+            }
+        }
+        assert_eq!(sampling::argmax_ref(&ls[1]).unwrap().0, 2);
+    }
+    let l = zeros(&ctx, 10);
+    assert!(ArgmaxPlan::rows(&ctx, &(&l).into(), 6, 2, None).is_err(), "12 logits in a binding of 10");
+}
+
 #[test]
 fn top_k_plan_writes_slots() {
     let Some((ctx, _serial)) = gpu() else { return };
