@@ -15,6 +15,7 @@
 //! and of a prompt step, from timestamps; `--vs-llama-cpp DIR` runs the same files through a
 //! llama.cpp server ([`llama_cpp`]) and gives the ratio beside each row.
 
+pub mod concurrency;
 pub mod llama_cpp;
 mod report;
 pub mod roofline;

@@ -42,6 +42,25 @@ pub struct Args {
     /// The port llama-server listens on.
     #[arg(long = "llama-cpp-port", default_value_t = 8097, value_name = "PORT")]
     pub llama_cpp_port: u16,
+    /// Many requests through the batcher instead: these counts of requests in flight
+    /// (comma-separated), each over the same workload (prompts of 128 to 2048 tokens, outputs of
+    /// 128 to 512); total and per-sequence tok/s, time to first token, inter-token latency.
+    #[arg(long = "concurrency", value_delimiter = ',', value_name = "N")]
+    pub concurrency: Vec<usize>,
+    /// Requests in the `--concurrency` workload (default: twice the largest concurrency, at
+    /// least 16).
+    #[arg(long = "requests", value_name = "N")]
+    pub requests: Option<usize>,
+    /// The batcher's KV cache size (bytes, or with a K/M/G suffix: `8G`); default: the KV of
+    /// its sequences at the context length, at most 4 GiB on a GPU.
+    #[arg(long = "kv-budget", value_name = "BYTES", value_parser = super::values::parse_bytes)]
+    pub kv_budget: Option<u64>,
+    /// The context length of each `--concurrency` sequence (default: the model's, at most 4096).
+    #[arg(short = 'c', long = "ctx-size", value_name = "N")]
+    pub ctx_size: Option<usize>,
+    /// The batcher's token budget per step.
+    #[arg(long = "max-step-tokens", default_value_t = 512, value_name = "N")]
+    pub max_step_tokens: usize,
     /// Milliseconds of GPU load (streaming reads) right before every timed run of either engine,
     /// so that each starts at full clocks (0: none).
     #[arg(long = "warm-ms", default_value_t = 200, value_name = "MS")]
@@ -51,6 +70,9 @@ pub struct Args {
 /// Runs `cera bench`.
 pub fn run(a: Args, out: &mut Output) -> Result<(), CliError> {
     let models = a.models.iter().map(|m| resolve_model(m)).collect::<Result<Vec<_>, _>>()?;
+    if !a.concurrency.is_empty() {
+        return run_concurrency(&a, &models, out);
+    }
     let opts = BenchOpts {
         prompts: a.n_prompt,
         gens: a.n_gen,
@@ -68,6 +90,26 @@ pub fn run(a: Args, out: &mut Output) -> Result<(), CliError> {
     out.write_str(&text)?;
     if !text.ends_with('\n') {
         out.write_str("\n")?;
+    }
+    Ok(())
+}
+
+/// `--concurrency`: the batcher's workload at each count of requests in flight.
+fn run_concurrency(a: &Args, models: &[PathBuf], out: &mut Output) -> Result<(), CliError> {
+    let most = a.concurrency.iter().copied().max().unwrap_or(1);
+    let requests = a.requests.unwrap_or((2 * most).max(16));
+    let opts = crate::engine::BatcherOpts { kv_budget: a.kv_budget, max_step_tokens: a.max_step_tokens, max_seqs: most, ..Default::default() };
+    for path in models {
+        let engine = crate::engine::Engine::load(path, &a.load.options(a.ctx_size)?, None).map_err(CliError::from_err)?;
+        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let rows = bench::concurrency::run(&engine, &a.concurrency, requests, opts, &mut |what| super::generation::note(&format!("bench: {what}")))
+            .map_err(CliError::from_err)?;
+        let text = if a.json {
+            serde_json::to_string_pretty(&rows).map_err(|e| CliError::from_err(bench::BenchError::Usage(e.to_string())))? + "\n"
+        } else {
+            bench::concurrency::print_rows(&name, &engine.device_name(), &rows)
+        };
+        out.write_str(&text)?;
     }
     Ok(())
 }

@@ -24,6 +24,25 @@ fn checked<T: FromStr + Copy>(s: &str, ok: impl Fn(T) -> bool, takes: &str) -> R
 }
 
 /// `--temp`: finite, at least 0 (0: greedy).
+/// A size in bytes: a number, or one with a `K`, `M` or `G` suffix (powers of 1024; `B`/`iB`
+/// after it allowed): `8G`, `512MiB`, `1048576`.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
+    let (num, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 10),
+        Some('M') => (&t[..t.len() - 1], 20),
+        Some('G') => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| format!("`{s}` is not a size (bytes, or a number with K, M or G: 8G)"))?;
+    let bytes = v * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
+        return Err(format!("`{s}`: a size of at least one byte"));
+    }
+    Ok(bytes as u64)
+}
+
 pub fn temperature(s: &str) -> Result<f32, String> {
     checked(s, |t: f32| t.is_finite() && t >= 0.0, "the temperature takes a finite number of at least 0 (0: greedy)")
 }
@@ -114,5 +133,7 @@ mod tests {
         assert_eq!(threads(&max_threads().to_string()), Ok(max_threads()));
         assert!(threads("0").is_err() && threads(&(max_threads() + 1).to_string()).is_err());
         assert!(batch_size("0").is_err() && batch_size("1").is_ok());
+        assert_eq!((parse_bytes("8G"), parse_bytes("512MiB"), parse_bytes("1048576"), parse_bytes("1.5k")), (Ok(8 << 30), Ok(512 << 20), Ok(1 << 20), Ok(1536)));
+        assert!(parse_bytes("0").is_err() && parse_bytes("x").is_err() && parse_bytes("-1G").is_err());
     }
 }

@@ -216,7 +216,7 @@ impl Chooser {
         let masked: Vec<u32> = if opts.ignore_eos { eog.to_vec() } else { Vec::new() };
         let mut mode = mode(opts, &sampler, masked.len());
         if mode == Mode::Argmax && !device_mask && !masked.is_empty() {
-            mode = if 1 + masked.len() <= MAX_TOP_K { Mode::TopK(1 + masked.len()) } else { Mode::Logits };
+            mode = if masked.len() < MAX_TOP_K { Mode::TopK(1 + masked.len()) } else { Mode::Logits };
         }
         Chooser { opts: opts.clone(), sampler, plain, masked, mode, device }
     }

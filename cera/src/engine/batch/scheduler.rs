@@ -107,6 +107,9 @@ fn engine_err(e: OpsError) -> EngineError {
     EngineError::Usage(e.to_string())
 }
 
+/// A request's result.
+type Outcome = Result<Generation, EngineError>;
+
 /// The loop's state.
 struct Loop<'t> {
     engine: &'t Engine,
@@ -121,7 +124,7 @@ struct Loop<'t> {
     /// Generated-token counts of recent steps, for the rate.
     recent: VecDeque<(Instant, u64)>,
     /// Results of the sequences that ended this turn.
-    outbox: Vec<(std::sync::mpsc::SyncSender<Result<Generation, EngineError>>, Result<Generation, EngineError>)>,
+    outbox: Vec<(std::sync::mpsc::SyncSender<Outcome>, Outcome)>,
 }
 
 impl<'t> Loop<'t> {

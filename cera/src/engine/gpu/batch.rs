@@ -190,11 +190,9 @@ impl BatchState for GpuBatch {
         }
         let start = std::time::Instant::now();
         let mut rec = self.rec.take().unwrap_or_else(|| self.ctx.recorder());
-        let head = match self.record(&mut rec, entries) {
-            Ok(h) => h,
-            // The half-recorded step is dropped with its recorder; the next step makes another.
-            Err(e) => return Err(e),
-        };
+        // On an error the half-recorded step is dropped with its recorder; the next step makes
+        // another.
+        let head = self.record(&mut rec, entries)?;
         let vocab = self.graph.cfg.vocab as u64;
         let m = head.iter().flatten().count() as u64;
         let any_argmax = entries.iter().any(|e| e.want == Want::Argmax);

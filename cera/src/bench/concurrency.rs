@@ -1,0 +1,170 @@
+//! `cera bench --concurrency 1,8,32,64`: many requests through one [`Batcher`], as a server
+//! sees them. For each concurrency `c`, a fixed workload of requests (prompts of 128 to 2048
+//! tokens, outputs of 128 to 512, greedy through end-of-generation tokens so every request
+//! generates its full length) runs with `c` requests in flight at all times: when one finishes
+//! the next is submitted. Reported: total decode throughput (generated tokens over the wall
+//! time), per-sequence decode tok/s (the median request's), time to first token and
+//! inter-token latency at p50 and p99, and the prefix cache's hits (none here: every prompt is
+//! different).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::BenchError;
+use crate::engine::{BatcherOpts, BoxSink, Engine, GenerateOpts, TokenEvent};
+
+/// One request of the workload: its prompt and output lengths.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Prompt tokens.
+    pub prompt: usize,
+    /// Tokens generated.
+    pub output: usize,
+}
+
+/// The fixed workload of `n` requests: prompt lengths spread over 128..=2048 and outputs over
+/// 128..=512 (a deterministic scatter, the same on every run), each shortened to fit `n_ctx`.
+pub fn workload(n: usize, n_ctx: usize) -> Vec<Request> {
+    (0..n)
+        .map(|i| {
+            let prompt = 128 + (i * 397) % 1921;
+            let output = 128 + (i * 131) % 385;
+            let prompt = prompt.min(n_ctx.saturating_sub(output + 1).max(1));
+            Request { prompt, output: output.min(n_ctx - prompt) }
+        })
+        .collect()
+}
+
+/// The results at one concurrency.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConcurrencyRow {
+    /// Requests in flight.
+    pub concurrency: usize,
+    /// Requests run.
+    pub requests: usize,
+    /// Wall time of the whole workload, seconds.
+    pub seconds: f64,
+    /// Generated tokens over the wall time.
+    pub total_tok_s: f64,
+    /// The median request's decode speed (its tokens after the first over their time).
+    pub per_seq_tok_s: f64,
+    /// Time to first token (from submission), milliseconds.
+    pub ttft_p50_ms: f64,
+    /// Time to first token, 99th percentile.
+    pub ttft_p99_ms: f64,
+    /// Inter-token latency, milliseconds.
+    pub itl_p50_ms: f64,
+    /// Inter-token latency, 99th percentile.
+    pub itl_p99_ms: f64,
+    /// Prompt tokens run.
+    pub prefill_tokens: u64,
+    /// Sequences preempted for KV memory.
+    pub preemptions: u64,
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Runs the workload of `requests` requests at each concurrency on `engine`.
+pub fn run(engine: &Engine, concurrency: &[usize], requests: usize, opts: BatcherOpts, note: &mut dyn FnMut(&str)) -> Result<Vec<ConcurrencyRow>, BenchError> {
+    let work = workload(requests, engine.n_ctx());
+    let vocab = engine.config().vocab as u32;
+    let mut rows = Vec::new();
+    for &c in concurrency {
+        if c == 0 {
+            return Err(BenchError::Usage("a concurrency of 0".into()));
+        }
+        let b = engine.batcher(BatcherOpts { max_seqs: opts.max_seqs.max(c), ..opts })?;
+        note(&format!("concurrency {c}: {requests} requests, {} KV blocks", b.batch_opts().n_blocks));
+        let start = Instant::now();
+        let mut in_flight = std::collections::VecDeque::new();
+        let mut times: Vec<(Instant, Arc<Mutex<Vec<Instant>>>)> = Vec::new();
+        let mut next = 0;
+        let mut generated = 0usize;
+        while next < work.len() || !in_flight.is_empty() {
+            while in_flight.len() < c && next < work.len() {
+                let r = work[next];
+                // Distinct prompts (no prefix hits): ids scattered over the vocabulary.
+                let prompt: Vec<u32> = (0..r.prompt).map(|t| ((next * 7919 + t * 104_729 + 17) as u32) % vocab).collect();
+                let stamps = Arc::new(Mutex::new(Vec::with_capacity(r.output)));
+                let s2 = stamps.clone();
+                let sink: BoxSink = Box::new(move |_: &TokenEvent| s2.lock().unwrap_or_else(|p| p.into_inner()).push(Instant::now()));
+                let g = GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(r.output) };
+                in_flight.push_back(b.submit(prompt, &g, Some(sink))?);
+                times.push((Instant::now(), stamps));
+                next += 1;
+            }
+            // Whichever request finishes first frees its place.
+            loop {
+                let done = in_flight.iter().enumerate().find_map(|(i, h): (usize, &crate::engine::RequestHandle)| h.try_result().map(|r| (i, r)));
+                if let Some((i, r)) = done {
+                    in_flight.remove(i);
+                    generated += r?.ids.len();
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        let (mut ttft, mut itl, mut per_seq) = (Vec::new(), Vec::new(), Vec::new());
+        for (sub, stamps) in &times {
+            let s = stamps.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(&first) = s.first() {
+                ttft.push(first.duration_since(*sub).as_secs_f64() * 1e3);
+                itl.extend(s.windows(2).map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e3));
+                let d = s.last().map_or(Duration::ZERO, |l| l.duration_since(first)).as_secs_f64();
+                if d > 0.0 {
+                    per_seq.push((s.len() - 1) as f64 / d);
+                }
+            }
+        }
+        let m = b.metrics();
+        rows.push(ConcurrencyRow {
+            concurrency: c,
+            requests,
+            seconds,
+            total_tok_s: generated as f64 / seconds,
+            per_seq_tok_s: pct(&mut per_seq, 0.5),
+            ttft_p50_ms: pct(&mut ttft.clone(), 0.5),
+            ttft_p99_ms: pct(&mut ttft, 0.99),
+            itl_p50_ms: pct(&mut itl.clone(), 0.5),
+            itl_p99_ms: pct(&mut itl, 0.99),
+            prefill_tokens: m.prefill_tokens,
+            preemptions: m.preemptions,
+        });
+    }
+    Ok(rows)
+}
+
+/// The rows as a markdown table.
+pub fn print_rows(model: &str, device: &str, rows: &[ConcurrencyRow]) -> String {
+    let mut s = format!("{model} on {device}\n\n| streams | requests | total tok/s | per-seq tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | preempted |\n|---|---|---|---|---|---|---|---|---|\n");
+    for r in rows {
+        s += &format!(
+            "| {} | {} | {:.0} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {} |\n",
+            r.concurrency, r.requests, r.total_tok_s, r.per_seq_tok_s, r.ttft_p50_ms, r.ttft_p99_ms, r.itl_p50_ms, r.itl_p99_ms, r.preemptions
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_workload_spans_the_ranges_and_fits_the_context() {
+        let w = workload(64, 4096);
+        assert!(w.iter().all(|r| (128..=2048).contains(&r.prompt) && (128..=512).contains(&r.output)));
+        assert!(w.iter().any(|r| r.prompt > 1900) && w.iter().any(|r| r.output > 480));
+        let short = workload(16, 1024);
+        assert!(short.iter().all(|r| r.prompt + r.output <= 1024 && r.prompt >= 1));
+    }
+}
