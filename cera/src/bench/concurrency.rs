@@ -145,7 +145,9 @@ pub fn run(engine: &Engine, concurrency: &[usize], requests: usize, opts: Batche
 
 /// The rows as a markdown table.
 pub fn print_rows(model: &str, device: &str, rows: &[ConcurrencyRow]) -> String {
-    let mut s = format!("{model} on {device}\n\n| streams | requests | total tok/s | per-seq tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | preempted |\n|---|---|---|---|---|---|---|---|---|\n");
+    let mut s = format!(
+        "{model} on {device}\n\n| streams | requests | total tok/s | per-seq tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | preempted |\n|---|---|---|---|---|---|---|---|---|\n"
+    );
     for r in rows {
         s += &format!(
             "| {} | {} | {:.0} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {} |\n",

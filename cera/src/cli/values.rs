@@ -133,7 +133,10 @@ mod tests {
         assert_eq!(threads(&max_threads().to_string()), Ok(max_threads()));
         assert!(threads("0").is_err() && threads(&(max_threads() + 1).to_string()).is_err());
         assert!(batch_size("0").is_err() && batch_size("1").is_ok());
-        assert_eq!((parse_bytes("8G"), parse_bytes("512MiB"), parse_bytes("1048576"), parse_bytes("1.5k")), (Ok(8 << 30), Ok(512 << 20), Ok(1 << 20), Ok(1536)));
+        assert_eq!(
+            (parse_bytes("8G"), parse_bytes("512MiB"), parse_bytes("1048576"), parse_bytes("1.5k")),
+            (Ok(8 << 30), Ok(512 << 20), Ok(1 << 20), Ok(1536))
+        );
         assert!(parse_bytes("0").is_err() && parse_bytes("x").is_err() && parse_bytes("-1G").is_err());
     }
 }
