@@ -171,7 +171,7 @@ case $mode in
     c=${1:-1,8,32,64}
     date -u | tee "$OUT/batch.txt"
     for p in smol-135m llama-1b llama-8b; do
-      $B/cera bench -m "$(model $p)" --concurrency "$c" --requests 64 --kv-budget 24G 2>&1 | tee -a "$OUT/batch.txt"
+      $B/cera bench -m "$(model $p)" --concurrency "$c" --kv-budget 24G 2>&1 | tee -a "$OUT/batch.txt"
     done ;;
   cmd)
     for p in smol-135m llama-1b llama-8b; do model $p > /dev/null; done

@@ -72,15 +72,17 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
-/// Runs the workload of `requests` requests at each concurrency on `engine`.
-pub fn run(engine: &Engine, concurrency: &[usize], requests: usize, opts: BatcherOpts, note: &mut dyn FnMut(&str)) -> Result<Vec<ConcurrencyRow>, BenchError> {
-    let work = workload(requests, engine.n_ctx());
+/// Runs the workload at each concurrency on `engine`: `requests` requests, or (`None`) twice
+/// the concurrency and at least 16 (the first requests of the same fixed list).
+pub fn run(engine: &Engine, concurrency: &[usize], requests: Option<usize>, opts: BatcherOpts, note: &mut dyn FnMut(&str)) -> Result<Vec<ConcurrencyRow>, BenchError> {
     let vocab = engine.config().vocab as u32;
     let mut rows = Vec::new();
     for &c in concurrency {
         if c == 0 {
             return Err(BenchError::Usage("a concurrency of 0".into()));
         }
+        let requests = requests.unwrap_or((2 * c).max(16));
+        let work = workload(requests, engine.n_ctx());
         let b = engine.batcher(BatcherOpts { max_seqs: opts.max_seqs.max(c), ..opts })?;
         note(&format!("concurrency {c}: {requests} requests, {} KV blocks", b.batch_opts().n_blocks));
         let start = Instant::now();

@@ -47,8 +47,7 @@ pub struct Args {
     /// 128 to 512); total and per-sequence tok/s, time to first token, inter-token latency.
     #[arg(long = "concurrency", value_delimiter = ',', value_name = "N")]
     pub concurrency: Vec<usize>,
-    /// Requests in the `--concurrency` workload (default: twice the largest concurrency, at
-    /// least 16).
+    /// Requests in the `--concurrency` workload (default: twice the concurrency, at least 16).
     #[arg(long = "requests", value_name = "N")]
     pub requests: Option<usize>,
     /// The batcher's KV cache size (bytes, or with a K/M/G suffix: `8G`); default: the KV of
@@ -97,12 +96,11 @@ pub fn run(a: Args, out: &mut Output) -> Result<(), CliError> {
 /// `--concurrency`: the batcher's workload at each count of requests in flight.
 fn run_concurrency(a: &Args, models: &[PathBuf], out: &mut Output) -> Result<(), CliError> {
     let most = a.concurrency.iter().copied().max().unwrap_or(1);
-    let requests = a.requests.unwrap_or((2 * most).max(16));
     let opts = crate::engine::BatcherOpts { kv_budget: a.kv_budget, max_step_tokens: a.max_step_tokens, max_seqs: most, ..Default::default() };
     for path in models {
         let engine = crate::engine::Engine::load(path, &a.load.options(a.ctx_size)?, None).map_err(CliError::from_err)?;
         let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let rows = bench::concurrency::run(&engine, &a.concurrency, requests, opts, &mut |what| super::generation::note(&format!("bench: {what}")))
+        let rows = bench::concurrency::run(&engine, &a.concurrency, a.requests, opts, &mut |what| super::generation::note(&format!("bench: {what}")))
             .map_err(CliError::from_err)?;
         let text = if a.json {
             serde_json::to_string_pretty(&rows).map_err(|e| CliError::from_err(bench::BenchError::Usage(e.to_string())))? + "\n"
