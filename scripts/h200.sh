@@ -16,8 +16,9 @@
 #   ab PRESET 'KEY=VAL;KEY=VAL' ...   tg128 of one preset under each set in turn (settings separated
 #                   by ';', each a `--tune` key, or an `ablate`, `step_trace`, `chain_verbose` `--diag`
 #                   key; '' is the defaults)
-#   batch [N,...]   many requests through the batcher (`cera bench --concurrency`, default 1,8,32,64)
-#                   on smol-135m, llama-1b and llama-8b q4_0: total and per-sequence tok/s, TTFT, ITL
+#   batch [PRESET...]  many requests through the batcher (`cera bench --concurrency 1,8,32,64`,
+#                   CONC overrides) on each preset (default smol-135m llama-1b llama-8b) beside one
+#                   session's tg128: total and per-sequence tok/s, TTFT, ITL
 #   cmd 'SHELL'     any command with the models' folder in $M and the binaries in $B
 #   stage           unpacks what this call carried: the test binaries, or one piece of a model
 #                   (a model is put together, and its SHA-256 checked, when its last piece arrives)
@@ -168,10 +169,13 @@ case $mode in
       $B/cera bench -m "$f" -p 0 -n 128 -r 3 "${flags[@]}" 2>&1 | tee -a "$OUT/ab.txt"
     done ;;
   batch)
-    c=${1:-1,8,32,64}
-    date -u | tee "$OUT/batch.txt"
-    for p in smol-135m llama-1b llama-8b; do
-      $B/cera bench -m "$(model $p)" --concurrency "$c" --kv-budget 24G 2>&1 | tee -a "$OUT/batch.txt"
+    c=${CONC:-1,8,32,64}
+    presets=("$@"); [ ${#presets[@]} -gt 0 ] || presets=(smol-135m llama-1b llama-8b)
+    date -u | tee -a "$OUT/batch.txt"
+    for p in "${presets[@]}"; do
+      f=$(model "$p")
+      $B/cera bench -m "$f" -p 0 -n 128 -r 3 2>&1 | tee -a "$OUT/batch.txt"
+      $B/cera bench -m "$f" --concurrency "$c" --kv-budget 24G 2>&1 | tee -a "$OUT/batch.txt"
     done ;;
   cmd)
     for p in smol-135m llama-1b llama-8b; do model $p > /dev/null; done
