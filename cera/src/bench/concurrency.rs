@@ -74,7 +74,13 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 
 /// Runs the workload at each concurrency on `engine`: `requests` requests, or (`None`) twice
 /// the concurrency and at least 16 (the first requests of the same fixed list).
-pub fn run(engine: &Engine, concurrency: &[usize], requests: Option<usize>, opts: BatcherOpts, note: &mut dyn FnMut(&str)) -> Result<Vec<ConcurrencyRow>, BenchError> {
+pub fn run(
+    engine: &Engine,
+    concurrency: &[usize],
+    requests: Option<usize>,
+    opts: BatcherOpts,
+    note: &mut dyn FnMut(&str),
+) -> Result<Vec<ConcurrencyRow>, BenchError> {
     let vocab = engine.config().vocab as u32;
     let mut rows = Vec::new();
     for &c in concurrency {
