@@ -1,4 +1,4 @@
-//! `cera bench --concurrency 1,8,32,64`: many requests through one [`Batcher`], as a server
+//! `cera bench --concurrency 1,8,32,64`: many requests through one [`Batcher`](crate::engine::Batcher), as a server
 //! sees them. For each concurrency `c`, a fixed workload of requests (prompts of 128 to 2048
 //! tokens, outputs of 128 to 512, greedy through end-of-generation tokens so every request
 //! generates its full length) runs with `c` requests in flight at all times: when one finishes
