@@ -3,7 +3,7 @@
 
 use boostr::act::Act;
 use boostr::attention::{AttnCombine, DecodeAttn, DecodeAttnSg, DecodeKernel, PrefillAttn, PrefillAttnCoop};
-use boostr::conv::ShortConv;
+use boostr::conv::{ShortConv, ShortConvBatch};
 use boostr::embedding::Embedding;
 use boostr::norm::Norm;
 use boostr::paged::{PagedAttn, PagedKvWrite};
@@ -31,6 +31,7 @@ fn sources(env: &KernelEnv) -> Vec<KernelSource> {
     v.extend(PagedKvWrite::all().iter().map(|c| c.source(env).unwrap()));
     v.extend([8, 16, 80, 96].map(|head_dim| AttnCombine { head_dim }.source(env).unwrap()));
     v.extend(ShortConv::all().iter().map(|c| c.source(env)));
+    v.extend(ShortConvBatch::all().iter().map(|c| c.source(env)));
     v.extend(Embedding::all().iter().map(|c| c.source(env)));
     v.extend([true, false].map(|first| Argmax { first }.source(env)));
     v.extend([true, false].map(|first| TopK { first }.source(env)));

@@ -22,9 +22,14 @@
 //! [`ShortConvPlan`] owns the ring (or takes a given one) and is recorded per step of
 //! `step.n_tok` tokens at `step.pos`; chunked prefill then decode gives the same as one pass.
 //! [`ShortConv::run`] is the eager path, [`ShortConv::reference`] the CPU reference.
+//!
+//! A batched step of several sequences, each with its own ring, is [`ShortConvBatchPlan`]
+//! (one dispatch for all of them; see `batch.rs`).
 
+mod batch;
 mod plan;
 
+pub use batch::{ConvSeq, ConvSeqs, ShortConvBatch, ShortConvBatchIo, ShortConvBatchPlan};
 pub use plan::{ShortConvIo, ShortConvPlan};
 
 use crate::ops_common::OpPlan;
