@@ -2,12 +2,14 @@
 //! head over the rows that want logits. One step is ONE recording and ONE submit, and its
 //! dispatch count does not grow with the number of sequences:
 //!
-//! 1. the step's token ids and its batch (each row's table offset and position, the tables)
-//!    are written to buffers made once ([`PagedBatch::set`]);
+//! 1. the step's token ids and its batch (each row's table offset and position, the tables;
+//!    for conv layers each sequence's slot) are written to buffers made once
+//!    ([`PagedBatch::set`], [`ConvSeqs::set`]);
 //! 2. the batched plan ([`Mode::Batch`]) runs the graph over every row: the GEMM kernels
 //!    (cooperative-matrix where the adapter has them) as one product over the step's rows,
 //!    QK-norm + RoPE at each row's position, the paged KV write, and paged attention with a
-//!    split count fixed at build (so a row's numbers never depend on the other rows);
+//!    split count fixed at build (so a row's numbers never depend on the other rows); LFM2's
+//!    short conv runs every sequence's tokens against its slot's ring in one dispatch;
 //! 3. the LM head (one matrix product) over the last row of every sequence that wants logits,
 //!    read from the `Normed` rows directly when they are the step's first rows (a step of decode
 //!    rows), else gathered by buffer copies;
@@ -16,13 +18,14 @@
 
 use std::sync::Arc;
 
+use boostr::conv::{ConvSeq, ConvSeqs};
 use boostr::ops_common::OpPlan;
 use boostr::paged::{BatchSeq, PagedBatch, PagedKvCache, PagedKvConfig};
 use boostr::sampling::ArgmaxPlan;
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, Plan, Recorder, StepValues};
 
 use super::super::EngineError;
-use super::super::backend::{StepCounters, StepOutput, Want};
+use super::super::backend::{CONV_RING, StepCounters, StepOutput, Want};
 use super::super::batch::{BatchEntry, BatchOpts, BatchState, check_entries};
 use super::super::cpu::top_k;
 use super::super::graph::{ModelGraph, Op, Slot};
@@ -39,6 +42,9 @@ pub(crate) struct GpuBatch {
     _cache: PagedKvCache,
     batch: PagedBatch,
     _freqs: Vec<Arc<GpuBuffer>>,
+    /// Per conv layer, every slot's ring `[max_seqs][CONV_RING][dim]`; the step's runs.
+    _conv: Vec<Arc<GpuBuffer>>,
+    conv_seqs: Option<ConvSeqs>,
     ids: Arc<GpuBuffer>,
     slots: Slots,
     plan: Plan,
@@ -86,6 +92,14 @@ impl GpuBatch {
                 freqs[*layer] = ctx.upload(bytemuck::cast_slice(&f)).map_err(|e| dev_err(ctx, e))?;
             }
         }
+        let mut conv = Vec::with_capacity(c.conv_layers());
+        for _ in 0..c.conv_layers() {
+            let bytes = (4 * CONV_RING * c.dim) as u64 * opts.max_seqs as u64;
+            let ring = ctx.alloc(bytes, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
+            ctx.with_stream(|rec| rec.clear(&ring)).map_err(|e| dev_err(ctx, e))?;
+            conv.push(ring);
+        }
+        let conv_seqs = if conv.is_empty() { None } else { Some(ConvSeqs::new(ctx, opts.max_tokens, opts.max_seqs).map_err(ops_err)?) };
         let inp = PlanInputs {
             graph: g,
             weights: &b.weights,
@@ -94,7 +108,8 @@ impl GpuBatch {
             paged_ctx: opts.n_ctx,
             ids: &ids,
             freqs: &freqs,
-            conv: &[],
+            conv: &conv,
+            conv_seqs: conv_seqs.as_ref(),
             decode_gemv: b.decode_gemv,
             tuning: &b.tuning,
         };
@@ -116,6 +131,8 @@ impl GpuBatch {
             _cache: cache,
             batch,
             _freqs: freqs,
+            _conv: conv,
+            conv_seqs,
             ids,
             slots,
             plan,
@@ -145,6 +162,10 @@ impl GpuBatch {
         }
         self.ctx.write(&self.ids, 0, bytemuck::cast_slice(&self.scratch)).map_err(|e| self.err(e))?;
         let step = self.batch.set(&self.ctx, &seqs).map_err(ops_err)?;
+        if let Some(cs) = &self.conv_seqs {
+            let runs: Vec<ConvSeq> = entries.iter().map(|e| ConvSeq { slot: e.slot, pos: e.pos, n_tok: e.tokens.len() }).collect();
+            cs.set(&self.ctx, &runs).map_err(ops_err)?;
+        }
         self.plan.record(rec, &step).map_err(|e| self.err(e))?;
         let mut head = Vec::with_capacity(entries.len());
         let mut wanted = Vec::new();

@@ -27,6 +27,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use boostr::conv::ConvSeqs;
 use boostr::kv_cache::{KvCache, KvDtype};
 use boostr::ops_common::GpuView;
 use boostr::paged::{PagedBatch, PagedKvCache};
@@ -129,8 +130,11 @@ pub(crate) struct PlanInputs<'a> {
     pub(crate) ids: &'a Arc<GpuBuffer>,
     /// Per layer: the inverse frequencies on the GPU.
     pub(crate) freqs: &'a [Arc<GpuBuffer>],
-    /// Per conv layer: the ring of `Bx` rows `[CONV_RING][dim]` f32, shared by both modes.
+    /// Per conv layer: the ring of `Bx` rows `[CONV_RING][dim]` f32, shared by both modes; in a
+    /// batched plan, the rings of every sequence slot `[max_seqs][CONV_RING][dim]`.
     pub(crate) conv: &'a [Arc<GpuBuffer>],
+    /// A batched plan's per-step runs of the conv layers (`None` without conv layers).
+    pub(crate) conv_seqs: Option<&'a ConvSeqs>,
     /// The decode GEMVs' activations (f32, or int8 for wide quantized projections).
     pub(crate) decode_gemv: DecodeGemv,
     /// The measured constants and their overrides.

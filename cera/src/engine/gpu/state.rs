@@ -115,6 +115,7 @@ impl GpuState {
             ids: &ids,
             freqs: &freqs,
             conv: &conv,
+            conv_seqs: None,
             decode_gemv: b.decode_gemv,
             tuning: &b.tuning,
         };

@@ -3,7 +3,7 @@
 
 use boostr::act::{Act, ActIo, ActPlan, GluInput};
 use boostr::bias::BiasPlan;
-use boostr::conv::{ShortConv, ShortConvIo, ShortConvPlan};
+use boostr::conv::{ShortConv, ShortConvBatch, ShortConvBatchIo, ShortConvBatchPlan, ShortConvIo, ShortConvPlan};
 use boostr::embedding::EmbeddingPlan;
 use boostr::ops_common::{GpuView, OpPlan};
 use numr::gpu::Plan;
@@ -13,6 +13,7 @@ use super::super::super::backend::CONV_RING;
 use super::super::super::config::GateAct;
 use super::super::super::graph::{MatRef, Slot, VecRef};
 use super::super::fuse::act_kind;
+use super::super::plans::Mode;
 use super::super::{dev_err, ops_err};
 use super::PlanCx;
 
@@ -41,9 +42,22 @@ pub(super) fn bias(cx: &PlanCx, plan: &mut Plan, x: Slot, bs: &[VecRef]) -> Resu
     Ok(())
 }
 
-/// LFM2's short conv over conv layer `state`'s ring, taps `w`.
+/// LFM2's short conv over conv layer `state`'s ring, taps `w`; in a batched plan, over each
+/// sequence slot's ring of that layer, the runs given per step by the batch's `ConvSeqs`.
 pub(super) fn short_conv(cx: &PlanCx, plan: &mut Plan, state: usize, w: &MatRef) -> Result<(), EngineError> {
     let c = cx.cfg();
+    if let Mode::Batch { .. } = cx.mode {
+        let seqs = cx.inp.conv_seqs.ok_or_else(|| EngineError::Usage("a batched plan of conv layers without its runs".into()))?;
+        let io = ShortConvBatchIo {
+            bcx: cx.slots.view(Slot::ConvIn),
+            w: cx.inp.weights.vec(&w.name)?.clone(),
+            state: GpuView::whole(&cx.inp.conv[state]),
+            out: cx.slots.view(Slot::Conv),
+        };
+        let conv = ShortConvBatch { kernel: c.conv_kernel as u32 };
+        plan.append(ShortConvBatchPlan::new(cx.ctx, &conv, &io, seqs, c.dim, CONV_RING).map_err(ops_err)?.plan());
+        return Ok(());
+    }
     let conv = ShortConv { kernel: c.conv_kernel as u32 };
     let io = ShortConvIo {
         bcx: cx.slots.view(Slot::ConvIn),

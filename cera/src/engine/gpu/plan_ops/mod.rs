@@ -86,9 +86,6 @@ pub(super) fn record_op(cx: &PlanCx, plan: &mut Plan, i: usize, op: &Op, f: &Fus
         }
         Op::Attention { layer, window } => attention::attention(cx, plan, i, *layer, *window),
         Op::Bias { x, bs } => misc::bias(cx, plan, *x, bs),
-        Op::ShortConv { .. } if matches!(cx.mode, Mode::Batch { .. }) => {
-            Err(EngineError::Unsupported { what: "batched steps of LFM2's short conv on the GPU (the CPU executor runs them)".into() })
-        }
         Op::ShortConv { state, w } => misc::short_conv(cx, plan, *state, w),
         Op::Glu { act, x, out } => misc::glu(cx, plan, *act, *x, *out),
     }
