@@ -1,7 +1,8 @@
 //! The batcher on the GPU executor (lavapipe in CI) with the real SmolLM2-135M-Instruct Q4_1:
 //! sequences in shared steps give exactly the ids each gives alone (greedy and seeded, joining
 //! at different steps), greedy matches the GPU session's continuation, and a batched step is one
-//! submit whose dispatch count does not grow with the sequences. lavapipe runs a SmolLM2 step in
+//! submit whose dispatch count does not grow with the sequences; with a q8_0 cache, the
+//! session's ids. lavapipe runs a SmolLM2 step in
 //! about a second on CI's two cores, so the counts here are small; the CPU path
 //! (`batch_cpu.rs`) runs 16 sequences, prefix sharing, cancellation and preemption.
 
@@ -13,9 +14,14 @@ use cera::engine::{BatchEntry, BatchOpts, BatcherOpts, DeviceChoice, Engine, Gen
 use cera::fetch::{ModelId, ensure_model};
 
 fn engine() -> Option<Engine> {
+    engine_kv(KvType::F16)
+}
+
+fn engine_kv(kv: KvType) -> Option<Engine> {
     numr::testing::test_gpu()?;
     let path = ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2");
-    Some(Engine::load(path, &LoadOptions { device: DeviceChoice::Gpu, n_ctx: Some(512), ..Default::default() }, None).expect("load SmolLM2 on the GPU"))
+    let o = LoadOptions { device: DeviceChoice::Gpu, n_ctx: Some(512), kv, ..Default::default() };
+    Some(Engine::load(path, &o, None).expect("load SmolLM2 on the GPU"))
 }
 
 #[test]
@@ -34,6 +40,23 @@ fn sequences_equal_each_alone_and_the_session() {
     s.append_tokens(&ps[0]).unwrap();
     let want = s.generate(&opts[0], &mut |_: &TokenEvent| {}).unwrap();
     assert_eq!(got[0].ids, want.ids);
+}
+
+/// A q8_0 KV cache: the paged q8_0 blocks give each sequence the greedy ids of the session's
+/// contiguous q8_0 cache.
+#[test]
+fn a_q8_0_cache_gives_the_session_ids() {
+    let Some(e) = engine_kv(KvType::Q8_0) else { return };
+    let ps = prompts(&e, 2);
+    let opts = vec![GenerateOpts::greedy(4); 2];
+    let b = e.batcher(BatcherOpts { max_seqs: 2, kv_budget: Some(32 << 20), ..BatcherOpts::default() }).unwrap();
+    let got = run_staggered(&b, &ps, &opts);
+    for (i, (g, p)) in got.iter().zip(&ps).enumerate() {
+        let mut s = e.session().unwrap();
+        s.append_tokens(p).unwrap();
+        let want = s.generate(&opts[i], &mut |_: &TokenEvent| {}).unwrap();
+        assert_eq!(g.ids, want.ids, "sequence {i}");
+    }
 }
 
 #[test]
