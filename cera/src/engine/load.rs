@@ -94,7 +94,8 @@ fn check_file(path: &Path) -> Result<Checked, EngineError> {
 
 fn cpu(graph: &ModelGraph, file: &dyn WeightSource, opts: &LoadOptions, progress: Option<ProgressFn<'_>>) -> Result<Arc<dyn Backend>, EngineError> {
     let threads = opts.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
-    Ok(Arc::new(CpuBackend::load(graph, file, threads, progress)?))
+    let int8 = opts.decode_gemv.int8_on_cpu();
+    Ok(Arc::new(CpuBackend::load_with_activations(graph, file, threads, int8, progress)?))
 }
 
 fn gpu(

@@ -58,6 +58,11 @@ impl DecodeGemv {
         }
     }
 
+    /// Whether the CPU executor's quantized projections take int8 activations.
+    pub fn int8_on_cpu(self) -> bool {
+        self == DecodeGemv::Int8
+    }
+
     /// Whether the quantized projections of a model of hidden size `dim` take the int8 path.
     pub fn int8_for(self, dim: usize) -> bool {
         match self {

@@ -163,7 +163,7 @@ impl CpuBatch {
                     let xs = self.slots[slot_index(Slot::Normed)].clone();
                     let o = &mut logits[i];
                     o.resize(c.vocab, 0.0);
-                    linear(pool, k, g, &xs, s.row + s.n - 1, 1, o, c.vocab)?;
+                    linear(pool, k, model.int8, g, &xs, s.row + s.n - 1, 1, o, c.vocab)?;
                     if let Some(cap) = softcap {
                         o.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
                     }

@@ -8,8 +8,11 @@ use std::sync::Arc;
 
 use boostr::formats::PackedWeights;
 
+use super::int8::{Int8Rows, Q8Acts};
 use super::kernels::{AlignedBuf, Kernels, RowSrc};
 use super::pool::{Job, MAX_CHUNKS, Pool};
+#[cfg(target_arch = "x86_64")]
+use super::x86_int8::Int8Scratch;
 use crate::engine::EngineError;
 
 /// Rows decoded together (their f32 copy stays in L2 while every token passes over it).
@@ -27,6 +30,8 @@ pub(super) struct MatGroup {
     starts: Vec<usize>,
     rows: usize,
     cols: usize,
+    /// Every part has an integer-dot kernel (`int8.rs`).
+    int8: bool,
 }
 
 impl MatGroup {
@@ -39,7 +44,8 @@ impl MatGroup {
             starts.push(rows);
             rows += p.rows();
         }
-        MatGroup { parts, starts, rows, cols }
+        let int8 = parts.iter().all(|p| Int8Rows::of(p).is_some());
+        MatGroup { parts, starts, rows, cols, int8 }
     }
 
     /// Output features (all parts).
@@ -114,6 +120,8 @@ struct LinearJob {
     k: Kernels,
     g: Arc<MatGroup>,
     x: Arc<Vec<f32>>,
+    /// The step's activation rows quantized to int8 (the integer-dot path), else `None`.
+    xq: Option<Arc<Q8Acts>>,
     /// First activation row and row count.
     t0: usize,
     n_tok: usize,
@@ -122,6 +130,37 @@ struct LinearJob {
 
 thread_local! {
     static SCRATCH: RefCell<AlignedBuf> = const { RefCell::new(AlignedBuf::new()) };
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    static INT8_SCRATCH: RefCell<Int8Scratch> = RefCell::new(Int8Scratch::default());
+}
+
+impl LinearJob {
+    /// Rows `[a, b)` by integer dots against `xq` into `out` (`[token][b - a]`); `false` without
+    /// the vector kernels.
+    fn int8(&self, xq: &Q8Acts, a: usize, b: usize, out: &mut [f32]) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let Kernels::Avx2(k) = self.k {
+            let (g, m) = (&self.g, b - a);
+            INT8_SCRATCH.with_borrow_mut(|s| {
+                let mut part = g.part_of(a);
+                let mut rows = Int8Rows::of(&g.parts[part]);
+                for r in a..b {
+                    while r >= g.starts[part] + g.parts[part].rows() {
+                        part += 1;
+                        rows = Int8Rows::of(&g.parts[part]);
+                    }
+                    let rows = rows.as_ref().expect("MatGroup::int8 checked every part");
+                    k.int8_row(rows, r - g.starts[part], xq, 0, self.n_tok, &mut out[r - a..], m, s);
+                }
+            });
+            return true;
+        }
+        let _ = (xq, a, b, out);
+        false
+    }
 }
 
 impl Job for LinearJob {
@@ -134,6 +173,11 @@ impl Job for LinearJob {
         let (cols, n_tok, m) = (self.g.cols, self.n_tok, b - a);
         out.clear();
         out.resize(n_tok * m, 0.0);
+        if let Some(xq) = &self.xq
+            && self.int8(xq, a, b, out)
+        {
+            return;
+        }
         let x = &self.x[self.t0 * cols..(self.t0 + n_tok) * cols];
         if n_tok <= 2 && self.g.fused(self.k, a, b, x, n_tok, out) {
             return;
@@ -188,11 +232,14 @@ impl Job for LinearJob {
 }
 
 /// `out[t][..g.rows()] = x[t0 + t] W^T` for `n_tok` rows of `x` (rows of `g.cols()`); `out`
-/// rows are `out_stride` apart.
+/// rows are `out_stride` apart. With `int8`, a group whose formats have integer-dot kernels
+/// multiplies the rows quantized to int8 (`int8.rs`), whatever the number of tokens (so a
+/// token's numbers do not depend on how a prompt is cut into steps); others take the f32 path.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn linear(
     pool: &mut Pool,
     k: Kernels,
+    int8: bool,
     g: &Arc<MatGroup>,
     x: &Arc<Vec<f32>>,
     t0: usize,
@@ -203,7 +250,9 @@ pub(super) fn linear(
     let work = g.rows * g.cols * n_tok;
     let parallel = work >= PARALLEL_MIN && pool.threads() > 1;
     let chunks = if parallel { (work / CHUNK_MIN).min(g.rows / 8).clamp(1, MAX_CHUNKS) } else { 1 };
-    pool.run(Arc::new(LinearJob { k, g: g.clone(), x: x.clone(), t0, n_tok, chunks }), parallel)?;
+    let vector = !matches!(k, Kernels::Portable);
+    let xq = (int8 && g.int8 && vector).then(|| Arc::new(Q8Acts::quantize(&x[t0 * g.cols..], n_tok, g.cols)));
+    pool.run(Arc::new(LinearJob { k, g: g.clone(), x: x.clone(), xq, t0, n_tok, chunks }), parallel)?;
     for c in 0..chunks {
         let (a, b) = share(g.rows, c, chunks);
         let res = pool.result(c);

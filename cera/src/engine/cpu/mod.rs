@@ -18,6 +18,7 @@
 
 mod attention;
 mod batch;
+mod int8;
 mod kernels;
 mod matmul;
 mod ops;
@@ -28,6 +29,8 @@ pub(crate) use state::top_k;
 mod tests;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_int8;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -66,6 +69,8 @@ struct Model {
     widths: Vec<usize>,
     ops: Vec<CpuOp>,
     kernels: Kernels,
+    /// Quantized projections take int8 activations and integer dots (`int8.rs`).
+    int8: bool,
     /// One step at a time uses the threads.
     pool: Mutex<Pool>,
     threads: usize,
@@ -152,9 +157,23 @@ fn total_bytes(graph: &ModelGraph, src: &dyn WeightSource) -> Result<u64, Engine
 
 impl CpuBackend {
     /// Prepares every weight the graph names; `threads` workers (at least 1) split each mat-mul
-    /// by rows. `progress` is told the source bytes prepared so far.
+    /// by rows. `progress` is told the source bytes prepared so far. The mat-muls keep f32
+    /// activations (the exact path); [`CpuBackend::load_with_activations`] chooses.
     pub fn load(graph: &ModelGraph, src: &dyn WeightSource, threads: usize, progress: Option<ProgressFn<'_>>) -> Result<CpuBackend, EngineError> {
-        CpuBackend::load_with(graph, src, threads, progress, Kernels::detect())
+        CpuBackend::load_with(graph, src, threads, progress, Kernels::detect(), false)
+    }
+
+    /// [`CpuBackend::load`] with the projections' activations: with `int8`, the quantized
+    /// projections (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) quantize their input rows to int8 per block of
+    /// 32 and run integer dot products (llama.cpp's CPU scheme; AVX2 CPUs, else f32).
+    pub fn load_with_activations(
+        graph: &ModelGraph,
+        src: &dyn WeightSource,
+        threads: usize,
+        int8: bool,
+        progress: Option<ProgressFn<'_>>,
+    ) -> Result<CpuBackend, EngineError> {
+        CpuBackend::load_with(graph, src, threads, progress, Kernels::detect(), int8)
     }
 
     /// [`CpuBackend::load`] with the given inner loops.
@@ -164,6 +183,7 @@ impl CpuBackend {
         threads: usize,
         progress: Option<ProgressFn<'_>>,
         kernels: Kernels,
+        int8: bool,
     ) -> Result<CpuBackend, EngineError> {
         let c = &graph.cfg;
         let total = total_bytes(graph, src)?;
@@ -241,7 +261,7 @@ impl CpuBackend {
         }
         let threads = threads.max(1);
         let widths = state::SLOTS.iter().map(|&s| graph.width(s)).collect();
-        let model = Model { cfg: c.clone(), widths, ops, kernels, pool: Mutex::new(Pool::new(threads)?), threads };
+        let model = Model { cfg: c.clone(), widths, ops, kernels, int8, pool: Mutex::new(Pool::new(threads)?), threads };
         Ok(CpuBackend { model: Arc::new(model) })
     }
 }

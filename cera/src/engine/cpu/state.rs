@@ -213,7 +213,7 @@ impl CpuState {
                 if logits {
                     let xs = self.slots[slot_index(Slot::Normed)].clone();
                     let o = Arc::make_mut(&mut self.slots[slot_index(Slot::Logits)]);
-                    linear(pool, k, g, &xs, n - 1, 1, o, c.vocab)?;
+                    linear(pool, k, self.model.int8, g, &xs, n - 1, 1, o, c.vocab)?;
                     if let Some(cap) = softcap {
                         o.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
                     }
@@ -253,7 +253,7 @@ pub(super) fn run_rowwise(m: &Model, slots: &mut [Arc<Vec<f32>>], pool: &mut sup
         CpuOp::Linear { g, x, out } => {
             let xs = slots[slot_index(*x)].clone();
             let o = Arc::make_mut(&mut slots[slot_index(*out)]);
-            linear(pool, k, g, &xs, 0, n, o, width(*out))?;
+            linear(pool, k, m.int8, g, &xs, 0, n, o, width(*out))?;
         }
         CpuOp::Bias { x, b } => {
             let rows = &mut Arc::make_mut(&mut slots[slot_index(*x)])[..n * b.len()];

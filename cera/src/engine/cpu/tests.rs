@@ -136,7 +136,7 @@ fn vector_and_portable_kernels_and_chunking_agree() {
     let src = Synth::new(&g);
     let prompt: Vec<u32> = (0..12).map(|i| (i * 37 % 97) as u32).collect();
     let fast = CpuBackend::load(&g, &src, 2, None).unwrap();
-    let plain = CpuBackend::load_with(&g, &src, 1, None, Kernels::Portable).unwrap();
+    let plain = CpuBackend::load_with(&g, &src, 1, None, Kernels::Portable, false).unwrap();
     for kv in [KvType::F16, KvType::Q8_0] {
         let whole = run(&fast, &prompt, 12, kv).pop().unwrap();
         assert!(whole.iter().all(|v| v.is_finite() && v.abs() <= 20.0), "soft-capped logits: {whole:?}");
