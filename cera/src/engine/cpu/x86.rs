@@ -377,7 +377,7 @@ unsafe fn axpy(y: *mut f32, n: usize, a: f32, x: *const f32) {
 /// The f16 number `b` of little-endian halves `h`, widened (exactly).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn half(h: &[u8], b: usize) -> f32 {
+pub(super) fn half(h: &[u8], b: usize) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([h[2 * b], h[2 * b + 1]]) as i32)))
 }
 

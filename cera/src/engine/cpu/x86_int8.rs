@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 use boostr::formats::GgmlType;
 
 use super::int8::{Int8Rows, Q8Acts, QK};
-use super::x86::{Avx2, hsum};
+use super::x86::{Avx2, half, hsum};
 
 /// Per-thread scratch of the integer dots: a row's unpacked values, its blocks' `A` and `B`,
 /// one token's coefficients.
@@ -33,15 +33,36 @@ impl Avx2 {
         let bpr = r.bpr;
         assert!(x.cols == bpr * QK && row < r.rows && x.d.len() >= (t0 + n) * bpr, "int8 row: shapes");
         assert!(n == 0 || out.len() > (n - 1) * stride, "int8 row: output");
+        let g0 = row * bpr;
+        let (qs, five) = (r.qs.as_ptr().wrapping_add(g0 * r.qs_bytes()), matches!(r.ty, GgmlType::Q5_0 | GgmlType::Q5_1));
+        let qh = &r.qh[if five { g0..g0 + bpr } else { 0..0 }];
+        if n == 1 {
+            let (dx, sx) = (&x.d[t0 * bpr..(t0 + 1) * bpr], &x.s[t0 * bpr..(t0 + 1) * bpr]);
+            let xq = x.q[t0 * x.cols..(t0 + 1) * x.cols].as_ptr();
+            let d = &r.d[2 * g0..2 * (g0 + bpr)];
+            let m = if r.m.is_empty() { r.m } else { &r.m[2 * g0..2 * (g0 + bpr)] };
+            let t = Tok { xq, dx, sx };
+            // SAFETY: the token proves the target features; `Int8Rows::of` checked that the
+            // arrays hold every block of every row (`row < rows` above), `xq` holds the token's
+            // `bpr * 32` values.
+            out[0] = unsafe {
+                use GgmlType::*;
+                match r.ty {
+                    Q4_0 => row1::<0>(qs, qh, d, m, t),
+                    Q4_1 => row1::<1>(qs, qh, d, m, t),
+                    Q5_0 => row1::<2>(qs, qh, d, m, t),
+                    Q5_1 => row1::<3>(qs, qh, d, m, t),
+                    _ => row1::<4>(qs, qh, d, m, t),
+                }
+            };
+            return;
+        }
         s.a.resize(bpr, 0.0);
         s.b.resize(bpr, 0.0);
         s.coef.resize(bpr, 0.0);
-        let g0 = row * bpr;
         // SAFETY: the token proves the target features; `Int8Rows::of` checked that the arrays
         // hold every block of every row, and `row < rows`.
         unsafe { self.affine(r, g0, &mut s.a, &mut s.b) };
-        let (qs, five) = (r.qs.as_ptr().wrapping_add(g0 * r.qs_bytes()), matches!(r.ty, GgmlType::Q5_0 | GgmlType::Q5_1));
-        let qh = &r.qh[if five { g0..g0 + bpr } else { 0..0 }];
         if n > 1 {
             s.u.resize(bpr * QK, 0);
             // SAFETY: as above; `u` holds `bpr` blocks.
@@ -52,23 +73,6 @@ impl Avx2 {
                     (false, false) => unpack::<false>(qs, qh, bpr, s.u.as_mut_ptr()),
                 }
             }
-        }
-        if n == 1 {
-            let (dx, sx) = (&x.d[t0 * bpr..(t0 + 1) * bpr], &x.s[t0 * bpr..(t0 + 1) * bpr]);
-            let xq = x.q[t0 * x.cols..(t0 + 1) * x.cols].as_ptr();
-            // SAFETY: as above; `xq` holds the token's `bpr * 32` values and the scratch `bpr`
-            // coefficients.
-            out[0] = unsafe {
-                let bias = coefs(&s.a, &s.b, dx, sx, &mut s.coef);
-                let c = s.coef.as_ptr();
-                let sum = match (r.signed(), five) {
-                    (true, _) => dot_unpacked(qs, true, xq, c, bpr),
-                    (false, true) => dot_packed::<true>(qs, qh, xq, c, bpr),
-                    (false, false) => dot_packed::<false>(qs, qh, xq, c, bpr),
-                };
-                sum + bias
-            };
-            return;
         }
         s.coef2.resize(bpr, 0.0);
         let mut t = 0;
@@ -119,6 +123,88 @@ impl Avx2 {
             (a[j], b[j]) = r.affine(g0 + j);
         }
     }
+}
+
+/// One token's activations: int8 values, and per block `d_x` and `d_x Σ q`.
+#[derive(Clone, Copy)]
+struct Tok<'a> {
+    xq: *const i8,
+    dx: &'a [f32],
+    sx: &'a [f32],
+}
+
+/// One row times one token, everything fused: for eight blocks at a time the f16 scales (and
+/// mins) are converted together, `A d_x` formed in one vector, and each block's integer sum
+/// scaled by its lane; the `B s_x` terms accumulate beside. `KIND`: 0 Q4_0, 1 Q4_1, 2 Q5_0,
+/// 3 Q5_1, 4 Q8_0.
+///
+/// # Safety
+/// The CPU has the target features; `qs` holds the row's `dx.len()` blocks (16 bytes each, 32
+/// for Q8_0), `qh` (Q5) and `d` / `m` (`m`: Q4_1, Q5_1) theirs, `t.xq` `32 dx.len()` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn row1<const KIND: u8>(qs: *const u8, qh: &[u32], d: &[u8], m: &[u8], t: Tok<'_>) -> f32 {
+    let bpr = t.dx.len();
+    let five = KIND == 2 || KIND == 3;
+    let block = |b: usize| -> __m256i {
+        // SAFETY: block b < bpr of the row and of the token (the caller's contract).
+        unsafe {
+            let q = _mm256_loadu_si256(t.xq.wrapping_add(QK * b) as *const __m256i);
+            if KIND == 4 {
+                isum(_mm256_loadu_si256(qs.wrapping_add(QK * b) as *const __m256i), q, true)
+            } else if five {
+                isum(block_u::<true>(qs.wrapping_add(16 * b), qh[b]), q, false)
+            } else {
+                isum(block_u::<false>(qs.wrapping_add(16 * b), 0), q, false)
+            }
+        }
+    };
+    let bias = |dv: __m256, mv: __m256| match KIND {
+        0 => _mm256_mul_ps(dv, _mm256_set1_ps(-8.0)),
+        2 => _mm256_mul_ps(dv, _mm256_set1_ps(-16.0)),
+        1 | 3 => mv,
+        _ => _mm256_setzero_ps(),
+    };
+    let (mut a0, mut a1, mut bacc) = (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut b = 0;
+    while b + 8 <= bpr {
+        // SAFETY: eight f16 at 2 b of `d` (and `m`), eight f32 at b of `dx` and `sx`.
+        let (dv, mv, dx, sx) = unsafe {
+            let dv = _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr().wrapping_add(2 * b) as *const __m128i));
+            let mv = if KIND == 1 || KIND == 3 { _mm256_cvtph_ps(_mm_loadu_si128(m.as_ptr().wrapping_add(2 * b) as *const __m128i)) } else { dv };
+            (dv, mv, _mm256_loadu_ps(t.dx.as_ptr().wrapping_add(b)), _mm256_loadu_ps(t.sx.as_ptr().wrapping_add(b)))
+        };
+        let coef = _mm256_mul_ps(dv, dx);
+        bacc = _mm256_fmadd_ps(bias(dv, mv), sx, bacc);
+        macro_rules! lane {
+            ($j:literal, $acc:ident) => {
+                $acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block(b + $j)), _mm256_permutevar8x32_ps(coef, _mm256_set1_epi32($j)), $acc);
+            };
+        }
+        lane!(0, a0);
+        lane!(1, a1);
+        lane!(2, a0);
+        lane!(3, a1);
+        lane!(4, a0);
+        lane!(5, a1);
+        lane!(6, a0);
+        lane!(7, a1);
+        b += 8;
+    }
+    let mut tail = 0.0;
+    while b < bpr {
+        let dv = half(d, b);
+        let mv = if KIND == 1 || KIND == 3 { half(m, b) } else { 0.0 };
+        let bv = match KIND {
+            0 => -8.0 * dv,
+            2 => -16.0 * dv,
+            1 | 3 => mv,
+            _ => 0.0,
+        };
+        a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block(b)), _mm256_set1_ps(dv * t.dx[b]), a0);
+        tail += bv * t.sx[b];
+        b += 1;
+    }
+    hsum(_mm256_add_ps(a0, a1)) + hsum(bacc) + tail
 }
 
 /// `coef[b] = a[b] * dx[b]`; returns `Σ b[b] * sx[b]`.
@@ -182,33 +268,8 @@ fn isum(u: __m256i, q: __m256i, signed: bool) -> __m256i {
     _mm256_madd_epi16(p, _mm256_set1_epi16(1))
 }
 
-/// `Σ_b coef[b] * (u_b . q_b)` over 32-byte blocks of unpacked values.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_unpacked(u: *const u8, signed: bool, xq: *const i8, coef: *const f32, bpr: usize) -> f32 {
-    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut b = 0;
-    // SAFETY: `bpr` blocks of 32 bytes at `u` and `xq`, `bpr` coefficients (the caller's).
-    unsafe {
-        while b + 2 <= bpr {
-            let s0 = isum(_mm256_loadu_si256(u.wrapping_add(QK * b) as *const __m256i), _mm256_loadu_si256(xq.wrapping_add(QK * b) as *const __m256i), signed);
-            let s1 = isum(
-                _mm256_loadu_si256(u.wrapping_add(QK * (b + 1)) as *const __m256i),
-                _mm256_loadu_si256(xq.wrapping_add(QK * (b + 1)) as *const __m256i),
-                signed,
-            );
-            a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_broadcast_ss(&*coef.wrapping_add(b)), a0);
-            a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_broadcast_ss(&*coef.wrapping_add(b + 1)), a1);
-            b += 2;
-        }
-        if b < bpr {
-            let s0 = isum(_mm256_loadu_si256(u.wrapping_add(QK * b) as *const __m256i), _mm256_loadu_si256(xq.wrapping_add(QK * b) as *const __m256i), signed);
-            a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_broadcast_ss(&*coef.wrapping_add(b)), a0);
-        }
-    }
-    hsum(_mm256_add_ps(a0, a1))
-}
-
-/// As [`dot_unpacked`] for two tokens at once (each block of `u` loaded once for both).
+/// `Σ_b coef_t[b] * (u_b . q_t,b)` for two tokens over 32-byte blocks of unpacked values (each
+/// block of `u` loaded once for both).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_unpacked2(u: *const u8, signed: bool, xq: [*const i8; 2], coef: [*const f32; 2], bpr: usize) -> [f32; 2] {
     let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -223,29 +284,6 @@ unsafe fn dot_unpacked2(u: *const u8, signed: bool, xq: [*const i8; 2], coef: [*
         }
     }
     [hsum(a0), hsum(a1)]
-}
-
-/// As [`dot_unpacked`], each block unpacked from its 16 packed bytes in registers.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_packed<const FIVE: bool>(qs: *const u8, qh: &[u32], xq: *const i8, coef: *const f32, bpr: usize) -> f32 {
-    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let h = |b: usize| if FIVE { qh[b] } else { 0 };
-    let mut b = 0;
-    // SAFETY: `bpr` blocks of 16 bytes at `qs`, of 32 at `xq`, `bpr` coefficients.
-    unsafe {
-        while b + 2 <= bpr {
-            let s0 = isum(block_u::<FIVE>(qs.wrapping_add(16 * b), h(b)), _mm256_loadu_si256(xq.wrapping_add(QK * b) as *const __m256i), false);
-            let s1 = isum(block_u::<FIVE>(qs.wrapping_add(16 * (b + 1)), h(b + 1)), _mm256_loadu_si256(xq.wrapping_add(QK * (b + 1)) as *const __m256i), false);
-            a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_broadcast_ss(&*coef.wrapping_add(b)), a0);
-            a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_broadcast_ss(&*coef.wrapping_add(b + 1)), a1);
-            b += 2;
-        }
-        if b < bpr {
-            let s0 = isum(block_u::<FIVE>(qs.wrapping_add(16 * b), h(b)), _mm256_loadu_si256(xq.wrapping_add(QK * b) as *const __m256i), false);
-            a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_broadcast_ss(&*coef.wrapping_add(b)), a0);
-        }
-    }
-    hsum(_mm256_add_ps(a0, a1))
 }
 
 #[cfg(test)]
