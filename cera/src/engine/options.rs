@@ -29,7 +29,10 @@ impl std::str::FromStr for DeviceChoice {
     }
 }
 
-/// The activations of the decode step's matrix-vector products on the GPU.
+/// The activations of the quantized projections: on the GPU, of the decode step's
+/// matrix-vector products; on the CPU, of every projection whose format has integer-dot kernels
+/// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), where `auto` means int8 ([`DecodeGemv::int8_on_cpu`]) and
+/// `f32` is the exact path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum DecodeGemv {
     /// int8 for the quantized projections of models with a hidden size of at least
@@ -58,9 +61,11 @@ impl DecodeGemv {
         }
     }
 
-    /// Whether the CPU executor's quantized projections take int8 activations.
+    /// Whether the CPU executor's quantized projections take int8 activations: `auto` and
+    /// `int8` (the CPU is bound by arithmetic at every model size, and integer dots halve it);
+    /// `f32` keeps the exact path.
     pub fn int8_on_cpu(self) -> bool {
-        self == DecodeGemv::Int8
+        self != DecodeGemv::F32
     }
 
     /// Whether the quantized projections of a model of hidden size `dim` take the int8 path.

@@ -11,8 +11,7 @@
 //!
 //! So the only error beyond f32 rounding is the activations' int8 rounding (at most `d_x / 2`
 //! per element); the tests check the kernels against a float64 product of the decoded weights
-//! and the dequantized activations. A row is unpacked once into one byte per element and then
-//! multiplied with every token of the step.
+//! and the dequantized activations.
 //!
 //! The vector kernels (AVX2, `x86_int8.rs`) compute the same sums as [`dot_scalar`], the
 //! reference here, up to f32 rounding. Formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; a matrix of any
@@ -99,6 +98,7 @@ impl<'a> Int8Rows<'a> {
     }
 
     /// Whether the values are signed bytes (Q8_0) rather than unsigned small integers.
+    #[cfg(test)]
     pub(super) fn signed(&self) -> bool {
         self.ty == GgmlType::Q8_0
     }
@@ -109,6 +109,7 @@ impl<'a> Int8Rows<'a> {
     }
 
     /// Block `g`'s `(A, B)` (`w = A u + B`; see the module docs).
+    #[cfg(test)]
     pub(super) fn affine(&self, g: usize) -> (f32, f32) {
         use GgmlType::*;
         let h = |b: &[u8]| half::f16::from_le_bytes([b[2 * g], b[2 * g + 1]]).to_f32();

@@ -11,8 +11,6 @@ use boostr::formats::PackedWeights;
 use super::int8::{Int8Rows, Q8Acts};
 use super::kernels::{AlignedBuf, Kernels, RowSrc};
 use super::pool::{Job, MAX_CHUNKS, Pool};
-#[cfg(target_arch = "x86_64")]
-use super::x86_int8::Int8Scratch;
 use crate::engine::EngineError;
 
 /// Rows decoded together (their f32 copy stays in L2 while every token passes over it).
@@ -132,11 +130,6 @@ thread_local! {
     static SCRATCH: RefCell<AlignedBuf> = const { RefCell::new(AlignedBuf::new()) };
 }
 
-#[cfg(target_arch = "x86_64")]
-thread_local! {
-    static INT8_SCRATCH: RefCell<Int8Scratch> = RefCell::new(Int8Scratch::default());
-}
-
 impl LinearJob {
     /// Rows `[a, b)` by integer dots against `xq` into `out` (`[token][b - a]`); `false` without
     /// the vector kernels.
@@ -144,18 +137,16 @@ impl LinearJob {
         #[cfg(target_arch = "x86_64")]
         if let Kernels::Avx2(k) = self.k {
             let (g, m) = (&self.g, b - a);
-            INT8_SCRATCH.with_borrow_mut(|s| {
-                let mut part = g.part_of(a);
-                let mut rows = Int8Rows::of(&g.parts[part]);
-                for r in a..b {
-                    while r >= g.starts[part] + g.parts[part].rows() {
-                        part += 1;
-                        rows = Int8Rows::of(&g.parts[part]);
-                    }
-                    let rows = rows.as_ref().expect("MatGroup::int8 checked every part");
-                    k.int8_row(rows, r - g.starts[part], xq, 0, self.n_tok, &mut out[r - a..], m, s);
+            let mut part = g.part_of(a);
+            let mut rows = Int8Rows::of(&g.parts[part]);
+            for r in a..b {
+                while r >= g.starts[part] + g.parts[part].rows() {
+                    part += 1;
+                    rows = Int8Rows::of(&g.parts[part]);
                 }
-            });
+                let rows = rows.as_ref().expect("MatGroup::int8 checked every part");
+                k.int8_row(rows, r - g.starts[part], xq, 0..self.n_tok, &mut out[r - a..], m);
+            }
             return true;
         }
         let _ = (xq, a, b, out);
