@@ -280,3 +280,17 @@ fn a_model_without_a_chat_template_warns() {
     assert!(ok && !err.contains("warning"), "{err}");
     assert!(out.split_whitespace().count() >= 8, "{out:?}");
 }
+
+/// `-d`: every test at each depth, named as llama-bench names them; the JSON carries the depth.
+#[test]
+fn bench_runs_every_test_at_each_depth() {
+    let m = smollm2();
+    let (ok, out, err) = cera(&["bench", "-m", &m, "-p", "8", "-n", "2", "-d", "0,24", "-r", "1", "--device", "cpu", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let rows: Vec<(String, u64)> =
+        v["rows"].as_array().unwrap().iter().map(|r| (r["test"].as_str().unwrap().to_string(), r["depth"].as_u64().unwrap())).collect();
+    let want = [("pp8", 0), ("tg2", 0), ("pp8 @ d24", 24), ("tg2 @ d24", 24)].map(|(t, d)| (t.to_string(), d));
+    assert_eq!(rows, want);
+    assert!(v["rows"].as_array().unwrap().iter().all(|r| r["tok_s"]["median"].as_f64().unwrap() > 0.0), "{out}");
+}

