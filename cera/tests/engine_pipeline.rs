@@ -69,7 +69,7 @@ fn the_bench_reports_smollm2_s_decode_structure() {
     let path = ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2");
     let load = LoadOptions { device: DeviceChoice::Gpu, ubatch: 1, ..LoadOptions::default() };
     let opts = BenchOpts { prompts: vec![2], gens: vec![3], reps: 1, load, ..BenchOpts::default() };
-    let (_, rows) = bench_model(&path, &opts, None).unwrap();
+    let (_, rows, _) = bench_model(&path, &opts, None).unwrap();
     assert_eq!(rows.iter().map(|r| r.test.as_str()).collect::<Vec<_>>(), ["pp2", "tg3"]);
     assert!(rows.iter().all(|r| r.tok_s.median > 0.0 && r.quant == "Q4_1"), "{rows:?}");
     let w = rows[1].step.expect("a tg row has the step's work");

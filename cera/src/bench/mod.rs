@@ -63,6 +63,9 @@ pub struct BenchOpts {
     /// Tokens already in the cache before each pp and tg test (`-d`, as llama-bench's
     /// `--n-depth`): every test runs at each depth.
     pub depths: Vec<usize>,
+    /// The cold-start line (`--cold-start N`): the first request of the process, a prompt of
+    /// this many tokens, right after loading (0: none).
+    pub cold_prompt: usize,
     /// Timed runs per test (`-r`), after one warm-up.
     pub reps: usize,
     /// How to load each model.
@@ -88,6 +91,7 @@ impl Default for BenchOpts {
             prompts: vec![512],
             gens: vec![128],
             depths: vec![0],
+            cold_prompt: 0,
             reps: 5,
             load: LoadOptions::default(),
             pipeline: true,
@@ -204,6 +208,25 @@ pub struct BenchReport {
     pub decode_gemv: String,
     /// What went wrong on the way (a llama.cpp run that failed).
     pub notes: Vec<String>,
+    /// Per model: its load, and with `--cold-start` its first request.
+    pub cold: Vec<ColdStart>,
+}
+
+/// A model's load and the first request after it (the process's first, for the first model).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ColdStart {
+    /// The file name.
+    pub model: String,
+    /// Seconds `Engine::load` took.
+    pub load_s: f64,
+    /// The file's bytes over that time.
+    pub load_gb_s: f64,
+    /// The first request's prompt tokens (0: not measured).
+    pub prompt: usize,
+    /// Its time to first token (the prefill through the first token's distribution), ms.
+    pub ttft_ms: f64,
+    /// Its prompt tokens per second.
+    pub prefill_tok_s: f64,
 }
 
 /// Deterministic prompt ids over the vocabulary (a fixed LCG; ids 0..vocab).
@@ -287,7 +310,7 @@ pub fn longest_test(opts: &BenchOpts) -> usize {
 
 /// Measures one model file (see the module docs). `roofline_bps`: the run's roofline, for the
 /// fraction column.
-pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> Result<(Engine, Vec<BenchRow>), BenchError> {
+pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> Result<(Engine, Vec<BenchRow>, ColdStart), BenchError> {
     if opts.reps == 0 {
         return Err(BenchError::Usage("-r must be at least 1".into()));
     }
@@ -300,7 +323,9 @@ pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> 
     }
     // Room for the longest test and the token generated after it.
     let load = LoadOptions { n_ctx: Some(opts.load.n_ctx.unwrap_or(0).max(longest_test(opts) + 1)), ..opts.load.clone() };
+    let t_load = std::time::Instant::now();
     let engine = Engine::load(path, &load, None)?;
+    let load_s = t_load.elapsed().as_secs_f64();
     if opts.profile && !engine.is_gpu() {
         return Err(no_profile());
     }
@@ -330,9 +355,18 @@ pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> 
         llama_cpp: None,
         profile: Vec::new(),
     };
+    let mut cold =
+        ColdStart { model: model.clone(), load_s, load_gb_s: file_bytes as f64 / load_s.max(1e-9) / 1e9, prompt: 0, ttft_ms: 0.0, prefill_tok_s: 0.0 };
+    let mut s = engine.session()?;
+    if opts.cold_prompt > 0 {
+        // Before anything else has run: no warm-up, no clock warming.
+        s.append_tokens(&prompt_ids(opts.cold_prompt, vocab, 11))?;
+        let g = s.generate(&GenerateOpts { pipeline: opts.pipeline, ..GenerateOpts::greedy(1) }, &mut |_: &crate::engine::TokenEvent| {})?;
+        (cold.prompt, cold.ttft_ms, cold.prefill_tok_s) = (g.prefilled, g.timings.prefill.as_secs_f64() * 1e3, g.timings.prefill_tok_s());
+        s.clear_cache()?;
+    }
     let warmer = if engine.is_gpu() { ClockWarmer::new(opts.warm_ms)? } else { None };
     let mut rows = Vec::new();
-    let mut s = engine.session()?;
     for &d in &opts.depths {
         let context = prompt_ids(d, vocab, 3);
         for &p in opts.prompts.iter().filter(|&&p| p > 0) {
@@ -401,7 +435,7 @@ pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> 
             rows.push(r);
         }
     }
-    Ok((engine, rows))
+    Ok((engine, rows, cold))
 }
 
 /// The llama.cpp figures for `rows` of one model (the same tests, `reps` runs after a warm-up).
@@ -465,11 +499,12 @@ pub fn run(models: &[PathBuf], opts: &BenchOpts, progress: &mut dyn FnMut(&str))
         warm_ms: opts.warm_ms,
         decode_gemv: opts.load.decode_gemv.name().to_string(),
         notes: Vec::new(),
+        cold: Vec::new(),
     };
     let mut roofline = None;
     for (i, path) in models.iter().enumerate() {
         progress(&format!("cera: {}", path.display()));
-        let (engine, mut rows) = {
+        let (engine, mut rows, cold) = {
             let first = bench_model(path, opts, roofline)?;
             if i == 0 && first.0.is_gpu() {
                 // The roofline on the device the model runs on, in the same run.
@@ -484,11 +519,12 @@ pub fn run(models: &[PathBuf], opts: &BenchOpts, progress: &mut dyn FnMut(&str))
                         w.roofline_fraction = w.gb_s * 1e9 / bps;
                     }
                 }
-                (first.0, rows)
+                (first.0, rows, first.2)
             } else {
                 first
             }
         };
+        report.cold.push(cold);
         report.device = engine.device_name();
         report.gpu = engine.is_gpu();
         let vocab = engine.config().vocab;

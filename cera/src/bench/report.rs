@@ -86,6 +86,17 @@ pub fn print_table(report: &BenchReport) -> String {
         s.push_str(&row_line(r, compare, report.gpu));
         s.push('\n');
     }
+    for c in &report.cold {
+        let _ = write!(s, "\nload {}: {:.2} s ({:.2} GB/s)", c.model, c.load_s, c.load_gb_s);
+        if c.prompt > 0 {
+            let warm = report.rows.iter().find(|r| r.model == c.model && r.test == format!("pp{}", c.prompt)).map(|r| r.tok_s.median);
+            let ratio = warm
+                .filter(|&w| w > 0.0 && c.prefill_tok_s > 0.0)
+                .map_or(String::new(), |w| format!("; the warm pp{} is {:.2}x that", c.prompt, w / c.prefill_tok_s));
+            let _ = write!(s, "; first request ({} prompt tokens): time to first token {:.1} ms ({:.0} tok/s){ratio}", c.prompt, c.ttft_ms, c.prefill_tok_s);
+        }
+        s.push('\n');
+    }
     for n in &report.notes {
         let _ = writeln!(s, "\nnote: {n}");
     }

@@ -26,6 +26,10 @@ pub struct Args {
     /// `--n-depth`): every pp and tg test runs at each depth.
     #[arg(short = 'd', long = "n-depth", value_delimiter = ',', default_value = "0", value_name = "D")]
     pub n_depth: Vec<usize>,
+    /// The cold-start line: the first request of the process, a prompt of N tokens (830 when
+    /// given without a value), right after loading, beside the load time.
+    #[arg(long = "cold-start", value_name = "N", num_args = 0..=1, default_missing_value = "830")]
+    pub cold_start: Option<usize>,
     /// Timed runs per test (after one warm-up).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_name = "N")]
     pub reps: usize,
@@ -80,6 +84,7 @@ pub fn run(a: Args, out: &mut Output) -> Result<(), CliError> {
         prompts: a.n_prompt,
         gens: a.n_gen,
         depths: a.n_depth,
+        cold_prompt: a.cold_start.unwrap_or(0),
         reps: a.reps,
         load: a.load.options(None)?,
         pipeline: !a.no_pipeline,
