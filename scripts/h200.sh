@@ -19,6 +19,10 @@
 #   batch [PRESET...]  many requests through the batcher (`cera bench --concurrency 1,8,32,64`,
 #                   CONC overrides) on each preset (default smol-135m llama-1b llama-8b) beside one
 #                   session's tg128: total and per-sequence tok/s, TTFT, ITL
+#   depth [PRESET[:QTYPE]...]  the real-use table of the speed issue (default llama-1b and
+#                   llama-8b in q4_0 and q4_k): pp512/2048/8192 and tg128 at depths 0, 4096,
+#                   16384 and 32768 (DEPTHS, PROMPTS override), the cold-start line, llama.cpp
+#                   beside it when carried
 #   cmd 'SHELL'     any command with the models' folder in $M and the binaries in $B
 #   stage           unpacks what this call carried: the test binaries, or one piece of a model
 #                   (a model is put together, and its SHA-256 checked, when its last piece arrives)
@@ -43,14 +47,16 @@ if [ -f $D/llama.tar.xz ] && [ ! -d /tmp/llama ]; then tar -C /tmp -xJf $D/llama
 LL=()
 if [ -d /tmp/llama ]; then LL=(--vs-llama-cpp /tmp/llama); fi
 
-# model PRESET -> the path of its synthetic file (made once per machine).
+# model PRESET[:QTYPE] -> the path of its synthetic file (made once per machine); QTYPE defaults
+# to q4_0 (smol-135m: q4_1); q4_k is Q4_K_M.
 model() {
-  local preset=$1 arch=llama q=q4_0
+  local preset=${1%%:*} arch=llama q=q4_0
   case $preset in
     smol-135m) q=q4_1 ;;
     qwen3-0.6b) arch=qwen3 ;;
     lfm2-1.2b) arch=lfm2 ;;
   esac
+  case $1 in *:*) q=${1#*:} ;; esac
   local f=$M/$preset-$q.gguf
   [ -f "$f" ] || $B/xtask synth --arch $arch --preset "$preset" --qtype $q --out "$f" >&2
   echo "$f"
@@ -176,6 +182,13 @@ case $mode in
       f=$(model "$p")
       $B/cera bench -m "$f" -p 0 -n 128 -r 3 2>&1 | tee -a "$OUT/batch.txt"
       $B/cera bench -m "$f" --concurrency "$c" --kv-budget 24G 2>&1 | tee -a "$OUT/batch.txt"
+    done ;;
+  depth)
+    presets=("$@"); [ ${#presets[@]} -gt 0 ] || presets=(llama-1b llama-1b:q4_k llama-8b llama-8b:q4_k)
+    date -u | tee -a "$OUT/depth.txt"
+    for p in "${presets[@]}"; do
+      $B/cera bench -m "$(model "$p")" -p "${PROMPTS:-512,2048,8192}" -n 128 -d "${DEPTHS:-0,4096,16384,32768}" -r 3 \
+        --cold-start "${LL[@]}" 2>&1 | tee -a "$OUT/depth.txt"
     done ;;
   cmd)
     for p in smol-135m llama-1b llama-8b; do model $p > /dev/null; done
