@@ -355,6 +355,41 @@ fn argmax_rows_plan_takes_each_row() {
     assert!(ArgmaxPlan::rows(&ctx, &(&l).into(), 6, 2, None).is_err(), "12 logits in a binding of 10");
 }
 
+/// Every row of a step at once (a batched step's sampling rows): each row's `k` best raw logits
+/// and ids in order, as the reference gives them, over one, two and three rounds.
+#[test]
+fn top_k_rows_plan_takes_each_row() {
+    let Some((ctx, _serial)) = gpu() else { return };
+    for (n, k) in [(700usize, 40usize), (3000, 128), (70_000, 64)] {
+        let max_rows = 3;
+        let mut ls: Vec<Vec<f32>> = (0..max_rows).map(|r| logits_with_winner(n, 60 + r as u64, (r * 977 + 5) % n)).collect();
+        // A tie in row 2: the lower id first.
+        let top = ls[2].iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        ls[2][1] = top;
+        let logits = f32_buf(&ctx, &ls.concat());
+        let plan = TopKPlan::rows(&ctx, &(&logits).into(), n, k, max_rows).unwrap();
+        for rows in [max_rows, 2] {
+            let mut rec = ctx.recorder();
+            rec.clear(plan.ids().buffer()).unwrap();
+            plan.record(&mut rec, &StepValues::chunk(0, rows as u32)).unwrap();
+            rec.submit().unwrap();
+            let ids = read_u32(&ctx, plan.ids().buffer(), max_rows * k);
+            let vals = read_f32(&ctx, plan.values().buffer(), max_rows * k);
+            for (r, l) in ls.iter().enumerate().take(rows) {
+                let want = sampling::top_k_ref(l, k, 1.0).unwrap();
+                let got: Vec<(u32, f32)> = (0..k).map(|e| (ids[r * k + e], vals[r * k + e])).collect();
+                assert_eq!(got, want, "n {n}, k {k}, {rows} rows: row {r}");
+            }
+            if rows < max_rows {
+                assert!(ids[rows * k..].iter().all(|&i| i == 0), "n {n}: rows past the step untouched");
+            }
+        }
+    }
+    let l = zeros(&ctx, 10);
+    assert!(TopKPlan::rows(&ctx, &(&l).into(), 6, 2, 2).is_err(), "12 logits in a binding of 10");
+    assert!(TopKPlan::rows(&ctx, &(&l).into(), 5, 6, 2).is_err(), "k over n");
+}
+
 #[test]
 fn top_k_plan_writes_slots() {
     let Some((ctx, _serial)) = gpu() else { return };

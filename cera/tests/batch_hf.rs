@@ -7,6 +7,7 @@
 //! - the batcher's greedy continuations equal transformers' (stopping at its EOS), three
 //!   sequences joining at different steps, and each sequence's ids (greedy and seeded) equal
 //!   what it gives alone;
+//! - the same step wanting top-k candidates or argmaxes gives those of its logits;
 //! - a batched step is one submit, and its dispatch count does not grow with the sequences.
 //!
 //! LFM2's short-conv layers run batched on both: each sequence's conv state in its own slot.
@@ -82,11 +83,30 @@ fn one_step(b: &dyn Backend, kv: KvType, tol: f64, what: &str) {
         cs.iter().zip(&tables).enumerate().map(|(i, (c, t))| BatchEntry { slot: i, tokens: &c.ids, pos: 0, table: t, want: Want::Logits }).collect();
     let outs = st.step(&entries).unwrap_or_else(|e| panic!("{what}: {e}"));
     let many = st.last_step_counters();
+    let mut rows = Vec::new();
     for ((c, out), i) in cs.iter().zip(outs).zip(0..) {
         let StepOutput::Logits(l) = out else { panic!("{what}: not logits") };
         let e = rel(&l, &c.last_logits);
         println!("{what} case {i} ({} tokens): relative logit error {e:.2e}", c.ids.len());
         assert!(e <= tol, "{what} case {i}: relative logit error {e:.2e} > {tol:.0e}");
+        rows.push(l);
+    }
+    // The same step again (the same K/V written at the same places), wanting each row's top-k
+    // (the GPU's sorted candidates) or its argmax: what the logits above give.
+    let wants = [Want::TopK(7), Want::Argmax, Want::TopK(1), Want::TopK(40)];
+    let again: Vec<BatchEntry> = entries.iter().enumerate().map(|(i, e)| BatchEntry { want: wants[i % wants.len()], ..*e }).collect();
+    let outs = st.step(&again).unwrap_or_else(|e| panic!("{what}: {e}"));
+    for (i, (out, l)) in outs.into_iter().zip(&rows).enumerate() {
+        let mut order: Vec<u32> = (0..l.len() as u32).collect();
+        order.sort_by(|&a, &b| l[b as usize].total_cmp(&l[a as usize]).then(a.cmp(&b)));
+        match (out, wants[i % wants.len()]) {
+            (StepOutput::TopK(got), Want::TopK(k)) => {
+                let want: Vec<(u32, f32)> = order[..k].iter().map(|&j| (j, l[j as usize])).collect();
+                assert_eq!(got, want, "{what} case {i}: top-{k}");
+            }
+            (StepOutput::Argmax(id), Want::Argmax) => assert_eq!(id, order[0], "{what} case {i}: argmax"),
+            (o, w) => panic!("{what} case {i}: {o:?} for {w:?}"),
+        }
     }
     st.step(&entries[..1]).unwrap();
     let one = st.last_step_counters();

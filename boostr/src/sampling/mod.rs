@@ -107,20 +107,29 @@ pub struct TopK {
 
 impl TopK {
     /// WGSL. Bindings `vals`, `idx`, `out_v` (rw), `out_i` (rw); params `n, k, inv_temp, in_off,
-    /// outv_off, outi_off`. The first round multiplies by `inv_temp` (divides by the
-    /// temperature).
+    /// outv_off, outi_off, wg_per_row, in_row, out_row, n_rows`. The first round multiplies by
+    /// `inv_temp` (divides by the temperature). Workgroup `w` serves row `r = w / wg_per_row`,
+    /// chunk `c = w % wg_per_row` of it (one row: `wg_per_row` = the chunks, rows past `n_rows`
+    /// do nothing).
     ///
-    /// Bounds: workgroup `w` reads `vals[in_off + j]` (and `idx[in_off + j]` after the first
-    /// round) for `j < n`, and writes `out_v[outv_off + w * k + e]`, `out_i[outi_off + w * k + e]`
-    /// for `e < k ≤ 1024`; [`TopKPlan::new`] sizes the scratch and checks the views.
+    /// Bounds: workgroup `w` reads `vals[in_off + r * in_row + j]` (and `idx[..]` after the first
+    /// round) for `j < n`, and writes `out_v[outv_off + r * out_row + c * k + e]` and `out_i[..]`
+    /// for `e < k ≤ 1024`; [`TopKPlan::new`] and [`TopKPlan::rows`] size the scratch and check
+    /// the views.
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let load = if self.first {
-            format!("var v = vals[p.in_off + j] * bitcast<f32>(p.inv_temp); {CLAMP_LOW} sv[e] = v; si[e] = j;")
+            format!("var v = vals[base + j] * bitcast<f32>(p.inv_temp); {CLAMP_LOW} sv[e] = v; si[e] = j;")
         } else {
-            "sv[e] = vals[p.in_off + j]; si[e] = idx[p.in_off + j];".to_string()
+            "sv[e] = vals[base + j]; si[e] = idx[base + j];".to_string()
         };
         let body = format!(
-            "    let lo = wg_linear * {SORT_N}u;
+            "    let row = wg_linear / p.wg_per_row;
+    let chunk = wg_linear % p.wg_per_row;
+    // Workgroups past the last row (a 2-D grid's rounding) do nothing (uniform per workgroup).
+    if (row >= p.n_rows) {{ return; }}
+    let base = p.in_off + row * p.in_row;
+    let out = row * p.out_row + chunk * p.k;
+    let lo = chunk * {SORT_N}u;
     for (var e = lidx; e < {SORT_N}u; e += 256u) {{
         let j = lo + e;
         if (j < p.n) {{ {load} }} else {{ sv[e] = -3.4028235e38; si[e] = 0xffffffffu; }}
@@ -142,8 +151,8 @@ impl TopK {
         }}
     }}
     for (var e = lidx; e < min(p.k, {SORT_N}u); e += 256u) {{
-        out_v[p.outv_off + wg_linear * p.k + e] = sv[e];
-        out_i[p.outi_off + wg_linear * p.k + e] = si[e];
+        out_v[p.outv_off + out + e] = sv[e];
+        out_i[p.outi_off + out + e] = si[e];
     }}
 ",
             half = SORT_N / 2
@@ -154,7 +163,7 @@ impl TopK {
             .storage("idx", Access::Read, "array<u32>")
             .storage("out_v", Access::ReadWrite, "array<f32>")
             .storage("out_i", Access::ReadWrite, "array<u32>")
-            .params(&["n", "k", "inv_temp", "in_off", "outv_off", "outi_off"])
+            .params(&["n", "k", "inv_temp", "in_off", "outv_off", "outi_off", "wg_per_row", "in_row", "out_row", "n_rows"])
             .prelude(&format!("var<workgroup> sv: array<f32, {SORT_N}>;\nvar<workgroup> si: array<u32, {SORT_N}>;\n"))
             .body(&body)
             .build()

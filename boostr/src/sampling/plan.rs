@@ -207,7 +207,13 @@ impl TopKPlan {
                 if r == last { (values.binding.clone(), ids.binding.clone()) } else { (bufs[r % 2].0.binding.clone(), bufs[r % 2].1.binding.clone()) };
             let g = ctx.bind(kernel, &[vin, iin, vout, iout])?;
             let grid = crate::ops_common::grid_for(ctx, nwg as u64)?;
-            let mut d = PlanDispatch::new(kernel, g, grid)?.set("n", len)?.set("k", k32)?.set_f32("inv_temp", 1.0 / temperature)?.set("in_off", in_off)?;
+            let mut d = PlanDispatch::new(kernel, g, grid)?
+                .set("n", len)?
+                .set("k", k32)?
+                .set_f32("inv_temp", 1.0 / temperature)?
+                .set("in_off", in_off)?
+                .set("wg_per_row", nwg)?
+                .set("n_rows", 1)?;
             if r == last {
                 d = d.per_step("outv_off", move |s| val_off.saturating_add(s.token.saturating_mul(k32)))?;
                 d = d.per_step("outi_off", move |s| idx_off.saturating_add(s.token.saturating_mul(k32)))?;
@@ -216,6 +222,70 @@ impl TopKPlan {
         }
         to_u32(OP, "the output extent", val_off.max(idx_off) as usize + words)?;
         Ok(TopKPlan { plan, ids, values, k, slots })
+    }
+
+    /// The `k` largest raw logits (temperature 1) of each of a step's rows of `logits`
+    /// (`max_rows` rows of `n` f32 one after another): row `r < step.n_tok` writes its ids to
+    /// `ids[r * k ..]` and its values to `values[r * k ..]`, best first (ties: the lower id).
+    /// The same rounds as [`Self::new`], each one dispatch whatever the rows.
+    pub fn rows(ctx: &GpuContext, logits: &GpuView, n: usize, k: usize, max_rows: usize) -> Result<TopKPlan> {
+        const OP: &str = "top_k rows plan";
+        if k == 0 || k > MAX_TOP_K || k > n || max_rows == 0 {
+            return Err(bad(OP, format!("k {k} must be in 1..={MAX_TOP_K} and at most {n}; {max_rows} rows")));
+        }
+        logits.need(OP, "the logits", mul(OP, "logits", n, max_rows)?)?;
+        let words = mul(OP, "rows x k", max_rows, k)?;
+        let (ids, values) = (owned(ctx, words)?, owned(ctx, words)?);
+        let (n32, k32, rows32) = (to_u32(OP, "n", n)?, to_u32(OP, "k", k)?, to_u32(OP, "rows", max_rows)?);
+        let mut rounds = Vec::new();
+        let mut len = n32;
+        loop {
+            let nwg = len.div_ceil(SORT_N);
+            rounds.push((len, nwg));
+            if nwg == 1 {
+                break;
+            }
+            len = nwg * k32;
+        }
+        let scratch = mul(OP, "scratch", rounds[0].1 as usize * k, max_rows)?;
+        let bufs = [(owned(ctx, scratch)?, owned(ctx, scratch)?), (owned(ctx, scratch)?, owned(ctx, scratch)?)];
+        let env = env_of(ctx);
+        let kernels = [ctx.kernel(&TopK { first: true }.source(&env))?, ctx.kernel(&TopK { first: false }.source(&env))?];
+        let rows = move |s: &StepValues| s.n_tok.min(rows32);
+        let max_dim = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
+        let mut plan = Plan::new();
+        let last = rounds.len() - 1;
+        for (r, &(len, nwg)) in rounds.iter().enumerate() {
+            let kernel = &kernels[(r > 0) as usize];
+            let (vin, iin, in_off, in_row) = match r {
+                0 => (logits.binding.clone(), dummy(ctx)?, logits.offset_u32(OP)?, n32),
+                _ => (bufs[(r - 1) % 2].0.binding.clone(), bufs[(r - 1) % 2].1.binding.clone(), 0, len),
+            };
+            let (vout, iout, out_row, outv, outi) = if r == last {
+                (values.binding.clone(), ids.binding.clone(), k32, values.offset_u32(OP)?, ids.offset_u32(OP)?)
+            } else {
+                (bufs[r % 2].0.binding.clone(), bufs[r % 2].1.binding.clone(), nwg * k32, 0, 0)
+            };
+            let g = ctx.bind(kernel, &[vin, iin, vout, iout])?;
+            let d = PlanDispatch::new(kernel, g, [1, 1, 1])?
+                .set("n", len)?
+                .set("k", k32)?
+                .set_f32("inv_temp", 1.0)?
+                .set("in_off", in_off)?
+                .set("outv_off", outv)?
+                .set("outi_off", outi)?
+                .set("wg_per_row", nwg)?
+                .set("in_row", in_row)?
+                .set("out_row", out_row)?
+                .per_step("n_rows", rows)?;
+            to_u32(OP, "the largest round's workgroups", nwg as usize * max_rows)?;
+            plan.push(d.grid_per_step(move |s| {
+                let total = rows(s) * nwg;
+                let x = total.min(max_dim);
+                [x, total.div_ceil(x.max(1)), 1]
+            }));
+        }
+        Ok(TopKPlan { plan, ids, values, k, slots: max_rows })
     }
 
     /// The same plan (buffers, bind groups) at another temperature: creates nothing on the GPU.

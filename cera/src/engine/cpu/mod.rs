@@ -28,7 +28,6 @@ mod matmul;
 mod ops;
 mod pool;
 mod state;
-pub(crate) use state::top_k;
 #[cfg(test)]
 mod tests;
 #[cfg(target_arch = "x86_64")]

@@ -74,7 +74,7 @@ fn key(v: f32) -> f32 {
 }
 
 /// The `k` largest logits with their ids, largest first, ties lower id first.
-pub(crate) fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+pub(super) fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     let k = k.min(logits.len());
     let mut best: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
     for (i, &v) in logits.iter().enumerate() {

@@ -13,21 +13,22 @@
 //! 3. the LM head (one matrix product) over the last row of every sequence that wants logits,
 //!    read from the `Normed` rows directly when they are the step's first rows (a step of decode
 //!    rows), else gathered by buffer copies;
-//! 4. argmax over every head row in two dispatches, and one readback: the ids, and the logits
-//!    rows of the sequences that sample (their top-k is taken on the host).
+//! 4. argmax over every head row in two dispatches and top-k (the `MAX_TOP_K` best raw logits)
+//!    over every head row in one dispatch per round, where some sequence wants them; one
+//!    readback: the ids, the candidates of the sequences that sample from top-k, and the whole
+//!    logits rows of those that need them (penalties, `top_logprobs`, no top-k).
 
 use std::sync::Arc;
 
 use boostr::conv::{ConvSeq, ConvSeqs};
 use boostr::ops_common::OpPlan;
 use boostr::paged::{BatchSeq, PagedBatch, PagedKvCache, PagedKvConfig};
-use boostr::sampling::ArgmaxPlan;
+use boostr::sampling::{ArgmaxPlan, TopKPlan};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, Plan, Recorder, StepValues};
 
 use super::super::EngineError;
-use super::super::backend::{CONV_RING, StepCounters, StepOutput, Want};
+use super::super::backend::{CONV_RING, MAX_TOP_K, StepCounters, StepOutput, Want};
 use super::super::batch::{BatchEntry, BatchOpts, BatchState, check_entries};
-use super::super::cpu::top_k;
 use super::super::graph::{ModelGraph, Op, Slot};
 use super::plans::{Mode, PlanInputs, Slots, build, build_head_rows, inv_freqs, kv_dtype};
 use super::weights::GpuWeights;
@@ -54,6 +55,8 @@ pub(crate) struct GpuBatch {
     head_direct: Plan,
     head_gather: Plan,
     argmax: ArgmaxPlan,
+    /// The `MAX_TOP_K` best raw logits of every head row (the sampling rows' candidates).
+    topk: TopKPlan,
     rec: Option<Recorder>,
     counters: StepCounters,
     /// Host staging of a step's ids.
@@ -122,6 +125,7 @@ impl GpuBatch {
         let head_direct = build_head_rows(ctx, &inp, &slots, slots.bind(Slot::Normed), logits.clone(), direct_rows)?;
         let head_gather = build_head_rows(ctx, &inp, &slots, Binding::whole(&head_in), logits, opts.max_seqs)?;
         let argmax = ArgmaxPlan::rows(ctx, &slots.view(Slot::Logits), c.vocab, opts.max_seqs, None).map_err(ops_err)?;
+        let topk = TopKPlan::rows(ctx, &slots.view(Slot::Logits), c.vocab, MAX_TOP_K.min(c.vocab), opts.max_seqs).map_err(ops_err)?;
         Ok(GpuBatch {
             ctx: ctx.clone(),
             graph: g.clone(),
@@ -140,6 +144,7 @@ impl GpuBatch {
             head_direct,
             head_gather,
             argmax,
+            topk,
             rec: Some(ctx.recorder()),
             counters: StepCounters::default(),
             scratch: Vec::with_capacity(opts.max_tokens),
@@ -195,6 +200,9 @@ impl GpuBatch {
         if entries.iter().any(|e| e.want == Want::Argmax) {
             self.argmax.record(rec, &rows).map_err(ops_err)?;
         }
+        if entries.iter().any(|e| matches!(e.want, Want::TopK(_))) {
+            self.topk.record(rec, &rows).map_err(ops_err)?;
+        }
         Ok(head)
     }
 }
@@ -223,12 +231,21 @@ impl BatchState for GpuBatch {
         } else {
             None
         };
+        // The sampling rows' candidates: `MAX_TOP_K` ids and values per head row, read once.
+        let kk = self.topk.k() as u64;
+        let topk_read = if entries.iter().any(|e| matches!(e.want, Want::TopK(_))) {
+            let (i, v) = (self.topk.ids(), self.topk.values());
+            Some((
+                rec.read(i.buffer(), i.byte_offset(), 4 * kk * m).map_err(|e| self.err(e))?,
+                rec.read(v.buffer(), v.byte_offset(), 4 * kk * m).map_err(|e| self.err(e))?,
+            ))
+        } else {
+            None
+        };
         let mut row_reads = Vec::with_capacity(entries.len());
         for (e, h) in entries.iter().zip(&head) {
             row_reads.push(match (e.want, h) {
-                (Want::TopK(_) | Want::Logits, Some(j)) => {
-                    Some(rec.read(self.slots.buf(Slot::Logits), *j as u64 * 4 * vocab, 4 * vocab).map_err(|e| self.err(e))?)
-                }
+                (Want::Logits, Some(j)) => Some(rec.read(self.slots.buf(Slot::Logits), *j as u64 * 4 * vocab, 4 * vocab).map_err(|e| self.err(e))?),
                 _ => None,
             });
         }
@@ -241,13 +258,17 @@ impl BatchState for GpuBatch {
             Some(r) => r.wait_u32().map_err(|e| self.err(e))?,
             None => Vec::new(),
         };
+        let (top_ids, top_vals): (Vec<u32>, Vec<f32>) = match topk_read {
+            Some((i, v)) => (i.wait_u32().map_err(|e| self.err(e))?, bytemuck::cast_slice(&v.wait().map_err(|e| self.err(e))?).to_vec()),
+            None => (Vec::new(), Vec::new()),
+        };
         let mut out = Vec::with_capacity(entries.len());
         for ((e, h), read) in entries.iter().zip(&head).zip(row_reads) {
             out.push(match (e.want, h, read) {
                 (Want::Argmax, Some(j), _) => StepOutput::Argmax(ids[*j]),
-                (Want::TopK(k), _, Some(r)) => {
-                    let bytes = r.wait().map_err(|e| self.err(e))?;
-                    StepOutput::TopK(top_k(bytemuck::cast_slice(&bytes), k))
+                (Want::TopK(k), Some(j), _) => {
+                    let at = j * kk as usize;
+                    StepOutput::TopK((at..at + k.min(kk as usize)).map(|i| (top_ids[i], top_vals[i])).collect())
                 }
                 (Want::Logits, _, Some(r)) => StepOutput::Logits(bytemuck::cast_slice(&r.wait().map_err(|e| self.err(e))?).to_vec()),
                 _ => StepOutput::Nothing,
