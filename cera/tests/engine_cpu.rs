@@ -27,10 +27,13 @@
 //!   (SmolLM2, `chat_multi_turn` step 21, `lp` -6.42) and 0.95 (Gemma, `raw_over_512` step 42,
 //!   `lp` -3.98). Where the float64 forward exists it sides with this executor: at SmolLM2's
 //!   worst point the f32 `cpu_ref` gives -7.405, this executor -7.393, llama.cpp -6.420.
-//! - With int8 activations (`*_int8_*`, the engine's CPU default), the same llama.cpp
-//!   tolerances hold, and the float64 forward is held to them too (llama.cpp's rounding scheme:
-//!   SmolLM2's largest difference 0.48 at `lp` -4.9, 0.17 for `lp` in [-1, 0]); the argmax
-//!   must be float64's where its top-2 margin exceeds `LLAMA_MARGIN`.
+//! - With int8 activations (`*_int8_*`, the engine's CPU default), `LLAMA_TOL_INT8` 0.6 (and
+//!   the same slope) against llama.cpp: both round activations to 8 bits, but not alike
+//!   (llama.cpp's K-quant products take blocks of 256 with one scale, ours 32): Gemma 3's
+//!   largest difference is 1.00 at `lp` -3.39 (0.99 of the 0.5-based tolerance, 0.91 of this
+//!   one), SmolLM2's 0.32 for `lp` in [-3, -1). The float64 forward is held to the 0.5-based
+//!   tolerance (SmolLM2's largest difference 0.48 at `lp` -4.9, 0.17 for `lp` in [-1, 0]); the
+//!   argmax must be float64's where its top-2 margin exceeds `LLAMA_MARGIN`.
 //! - `LLAMA_MARGIN` 0.6: the largest difference between our top-2 margin and llama.cpp's is
 //!   0.97 (SmolLM2) / 0.96 (Gemma), both at unlikely second candidates; at every step where
 //!   llama.cpp's margin exceeds 0.6 the argmax agreed, on both models.
@@ -53,6 +56,7 @@ use serde_json::Value;
 
 const F64_TOL: f64 = 1e-2;
 const LLAMA_TOL: f64 = 0.5;
+const LLAMA_TOL_INT8: f64 = 0.6;
 const LLAMA_TOL_SLOPE: f64 = 0.15;
 const LLAMA_MARGIN: f64 = 0.6;
 const THREADS: usize = 2;
@@ -194,7 +198,7 @@ fn golden_cases(id: ModelId, golden: &str, f64_golden: Option<&str>, int8: bool)
                     3
                 };
                 buckets[bk].see(d, at);
-                let tol = LLAMA_TOL + LLAMA_TOL_SLOPE * want.abs();
+                let tol = if int8 { LLAMA_TOL_INT8 } else { LLAMA_TOL } + LLAMA_TOL_SLOPE * want.abs();
                 w_ratio.see(d / tol, at);
                 assert!(d <= tol, "{name} step {i} id {tid}: {} vs llama.cpp {want} (tolerance {tol})", lp[tid as usize]);
             }

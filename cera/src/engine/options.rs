@@ -31,7 +31,7 @@ impl std::str::FromStr for DeviceChoice {
 
 /// The activations of the quantized projections: on the GPU, of the decode step's
 /// matrix-vector products; on the CPU, of every projection whose format has integer-dot kernels
-/// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), where `auto` means int8 ([`DecodeGemv::int8_on_cpu`]) and
+/// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K), where `auto` means int8 ([`DecodeGemv::int8_on_cpu`]) and
 /// `f32` is the exact path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum DecodeGemv {

@@ -5,7 +5,9 @@
 //!
 //! A weight block of 32 with integer values `u` (Q4: the nibbles, Q5: five bits, Q8_0: the
 //! signed bytes) decodes as `w = A u + B` per element (Q4_0: `A = d, B = -8 d`; Q4_1 and Q5_1:
-//! `A = d, B = m`; Q5_0: `B = -16 d`; Q8_0: `B = 0`). With the activation block `x = d_x q`:
+//! `A = d, B = m`; Q5_0: `B = -16 d`; Q8_0: `B = 0`; Q4_K and Q5_K, whose super-blocks of 256
+//! hold eight such blocks: `A = d scale_j, B = -(dmin min_j)` with the 6-bit scale and min of
+//! sub-block `j`). With the activation block `x = d_x q`:
 //!
 //! `Σ w x = A d_x Σ u q + B s_x`, where `s_x = d_x Σ q`.
 //!
@@ -14,8 +16,8 @@
 //! and the dequantized activations.
 //!
 //! The vector kernels (AVX2, `x86_int8.rs`) compute the same sums as [`dot_scalar`], the
-//! reference here, up to f32 rounding. Formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; a matrix of any
-//! other format runs the f32 path.
+//! reference here, up to f32 rounding. Formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K; a
+//! matrix of any other format (Q6_K's sub-blocks of 16 among them) runs the f32 path.
 
 use boostr::formats::{GgmlType, PackedFormat, PackedWeights};
 
@@ -67,11 +69,15 @@ impl Q8Acts {
 pub(super) struct Int8Rows<'a> {
     pub(super) ty: GgmlType,
     pub(super) rows: usize,
-    /// Blocks per row.
+    /// Blocks of 32 per row.
     pub(super) bpr: usize,
     pub(super) qs: &'a [u8],
     pub(super) qh: &'a [u32],
+    /// K-quants: three words of 6-bit scales and mins per super-block.
+    pub(super) sc: &'a [u32],
+    /// f16 scales: one per block of 32, or per super-block (K-quants).
     pub(super) d: &'a [u8],
+    /// f16 mins (Q4_1, Q5_1) or super-block mins (K-quants).
     pub(super) m: &'a [u8],
 }
 
@@ -80,21 +86,28 @@ impl<'a> Int8Rows<'a> {
     pub(super) fn of(p: &'a PackedWeights) -> Option<Int8Rows<'a>> {
         use GgmlType::*;
         let ty = match p.format() {
-            PackedFormat::Ggml(ty @ (Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0)) => ty,
+            PackedFormat::Ggml(ty @ (Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4_K | Q5_K)) => ty,
             _ => return None,
         };
-        let (bpr, rows) = (p.blocks_per_row(), p.rows());
-        let blocks = rows * bpr;
+        let (units, rows) = (p.blocks_per_row(), p.rows());
+        let per = ty.block_size() / QK;
+        let (bpr, all) = (units * per, rows * units);
         let qs: &[u8] = bytemuck::cast_slice(p.qs());
-        let five = matches!(ty, Q5_0 | Q5_1);
+        let five = matches!(ty, Q5_0 | Q5_1 | Q5_K);
         let m = if p.has_m() { p.m_bytes() } else { &[][..] };
         let sized = p.cols() == bpr * QK
-            && qs.len() >= blocks * qs_bytes(ty)
-            && (!five || p.qh().len() >= blocks)
+            && qs.len() >= all * per * qs_bytes(ty)
+            && (!five || p.qh().len() >= all * if per > 1 { 8 } else { 1 })
+            && (per == 1 || p.scales().len() >= all * 3)
             && p.has_d()
-            && p.d_bytes().len() >= 2 * blocks
-            && (!matches!(ty, Q4_1 | Q5_1) || m.len() >= 2 * blocks);
-        sized.then(|| Int8Rows { ty, rows, bpr, qs, qh: p.qh(), d: p.d_bytes(), m })
+            && p.d_bytes().len() >= 2 * all
+            && (!matches!(ty, Q4_1 | Q5_1 | Q4_K | Q5_K) || m.len() >= 2 * all);
+        sized.then(|| Int8Rows { ty, rows, bpr, qs, qh: p.qh(), sc: p.scales(), d: p.d_bytes(), m })
+    }
+
+    /// Whether the format groups eight blocks of 32 into a super-block (Q4_K, Q5_K).
+    pub(super) fn k_quant(&self) -> bool {
+        matches!(self.ty, GgmlType::Q4_K | GgmlType::Q5_K)
     }
 
     /// Whether the values are signed bytes (Q8_0) rather than unsigned small integers.
@@ -108,16 +121,21 @@ impl<'a> Int8Rows<'a> {
         qs_bytes(self.ty)
     }
 
-    /// Block `g`'s `(A, B)` (`w = A u + B`; see the module docs).
+    /// Block `g`'s `(A, B)` (`w = A u + B`; see the module docs), as the f32 decoders form them.
     #[cfg(test)]
     pub(super) fn affine(&self, g: usize) -> (f32, f32) {
         use GgmlType::*;
-        let h = |b: &[u8]| half::f16::from_le_bytes([b[2 * g], b[2 * g + 1]]).to_f32();
-        let d = h(self.d);
+        let h = |b: &[u8], i: usize| half::f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32();
+        if self.k_quant() {
+            let (sb, j) = (g / 8, g % 8);
+            let (scale, min) = k4_scale_min(&self.sc[3 * sb..3 * sb + 3], j);
+            return (h(self.d, sb) * scale as f32, -(h(self.m, sb) * min as f32));
+        }
+        let d = h(self.d, g);
         match self.ty {
             Q4_0 => (d, -8.0 * d),
             Q5_0 => (d, -16.0 * d),
-            Q4_1 | Q5_1 => (d, h(self.m)),
+            Q4_1 | Q5_1 => (d, h(self.m, g)),
             _ => (d, 0.0),
         }
     }
@@ -126,6 +144,20 @@ impl<'a> Int8Rows<'a> {
     /// the signed bytes' bits).
     #[cfg(test)]
     pub(super) fn unpack_scalar(&self, row: usize, out: &mut [u8]) {
+        if self.k_quant() {
+            let units = self.bpr / 8;
+            for u in 0..units {
+                let sb = row * units + u;
+                let (q, h) = (&self.qs[128 * sb..128 * (sb + 1)], bytemuck::cast_slice::<u32, u8>(self.qh));
+                for e in 0..256 {
+                    let (j, i) = (e / 32, e % 32);
+                    let nib = (q[32 * (j / 2) + i] >> (4 * (j % 2))) & 15;
+                    let hi = if self.ty == GgmlType::Q5_K { ((h[32 * sb + i] >> j) & 1) << 4 } else { 0 };
+                    out[256 * u + e] = nib | hi;
+                }
+            }
+            return;
+        }
         let n = self.qs_bytes();
         for b in 0..self.bpr {
             let g = row * self.bpr + b;
@@ -144,6 +176,17 @@ impl<'a> Int8Rows<'a> {
     }
 }
 
+/// Sub-block `i`'s 6-bit scale and min from a K-quant super-block's three scale words.
+pub(super) fn k4_scale_min(sc: &[u32], i: usize) -> (u32, u32) {
+    let sh = 8 * (i % 4);
+    if i < 4 {
+        ((sc[0] >> sh) & 63, (sc[1] >> sh) & 63)
+    } else {
+        (((sc[2] >> sh) & 15) | (((sc[0] >> (sh + 6)) & 3) << 4), ((sc[2] >> (sh + 4)) & 15) | (((sc[1] >> (sh + 6)) & 3) << 4))
+    }
+}
+
+/// Bytes of quants per block of 32.
 fn qs_bytes(ty: GgmlType) -> usize {
     if ty == GgmlType::Q8_0 { 32 } else { 16 }
 }
@@ -178,8 +221,8 @@ pub(super) mod tests {
         let n = ty.bytes_for(rows * cols).unwrap();
         let vals = rnd(n, seed);
         let mut raw: Vec<u8> = vals.iter().map(|v| (v.to_bits() >> 7) as u8).collect();
-        let block = ty.bytes_for(QK).unwrap();
-        let scales = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) { 2 } else { 1 };
+        let block = ty.bytes_for(ty.block_size()).unwrap();
+        let scales = if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K) { 2 } else { 1 };
         for (b, blk) in raw.chunks_exact_mut(block).enumerate() {
             for j in 0..scales {
                 let v = half::f16::from_f32(0.05 * vals[(b * 7 + j) % vals.len()]);
@@ -189,14 +232,17 @@ pub(super) mod tests {
         repack(ty, &raw, rows, cols).expect("repack")
     }
 
+    /// The formats with integer-dot kernels.
+    pub(crate) const FORMATS: [GgmlType; 7] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K];
+
     /// Every format: the scalar integer dot equals the float64 product of boostr's decoded row
     /// and the dequantized activations.
     #[test]
     fn integer_dots_equal_the_decoded_product() {
-        let (rows, cols, n_tok) = (5, 96, 3);
+        let (rows, cols, n_tok) = (5, 512, 3);
         let x = rnd(n_tok * cols, 8);
         let acts = Q8Acts::quantize(&x, n_tok, cols);
-        for (i, ty) in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0].into_iter().enumerate() {
+        for (i, ty) in FORMATS.into_iter().enumerate() {
             let p = packed(ty, rows, cols, 20 + i as u64);
             let r = Int8Rows::of(&p).expect("an int8 format");
             let mut u = vec![0u8; cols];

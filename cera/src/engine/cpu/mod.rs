@@ -9,7 +9,7 @@
 //! - Threads (`pool.rs`) split each mat-mul by output rows and attention by (token, head).
 //! - The inner loops use AVX2/FMA/F16C where the CPU has them, else portable Rust (`kernels.rs`).
 //! - With int8 activations (the engine's default, [`super::DecodeGemv::int8_on_cpu`]), the
-//!   projections in Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 quantize their input rows to int8 per block
+//!   projections in Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K quantize their input rows to int8 per block
 //!   of 32 and run integer dot products (`int8.rs`, `x86_int8.rs`), as llama.cpp's CPU path
 //!   does; [`CpuBackend::load`] and `--decode-gemv f32` keep f32 activations (the exact path).
 //! - The state (`state.rs`) holds the KV cache, `[kv_head][n_ctx][head_dim]` per attention
@@ -167,7 +167,7 @@ impl CpuBackend {
     }
 
     /// [`CpuBackend::load`] with the projections' activations: with `int8`, the quantized
-    /// projections (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) quantize their input rows to int8 per block of
+    /// projections (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K) quantize their input rows to int8 per block of
     /// 32 and run integer dot products (llama.cpp's CPU scheme; AVX2 CPUs, else f32).
     pub fn load_with_activations(
         graph: &ModelGraph,

@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 
 use boostr::formats::GgmlType;
 
-use super::int8::{Int8Rows, Q8Acts, QK};
+use super::int8::{Int8Rows, Q8Acts, QK, k4_scale_min};
 use super::x86::{Avx2, half, hsum};
 
 impl Avx2 {
@@ -24,13 +24,21 @@ impl Avx2 {
         let (bpr, t0, n) = (r.bpr, tokens.start, tokens.len());
         assert!(x.cols == bpr * QK && row < r.rows && x.d.len() >= (t0 + n) * bpr, "int8 row: shapes");
         assert!(n == 0 || out.len() > (n - 1) * stride, "int8 row: output");
-        let g0 = row * bpr;
-        let five = matches!(r.ty, GgmlType::Q5_0 | GgmlType::Q5_1);
+        // Scale units per row: blocks of 32, or super-blocks of 256 (K-quants).
+        let kq = r.k_quant();
+        let units = if kq { bpr / 8 } else { bpr };
+        let g0 = row * units;
+        let qh = match r.ty {
+            GgmlType::Q5_0 | GgmlType::Q5_1 => &r.qh[g0..g0 + units],
+            GgmlType::Q5_K => &r.qh[8 * g0..8 * (g0 + units)],
+            _ => &r.qh[0..0],
+        };
         let w = Row {
-            qs: r.qs.as_ptr().wrapping_add(g0 * r.qs_bytes()),
-            qh: &r.qh[if five { g0..g0 + bpr } else { 0..0 }],
-            d: &r.d[2 * g0..2 * (g0 + bpr)],
-            m: if r.m.is_empty() { r.m } else { &r.m[2 * g0..2 * (g0 + bpr)] },
+            qs: r.qs.as_ptr().wrapping_add(row * bpr * r.qs_bytes()),
+            qh,
+            sc: if kq { &r.sc[3 * g0..3 * (g0 + units)] } else { &r.sc[0..0] },
+            d: &r.d[2 * g0..2 * (g0 + units)],
+            m: if r.m.is_empty() { r.m } else { &r.m[2 * g0..2 * (g0 + units)] },
         };
         let tok = |t: usize| Tok { xq: x.q[t * x.cols..(t + 1) * x.cols].as_ptr(), dx: &x.d[t * bpr..(t + 1) * bpr], sx: &x.s[t * bpr..(t + 1) * bpr] };
         let mut t = 0;
@@ -47,11 +55,15 @@ impl Avx2 {
                     (Q4_1, 1) => rows::<1, 1>(&w, ts),
                     (Q5_0, 1) => rows::<2, 1>(&w, ts),
                     (Q5_1, 1) => rows::<3, 1>(&w, ts),
+                    (Q4_K, 1) => rows::<5, 1>(&w, ts),
+                    (Q5_K, 1) => rows::<6, 1>(&w, ts),
                     (_, 1) => rows::<4, 1>(&w, ts),
                     (Q4_0, _) => rows::<0, 2>(&w, ts),
                     (Q4_1, _) => rows::<1, 2>(&w, ts),
                     (Q5_0, _) => rows::<2, 2>(&w, ts),
                     (Q5_1, _) => rows::<3, 2>(&w, ts),
+                    (Q4_K, _) => rows::<5, 2>(&w, ts),
+                    (Q5_K, _) => rows::<6, 2>(&w, ts),
                     _ => rows::<4, 2>(&w, ts),
                 }
             };
@@ -65,11 +77,13 @@ impl Avx2 {
 
 /// One weight row's blocks.
 struct Row<'a> {
-    /// Quants: 16 bytes per block, 32 for Q8_0.
+    /// Quants: 16 bytes per block, 32 for Q8_0 (K-quants: 128 per super-block).
     qs: *const u8,
-    /// Q5's fifth bits, one word per block (else empty).
+    /// Q5's fifth bits, one word per block (Q5_K: 8 words per super-block; else empty).
     qh: &'a [u32],
-    /// f16 scales, and mins (Q4_1, Q5_1; else empty).
+    /// K-quants: three words of 6-bit scales and mins per super-block (else empty).
+    sc: &'a [u32],
+    /// f16 scales, and mins (Q4_1, Q5_1; K-quants: per super-block; else empty).
     d: &'a [u8],
     m: &'a [u8],
 }
@@ -85,7 +99,8 @@ struct Tok<'a> {
 /// One row times `N` (1 or 2) tokens: for eight blocks at a time the f16 scales (and mins) are
 /// converted together, `A d_x` formed in one vector per token, and each block's integer sums
 /// scaled by their lane; the `B s_x` terms accumulate beside. `KIND`: 0 Q4_0, 1 Q4_1, 2 Q5_0,
-/// 3 Q5_1, 4 Q8_0. Token `j`'s operations do not depend on `N`.
+/// 3 Q5_1, 4 Q8_0, 5 Q4_K, 6 Q5_K (whose eight lanes are one super-block's sub-blocks). Token
+/// `j`'s operations do not depend on `N`.
 ///
 /// # Safety
 /// The CPU has the target features; `w.qs` holds the row's `dx.len()` blocks, `w.qh` (Q5) and
@@ -94,11 +109,24 @@ struct Tok<'a> {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows<const KIND: u8, const N: usize>(w: &Row<'_>, t: [Tok<'_>; 2]) -> [f32; 2] {
     let bpr = t[0].dx.len();
-    let (five, has_m) = (KIND == 2 || KIND == 3, KIND == 1 || KIND == 3);
+    let (five, has_m, kq) = (KIND == 2 || KIND == 3, KIND == 1 || KIND == 3, KIND >= 5);
     let weights = |b: usize| -> __m256i {
         // SAFETY: block b < bpr of the row (the caller's contract).
         unsafe {
-            if KIND == 4 {
+            if kq {
+                // Sub-block j of super-block sb: nibble j % 2 of the 32 bytes at 32 (j / 2);
+                // Q5_K's bit 4 is bit j of the super-block's 32 qh bytes.
+                let (sb, j) = (b / 8, (b % 8) as i32);
+                let raw = _mm256_loadu_si256(w.qs.wrapping_add(128 * sb + 32 * (b % 8 / 2)) as *const __m256i);
+                let q = _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(4 * (j % 2))), _mm256_set1_epi8(15));
+                if KIND == 6 {
+                    let h = _mm256_loadu_si256(w.qh.as_ptr().wrapping_add(8 * sb) as *const __m256i);
+                    let bit = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+                    _mm256_or_si256(q, _mm256_slli_epi16(bit, 4))
+                } else {
+                    q
+                }
+            } else if KIND == 4 {
                 _mm256_loadu_si256(w.qs.wrapping_add(QK * b) as *const __m256i)
             } else if five {
                 block_u::<true>(w.qs.wrapping_add(16 * b), w.qh[b])
@@ -119,12 +147,26 @@ unsafe fn rows<const KIND: u8, const N: usize>(w: &Row<'_>, t: [Tok<'_>; 2]) -> 
     let (mut a0, mut a1, mut bacc) = ([z; 2], [z; 2], [z; 2]);
     let mut b = 0;
     while b + 8 <= bpr {
-        // SAFETY: eight f16 at 2 b of `d` (and `m`).
-        let (dv, mv) = unsafe {
-            let dv = _mm256_cvtph_ps(_mm_loadu_si128(w.d.as_ptr().wrapping_add(2 * b) as *const __m128i));
-            (dv, if has_m { _mm256_cvtph_ps(_mm_loadu_si128(w.m.as_ptr().wrapping_add(2 * b) as *const __m128i)) } else { dv })
+        let (dv, bv) = if kq {
+            // One super-block: its f16 scale and min times the sub-blocks' 6-bit ones.
+            let sb = b / 8;
+            let (mut sc, mut mn) = ([0.0f32; 8], [0.0f32; 8]);
+            for j in 0..8 {
+                let (s, m) = k4_scale_min(&w.sc[3 * sb..3 * sb + 3], j);
+                (sc[j], mn[j]) = (s as f32, m as f32);
+            }
+            // SAFETY: eight f32 in each array.
+            let (sv, mnv) = unsafe { (_mm256_loadu_ps(sc.as_ptr()), _mm256_loadu_ps(mn.as_ptr())) };
+            let dv = _mm256_mul_ps(_mm256_set1_ps(half(w.d, sb)), sv);
+            (dv, _mm256_sub_ps(z, _mm256_mul_ps(_mm256_set1_ps(half(w.m, sb)), mnv)))
+        } else {
+            // SAFETY: eight f16 at 2 b of `d` (and `m`).
+            let (dv, mv) = unsafe {
+                let dv = _mm256_cvtph_ps(_mm_loadu_si128(w.d.as_ptr().wrapping_add(2 * b) as *const __m128i));
+                (dv, if has_m { _mm256_cvtph_ps(_mm_loadu_si128(w.m.as_ptr().wrapping_add(2 * b) as *const __m128i)) } else { dv })
+            };
+            (dv, bias(dv, mv))
         };
-        let bv = bias(dv, mv);
         let mut coef = [z; 2];
         for j in 0..N {
             // SAFETY: eight f32 at b of the token's `dx` and `sx`.
@@ -206,7 +248,10 @@ fn isum(u: __m256i, q: __m256i, signed: bool) -> __m256i {
 
 #[cfg(test)]
 mod tests {
-    use super::super::int8::{Int8Rows, Q8Acts, dot_scalar, tests::packed};
+    use super::super::int8::{
+        Int8Rows, Q8Acts, dot_scalar,
+        tests::{FORMATS, packed},
+    };
     use super::*;
 
     /// Every format, widths with an odd block count and one under eight blocks: each token's
@@ -215,11 +260,14 @@ mod tests {
     #[test]
     fn vector_integer_dots_equal_the_scalar_reference() {
         let Some(k) = Avx2::detect() else { return };
-        for cols in [96, 32 * 19] {
+        for cols in [96, 32 * 19, 512, 768] {
             let (rows, n_tok) = (4, 3);
             let x = boostr::ops_common::pseudo_random(n_tok * cols, 5, 2.0);
             let acts = Q8Acts::quantize(&x, n_tok, cols);
-            for (i, ty) in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0].into_iter().enumerate() {
+            for (i, ty) in FORMATS.into_iter().enumerate() {
+                if !cols.is_multiple_of(ty.block_size()) {
+                    continue;
+                }
                 let p = packed(ty, rows, cols, 40 + i as u64);
                 let r = Int8Rows::of(&p).unwrap();
                 let mut u = vec![0u8; cols];
