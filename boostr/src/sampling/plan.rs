@@ -164,6 +164,21 @@ pub struct TopKPlan {
     slots: usize,
 }
 
+/// The rounds of a top-k over `n` values: `(input length, workgroups)` each, every workgroup
+/// keeping `k` of its `SORT_N`, until one workgroup is left.
+fn top_k_rounds(n: u32, k: u32) -> Vec<(u32, u32)> {
+    let mut rounds = Vec::new();
+    let mut len = n;
+    loop {
+        let nwg = len.div_ceil(SORT_N);
+        rounds.push((len, nwg));
+        if nwg == 1 {
+            return rounds;
+        }
+        len = nwg * k;
+    }
+}
+
 impl TopKPlan {
     /// Builds the plan. `k` in `1..=min(MAX_TOP_K, n)`, `temperature > 0`; `out` = `(ids,
     /// values)` views of at least `slots * k` words each (u32, f32), or `None`: owned.
@@ -180,17 +195,7 @@ impl TopKPlan {
         };
         let (n32, k32) = (to_u32(OP, "n", n)?, to_u32(OP, "k", k)?);
         let (idx_off, val_off) = (ids.offset_u32(OP)?, values.offset_u32(OP)?);
-        // Rounds: (input length, workgroups).
-        let mut rounds = Vec::new();
-        let mut len = n32;
-        loop {
-            let nwg = len.div_ceil(SORT_N);
-            rounds.push((len, nwg));
-            if nwg == 1 {
-                break;
-            }
-            len = nwg * k32;
-        }
+        let rounds = top_k_rounds(n32, k32);
         let scratch = rounds[0].1 as usize * k;
         let bufs = [(owned(ctx, scratch)?, owned(ctx, scratch)?), (owned(ctx, scratch)?, owned(ctx, scratch)?)];
         let env = env_of(ctx);
@@ -237,16 +242,7 @@ impl TopKPlan {
         let words = mul(OP, "rows x k", max_rows, k)?;
         let (ids, values) = (owned(ctx, words)?, owned(ctx, words)?);
         let (n32, k32, rows32) = (to_u32(OP, "n", n)?, to_u32(OP, "k", k)?, to_u32(OP, "rows", max_rows)?);
-        let mut rounds = Vec::new();
-        let mut len = n32;
-        loop {
-            let nwg = len.div_ceil(SORT_N);
-            rounds.push((len, nwg));
-            if nwg == 1 {
-                break;
-            }
-            len = nwg * k32;
-        }
+        let rounds = top_k_rounds(n32, k32);
         let scratch = mul(OP, "scratch", rounds[0].1 as usize * k, max_rows)?;
         let bufs = [(owned(ctx, scratch)?, owned(ctx, scratch)?), (owned(ctx, scratch)?, owned(ctx, scratch)?)];
         let env = env_of(ctx);
