@@ -22,6 +22,8 @@ use std::arch::x86_64::*;
 
 use boostr::formats::{GgmlType, PackedFormat, PackedWeights};
 
+use super::int8::k4_scale_min;
+
 /// Proof that the running CPU has AVX2, FMA and F16C (made only by [`Avx2::detect`]).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Avx2(());
@@ -548,15 +550,4 @@ unsafe fn decode_q6k<S: Sink>(qs: &[u32], qh: &[u32], sc: &[u32], d: &[u8], n: u
         }
     }
     sink
-}
-
-/// Q4_K/Q5_K: scale and min of sub-block `i` (0..8) from the three stored scale words (ggml's
-/// `get_scale_min_k4`, as boostr's decoder reads it).
-fn k4_scale_min(sc: &[u32], i: usize) -> (u32, u32) {
-    let sh = 8 * (i % 4);
-    if i < 4 {
-        ((sc[0] >> sh) & 63, (sc[1] >> sh) & 63)
-    } else {
-        (((sc[2] >> sh) & 15) | (((sc[0] >> (sh + 6)) & 3) << 4), ((sc[2] >> (sh + 4)) & 15) | (((sc[1] >> (sh + 6)) & 3) << 4))
-    }
 }
