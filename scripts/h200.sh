@@ -18,7 +18,8 @@
 #                   key; '' is the defaults)
 #   batch [PRESET...]  many requests through the batcher (`cera bench --concurrency 1,8,32,64`,
 #                   CONC overrides) on each preset (default smol-135m llama-1b llama-8b) beside one
-#                   session's tg128: total and per-sequence tok/s, TTFT, ITL
+#                   session's tg128: total and per-sequence tok/s, TTFT, ITL; llama.cpp's server
+#                   (-np N) on the same workload when carried
 #   depth [PRESET[:QTYPE]...]  the real-use table of the speed issue (default llama-1b and
 #                   llama-8b in q4_0 and q4_k): pp512/2048/8192 and tg128 at depths 0, 4096,
 #                   16384 and 32768 (DEPTHS, PROMPTS override), the cold-start line, llama.cpp
@@ -111,14 +112,19 @@ run_tests() {
   local cera_path
   cera_path=$(awk '$1 == "cera" {print $2}' $T/manifest)
   mkdir -p "$(dirname "$cera_path")"; cp $T/bin/cera "$cera_path"
-  export NUMR_REQUIRE_ALL_PATHS=1 CERA_MODEL_CACHE=$MODELS RUST_BACKTRACE=1 T OUT root
+  export NUMR_REQUIRE_ALL_PATHS=1 CERA_MODEL_CACHE=$MODELS RUST_BACKTRACE=1 T OUT root TEST_TIMEOUT
   mkdir -p "$OUT/logs"
   awk -v f="$filter" '$1 == "test" {n = split(f, fs, " "); ok = n == 0; for (i = 1; i <= n; i++) if (index($2 "/" $3, fs[i])) ok = 1; if (ok) print $2, $3}' $T/manifest |
-    xargs -P 4 -L 1 bash -c '
+    timeout "${TEST_DEADLINE:-520}" xargs -P 4 -L 1 bash -c '
       # The whole file name: the library and binary test executables of a package share a stem.
       log="$OUT/logs/${0//\//_}_$1.log"
-      (cd "$root/$0" && timeout 500 "$T/bin/$1") > "$log" 2>&1
-      echo $? > "$log.status"'
+      start=$SECONDS
+      (cd "$root/$0" && timeout "${TEST_TIMEOUT:-300}" "$T/bin/$1") > "$log" 2>&1
+      status=$?
+      echo $status > "$log.status"
+      # Progress on stdout, so a binary that hangs is named even when the call runs out of time.
+      echo "$((SECONDS - start))s status=$status $0/$1"' || echo "the test deadline (${TEST_DEADLINE:-520} s) passed: binaries not finished have no status"
+  for log in "$OUT"/logs/*.log; do [ -f "$log.status" ] || echo 124 > "$log.status"; done
   local failed=0 log status result
   : > "$OUT/summary.txt"
   for log in "$OUT"/logs/*.log; do
@@ -181,7 +187,7 @@ case $mode in
     for p in "${presets[@]}"; do
       f=$(model "$p")
       $B/cera bench -m "$f" -p 0 -n 128 -r 3 2>&1 | tee -a "$OUT/batch.txt"
-      $B/cera bench -m "$f" --concurrency "$c" --kv-budget 24G 2>&1 | tee -a "$OUT/batch.txt"
+      $B/cera bench -m "$f" --concurrency "$c" --kv-budget 24G "${LL[@]}" 2>&1 | tee -a "$OUT/batch.txt"
     done ;;
   depth)
     presets=("$@"); [ ${#presets[@]} -gt 0 ] || presets=(llama-1b llama-1b:q4_k llama-8b llama-8b:q4_k)

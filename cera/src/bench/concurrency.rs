@@ -72,6 +72,48 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
+/// The prompt of the workload's request `i`: `len` ids scattered over the vocabulary, distinct
+/// per request (no prefix hits).
+fn prompt_ids(i: usize, len: usize, vocab: u32) -> Vec<u32> {
+    (0..len).map(|t| ((i * 7919 + t * 104_729 + 17) as u32) % vocab).collect()
+}
+
+/// A row from each request's submission instant and token instants.
+fn row(
+    concurrency: usize,
+    requests: usize,
+    seconds: f64,
+    generated: usize,
+    times: &[(Instant, Vec<Instant>)],
+    prefill_tokens: u64,
+    preemptions: u64,
+) -> ConcurrencyRow {
+    let (mut ttft, mut itl, mut per_seq) = (Vec::new(), Vec::new(), Vec::new());
+    for (sub, s) in times {
+        if let Some(&first) = s.first() {
+            ttft.push(first.duration_since(*sub).as_secs_f64() * 1e3);
+            itl.extend(s.windows(2).map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e3));
+            let d = s.last().map_or(Duration::ZERO, |l| l.duration_since(first)).as_secs_f64();
+            if d > 0.0 {
+                per_seq.push((s.len() - 1) as f64 / d);
+            }
+        }
+    }
+    ConcurrencyRow {
+        concurrency,
+        requests,
+        seconds,
+        total_tok_s: generated as f64 / seconds,
+        per_seq_tok_s: pct(&mut per_seq, 0.5),
+        ttft_p50_ms: pct(&mut ttft.clone(), 0.5),
+        ttft_p99_ms: pct(&mut ttft, 0.99),
+        itl_p50_ms: pct(&mut itl.clone(), 0.5),
+        itl_p99_ms: pct(&mut itl, 0.99),
+        prefill_tokens,
+        preemptions,
+    }
+}
+
 /// Runs the workload at each concurrency on `engine`: `requests` requests, or (`None`) twice
 /// the concurrency and at least 16 (the first requests of the same fixed list).
 pub fn run(
@@ -100,7 +142,7 @@ pub fn run(
             while in_flight.len() < c && next < work.len() {
                 let r = work[next];
                 // Distinct prompts (no prefix hits): ids scattered over the vocabulary.
-                let prompt: Vec<u32> = (0..r.prompt).map(|t| ((next * 7919 + t * 104_729 + 17) as u32) % vocab).collect();
+                let prompt = prompt_ids(next, r.prompt, vocab);
                 let stamps = Arc::new(Mutex::new(Vec::with_capacity(r.output)));
                 let s2 = stamps.clone();
                 let sink: BoxSink = Box::new(move |_: &TokenEvent| s2.lock().unwrap_or_else(|p| p.into_inner()).push(Instant::now()));
@@ -121,32 +163,69 @@ pub fn run(
             }
         }
         let seconds = start.elapsed().as_secs_f64();
-        let (mut ttft, mut itl, mut per_seq) = (Vec::new(), Vec::new(), Vec::new());
-        for (sub, stamps) in &times {
-            let s = stamps.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(&first) = s.first() {
-                ttft.push(first.duration_since(*sub).as_secs_f64() * 1e3);
-                itl.extend(s.windows(2).map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e3));
-                let d = s.last().map_or(Duration::ZERO, |l| l.duration_since(first)).as_secs_f64();
-                if d > 0.0 {
-                    per_seq.push((s.len() - 1) as f64 / d);
-                }
+        let m = b.metrics();
+        let times: Vec<(Instant, Vec<Instant>)> =
+            times.into_iter().map(|(sub, s)| (sub, std::mem::take(&mut *s.lock().unwrap_or_else(|p| p.into_inner())))).collect();
+        rows.push(row(c, requests, seconds, generated, &times, m.prefill_tokens, m.preemptions));
+    }
+    Ok(rows)
+}
+
+/// The same workload through llama.cpp's server: for each concurrency `c`, a `llama-server` from
+/// `dir` with `c` slots of `n_ctx` tokens (`-np c`, continuous batching), and `c` clients that
+/// each take the next request of the list as soon as their last one ends. Tokens are counted
+/// from the server's timings; TTFT and ITL come from the streamed events.
+#[allow(clippy::too_many_arguments)]
+pub fn run_llama_cpp(
+    dir: &std::path::Path,
+    model: &std::path::Path,
+    port: u16,
+    concurrency: &[usize],
+    requests: Option<usize>,
+    n_ctx: usize,
+    vocab: u32,
+    note: &mut dyn FnMut(&str),
+) -> Result<Vec<ConcurrencyRow>, BenchError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mut rows = Vec::new();
+    for &c in concurrency {
+        if c == 0 {
+            return Err(BenchError::Usage("a concurrency of 0".into()));
+        }
+        let requests = requests.unwrap_or((2 * c).max(16));
+        let work = workload(requests, n_ctx);
+        let server = super::llama_cpp::LlamaServer::start_parallel(dir, model, port, n_ctx, c)?;
+        note(&format!("llama.cpp, concurrency {c}: {requests} requests"));
+        let next = AtomicUsize::new(0);
+        let start = Instant::now();
+        let results: Vec<Result<Vec<(Instant, Vec<Instant>, usize)>, BenchError>> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..c)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut mine = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            let Some(r) = work.get(i) else { return Ok(mine) };
+                            let sub = Instant::now();
+                            let (stamps, n) = server.stream_generation(&prompt_ids(i, r.prompt, vocab), r.output)?;
+                            mine.push((sub, stamps, n));
+                        }
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err(BenchError::LlamaCpp("a client thread panicked".into())))).collect()
+        });
+        let seconds = start.elapsed().as_secs_f64();
+        let mut times = Vec::with_capacity(requests);
+        let mut generated = 0;
+        for r in results {
+            for (sub, stamps, n) in r? {
+                generated += n;
+                times.push((sub, stamps));
             }
         }
-        let m = b.metrics();
-        rows.push(ConcurrencyRow {
-            concurrency: c,
-            requests,
-            seconds,
-            total_tok_s: generated as f64 / seconds,
-            per_seq_tok_s: pct(&mut per_seq, 0.5),
-            ttft_p50_ms: pct(&mut ttft.clone(), 0.5),
-            ttft_p99_ms: pct(&mut ttft, 0.99),
-            itl_p50_ms: pct(&mut itl.clone(), 0.5),
-            itl_p99_ms: pct(&mut itl, 0.99),
-            prefill_tokens: m.prefill_tokens,
-            preemptions: m.preemptions,
-        });
+        let prefill = work.iter().map(|r| r.prompt as u64).sum();
+        rows.push(row(c, requests, seconds, generated, &times, prefill, 0));
     }
     Ok(rows)
 }

@@ -32,6 +32,12 @@ impl LlamaServer {
     /// Starts `dir/llama-server` on `model` at `port` with a context of `n_ctx` and waits until
     /// it answers `/health`.
     pub fn start(dir: &Path, model: &Path, port: u16, n_ctx: usize) -> Result<LlamaServer, BenchError> {
+        Self::start_parallel(dir, model, port, n_ctx, 1)
+    }
+
+    /// [`start`](Self::start) with `parallel` slots (`-np`), each of `n_ctx` tokens (the server's
+    /// context is `parallel * n_ctx`): its continuous batching, for the concurrency bench.
+    pub fn start_parallel(dir: &Path, model: &Path, port: u16, n_ctx: usize, parallel: usize) -> Result<LlamaServer, BenchError> {
         let exe = dir.join("llama-server");
         if !exe.is_file() {
             return Err(BenchError::LlamaCpp(format!("{} does not exist (give the directory holding llama-server and its lib*.so)", exe.display())));
@@ -47,8 +53,10 @@ impl LlamaServer {
             .env("LD_LIBRARY_PATH", lib_path)
             .args(["-m"])
             .arg(model)
-            .args(["-ngl", "99", "-fa", "on", "-np", "1", "-b", "512", "-ub", "512", "--host", "127.0.0.1", "-c"])
-            .arg(n_ctx.to_string())
+            .args(["-ngl", "99", "-fa", "on", "-b", "512", "-ub", "512", "--host", "127.0.0.1", "-np"])
+            .arg(parallel.to_string())
+            .arg("-c")
+            .arg((n_ctx * parallel).to_string())
             .arg("--port")
             .arg(port.to_string())
             .stdin(Stdio::null())
@@ -109,6 +117,49 @@ impl LlamaServer {
 
     fn timing(v: &Value, key: &str) -> Result<f64, BenchError> {
         v["timings"][key].as_f64().ok_or_else(|| BenchError::LlamaCpp(format!("no timings.{key} in the answer: {v}")))
+    }
+
+    /// One streamed generation of `n` tokens after `prompt` (greedy, through end-of-generation
+    /// tokens, no prompt cache): the instant of each streamed event, and the generated count from
+    /// the last event's timings. Events are per token, except where the server holds back a token
+    /// that ends inside a UTF-8 character until the next one.
+    pub fn stream_generation(&self, prompt: &[u32], n: usize) -> Result<(Vec<Instant>, usize), BenchError> {
+        use std::io::BufRead;
+        let body = json!({"prompt": prompt, "n_predict": n, "ignore_eos": true, "cache_prompt": false, "temperature": 0.0, "stream": true});
+        let r = ureq::post(&format!("{}/completion", self.url))
+            .send_json(body)
+            .map_err(|e| BenchError::LlamaCpp(format!("/completion: {e}\n{}", self.log_tail())))?;
+        let mut stamps = Vec::with_capacity(n);
+        let mut generated = None;
+        let mut other = Vec::new();
+        for line in std::io::BufReader::new(r.into_body().into_reader()).lines() {
+            let line = line.map_err(|e| BenchError::LlamaCpp(format!("/completion stream: {e}")))?;
+            let Some(data) = line.strip_prefix("data: ") else {
+                // An `error: {...}` line, or anything else the server says outside the events.
+                if !line.trim().is_empty() && other.len() < 4 {
+                    other.push(line);
+                }
+                continue;
+            };
+            let now = Instant::now();
+            let v: Value = serde_json::from_str(data).map_err(|e| BenchError::LlamaCpp(format!("/completion event {data:.200}: {e}")))?;
+            if let Some(t) = v.get("timings") {
+                generated = t["predicted_n"].as_u64();
+            }
+            if v["content"].as_str().is_some_and(|c| !c.is_empty()) || v.get("timings").is_none() {
+                stamps.push(now);
+            }
+        }
+        let generated = generated.ok_or_else(|| {
+            BenchError::LlamaCpp(format!(
+                "the stream of a {}-token prompt ended without timings after {} events{}\n{}",
+                prompt.len(),
+                stamps.len(),
+                other.iter().map(|l| format!("\n  {l:.300}")).collect::<String>(),
+                self.log_tail()
+            ))
+        })? as usize;
+        Ok((stamps, generated))
     }
 
     /// Prompt tokens per second over `prompt` (token ids).

@@ -110,12 +110,34 @@ fn run_concurrency(a: &Args, models: &[PathBuf], out: &mut Output) -> Result<(),
     for path in models {
         let engine = crate::engine::Engine::load(path, &a.load.options(a.ctx_size)?, None).map_err(CliError::from_err)?;
         let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let rows = bench::concurrency::run(&engine, &a.concurrency, a.requests, opts, &mut |what| super::generation::note(&format!("bench: {what}")))
-            .map_err(CliError::from_err)?;
+        let note = &mut |what: &str| super::generation::note(&format!("bench: {what}"));
+        let rows = bench::concurrency::run(&engine, &a.concurrency, a.requests, opts, note).map_err(CliError::from_err)?;
+        // llama.cpp's server on the same file and workload, after cera's engine is gone.
+        let (n_ctx, vocab, device) = (engine.n_ctx(), engine.config().vocab as u32, engine.device_name());
+        drop(engine);
+        if !a.json {
+            // cera's rows first: llama.cpp's side may fail or take long.
+            out.write_str(&bench::concurrency::print_rows(&name, &device, &rows))?;
+        }
+        let llama = match &a.vs_llama_cpp {
+            Some(dir) => Some(
+                bench::concurrency::run_llama_cpp(dir, path, a.llama_cpp_port, &a.concurrency, a.requests, n_ctx, vocab, note).map_err(CliError::from_err)?,
+            ),
+            None => None,
+        };
         let text = if a.json {
-            serde_json::to_string_pretty(&rows).map_err(|e| CliError::from_err(bench::BenchError::Usage(e.to_string())))? + "\n"
+            let v = serde_json::json!({"model": name, "device": device, "cera": rows, "llama_cpp": llama});
+            serde_json::to_string_pretty(&v).map_err(|e| CliError::from_err(bench::BenchError::Usage(e.to_string())))? + "\n"
         } else {
-            bench::concurrency::print_rows(&name, &engine.device_name(), &rows)
+            let mut t = String::new();
+            if let Some(llama) = &llama {
+                t += &format!("\n{}", bench::concurrency::print_rows(&format!("{name} through llama.cpp (-np N)"), &device, llama));
+                t += "\n| streams | cera total tok/s | llama.cpp total tok/s | ratio |\n|---|---|---|---|\n";
+                for (c, l) in rows.iter().zip(llama) {
+                    t += &format!("| {} | {:.0} | {:.0} | {:.2}x |\n", c.concurrency, c.total_tok_s, l.total_tok_s, c.total_tok_s / l.total_tok_s);
+                }
+            }
+            t
         };
         out.write_str(&text)?;
     }
