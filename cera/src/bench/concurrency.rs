@@ -198,7 +198,9 @@ pub fn run_llama_cpp(
         note(&format!("llama.cpp, concurrency {c}: {requests} requests"));
         let next = AtomicUsize::new(0);
         let start = Instant::now();
-        let results: Vec<Result<Vec<(Instant, Vec<Instant>, usize)>, BenchError>> = std::thread::scope(|s| {
+        // Per client: (submitted, token instants, tokens) of each request it ran.
+        type Client = Result<Vec<(Instant, Vec<Instant>, usize)>, BenchError>;
+        let results: Vec<Client> = std::thread::scope(|s| {
             let workers: Vec<_> = (0..c)
                 .map(|_| {
                     s.spawn(|| {
