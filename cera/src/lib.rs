@@ -36,6 +36,8 @@ pub mod fuzz_targets;
 pub mod gguf;
 pub mod model_file;
 pub mod safetensors;
+#[cfg(feature = "server")]
+pub mod server;
 pub mod storage;
 pub mod tokenizer;
 

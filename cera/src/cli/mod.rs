@@ -19,6 +19,8 @@ mod inspect;
 mod llama_flags;
 mod progress;
 mod run;
+#[cfg(feature = "server")]
+mod serve;
 mod template;
 mod tokenize;
 mod values;
@@ -129,6 +131,9 @@ pub enum Command {
     Template(template::Args),
     /// Download a test model into the model cache and print its path.
     Fetch(fetch::Args),
+    /// Serve the model over HTTP: OpenAI-compatible chat and completions on the batcher.
+    #[cfg(feature = "server")]
+    Serve(serve::Args),
 }
 
 /// Runs a parsed command line. `matches` are the matches `cli` was parsed from (the order of
@@ -138,6 +143,8 @@ pub fn dispatch(cli: Cli, matches: &ArgMatches, out: &mut Output) -> Result<(), 
         Command::Run(a) => run::run(a, out),
         Command::Chat(a) => chat::run(a, out),
         Command::Bench(a) => bench::run(a, out),
+        #[cfg(feature = "server")]
+        Command::Serve(a) => serve::run(a, out),
         Command::Inspect(a) => inspect::run(a, out),
         Command::Tokenize(a) => tokenize::run(a, out),
         Command::Template(a) => {

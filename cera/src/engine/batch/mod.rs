@@ -113,6 +113,20 @@ impl Batcher {
     /// a prompt longer than the context.
     pub fn submit(&self, prompt: impl Into<Prompt>, opts: &GenerateOpts, sink: Option<BoxSink>) -> Result<RequestHandle, EngineError> {
         opts.check()?;
+        let tokens = self.prompt_tokens(prompt)?;
+        let (done, rx) = mpsc::sync_channel(1);
+        let cancel = Arc::new(AtomicBool::new(false));
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        let pending = Pending { tokens, opts: opts.clone(), sink, reply: Reply { done, cancel: cancel.clone() } };
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        tx.send(Msg::Submit(Box::new(pending))).map_err(|_| EngineError::Usage("the batcher has stopped".into()))?;
+        Ok(RequestHandle { id, rx, cancel })
+    }
+
+    /// The token ids [`Self::submit`] would run for `prompt` (text is tokenized as at the start of
+    /// a session), with its checks: an empty prompt, an id outside the vocabulary, a prompt
+    /// longer than the context are typed errors.
+    pub fn prompt_tokens(&self, prompt: impl Into<Prompt>) -> Result<Vec<u32>, EngineError> {
         let tokens = match prompt.into() {
             Prompt::Tokens(t) => t,
             Prompt::Text(text) => {
@@ -135,13 +149,7 @@ impl Batcher {
         if tokens.len() > self.batch.n_ctx {
             return Err(EngineError::ContextOverflow { tokens: tokens.len(), n_ctx: self.batch.n_ctx });
         }
-        let (done, rx) = mpsc::sync_channel(1);
-        let cancel = Arc::new(AtomicBool::new(false));
-        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
-        let pending = Pending { tokens, opts: opts.clone(), sink, reply: Reply { done, cancel: cancel.clone() } };
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-        tx.send(Msg::Submit(Box::new(pending))).map_err(|_| EngineError::Usage("the batcher has stopped".into()))?;
-        Ok(RequestHandle { id, rx, cancel })
+        Ok(tokens)
     }
 
     /// [`Self::submit`] without a sink, then waits for the result.

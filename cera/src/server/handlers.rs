@@ -1,0 +1,328 @@
+//! The route handlers: generation (chat and completions, streamed or not), models, health,
+//! tokenize and detokenize.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::error::ApiError;
+use super::openai::{self, Head, Kind};
+use super::request::{self, WirePrompt};
+use super::{Shared, Slot, unix_now};
+use crate::engine::{BoxSink, Canceller, EngineError, Generation, Prompt, TokenEvent};
+
+/// What the batcher's thread sends a request's handler.
+enum Msg {
+    Token { id: u32, text: String, logprob: Option<f32>, top: Vec<(u32, f32)> },
+    Done(Result<Generation, EngineError>),
+}
+
+/// Cancels the sequence when the handler or its stream goes away (a client that disconnected).
+struct CancelOnDrop {
+    canceller: Canceller,
+    finished: bool,
+    state: Shared,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.canceller.cancel();
+            self.state.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The body, with our own 413 and 400.
+fn body(b: Result<Bytes, BytesRejection>, state: &Shared) -> Result<Bytes, ApiError> {
+    b.map_err(
+        |e| if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ApiError::too_large(state.opts.max_body) } else { ApiError::bad_request(None, e.body_text()) },
+    )
+}
+
+fn count_error(state: &Shared, e: ApiError) -> Response {
+    state.counters.errors.fetch_add(1, Ordering::Relaxed);
+    e.into_response()
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(State(state): State<Shared>, b: Result<Bytes, BytesRejection>) -> Response {
+    generate(&state, b, Kind::Chat).await.unwrap_or_else(|e| count_error(&state, e))
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(State(state): State<Shared>, b: Result<Bytes, BytesRejection>) -> Response {
+    generate(&state, b, Kind::Text).await.unwrap_or_else(|e| count_error(&state, e))
+}
+
+fn check_model(state: &Shared, model: Option<&str>) -> Result<String, ApiError> {
+    let id = &state.opts.model_id;
+    match model {
+        None | Some("") => Ok(id.clone()),
+        Some(m) if m == id => Ok(id.clone()),
+        Some(m) => Err(ApiError {
+            param: Some("model".into()),
+            ..ApiError::not_found("model_not_found", format!("the model {m:?} does not exist here (this server has {id:?})"))
+        }),
+    }
+}
+
+async fn generate(state: &Shared, b: Result<Bytes, BytesRejection>, kind: Kind) -> Result<Response, ApiError> {
+    state.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let ready = state.ready()?;
+    let b = body(b, state)?;
+    let req = request::parse(&b)?;
+    req.check_supported()?;
+    let model = check_model(state, req.model.as_deref())?;
+    let chat = kind == Kind::Chat;
+    let batcher = &ready.batcher;
+    let engine = batcher.engine();
+    let tokens = if chat {
+        if req.prompt.is_some() {
+            return Err(ApiError::bad_request(Some("prompt"), "chat completions take messages, not prompt"));
+        }
+        let msgs = req.chat_messages()?;
+        let text = engine.chat_template().render_continuing(&msgs).map_err(|e| ApiError::from(EngineError::from(e)))?;
+        batcher.prompt_tokens(text)?
+    } else {
+        match req.prompt.clone() {
+            None => return Err(ApiError::bad_request(Some("prompt"), "prompt is required")),
+            Some(WirePrompt::Text(t)) => batcher.prompt_tokens(t)?,
+            Some(WirePrompt::Texts(mut v)) if v.len() == 1 => batcher.prompt_tokens(v.remove(0))?,
+            Some(WirePrompt::Texts(v)) => return Err(ApiError::unsupported("prompt", format!("a list of {} prompts (one per request)", v.len()))),
+            Some(WirePrompt::Tokens(t)) => batcher.prompt_tokens(t)?,
+        }
+    };
+    let n_ctx = engine.n_ctx();
+    if tokens.len() >= n_ctx {
+        let param = if chat { "messages" } else { "prompt" };
+        return Err(ApiError {
+            code: Some("context_length_exceeded"),
+            ..ApiError::bad_request(Some(param), format!("the prompt is {} tokens; the context holds {n_ctx} with room for at least one more", tokens.len()))
+        });
+    }
+    let seed = state.next_id.load(Ordering::Relaxed) ^ unix_now().rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
+    let opts = req.generate_opts(chat, seed, n_ctx - tokens.len())?;
+    let logprobs = req.logprobs(chat)?;
+    let stream = req.stream.unwrap_or(false);
+    let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    if !stream && req.stream_options.is_some() {
+        return Err(ApiError::bad_request(Some("stream_options"), "stream_options needs stream: true"));
+    }
+    let slot = Slot::take(state)?;
+    let n = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let prefix = if chat { "chatcmpl" } else { "cmpl" };
+    let head = Head { kind, id: format!("{prefix}-{n:x}{:x}", unix_now()), created: unix_now(), model };
+    let (tx, rx) = mpsc::unbounded_channel::<Msg>();
+    let sink: Option<BoxSink> = stream.then(|| {
+        let tx = tx.clone();
+        let f: BoxSink = Box::new(move |ev: &TokenEvent| {
+            let _ = tx.send(Msg::Token { id: ev.id, text: ev.text.to_string(), logprob: ev.logprob, top: ev.top_logprobs.to_vec() });
+        });
+        f
+    });
+    let handle = batcher.submit(Prompt::Tokens(tokens), &opts, sink)?;
+    let guard = CancelOnDrop { canceller: handle.canceller(), finished: false, state: state.clone() };
+    tokio::task::spawn_blocking(move || {
+        let _ = tx.send(Msg::Done(handle.wait()));
+    });
+    if stream {
+        let s = GenStream { rx, head, logprobs, include_usage, guard, slot, state: state.clone(), started: false, queue: Default::default(), ended: false };
+        return Ok(Sse::new(s).keep_alive(KeepAlive::default()).into_response());
+    }
+    let mut rx = rx;
+    let mut guard = guard;
+    let g = loop {
+        match rx.recv().await {
+            Some(Msg::Done(r)) => break r?,
+            Some(Msg::Token { .. }) => {}
+            None => return Err(ApiError::internal("the batcher stopped")),
+        }
+    };
+    guard.finished = true;
+    drop(slot);
+    account(state, &g);
+    Ok(Json(openai::whole(&head, engine.tokenizer(), &g, logprobs)).into_response())
+}
+
+fn account(state: &Shared, g: &Generation) {
+    let c = &state.counters;
+    c.prompt_tokens.fetch_add(g.prompt_tokens as u64, Ordering::Relaxed);
+    c.generated_tokens.fetch_add(g.ids.len() as u64, Ordering::Relaxed);
+    c.cached_tokens.fetch_add(g.reused as u64, Ordering::Relaxed);
+}
+
+/// A streamed answer: server-sent events from the batcher's messages. Dropped (the client went
+/// away) before the end, it cancels its sequence.
+struct GenStream {
+    rx: mpsc::UnboundedReceiver<Msg>,
+    head: Head,
+    logprobs: Option<usize>,
+    include_usage: bool,
+    guard: CancelOnDrop,
+    #[allow(dead_code)]
+    slot: Slot,
+    state: Shared,
+    started: bool,
+    queue: std::collections::VecDeque<Event>,
+    ended: bool,
+}
+
+fn event(v: &Value) -> Event {
+    Event::default().data(v.to_string())
+}
+
+impl GenStream {
+    fn on_msg(&mut self, m: Msg) {
+        let chat = self.head.kind == Kind::Chat;
+        if chat && !self.started {
+            self.started = true;
+            self.queue.push_back(event(&openai::chunk(&self.head, json!({"role": "assistant", "content": ""}), Value::Null, None)));
+        }
+        let Some(ready) = self.state.ready.get() else { return };
+        let tok = ready.batcher.engine().tokenizer();
+        match m {
+            Msg::Token { id, text, logprob, top } => {
+                let lp = match (self.logprobs, logprob) {
+                    (Some(_), Some(l)) if chat => json!({"content": [openai::chat_logprob(tok, id, l, &top)]}),
+                    (Some(_), Some(l)) => openai::text_logprobs(tok, &[id], &[l], &[top], 0),
+                    _ => Value::Null,
+                };
+                if text.is_empty() && lp.is_null() {
+                    return;
+                }
+                let delta = if chat { json!({"content": text}) } else { Value::String(text) };
+                self.queue.push_back(event(&openai::chunk(&self.head, delta, lp, None)));
+            }
+            Msg::Done(Ok(g)) => {
+                self.guard.finished = true;
+                account(&self.state, &g);
+                let delta = if chat { json!({}) } else { Value::String(String::new()) };
+                self.queue.push_back(event(&openai::chunk(&self.head, delta, Value::Null, Some(openai::finish_reason(g.finish)))));
+                if self.include_usage {
+                    self.queue.push_back(event(&openai::usage_chunk(&self.head, &g)));
+                }
+                self.queue.push_back(Event::default().data("[DONE]"));
+                self.ended = true;
+            }
+            Msg::Done(Err(e)) => {
+                self.guard.finished = true;
+                self.state.counters.errors.fetch_add(1, Ordering::Relaxed);
+                self.queue.push_back(event(&ApiError::from(e).body()));
+                self.queue.push_back(Event::default().data("[DONE]"));
+                self.ended = true;
+            }
+        }
+    }
+}
+
+impl tokio_stream::Stream for GenStream {
+    type Item = Result<Event, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            if let Some(e) = self.queue.pop_front() {
+                return Poll::Ready(Some(Ok(e)));
+            }
+            if self.ended {
+                return Poll::Ready(None);
+            }
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(m)) => self.on_msg(m),
+                Poll::Ready(None) => {
+                    self.ended = true;
+                    let e = ApiError::internal("the batcher stopped");
+                    self.queue.push_back(event(&e.body()));
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(state): State<Shared>) -> Response {
+    let created = state.ready.get().map_or(0, |r| r.created);
+    Json(json!({"object": "list", "data": [{"id": state.opts.model_id, "object": "model", "created": created, "owned_by": "cera"}]})).into_response()
+}
+
+/// `GET /health`: 200 once the model is loaded, 503 before (and while stopping).
+pub async fn health(State(state): State<Shared>) -> Response {
+    match state.ready() {
+        Ok(_) => Json(json!({"status": "ok"})).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": if state.load_error.get().is_some() { "error" } else if state.stopping.load(Ordering::SeqCst) { "stopping" } else { "loading" }, "error": e.body()["error"]}))).into_response(),
+    }
+}
+
+/// Any other route: 404 as JSON.
+pub async fn not_found() -> Response {
+    ApiError::not_found("not_found", "no such route").into_response()
+}
+
+fn json_body(state: &Shared, b: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    let b = body(b, state)?;
+    let v: Value = serde_json::from_slice(&b).map_err(|e| ApiError::bad_request(None, format!("the body is not valid JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::bad_request(None, "the body must be a JSON object"));
+    }
+    Ok(v)
+}
+
+/// `POST /tokenize` `{"content": TEXT, "add_special": bool, "with_pieces": bool}` → `{"tokens": [...]}`
+/// (with pieces: `[{"id", "piece"}]`).
+pub async fn tokenize(State(state): State<Shared>, b: Result<Bytes, BytesRejection>) -> Response {
+    let run = || -> Result<Value, ApiError> {
+        let ready = state.ready()?;
+        let v = json_body(&state, b)?;
+        let content = v.get("content").and_then(Value::as_str).ok_or_else(|| ApiError::bad_request(Some("content"), "content (a string) is required"))?;
+        let add_special = v
+            .get("add_special")
+            .map_or(Ok(false), |x| x.as_bool().ok_or_else(|| ApiError::bad_request(Some("add_special"), "add_special must be true or false")))?;
+        let pieces = v.get("with_pieces").is_some_and(|x| x.as_bool() == Some(true));
+        let tok = ready.batcher.engine().tokenizer();
+        let ids = tok
+            .encode(content, crate::tokenizer::EncodeOptions { add_special, parse_special: true })
+            .map_err(|e| ApiError::bad_request(Some("content"), e.to_string()))?;
+        let tokens: Vec<Value> = if pieces {
+            ids.iter().map(|&id| json!({"id": id, "piece": String::from_utf8_lossy(&tok.piece(id, true).unwrap_or_default())})).collect()
+        } else {
+            ids.iter().map(|&id| json!(id)).collect()
+        };
+        Ok(json!({"tokens": tokens}))
+    };
+    run().map_or_else(|e| count_error(&state, e), |v| Json(v).into_response())
+}
+
+/// `POST /detokenize` `{"tokens": [ids]}` → `{"content": TEXT}`.
+pub async fn detokenize(State(state): State<Shared>, b: Result<Bytes, BytesRejection>) -> Response {
+    let run = || -> Result<Value, ApiError> {
+        let ready = state.ready()?;
+        let v = json_body(&state, b)?;
+        let ids: Vec<u32> = v
+            .get("tokens")
+            .cloned()
+            .map(serde_json::from_value)
+            .ok_or_else(|| ApiError::bad_request(Some("tokens"), "tokens (a list of ids) is required"))?
+            .map_err(|e| ApiError::bad_request(Some("tokens"), format!("tokens must be a list of ids: {e}")))?;
+        let engine = ready.batcher.engine();
+        let vocab = engine.config().vocab;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(ApiError::bad_request(Some("tokens"), format!("token id {id} is outside the vocabulary of {vocab}")));
+        }
+        let text =
+            engine.tokenizer().decode(&ids, crate::tokenizer::DecodeOptions::default()).map_err(|e| ApiError::bad_request(Some("tokens"), e.to_string()))?;
+        Ok(json!({"content": text}))
+    };
+    run().map_or_else(|e| count_error(&state, e), |v| Json(v).into_response())
+}

@@ -1,0 +1,272 @@
+//! The request bodies of `/v1/chat/completions` and `/v1/completions`, and what they become: a
+//! prompt and [`GenerateOpts`]. Unknown fields are ignored, as OpenAI's own clients send some
+//! (`user`, `store`, `metadata`); every field that would change the output is either honoured
+//! or refused with a 400 that names it.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::error::ApiError;
+use crate::chat_template::ChatMessage;
+use crate::engine::{GenerateOpts, SamplerOpts};
+
+/// The most stop strings a request may give.
+pub const MAX_STOP: usize = 16;
+/// The most `top_logprobs` a request may ask for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// A string, or a list of them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    /// One.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+/// A message's content: text, or a list of parts (only `text` parts are accepted).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Text.
+    Text(String),
+    /// Parts: `{"type": "text", "text": ...}`.
+    Parts(Vec<Value>),
+}
+
+/// One chat message as sent.
+#[derive(Debug, Clone, Deserialize)]
+pub struct WireMessage {
+    /// `system`, `developer`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The text (absent or null for an assistant turn that only called tools).
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+/// A completion prompt: text, or token ids.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum WirePrompt {
+    /// Text.
+    Text(String),
+    /// Token ids.
+    Tokens(Vec<u32>),
+    /// A list of texts (one only: several prompts would be `n` > 1).
+    Texts(Vec<String>),
+}
+
+/// The fields of both endpoints (`messages` for chat, `prompt` for completions).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct GenRequest {
+    pub model: Option<String>,
+    pub messages: Option<Vec<WireMessage>>,
+    pub prompt: Option<WirePrompt>,
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<OneOrMany>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
+    /// Chat: a bool; completions: the number of top log-probabilities (0 to 20).
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<u32>,
+    pub n: Option<u32>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub response_format: Option<Value>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub grammar: Option<String>,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    pub best_of: Option<u32>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with the usage.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Parses a body, turning serde's complaint into a 400 that names the place.
+pub fn parse(body: &[u8]) -> Result<GenRequest, ApiError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad_request(None, format!("the body is not valid JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::bad_request(None, "the body must be a JSON object"));
+    }
+    serde_json::from_value(v).map_err(|e| ApiError::bad_request(None, format!("a field has the wrong type: {e}")))
+}
+
+fn range(param: &str, v: Option<f32>, lo: f32, hi: f32, lo_open: bool) -> Result<Option<f32>, ApiError> {
+    match v {
+        Some(x) if !x.is_finite() || x > hi || x < lo || (lo_open && x == lo) => {
+            let open = if lo_open { "(" } else { "[" };
+            Err(ApiError::bad_request(Some(param), format!("{param} is {x}; it must be in {open}{lo}, {hi}]")))
+        }
+        v => Ok(v),
+    }
+}
+
+impl GenRequest {
+    /// Refuses what this server does not implement (never silently ignored).
+    pub fn check_supported(&self) -> Result<(), ApiError> {
+        if let Some(n) = self.n
+            && n != 1
+        {
+            return Err(ApiError::unsupported("n", format!("n = {n} (one choice per request)")));
+        }
+        if let Some(b) = self.best_of
+            && b != 1
+        {
+            return Err(ApiError::unsupported("best_of", format!("best_of = {b}")));
+        }
+        if self.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
+            return Err(ApiError::unsupported("logit_bias", "logit_bias"));
+        }
+        if let Some(f) = &self.response_format {
+            match f.get("type").and_then(Value::as_str) {
+                Some("text") => {}
+                Some(t) => return Err(ApiError::unsupported("response_format", format!("response_format of type {t:?}"))),
+                None => return Err(ApiError::bad_request(Some("response_format"), "response_format needs a \"type\"")),
+            }
+        }
+        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+            return Err(ApiError::unsupported("tools", "tools"));
+        }
+        if self.tool_choice.as_ref().is_some_and(|c| c != "none" && c != "auto") {
+            return Err(ApiError::unsupported("tool_choice", "tool_choice other than \"none\" or \"auto\" (no tools)"));
+        }
+        if self.grammar.is_some() {
+            return Err(ApiError::unsupported("grammar", "grammar"));
+        }
+        if self.echo == Some(true) {
+            return Err(ApiError::unsupported("echo", "echo"));
+        }
+        if self.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::unsupported("suffix", "suffix"));
+        }
+        Ok(())
+    }
+
+    /// How many top log-probabilities per token were asked for, and whether the chosen token's
+    /// log-probability was (`chat`: `logprobs: true` with `top_logprobs`; completions:
+    /// `logprobs: N`).
+    pub fn logprobs(&self, chat: bool) -> Result<Option<usize>, ApiError> {
+        let n = if chat {
+            let on = match &self.logprobs {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(v) => return Err(ApiError::bad_request(Some("logprobs"), format!("logprobs must be true or false, not {v}"))),
+            };
+            match (on, self.top_logprobs) {
+                (false, Some(n)) if n > 0 => return Err(ApiError::bad_request(Some("top_logprobs"), "top_logprobs needs logprobs: true")),
+                (false, _) => return Ok(None),
+                (true, n) => n.unwrap_or(0) as usize,
+            }
+        } else {
+            match &self.logprobs {
+                None | Some(Value::Null) => return Ok(None),
+                Some(v) => match v.as_u64() {
+                    Some(n) => n as usize,
+                    None => return Err(ApiError::bad_request(Some("logprobs"), format!("logprobs must be a whole number of top log-probabilities, not {v}"))),
+                },
+            }
+        };
+        if n > MAX_TOP_LOGPROBS {
+            let param = if chat { "top_logprobs" } else { "logprobs" };
+            return Err(ApiError::bad_request(Some(param), format!("{param} is {n}; at most {MAX_TOP_LOGPROBS}")));
+        }
+        Ok(Some(n))
+    }
+
+    /// The generation options. `default_seed` is used when the request gives none.
+    pub fn generate_opts(&self, chat: bool, default_seed: u64, room: usize) -> Result<GenerateOpts, ApiError> {
+        let d = SamplerOpts::default();
+        let temperature = range("temperature", self.temperature, 0.0, 2.0, false)?.unwrap_or(d.temperature);
+        let top_p = range("top_p", self.top_p, 0.0, 1.0, true)?.unwrap_or(d.top_p);
+        let min_p = range("min_p", self.min_p, 0.0, 1.0, false)?.unwrap_or(d.min_p);
+        let presence_penalty = range("presence_penalty", self.presence_penalty, -2.0, 2.0, false)?.unwrap_or(d.presence_penalty);
+        let frequency_penalty = range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, false)?.unwrap_or(d.frequency_penalty);
+        let repeat_penalty = range("repeat_penalty", self.repeat_penalty, 0.0, f32::MAX, true)?.unwrap_or(d.repeat_penalty);
+        let sampler = SamplerOpts {
+            temperature,
+            top_p,
+            min_p,
+            presence_penalty,
+            frequency_penalty,
+            repeat_penalty,
+            top_k: self.top_k.map_or(d.top_k, |k| k as usize),
+            seed: self.seed.map_or(default_seed, |s| s as u64),
+            ..d
+        };
+        let max_tokens = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(0), _) => return Err(ApiError::bad_request(Some("max_completion_tokens"), "max_completion_tokens must be at least 1")),
+            (None, Some(0)) => return Err(ApiError::bad_request(Some("max_tokens"), "max_tokens must be at least 1")),
+            (Some(n), _) | (None, Some(n)) => (n.min(usize::MAX as u64) as usize).min(room),
+            (None, None) => room,
+        };
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(OneOrMany::One(s)) => vec![s.clone()],
+            Some(OneOrMany::Many(v)) => v.clone(),
+        };
+        if stop.len() > MAX_STOP {
+            return Err(ApiError::bad_request(Some("stop"), format!("{} stop strings; at most {MAX_STOP}", stop.len())));
+        }
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::bad_request(Some("stop"), "an empty stop string"));
+        }
+        let top_logprobs = self.logprobs(chat)?.unwrap_or(0);
+        let opts = GenerateOpts { sampler, max_tokens, stop, top_logprobs, ..GenerateOpts::default() };
+        opts.check().map_err(ApiError::from)?;
+        Ok(opts)
+    }
+
+    /// The chat messages, for the template. `developer` is `system`.
+    pub fn chat_messages(&self) -> Result<Vec<ChatMessage>, ApiError> {
+        let msgs = self.messages.as_ref().ok_or_else(|| ApiError::bad_request(Some("messages"), "messages is required"))?;
+        if msgs.is_empty() {
+            return Err(ApiError::bad_request(Some("messages"), "messages is empty"));
+        }
+        msgs.iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let role = match m.role.as_str() {
+                    "developer" => "system",
+                    r @ ("system" | "user" | "assistant" | "tool") => r,
+                    r => return Err(ApiError::bad_request(Some(&format!("messages[{i}].role")), format!("unknown role {r:?}"))),
+                };
+                let text = match &m.content {
+                    None => String::new(),
+                    Some(Content::Text(t)) => t.clone(),
+                    Some(Content::Parts(parts)) => {
+                        let mut t = String::new();
+                        for p in parts {
+                            match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                                (Some("text"), Some(s)) => t.push_str(s),
+                                (kind, _) => {
+                                    return Err(ApiError::unsupported(
+                                        &format!("messages[{i}].content"),
+                                        format!("a content part of type {:?}", kind.unwrap_or("?")),
+                                    ));
+                                }
+                            }
+                        }
+                        t
+                    }
+                };
+                Ok(ChatMessage::new(role, text))
+            })
+            .collect()
+    }
+}

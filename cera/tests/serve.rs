@@ -1,0 +1,414 @@
+//! `cera serve` end to end on the CPU with the real SmolLM2 file: real HTTP clients (ureq and
+//! raw TCP) against the `cera` binary. The greedy text equals `cera run --temp 0`; streams end
+//! in `data: [DONE]`; concurrent streams each equal their own single-request output; a client
+//! that disconnects frees its sequence; every bad input class gets its 4xx; SIGTERM lets the
+//! request in flight finish.
+
+#![cfg(feature = "server")]
+
+mod cli_support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// A running `cera serve` (killed on drop).
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let model = cli_support::smollm2();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cera"))
+            .args(["serve", "--device", "cpu", "-m", &model, "--port", "0", "-c", "1024"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut url = None;
+        let mut line = String::new();
+        while url.is_none() {
+            line.clear();
+            assert!(err.read_line(&mut line).unwrap() > 0, "cera serve ended before listening");
+            url = line.trim().strip_prefix("listening on ").map(str::to_string);
+        }
+        // Keep draining standard error so the server never blocks on it.
+        std::thread::spawn(move || {
+            let mut sink = String::new();
+            let _ = err.read_to_string(&mut sink);
+        });
+        let s = Server { child, url: url.unwrap() };
+        let start = Instant::now();
+        while s.get("/health").0 != 200 {
+            assert!(start.elapsed() < Duration::from_secs(120), "the model did not load");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        s
+    }
+
+    fn agent() -> ureq::Agent {
+        ureq::Agent::new_with_config(ureq::config::Config::builder().http_status_as_error(false).build())
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        match Self::agent().get(&format!("{}{path}", self.url)).call() {
+            Ok(mut r) => (r.status().as_u16(), r.body_mut().read_to_string().unwrap_or_default()),
+            Err(_) => (0, String::new()),
+        }
+    }
+
+    fn post_raw(&self, path: &str, body: &str, headers: &[(&str, &str)]) -> (u16, String) {
+        let mut req = Self::agent().post(&format!("{}{path}", self.url)).header("Content-Type", "application/json");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let mut r = req.send(body).unwrap();
+        (r.status().as_u16(), r.body_mut().with_config().limit(64 << 20).read_to_string().unwrap())
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (status, text) = self.post_raw(path, &body.to_string(), &[]);
+        (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")))
+    }
+
+    /// A streamed request's events (the JSON ones) and whether it ended with `[DONE]`.
+    fn stream(&self, path: &str, body: &Value) -> (Vec<Value>, bool) {
+        let r = Self::agent().post(&format!("{}{path}", self.url)).send_json(body).unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        assert!(r.headers().get("content-type").unwrap().to_str().unwrap().starts_with("text/event-stream"));
+        let (mut events, mut done) = (Vec::new(), false);
+        for line in BufReader::new(r.into_body().into_reader()).lines() {
+            let line = line.unwrap();
+            if let Some(d) = line.strip_prefix("data: ") {
+                assert!(!done, "an event after [DONE]");
+                if d == "[DONE]" {
+                    done = true;
+                } else {
+                    events.push(serde_json::from_str(d).unwrap());
+                }
+            }
+        }
+        (events, done)
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.get("/metrics");
+        text.lines().find_map(|l| l.strip_prefix(&format!("{name} ")).map(|v| v.parse().unwrap())).unwrap_or_else(|| panic!("no {name} in {text}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn chat(content: &str, max_tokens: usize) -> Value {
+    json!({"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0})
+}
+
+fn streamed_text(events: &[Value], chat: bool) -> String {
+    events.iter().filter_map(|e| e["choices"].get(0)).filter_map(|c| if chat { c["delta"]["content"].as_str() } else { c["text"].as_str() }).collect()
+}
+
+#[test]
+fn greedy_answers_equal_cera_run_streamed_or_not() {
+    let s = Server::start(&[]);
+    let model = cli_support::smollm2();
+    let prompt = "What is the capital of France?";
+    let (ok, run_text, err) = cli_support::cera(&["run", "--device", "cpu", "-m", &model, "--temp", "0", "-n", "12", prompt]);
+    assert!(ok, "{err}");
+    let (status, v) = s.post("/v1/chat/completions", &chat(prompt, 12));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), run_text.trim_end_matches('\n'));
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+    assert_eq!(v["usage"]["total_tokens"].as_u64().unwrap(), v["usage"]["prompt_tokens"].as_u64().unwrap() + 12);
+
+    // The same streamed, with usage: the deltas concatenate to the same text, and the
+    // prompt's blocks now come from the prefix cache.
+    let mut body = chat(prompt, 12);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let (events, done) = s.stream("/v1/chat/completions", &body);
+    assert!(done);
+    assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(streamed_text(&events, true), run_text.trim_end_matches('\n'));
+    let last = events.last().unwrap();
+    assert_eq!(last["choices"].as_array().unwrap().len(), 0);
+    assert_eq!(last["usage"]["completion_tokens"], 12);
+    assert!(last["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() >= 16, "{last}");
+    assert_eq!(events[events.len() - 2]["choices"][0]["finish_reason"], "length");
+
+    // Completions: the raw prompt, as `cera run --raw`.
+    let (ok, raw_text, err) = cli_support::cera(&["run", "--device", "cpu", "-m", &model, "--temp", "0", "-n", "10", "--raw", "Once upon a time"]);
+    assert!(ok, "{err}");
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 10, "temperature": 0, "logprobs": 2});
+    let (status, v) = s.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"].as_str().unwrap(), raw_text.trim_end_matches('\n'));
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 10);
+    assert_eq!(lp["tokens"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect::<String>(), raw_text.trim_end_matches('\n'));
+    // Greedy: each chosen token is the most likely one, and its top entries hold it.
+    for (i, tl) in lp["token_logprobs"].as_array().unwrap().iter().enumerate() {
+        let tops = lp["top_logprobs"][i].as_object().unwrap();
+        assert_eq!(tops.len(), 2);
+        let best = tops.values().map(|x| x.as_f64().unwrap()).fold(f64::MIN, f64::max);
+        assert!((tl.as_f64().unwrap() - best).abs() < 1e-6);
+    }
+    let mut body = body;
+    body["stream"] = json!(true);
+    let (events, done) = s.stream("/v1/completions", &body);
+    assert!(done);
+    assert_eq!(streamed_text(&events, false), raw_text.trim_end_matches('\n'));
+
+    // Chat log-probabilities: one entry per token, top_logprobs of the asked length.
+    let mut body = chat(prompt, 4);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(3);
+    let (_, v) = s.post("/v1/chat/completions", &body);
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 4);
+    assert!(content.iter().all(|c| c["top_logprobs"].as_array().unwrap().len() == 3 && c["token"] == c["top_logprobs"][0]["token"]));
+
+    // Stop strings end the text before them.
+    let mut body = chat(prompt, 12);
+    let cut = run_text.trim_end_matches('\n');
+    let stop = &format!(" {}", cut.split(' ').nth(2).unwrap());
+    body["stop"] = json!([stop]);
+    let (_, v) = s.post("/v1/chat/completions", &body);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), &cut[..cut.find(stop).unwrap()]);
+}
+
+#[test]
+fn bad_requests_get_their_status_and_an_openai_error() {
+    let s = Server::start(&["--max-body", "8K"]);
+    let user = json!([{"role": "user", "content": "hi"}]);
+    let long = "word ".repeat(2000);
+    let cases: Vec<(&str, String, u16, Option<&str>)> = vec![
+        ("/v1/chat/completions", "{not json".into(), 400, None),
+        ("/v1/chat/completions", "[1, 2]".into(), 400, None),
+        ("/v1/chat/completions", json!({"messages": "hi"}).to_string(), 400, None),
+        ("/v1/chat/completions", json!({"messages": []}).to_string(), 400, Some("messages")),
+        ("/v1/chat/completions", json!({}).to_string(), 400, Some("messages")),
+        ("/v1/chat/completions", json!({"messages": user, "model": "gpt-4o"}).to_string(), 404, Some("model")),
+        ("/v1/chat/completions", json!({"messages": user, "temperature": 3}).to_string(), 400, Some("temperature")),
+        ("/v1/chat/completions", json!({"messages": user, "temperature": "hot"}).to_string(), 400, None),
+        ("/v1/chat/completions", json!({"messages": user, "top_p": 0}).to_string(), 400, Some("top_p")),
+        ("/v1/chat/completions", json!({"messages": user, "min_p": 1.5}).to_string(), 400, Some("min_p")),
+        ("/v1/chat/completions", json!({"messages": user, "presence_penalty": -3}).to_string(), 400, Some("presence_penalty")),
+        ("/v1/chat/completions", json!({"messages": user, "max_tokens": 0}).to_string(), 400, Some("max_tokens")),
+        ("/v1/chat/completions", json!({"messages": user, "max_tokens": -1}).to_string(), 400, None),
+        ("/v1/chat/completions", json!({"messages": user, "n": 3}).to_string(), 400, Some("n")),
+        ("/v1/chat/completions", json!({"messages": user, "logprobs": true, "top_logprobs": 21}).to_string(), 400, Some("top_logprobs")),
+        ("/v1/chat/completions", json!({"messages": user, "top_logprobs": 2}).to_string(), 400, Some("top_logprobs")),
+        ("/v1/chat/completions", json!({"messages": user, "stop": ["a", ""]}).to_string(), 400, Some("stop")),
+        ("/v1/chat/completions", json!({"messages": user, "logit_bias": {"15": 5}}).to_string(), 400, Some("logit_bias")),
+        ("/v1/chat/completions", json!({"messages": user, "response_format": {"type": "json_schema"}}).to_string(), 400, Some("response_format")),
+        ("/v1/chat/completions", json!({"messages": user, "tools": [{"type": "function"}]}).to_string(), 400, Some("tools")),
+        ("/v1/chat/completions", json!({"messages": user, "stream_options": {"include_usage": true}}).to_string(), 400, Some("stream_options")),
+        ("/v1/chat/completions", json!({"messages": [{"role": "robot", "content": "x"}]}).to_string(), 400, Some("messages[0].role")),
+        ("/v1/chat/completions", json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).to_string(), 400, Some("messages[0].content")),
+        ("/v1/completions", json!({"prompt": long}).to_string(), 413, None),
+        ("/v1/completions", json!({"max_tokens": 4}).to_string(), 400, Some("prompt")),
+        ("/v1/completions", json!({"prompt": [1, 2, 99999999]}).to_string(), 400, Some("prompt")),
+        ("/v1/completions", json!({"prompt": ["a", "b"]}).to_string(), 400, Some("prompt")),
+        ("/v1/completions", json!({"prompt": "x", "echo": true}).to_string(), 400, Some("echo")),
+        ("/tokenize", json!({"text": "x"}).to_string(), 400, Some("content")),
+        ("/detokenize", json!({"tokens": [-1]}).to_string(), 400, Some("tokens")),
+        ("/detokenize", json!({"tokens": [99999999]}).to_string(), 400, Some("tokens")),
+        ("/v1/nothing", "{}".into(), 404, None),
+    ];
+    for (path, body, status, param) in cases {
+        let (got, text) = s.post_raw(path, &body, &[]);
+        assert_eq!(got, status, "{path} {body:.80}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} {body:.80}: not JSON ({e}): {text}"));
+        let err = &v["error"];
+        assert!(err["message"].as_str().is_some_and(|m| !m.is_empty()) && err["type"].is_string(), "{text}");
+        if let Some(p) = param {
+            assert_eq!(err["param"], p, "{path} {body:.80}: {text}");
+        }
+    }
+    // A prompt over the context (-c 1024): 400 context_length_exceeded.
+    let (status, v) = s.post("/v1/completions", &json!({"prompt": (0..1100).map(|i| 100 + i).collect::<Vec<u32>>()}));
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    // The server still answers after all that.
+    let (status, _) = s.post("/v1/chat/completions", &chat("hi", 2));
+    assert_eq!(status, 200);
+    assert!(s.metric("cera_request_errors_total") >= 25.0);
+}
+
+#[test]
+fn an_api_key_guards_every_route_but_health_and_cors_is_opt_in() {
+    let s = Server::start(&["--api-key", "sesame", "--cors", "https://example.org"]);
+    let body = chat("hi", 2).to_string();
+    assert_eq!(s.post_raw("/v1/chat/completions", &body, &[]).0, 401);
+    assert_eq!(s.post_raw("/v1/chat/completions", &body, &[("Authorization", "Bearer open")]).0, 401);
+    assert_eq!(s.post_raw("/tokenize", r#"{"content":"a"}"#, &[]).0, 401);
+    assert_eq!(s.get("/v1/models").0, 401);
+    assert_eq!(s.get("/metrics").0, 401);
+    assert_eq!(s.get("/health").0, 200);
+    let (status, text) = s.post_raw("/v1/chat/completions", &body, &[("Authorization", "Bearer sesame")]);
+    assert_eq!(status, 200, "{text}");
+    // CORS: the allowed origin is echoed; another is not.
+    let agent = Server::agent();
+    let r = agent.get(&format!("{}/health", s.url)).header("Origin", "https://example.org").call().unwrap();
+    assert_eq!(r.headers().get("access-control-allow-origin").unwrap(), "https://example.org");
+    let r = agent.get(&format!("{}/health", s.url)).header("Origin", "https://evil.example").call().unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+
+    // Without --cors no CORS header at all.
+    let plain = Server::start(&[]);
+    let r = agent.get(&format!("{}/health", plain.url)).header("Origin", "https://example.org").call().unwrap();
+    assert!(r.headers().get("access-control-allow-origin").is_none());
+}
+
+#[test]
+fn sixteen_concurrent_streams_each_equal_their_single_request() {
+    let s = Server::start(&["--parallel", "16"]);
+    let prompts: Vec<String> = (0..16).map(|i| format!("Tell me fact number {i} about the sea.")).collect();
+    // Greedy and seeded requests alike give, streamed together, what they give alone.
+    let body = |i: usize| {
+        let mut b = chat(&prompts[i], 6);
+        if i % 2 == 1 {
+            b["temperature"] = json!(0.9);
+            b["seed"] = json!(1000 + i);
+        }
+        b
+    };
+    let alone: Vec<String> = (0..16)
+        .map(|i| {
+            let (status, v) = s.post("/v1/chat/completions", &body(i));
+            assert_eq!(status, 200, "{v}");
+            v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let together: Vec<String> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..16)
+            .map(|i| {
+                let (s, b) = (&s, body(i));
+                sc.spawn(move || {
+                    let mut b = b;
+                    b["stream"] = json!(true);
+                    let (events, done) = s.stream("/v1/chat/completions", &b);
+                    assert!(done);
+                    streamed_text(&events, true)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(together, alone);
+    assert_eq!(s.metric("cera_active_sequences"), 0.0);
+    assert_eq!(s.metric("cera_requests_in_flight"), 0.0);
+}
+
+/// Sends a streamed request over a raw socket and returns the socket after the first event.
+fn open_stream(url: &str, body: &Value) -> std::net::TcpStream {
+    let addr = url.strip_prefix("http://").unwrap();
+    let mut sock = std::net::TcpStream::connect(addr).unwrap();
+    let b = body.to_string();
+    write!(sock, "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}", b.len()).unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("data: ") {
+        let n = sock.read(&mut buf).unwrap();
+        assert!(n > 0);
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&seen).starts_with("HTTP/1.1 200"));
+    sock
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < Duration::from_secs(60), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_client_that_disconnects_frees_its_sequence_and_a_full_queue_answers_429() {
+    let s = Server::start(&["--parallel", "1", "--queue", "0"]);
+    let mut body = chat("Write a very long story about a lighthouse keeper.", 900);
+    body["stream"] = json!(true);
+    let sock = open_stream(&s.url, &body);
+    wait_for("the sequence to run", || s.metric("cera_active_sequences") == 1.0);
+    // One in flight of one place: the next request is refused.
+    let (status, v) = s.post("/v1/chat/completions", &chat("hi", 2));
+    assert_eq!(status, 429, "{v}");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    assert_eq!(s.metric("cera_requests_rejected_total"), 1.0);
+    drop(sock);
+    wait_for("the sequence to be freed", || s.metric("cera_active_sequences") == 0.0 && s.metric("cera_requests_in_flight") == 0.0);
+    assert_eq!(s.metric("cera_requests_cancelled_total"), 1.0);
+    assert!(s.metric("cera_generated_tokens_total") < 900.0);
+    let (status, _) = s.post("/v1/chat/completions", &chat("hi", 2));
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn sigterm_lets_the_request_in_flight_finish() {
+    let mut s = Server::start(&[]);
+    let mut body = chat("Count from one to ten.", 40);
+    body["stream"] = json!(true);
+    let mut sock = open_stream(&s.url, &body);
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let mut rest = String::new();
+    sock.read_to_string(&mut rest).unwrap();
+    assert!(rest.contains("data: [DONE]"), "{rest}");
+    assert!(rest.contains("\"finish_reason\":\"length\"") || rest.contains("\"finish_reason\":\"stop\""), "{rest}");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "the server did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn models_tokenize_detokenize_and_metrics() {
+    let s = Server::start(&["--alias", "smol"]);
+    let (status, text) = s.get("/v1/models");
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["data"][0]["id"], "smol");
+    let (status, v) = s.post("/v1/chat/completions", &json!({"model": "smol", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["model"], "smol");
+    let (_, v) = s.post("/tokenize", &json!({"content": "Hello world", "with_pieces": true}));
+    assert_eq!(v["tokens"], json!([{"id": 19556, "piece": "Hello"}, {"id": 905, "piece": " world"}]));
+    let (_, v) = s.post("/detokenize", &json!({"tokens": [19556, 905]}));
+    assert_eq!(v["content"], "Hello world");
+    let (status, text) = s.get("/metrics");
+    assert_eq!(status, 200);
+    for name in [
+        "cera_requests_total",
+        "cera_generated_tokens_total",
+        "cera_queue_depth",
+        "cera_active_sequences",
+        "cera_kv_usage_ratio",
+        "cera_prefix_cache_hit_tokens_total",
+        "cera_tokens_per_second",
+    ] {
+        assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing:\n{text}");
+    }
+    assert_eq!(s.metric("cera_generated_tokens_total"), 2.0);
+}
