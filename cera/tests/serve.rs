@@ -191,6 +191,29 @@ fn greedy_answers_equal_cera_run_streamed_or_not() {
     assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), &cut[..cut.find(stop).unwrap()]);
 }
 
+/// The official `openai` Python client (installed by `.ci/run`): chat and completions, streamed
+/// and not, logprobs, usage and errors, the greedy text equal to `cera run --temp 0`.
+#[test]
+fn the_openai_python_client_gets_what_cera_run_gives() {
+    let s = Server::start(&[]);
+    let model = cli_support::smollm2();
+    let (chat_prompt, raw_prompt) = ("Name a color.", "The best thing about mornings is");
+    let run = |extra: &[&str], p: &str| {
+        let mut args = vec!["run", "--device", "cpu", "-m", &model, "--temp", "0", "-n", "8"];
+        args.extend_from_slice(extra);
+        args.push(p);
+        let (ok, out, err) = cli_support::cera(&args);
+        assert!(ok, "{err}");
+        out.trim_end_matches('\n').to_string()
+    };
+    let (chat_text, raw_text) = (run(&[], chat_prompt), run(&["--raw"], raw_prompt));
+    let script = format!("{}/tests/serve_clients/openai_client.py", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3").args([&script, &s.url, chat_prompt, &chat_text, raw_prompt, &raw_text]).output().expect("python3");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}\n(the `openai` package is installed by .ci/run: python3 -m pip install openai)");
+    assert!(stdout.contains("openai client: ok"), "{stdout}");
+}
+
 #[test]
 fn bad_requests_get_their_status_and_an_openai_error() {
     let s = Server::start(&["--max-body", "8K"]);
