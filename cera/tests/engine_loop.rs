@@ -415,3 +415,57 @@ fn pipelined_decoding_gives_the_same_result_as_one_token_at_a_time() {
         assert_eq!(results[0], results[1], "{name}: sequential vs pipelined");
     }
 }
+
+/// Allows only the ids of a script, in order; complete after the last.
+struct Script {
+    ids: Vec<u32>,
+    at: usize,
+    mask: Vec<u32>,
+}
+
+impl cera::engine::TokenConstraint for Script {
+    fn allowed(&mut self, vocab: usize) -> Result<&[u32], String> {
+        self.mask = vec![0; vocab.div_ceil(32)];
+        let id = *self.ids.get(self.at).ok_or("past the script")? as usize;
+        self.mask[id / 32] |= 1 << (id % 32);
+        Ok(&self.mask)
+    }
+    fn accept(&mut self, id: u32) -> Result<(), String> {
+        if self.ids.get(self.at) != Some(&id) {
+            return Err(format!("{id} is not the script's next id"));
+        }
+        self.at += 1;
+        Ok(())
+    }
+    fn is_finished(&self) -> bool {
+        self.at == self.ids.len()
+    }
+}
+
+#[test]
+fn a_constraint_decides_every_id_and_ends_the_generation() {
+    // The model wants " world END!"; the constraint allows only A B C (greedy and sampled alike),
+    // reads whole logits rows, and ends with Stop after its last id, before max_tokens.
+    let t = setup(chain(HELLO_CHAIN, &[]), 64, 512);
+    let script = cera::engine::Constraint::new(|| Ok(Box::new(Script { ids: vec![A, B, C], at: 0, mask: Vec::new() })));
+    for sampler in [SamplerOpts::greedy(), SamplerOpts { temperature: 1.0, seed: 3, ..SamplerOpts::default() }] {
+        let mut s = t.engine.session().unwrap();
+        s.append_tokens(&[1, HELLO]).unwrap();
+        let opts = GenerateOpts { sampler, constraint: Some(script.clone()), ..GenerateOpts::greedy(10) };
+        let (g, events) = run(&mut s, &opts);
+        assert_eq!(g.ids, vec![A, B, C]);
+        assert_eq!(g.finish, FinishReason::Stop);
+        assert_eq!(events.iter().map(|e| e.0).collect::<Vec<_>>(), g.ids);
+        assert!(t.steps().iter().skip(1).all(|st| st.want == Want::Logits), "{:?}", t.steps());
+        // The same options again: a fresh constraint, the same ids.
+        let mut s = t.engine.session().unwrap();
+        s.append_tokens(&[1, HELLO]).unwrap();
+        assert_eq!(run(&mut s, &opts).0.ids, vec![A, B, C]);
+    }
+    // A constraint that fails is the generation's error, not a panic.
+    let broken = cera::engine::Constraint::new(|| Err("no grammar".to_string()));
+    let mut s = t.engine.session().unwrap();
+    s.append_tokens(&[1, HELLO]).unwrap();
+    let err = s.generate(&GenerateOpts { constraint: Some(broken), ..GenerateOpts::greedy(4) }, &mut |_: &TokenEvent| {}).unwrap_err();
+    assert!(err.to_string().contains("no grammar"), "{err}");
+}

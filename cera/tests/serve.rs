@@ -238,7 +238,27 @@ fn bad_requests_get_their_status_and_an_openai_error() {
         ("/v1/chat/completions", json!({"messages": user, "top_logprobs": 2}).to_string(), 400, Some("top_logprobs")),
         ("/v1/chat/completions", json!({"messages": user, "stop": ["a", ""]}).to_string(), 400, Some("stop")),
         ("/v1/chat/completions", json!({"messages": user, "logit_bias": {"15": 5}}).to_string(), 400, Some("logit_bias")),
-        ("/v1/chat/completions", json!({"messages": user, "response_format": {"type": "json_schema"}}).to_string(), 400, Some("response_format")),
+        (
+            "/v1/chat/completions",
+            json!({"messages": user, "response_format": {"type": "json_schema"}}).to_string(),
+            400,
+            Some("response_format.json_schema.schema"),
+        ),
+        ("/v1/chat/completions", json!({"messages": user, "response_format": {"type": "xml"}}).to_string(), 400, Some("response_format")),
+        (
+            "/v1/chat/completions",
+            json!({"messages": user, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object", "if": {}}}}}).to_string(),
+            400,
+            Some("response_format"),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": user, "response_format": {"type": "json_schema", "json_schema": {"schema": 7}}}).to_string(),
+            400,
+            Some("response_format"),
+        ),
+        ("/v1/completions", json!({"prompt": "x", "grammar": "start: ("}).to_string(), 400, Some("grammar")),
+        ("/v1/completions", json!({"prompt": "x", "grammar": "start: \"a\"", "response_format": {"type": "json_object"}}).to_string(), 400, Some("grammar")),
         ("/v1/chat/completions", json!({"messages": user, "tools": [{"type": "function"}]}).to_string(), 400, Some("tools")),
         ("/v1/chat/completions", json!({"messages": user, "stream_options": {"include_usage": true}}).to_string(), 400, Some("stream_options")),
         ("/v1/chat/completions", json!({"messages": [{"role": "robot", "content": "x"}]}).to_string(), 400, Some("messages[0].role")),
@@ -309,6 +329,16 @@ fn sixteen_concurrent_streams_each_equal_their_single_request() {
             b["temperature"] = json!(0.9);
             b["seed"] = json!(1000 + i);
         }
+        // Some constrained by a schema, some by a Lark grammar: their masks apply to their rows only.
+        if i % 4 >= 2 {
+            b["max_tokens"] = json!(24);
+        }
+        if i % 4 == 2 {
+            b["response_format"] = json!({"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"mood": {"enum": ["calm", "rough"]}}, "required": ["mood"], "additionalProperties": false}}});
+        }
+        if i % 4 == 3 {
+            b["grammar"] = json!("start: (\"yes\" | \"no\") \".\"");
+        }
         b
     };
     let alone: Vec<String> = (0..16)
@@ -334,6 +364,10 @@ fn sixteen_concurrent_streams_each_equal_their_single_request() {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(together, alone);
+    for i in (2..16).step_by(4) {
+        assert!(alone[i] == r#"{"mood":"calm"}"# || alone[i] == r#"{"mood":"rough"}"#, "{}", alone[i]);
+        assert!(alone[i + 1] == "yes." || alone[i + 1] == "no.", "{}", alone[i + 1]);
+    }
     assert_eq!(s.metric("cera_active_sequences"), 0.0);
     assert_eq!(s.metric("cera_requests_in_flight"), 0.0);
 }

@@ -173,6 +173,7 @@ impl SampleArgs {
             ignore_eos: self.ignore_eos,
             top_logprobs: 0,
             pipeline: !self.no_pipeline,
+            constraint: None,
         }
     }
 }

@@ -25,6 +25,7 @@ use crate::tokenizer::{DecodeOptions, StreamDecoder};
 
 use super::EngineError;
 use super::backend::{BackendState, MAX_TOP_K, StepInput, StepOutput, Want};
+use super::constraint::TokenConstraint;
 use super::options::{FinishReason, GenerateOpts};
 use super::sampler::{self, SamplerOpts};
 use super::session::Session;
@@ -148,7 +149,7 @@ fn sampler_opts(o: &GenerateOpts) -> SamplerOpts {
 }
 
 fn mode(o: &GenerateOpts, s: &SamplerOpts, n_masked: usize) -> Mode {
-    if o.top_logprobs > 0 || s.has_penalties() {
+    if o.top_logprobs > 0 || s.has_penalties() || o.constraint.is_some() {
         return Mode::Logits;
     }
     if s.temperature <= 0.0 {
@@ -203,6 +204,8 @@ pub(crate) struct Chooser {
     masked: Vec<u32>,
     mode: Mode,
     device: String,
+    /// The generation's constraint, started at its first step.
+    constraint: Option<Box<dyn TokenConstraint>>,
 }
 
 impl Chooser {
@@ -218,7 +221,26 @@ impl Chooser {
         if mode == Mode::Argmax && !device_mask && !masked.is_empty() {
             mode = if masked.len() < MAX_TOP_K { Mode::TopK(1 + masked.len()) } else { Mode::Logits };
         }
-        Chooser { opts: opts.clone(), sampler, plain, masked, mode, device }
+        Chooser { opts: opts.clone(), sampler, plain, masked, mode, device, constraint: None }
+    }
+
+    /// Whether the generation's constraint is complete (it ends with [`FinishReason::Stop`]).
+    pub(crate) fn constraint_finished(&self) -> bool {
+        self.constraint.as_ref().is_some_and(|c| c.is_finished())
+    }
+
+    /// The constraint's allowed-id mask for this step (started at the first), if there is one.
+    fn constraint_mask(&mut self, vocab: usize) -> Result<Option<Vec<u32>>, EngineError> {
+        let Some(factory) = &self.opts.constraint else { return Ok(None) };
+        if self.constraint.is_none() {
+            self.constraint = Some(factory.start().map_err(|e| EngineError::Usage(format!("the output constraint: {e}")))?);
+        }
+        let c = self.constraint.as_mut().map(|c| c.allowed(vocab));
+        match c {
+            Some(Ok(m)) => Ok(Some(m.to_vec())),
+            Some(Err(e)) => Err(EngineError::Usage(format!("the output constraint: {e}"))),
+            None => Ok(None),
+        }
     }
 
     /// What each step asks the executor for.
@@ -246,7 +268,15 @@ impl Chooser {
     }
 
     /// The next id and the raw log-probabilities (if asked for) for the token at `position`.
-    pub(crate) fn choose(&self, out: StepOutput, history: &[u32], position: u64) -> Result<(u32, StepLogprobs), EngineError> {
+    pub(crate) fn choose(&mut self, out: StepOutput, history: &[u32], position: u64) -> Result<(u32, StepLogprobs), EngineError> {
+        let chosen = self.choose_unconstrained(out, history, position)?;
+        if let Some(c) = self.constraint.as_mut() {
+            c.accept(chosen.0).map_err(|e| EngineError::Usage(format!("the output constraint: {e}")))?;
+        }
+        Ok(chosen)
+    }
+
+    fn choose_unconstrained(&mut self, out: StepOutput, history: &[u32], position: u64) -> Result<(u32, StepLogprobs), EngineError> {
         let none = || EngineError::Usage("every token is masked: nothing can be generated".into());
         match (self.mode, out) {
             (Mode::Argmax, StepOutput::Argmax(id)) => Ok((id, StepLogprobs::default())),
@@ -260,6 +290,7 @@ impl Chooser {
                 sampler::sample(&c, history, position, &self.plain).map(|id| (id, StepLogprobs::default())).ok_or_else(none)
             }
             (Mode::Logits, StepOutput::Logits(row)) => {
+                let mask = self.constraint_mask(row.len())?;
                 let lp = |id: u32| -> StepLogprobs {
                     if self.opts.top_logprobs == 0 {
                         return StepLogprobs::default();
@@ -267,7 +298,11 @@ impl Chooser {
                     let chosen = row.get(id as usize).map(|&l| (l as f64 - row_logsumexp(&row)) as f32);
                     StepLogprobs { chosen, top: row_top_logprobs(&row, self.opts.top_logprobs) }
                 };
-                let mut c: Vec<(u32, f32)> = row.iter().enumerate().map(|(i, &l)| (i as u32, l)).filter(|&(id, _)| self.keep(id)).collect();
+                let allowed = |id: u32| mask.as_ref().is_none_or(|m| super::constraint::allows(m, id));
+                let mut c: Vec<(u32, f32)> = row.iter().enumerate().map(|(i, &l)| (i as u32, l)).filter(|&(id, _)| self.keep(id) && allowed(id)).collect();
+                if c.is_empty() && mask.is_some() {
+                    return Err(EngineError::Usage("the output constraint allows no token at this step".into()));
+                }
                 sampler::apply_penalties(&mut c, history, &self.sampler);
                 if self.sampler.temperature <= 0.0 {
                     return c.iter().copied().min_by(by_logit_desc).map(|x| (x.0, lp(x.0))).ok_or_else(none);
@@ -407,7 +442,7 @@ impl Session {
         if prompt_tokens == 0 {
             return Err(EngineError::Usage("the session has no tokens to generate from (append a prompt first)".into()));
         }
-        let chooser = Chooser::new(opts, &inner.eog, inner.backend.device_name(), true);
+        let mut chooser = Chooser::new(opts, &inner.eog, inner.backend.device_name(), true);
         let mut res = Generation {
             ids: Vec::new(),
             text: String::new(),
@@ -516,7 +551,9 @@ impl Session {
                 res.top_logprobs.push(top.top.clone());
                 res.logprobs.push(top.chosen.unwrap_or(f32::NAN));
             }
-            let finish = if res.ids.len() >= opts.max_tokens {
+            let finish = if chooser.constraint_finished() {
+                Some(FinishReason::Stop)
+            } else if res.ids.len() >= opts.max_tokens {
                 Some(FinishReason::MaxTokens)
             } else if self.seq.len() >= n_ctx {
                 Some(FinishReason::ContextFull)

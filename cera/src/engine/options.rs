@@ -195,6 +195,10 @@ pub struct GenerateOpts {
     /// checked one token late; the step run past a stop is discarded and its cache position
     /// is not counted. The output is the same either way.
     pub pipeline: bool,
+    /// Constrained decoding (structured output): each step may only choose the ids the
+    /// constraint allows, and the generation ends when it is complete. Such a generation reads
+    /// each step's whole logits row.
+    pub constraint: Option<super::Constraint>,
 }
 
 /// At most 256 tokens, sampled with [`SamplerOpts::default`] (llama.cpp's defaults), pipelined.
@@ -208,6 +212,7 @@ impl Default for GenerateOpts {
             ignore_eos: false,
             top_logprobs: 0,
             pipeline: true,
+            constraint: None,
         }
     }
 }

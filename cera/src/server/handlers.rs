@@ -113,7 +113,18 @@ async fn generate(state: &Shared, b: Result<Bytes, BytesRejection>, kind: Kind) 
         });
     }
     let seed = state.next_id.load(Ordering::Relaxed) ^ unix_now().rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
-    let opts = req.generate_opts(chat, seed, n_ctx - tokens.len())?;
+    let mut opts = req.generate_opts(chat, seed, n_ctx - tokens.len())?;
+    if let Some(structure) = req.structure()? {
+        let grammars =
+            ready.grammars.get_or_init(|| super::grammar::Grammars::new(engine)).as_ref().map_err(|e| ApiError::internal(format!("structured output: {e}")))?;
+        let (param, compiled) = match structure {
+            request::Structure::Json(schema) => ("response_format", grammars.json_schema(schema)),
+            request::Structure::Lark(g) => ("grammar", grammars.lark(&g)),
+        };
+        let c = compiled
+            .map_err(|e| ApiError { code: Some("invalid_grammar"), ..ApiError::bad_request(Some(param), format!("the {param} cannot be used: {e}")) })?;
+        opts.constraint = Some(c);
+    }
     let logprobs = req.logprobs(chat)?;
     let stream = req.stream.unwrap_or(false);
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);

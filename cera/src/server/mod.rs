@@ -25,6 +25,7 @@
 //! ```
 
 mod error;
+mod grammar;
 mod handlers;
 mod metrics;
 mod openai;
@@ -115,6 +116,8 @@ pub enum ServeError {
 pub(crate) struct Ready {
     pub(crate) batcher: Batcher,
     pub(crate) created: u64,
+    /// The structured-output compiler, built at the first request that needs it.
+    pub(crate) grammars: OnceLock<Result<grammar::Grammars, String>>,
 }
 
 /// Counters for `/metrics`.
@@ -293,7 +296,7 @@ pub fn serve(opts: ServeOpts, load: impl FnOnce() -> Result<Engine, String> + Se
             match loaded {
                 Ok(batcher) => {
                     let msg = format!("ready: {} on {}, {} parallel sequences", st.opts.model_id, batcher.engine().device_name(), st.opts.parallel);
-                    let _ = st.ready.set(Ready { batcher, created: unix_now() });
+                    let _ = st.ready.set(Ready { batcher, created: unix_now(), grammars: OnceLock::new() });
                     let _ = tx_load.send(msg);
                 }
                 Err(e) => {

@@ -15,6 +15,15 @@ pub const MAX_STOP: usize = 16;
 /// The most `top_logprobs` a request may ask for (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
+/// A structured-output request.
+#[derive(Debug, Clone)]
+pub enum Structure {
+    /// A JSON schema.
+    Json(Value),
+    /// A Lark grammar.
+    Lark(String),
+}
+
 /// A string, or a list of them.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
@@ -135,7 +144,7 @@ impl GenRequest {
         }
         if let Some(f) = &self.response_format {
             match f.get("type").and_then(Value::as_str) {
-                Some("text") => {}
+                Some("text" | "json_object" | "json_schema") => {}
                 Some(t) => return Err(ApiError::unsupported("response_format", format!("response_format of type {t:?}"))),
                 None => return Err(ApiError::bad_request(Some("response_format"), "response_format needs a \"type\"")),
             }
@@ -146,8 +155,8 @@ impl GenRequest {
         if self.tool_choice.as_ref().is_some_and(|c| c != "none" && c != "auto") {
             return Err(ApiError::unsupported("tool_choice", "tool_choice other than \"none\" or \"auto\" (no tools)"));
         }
-        if self.grammar.is_some() {
-            return Err(ApiError::unsupported("grammar", "grammar"));
+        if self.grammar.is_some() && self.response_format.as_ref().is_some_and(|f| f.get("type").and_then(Value::as_str) != Some("text")) {
+            return Err(ApiError::bad_request(Some("grammar"), "give either grammar or a JSON response_format, not both"));
         }
         if self.echo == Some(true) {
             return Err(ApiError::unsupported("echo", "echo"));
@@ -230,6 +239,26 @@ impl GenRequest {
         let opts = GenerateOpts { sampler, max_tokens, stop, top_logprobs, ..GenerateOpts::default() };
         opts.check().map_err(ApiError::from)?;
         Ok(opts)
+    }
+
+    /// What constrains the output, if anything: a JSON schema (`response_format` `json_object`
+    /// is any object) or a Lark grammar.
+    pub fn structure(&self) -> Result<Option<Structure>, ApiError> {
+        if let Some(g) = &self.grammar {
+            return Ok(Some(Structure::Lark(g.clone())));
+        }
+        let Some(f) = &self.response_format else { return Ok(None) };
+        match f.get("type").and_then(Value::as_str) {
+            Some("json_object") => Ok(Some(Structure::Json(serde_json::json!({"type": "object"})))),
+            Some("json_schema") => {
+                let schema = f
+                    .get("json_schema")
+                    .and_then(|j| j.get("schema"))
+                    .ok_or_else(|| ApiError::bad_request(Some("response_format.json_schema.schema"), "response_format json_schema needs json_schema.schema"))?;
+                Ok(Some(Structure::Json(schema.clone())))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// The chat messages, for the template. `developer` is `system`.

@@ -6,6 +6,9 @@ Exits non-zero with a message on the first mismatch.
 """
 import sys
 
+import json
+
+import jsonschema
 import openai
 
 base, chat_prompt, chat_text, raw_prompt, raw_text = sys.argv[1:6]
@@ -54,4 +57,27 @@ try:
     check(False, "an unknown model was accepted")
 except openai.NotFoundError as e:
     check(e.status_code == 404, f"unknown model: {e}")
+# Structured output: five schemas (nested objects, arrays, enums, required and optional fields,
+# numbers), each answer valid JSON that validates against its schema.
+SCHEMAS = [
+    {"type": "object", "properties": {"person": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"], "additionalProperties": False}}, "required": ["person"], "additionalProperties": False},
+    {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "minItems": 1, "maxItems": 4}}, "required": ["items"], "additionalProperties": False},
+    {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}}, "required": ["color", "ok"], "additionalProperties": False},
+    {"type": "object", "properties": {"title": {"type": "string", "maxLength": 24}, "year": {"type": "integer", "minimum": 1900, "maximum": 2100}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 2}}, "required": ["title", "year"], "additionalProperties": False},
+    {"type": "object", "properties": {"points": {"type": "array", "maxItems": 2, "items": {"type": "object", "properties": {"x": {"type": "integer", "minimum": -9, "maximum": 9}, "y": {"type": "integer", "minimum": -9, "maximum": 9}}, "required": ["x", "y"], "additionalProperties": False}}}, "required": ["points"], "additionalProperties": False},
+]
+for i, schema in enumerate(SCHEMAS):
+    fmt = {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}}
+    ask = [{"role": "user", "content": "Answer with a JSON object."}]
+    r = client.chat.completions.create(model=model, messages=ask, max_tokens=150, temperature=0, response_format=fmt)
+    text = r.choices[0].message.content
+    check(r.choices[0].finish_reason == "stop", f"schema {i}: finish_reason {r.choices[0].finish_reason}: {text!r}")
+    jsonschema.validate(json.loads(text), schema)
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(model=model, messages=ask, max_tokens=150, temperature=0, response_format=fmt, stream=True) if c.choices)
+    check(streamed == text, f"schema {i}: streamed {streamed!r} != {text!r}")
+try:
+    client.chat.completions.create(model=model, messages=msgs, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "if": {"type": "object"}}}})
+    check(False, "an unsupported schema keyword was accepted")
+except openai.BadRequestError as e:
+    check(e.status_code == 400 and "if" in str(e), f"unsupported schema keyword: {e}")
 print("openai client: ok")

@@ -392,7 +392,9 @@ impl<'t> Loop<'t> {
             s.res.top_logprobs.push(top.top.clone());
             s.res.logprobs.push(top.chosen.unwrap_or(f32::NAN));
         }
-        let finish = if s.res.ids.len() >= s.opts.max_tokens {
+        let finish = if s.chooser.constraint_finished() {
+            Some(FinishReason::Stop)
+        } else if s.res.ids.len() >= s.opts.max_tokens {
             Some(FinishReason::MaxTokens)
         } else if s.tokens.len() >= n_ctx {
             Some(FinishReason::ContextFull)
