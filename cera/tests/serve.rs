@@ -364,6 +364,9 @@ fn sixteen_concurrent_streams_each_equal_their_single_request() {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(together, alone);
+    // The masks' cost is counted: one mask per constrained token.
+    assert!(s.metric("cera_constrained_tokens_total") >= 8.0 * 2.0);
+    assert!(s.metric("cera_constraint_mask_seconds_total") > 0.0);
     for i in (2..16).step_by(4) {
         assert!(alone[i] == r#"{"mood":"calm"}"# || alone[i] == r#"{"mood":"rough"}"#, "{}", alone[i]);
         assert!(alone[i + 1] == "yes." || alone[i + 1] == "no.", "{}", alone[i + 1]);

@@ -5,6 +5,8 @@
 //! message, which names it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokRxInfo, TokTrie, TokenizerEnv};
@@ -31,9 +33,20 @@ impl TokenizerEnv for Vocab {
     }
 }
 
+/// Time spent computing masks, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct MaskCost {
+    /// Masks computed (one per constrained token).
+    pub masks: AtomicU64,
+    /// Nanoseconds spent computing them.
+    pub nanos: AtomicU64,
+}
+
 /// Compiles grammars for one model.
 pub struct Grammars {
     factory: ParserFactory,
+    /// What the masks have cost so far.
+    pub cost: Arc<MaskCost>,
 }
 
 impl Grammars {
@@ -58,13 +71,16 @@ impl Grammars {
         let env: llguidance::toktrie::TokEnv = Arc::new(Vocab { trie: TokTrie::from(&info, &words), engine: engine.clone() });
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
         factory.quiet();
-        Ok(Grammars { factory })
+        Ok(Grammars { factory, cost: Arc::default() })
     }
 
     /// A constraint from a grammar, compiled now (so a bad one is refused before anything runs).
     fn constraint(&self, g: TopLevelGrammar) -> Result<Constraint, String> {
         let parser = self.factory.create_parser(g).map_err(|e| e.to_string())?;
-        Ok(Constraint::new(move || Ok(Box::new(Guided { matcher: Matcher::new(Ok(parser.deep_clone())), mask: Vec::new() }) as Box<dyn TokenConstraint>)))
+        let cost = self.cost.clone();
+        Ok(Constraint::new(move || {
+            Ok(Box::new(Guided { matcher: Matcher::new(Ok(parser.deep_clone())), mask: Vec::new(), cost: cost.clone() }) as Box<dyn TokenConstraint>)
+        }))
     }
 
     /// A JSON schema (compact JSON: no free whitespace, unless the schema's `x-guidance` says
@@ -88,13 +104,17 @@ impl Grammars {
 struct Guided {
     matcher: Matcher,
     mask: Vec<u32>,
+    cost: Arc<MaskCost>,
 }
 
 impl TokenConstraint for Guided {
     fn allowed(&mut self, _vocab: usize) -> Result<&[u32], String> {
+        let start = Instant::now();
         let m = self.matcher.compute_mask().map_err(|e| e.to_string())?;
         self.mask.clear();
         self.mask.extend_from_slice(m.as_slice());
+        self.cost.masks.fetch_add(1, Ordering::Relaxed);
+        self.cost.nanos.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(&self.mask)
     }
 

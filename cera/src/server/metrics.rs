@@ -46,6 +46,12 @@ pub async fn metrics(State(state): State<Shared>) -> Response {
         put("tokens_per_second", "gauge", "Generated tokens per second over the recent steps.", m.tokens_per_second);
         put("steps_total", "counter", "Batched steps run.", m.steps as f64);
         put("preemptions_total", "counter", "Sequences preempted for KV memory.", m.preemptions as f64);
+        let (masks, nanos) = match r.grammars.get() {
+            Some(Ok(g)) => (g.cost.masks.load(Ordering::Relaxed), g.cost.nanos.load(Ordering::Relaxed)),
+            _ => (0, 0),
+        };
+        put("constrained_tokens_total", "counter", "Token masks computed for structured output (one per constrained token).", masks as f64);
+        put("constraint_mask_seconds_total", "counter", "Time spent computing those masks.", nanos as f64 * 1e-9);
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s).into_response()
 }
