@@ -14,42 +14,13 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 
 use super::error::ApiError;
 use super::openai::{self, Head, Kind};
 use super::request::{self, WirePrompt};
-use super::{Shared, Slot, unix_now};
-use crate::engine::{BoxSink, Canceller, EngineError, Generation, Prompt, TokenEvent};
-
-/// What the batcher's thread sends a request's handler.
-enum Msg {
-    Token { id: u32, text: String, logprob: Option<f32>, top: Vec<(u32, f32)> },
-    Done(Result<Generation, EngineError>),
-}
-
-/// Cancels the sequence when the handler or its stream goes away (a client that disconnected).
-struct CancelOnDrop {
-    canceller: Canceller,
-    finished: bool,
-    state: Shared,
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if !self.finished {
-            self.canceller.cancel();
-            self.state.counters.cancelled.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// The body, with our own 413 and 400.
-fn body(b: Result<Bytes, BytesRejection>, state: &Shared) -> Result<Bytes, ApiError> {
-    b.map_err(
-        |e| if e.status() == StatusCode::PAYLOAD_TOO_LARGE { ApiError::too_large(state.opts.max_body) } else { ApiError::bad_request(None, e.body_text()) },
-    )
-}
+use super::running::{Msg, Running, account, body};
+use super::{Shared, unix_now};
+use crate::engine::EngineError;
 
 fn count_error(state: &Shared, e: ApiError) -> Response {
     state.counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -131,59 +102,26 @@ async fn generate(state: &Shared, b: Result<Bytes, BytesRejection>, kind: Kind) 
     if !stream && req.stream_options.is_some() {
         return Err(ApiError::bad_request(Some("stream_options"), "stream_options needs stream: true"));
     }
-    let slot = Slot::take(state)?;
     let n = state.next_id.fetch_add(1, Ordering::Relaxed);
     let prefix = if chat { "chatcmpl" } else { "cmpl" };
     let head = Head { kind, id: format!("{prefix}-{n:x}{:x}", unix_now()), created: unix_now(), model };
-    let (tx, rx) = mpsc::unbounded_channel::<Msg>();
-    let sink: Option<BoxSink> = stream.then(|| {
-        let tx = tx.clone();
-        let f: BoxSink = Box::new(move |ev: &TokenEvent| {
-            let _ = tx.send(Msg::Token { id: ev.id, text: ev.text.to_string(), logprob: ev.logprob, top: ev.top_logprobs.to_vec() });
-        });
-        f
-    });
-    let handle = batcher.submit(Prompt::Tokens(tokens), &opts, sink)?;
-    let guard = CancelOnDrop { canceller: handle.canceller(), finished: false, state: state.clone() };
-    tokio::task::spawn_blocking(move || {
-        let _ = tx.send(Msg::Done(handle.wait()));
-    });
+    let run = Running::start(state, batcher, tokens, &opts, stream)?;
     if stream {
-        let s = GenStream { rx, head, logprobs, include_usage, guard, slot, state: state.clone(), started: false, queue: Default::default(), ended: false };
+        let s = GenStream { run, head, logprobs, include_usage, state: state.clone(), started: false, queue: Default::default(), ended: false };
         return Ok(Sse::new(s).keep_alive(KeepAlive::default()).into_response());
     }
-    let mut rx = rx;
-    let mut guard = guard;
-    let g = loop {
-        match rx.recv().await {
-            Some(Msg::Done(r)) => break r?,
-            Some(Msg::Token { .. }) => {}
-            None => return Err(ApiError::internal("the batcher stopped")),
-        }
-    };
-    guard.finished = true;
-    drop(slot);
-    account(state, &g);
+    let g = run.finish().await?;
     Ok(Json(openai::whole(&head, engine.tokenizer(), &g, logprobs)).into_response())
 }
 
-fn account(state: &Shared, g: &Generation) {
-    let c = &state.counters;
-    c.prompt_tokens.fetch_add(g.prompt_tokens as u64, Ordering::Relaxed);
-    c.generated_tokens.fetch_add(g.ids.len() as u64, Ordering::Relaxed);
-    c.cached_tokens.fetch_add(g.reused as u64, Ordering::Relaxed);
-}
 
 /// A streamed answer: server-sent events from the batcher's messages. Dropped (the client went
 /// away) before the end, it cancels its sequence.
 struct GenStream {
-    rx: mpsc::UnboundedReceiver<Msg>,
+    run: Running,
     head: Head,
     logprobs: Option<usize>,
     include_usage: bool,
-    guard: CancelOnDrop,
-    #[allow(dead_code)]
-    slot: Slot,
     state: Shared,
     started: bool,
     queue: std::collections::VecDeque<Event>,
@@ -217,7 +155,7 @@ impl GenStream {
                 self.queue.push_back(event(&openai::chunk(&self.head, delta, lp, None)));
             }
             Msg::Done(Ok(g)) => {
-                self.guard.finished = true;
+                self.run.guard.finished = true;
                 account(&self.state, &g);
                 let delta = if chat { json!({}) } else { Value::String(String::new()) };
                 self.queue.push_back(event(&openai::chunk(&self.head, delta, Value::Null, Some(openai::finish_reason(g.finish)))));
@@ -228,7 +166,7 @@ impl GenStream {
                 self.ended = true;
             }
             Msg::Done(Err(e)) => {
-                self.guard.finished = true;
+                self.run.guard.finished = true;
                 self.state.counters.errors.fetch_add(1, Ordering::Relaxed);
                 self.queue.push_back(event(&ApiError::from(e).body()));
                 self.queue.push_back(Event::default().data("[DONE]"));
@@ -249,7 +187,7 @@ impl tokio_stream::Stream for GenStream {
             if self.ended {
                 return Poll::Ready(None);
             }
-            match self.rx.poll_recv(cx) {
+            match self.run.rx.poll_recv(cx) {
                 Poll::Ready(Some(m)) => self.on_msg(m),
                 Poll::Ready(None) => {
                     self.ended = true;

@@ -30,6 +30,7 @@ mod handlers;
 mod metrics;
 mod openai;
 mod request;
+mod running;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
