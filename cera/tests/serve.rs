@@ -214,6 +214,56 @@ fn the_openai_python_client_gets_what_cera_run_gives() {
     assert!(stdout.contains("openai client: ok"), "{stdout}");
 }
 
+/// The official `anthropic` Python client against `/v1/messages` (with `x-api-key`), streamed and
+/// not, and curl reading the raw server-sent events of both APIs.
+#[test]
+fn the_anthropic_client_and_curl_get_what_cera_run_gives() {
+    let s = Server::start(&["--api-key", "sesame", "--alias", "smol"]);
+    let model = cli_support::smollm2();
+    let prompt = "Name a fruit.";
+    let (ok, text, err) = cli_support::cera(&["run", "--device", "cpu", "-m", &model, "--temp", "0", "-n", "8", prompt]);
+    assert!(ok, "{err}");
+    let text = text.trim_end_matches('\n');
+    let script = format!("{}/tests/serve_clients/anthropic_client.py", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3").args([&script, &s.url, prompt, text]).output().expect("python3");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}\n(the `anthropic` package is installed by .ci/run)");
+    assert!(stdout.contains("anthropic client: ok"), "{stdout}");
+
+    // curl, raw SSE: OpenAI's chunks end in `data: [DONE]`; Anthropic's events are named.
+    let curl = |path: &str, body: Value| {
+        let out = Command::new("curl")
+            .args(["-sN", "-H", "Authorization: Bearer sesame", "-H", "Content-Type: application/json", "-d", &body.to_string(), &format!("{}{path}", s.url)])
+            .output()
+            .expect("curl");
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mut body = chat(prompt, 8);
+    body["stream"] = json!(true);
+    let raw = curl("/v1/chat/completions", body);
+    let datas: Vec<&str> = raw.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(datas.last(), Some(&"[DONE]"), "{raw}");
+    let got: String = datas[..datas.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str::<Value>(d).unwrap()["choices"][0]["delta"]["content"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(got, text);
+    let raw = curl("/v1/messages", json!({"max_tokens": 8, "temperature": 0, "stream": true, "messages": [{"role": "user", "content": prompt}]}));
+    let names: Vec<&str> = raw.lines().filter_map(|l| l.strip_prefix("event: ")).collect();
+    assert_eq!(names.first(), Some(&"message_start"), "{raw}");
+    assert_eq!(&names[names.len() - 3..], ["content_block_stop", "message_delta", "message_stop"], "{raw}");
+    // Anthropic's error shape on its route.
+    let (status, v) = {
+        let (st, t) = s.post_raw("/v1/messages", &json!({"messages": [{"role": "user", "content": "x"}]}).to_string(), &[("x-api-key", "sesame")]);
+        (st, serde_json::from_str::<Value>(&t).unwrap())
+    };
+    assert_eq!(status, 400);
+    assert_eq!(v["type"], "error");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    assert!(v["error"]["message"].as_str().unwrap().contains("max_tokens"));
+}
+
 #[test]
 fn bad_requests_get_their_status_and_an_openai_error() {
     let s = Server::start(&["--max-body", "8K"]);

@@ -114,7 +114,6 @@ async fn generate(state: &Shared, b: Result<Bytes, BytesRejection>, kind: Kind) 
     Ok(Json(openai::whole(&head, engine.tokenizer(), &g, logprobs)).into_response())
 }
 
-
 /// A streamed answer: server-sent events from the batcher's messages. Dropped (the client went
 /// away) before the end, it cancels its sequence.
 struct GenStream {

@@ -5,13 +5,14 @@
 //! Routes:
 //! - `POST /v1/chat/completions`, `POST /v1/completions`: streamed (server-sent events ending in
 //!   `data: [DONE]`) or not; `usage` in every answer, with the prefix cache's hits in
-//!   `prompt_tokens_details.cached_tokens`;
+//!   `prompt_tokens_details.cached_tokens`; structured output (`response_format`, `grammar`);
+//! - `POST /v1/messages`: Anthropic's Messages API, streamed (its event sequence) or not;
 //! - `GET /v1/models`, `GET /health` (503 while the model loads), `POST /tokenize`,
 //!   `POST /detokenize`, `GET /metrics` (Prometheus text).
 //!
 //! Limits and safety: `parallel` sequences run at once and `queue` more wait; past that the
 //! answer is 429. Bodies over `max_body` get 413. With an API key, every route but `/health`
-//! needs `Authorization: Bearer KEY`. CORS is off unless origins are given. Every error is
+//! needs `Authorization: Bearer KEY` (or `x-api-key: KEY`). CORS is off unless origins are given. Every error is
 //! OpenAI's JSON error object with a 4xx/5xx status. SIGTERM or Ctrl-C stops accepting
 //! requests, lets the ones in flight finish, then returns.
 //!
@@ -24,6 +25,7 @@
 //! # Ok::<(), cera::server::ServeError>(())
 //! ```
 
+mod anthropic;
 mod error;
 mod grammar;
 mod handlers;
@@ -195,7 +197,13 @@ async fn auth(State(state): State<Shared>, req: Request, next: Next) -> Response
     if let Some(key) = &state.opts.api_key
         && req.method() != Method::OPTIONS
     {
-        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        // OpenAI's `Authorization: Bearer KEY`, or Anthropic's `x-api-key: KEY`.
+        let headers = req.headers();
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
         if !given.is_some_and(|g| key_matches(g.trim().as_bytes(), key.as_bytes())) {
             return ApiError::unauthorized().into_response();
         }
@@ -225,6 +233,7 @@ pub(crate) fn router(state: Shared) -> Result<Router, ServeError> {
     let protected = Router::new()
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/v1/completions", post(handlers::completions))
+        .route("/v1/messages", post(anthropic::messages))
         .route("/v1/models", get(handlers::models))
         .route("/tokenize", post(handlers::tokenize))
         .route("/detokenize", post(handlers::detokenize))
