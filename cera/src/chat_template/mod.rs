@@ -59,12 +59,19 @@ pub struct ChatMessage {
     pub role: String,
     /// The text.
     pub content: String,
+    /// An assistant turn's tool calls, as templates read them
+    /// (`[{"type": "function", "function": {"name", "arguments"}}]`, arguments an object).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A `tool` message's answer to this call id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
     /// A message.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage { role: role.into(), content: content.into(), tool_calls: None, tool_call_id: None }
     }
 }
 

@@ -19,8 +19,8 @@ use super::error::ApiError;
 use super::openai::{self, Head, Kind};
 use super::request::{self, WirePrompt};
 use super::running::{Msg, Running, account, body};
+use super::tools;
 use super::{Shared, unix_now};
-use crate::engine::EngineError;
 
 fn count_error(state: &Shared, e: ApiError) -> Response {
     state.counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -59,14 +59,25 @@ async fn generate(state: &Shared, b: Result<Bytes, BytesRejection>, kind: Kind) 
     let chat = kind == Kind::Chat;
     let batcher = &ready.batcher;
     let engine = batcher.engine();
+    let tool_list = tools::parse_tools(req.tools.as_deref().unwrap_or(&[]))?;
+    let choice = tools::parse_choice(req.tool_choice.as_ref(), &tool_list)?;
+    let forced = tools::forced_grammar(&tool_list, &choice);
+    if forced.is_some() && (req.grammar.is_some() || req.response_format.as_ref().is_some_and(|f| f.get("type").and_then(Value::as_str) != Some("text"))) {
+        return Err(ApiError::bad_request(Some("tool_choice"), "a required tool call cannot be combined with response_format or grammar"));
+    }
+    // Calls are looked for in the answer when tools are offered.
+    let calling = (choice != tools::Choice::None).then(|| tool_list.clone());
     let tokens = if chat {
         if req.prompt.is_some() {
             return Err(ApiError::bad_request(Some("prompt"), "chat completions take messages, not prompt"));
         }
         let msgs = req.chat_messages()?;
-        let text = engine.chat_template().render_continuing(&msgs).map_err(|e| ApiError::from(EngineError::from(e)))?;
+        let text = tools::render(engine.chat_template(), &msgs, req.tools.as_deref().unwrap_or(&[]), &tool_list, &choice)?;
         batcher.prompt_tokens(text)?
     } else {
+        if !tool_list.is_empty() {
+            return Err(ApiError::bad_request(Some("tools"), "tools are for chat completions"));
+        }
         match req.prompt.clone() {
             None => return Err(ApiError::bad_request(Some("prompt"), "prompt is required")),
             Some(WirePrompt::Text(t)) => batcher.prompt_tokens(t)?,
@@ -85,7 +96,11 @@ async fn generate(state: &Shared, b: Result<Bytes, BytesRejection>, kind: Kind) 
     }
     let seed = state.next_id.load(Ordering::Relaxed) ^ unix_now().rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
     let mut opts = req.generate_opts(chat, seed, n_ctx - tokens.len())?;
-    if let Some(structure) = req.structure()? {
+    let structure = match forced {
+        Some(g) => Some(request::Structure::Lark(g)),
+        None => req.structure()?,
+    };
+    if let Some(structure) = structure {
         let grammars =
             ready.grammars.get_or_init(|| super::grammar::Grammars::new(engine)).as_ref().map_err(|e| ApiError::internal(format!("structured output: {e}")))?;
         let (param, compiled) = match structure {
@@ -107,10 +122,29 @@ async fn generate(state: &Shared, b: Result<Bytes, BytesRejection>, kind: Kind) 
     let head = Head { kind, id: format!("{prefix}-{n:x}{:x}", unix_now()), created: unix_now(), model };
     let run = Running::start(state, batcher, tokens, &opts, stream)?;
     if stream {
-        let s = GenStream { run, head, logprobs, include_usage, state: state.clone(), started: false, queue: Default::default(), ended: false };
+        let s = GenStream {
+            run,
+            head,
+            logprobs,
+            include_usage,
+            state: state.clone(),
+            started: false,
+            queue: Default::default(),
+            ended: false,
+            calls: calling.map(CallWatch::new),
+        };
         return Ok(Sse::new(s).keep_alive(KeepAlive::default()).into_response());
     }
     let g = run.finish().await?;
+    if let Some(tl) = &calling {
+        let (text, calls) = tools::parse_calls(&g.text, tl);
+        if !calls.is_empty() {
+            let mut v = openai::whole(&head, engine.tokenizer(), &g, logprobs);
+            v["choices"][0]["message"] = json!({"role": "assistant", "content": if text.is_empty() { Value::Null } else { Value::String(text) }, "tool_calls": tools::calls_json(&calls, &head.id)});
+            v["choices"][0]["finish_reason"] = json!("tool_calls");
+            return Ok(Json(v).into_response());
+        }
+    }
     Ok(Json(openai::whole(&head, engine.tokenizer(), &g, logprobs)).into_response())
 }
 
@@ -125,6 +159,44 @@ struct GenStream {
     started: bool,
     queue: std::collections::VecDeque<Event>,
     ended: bool,
+    /// With tools offered: the text that may be a call is held back until the end.
+    calls: Option<CallWatch>,
+}
+
+/// Holds back streamed text from the first `<tool_call>` on (and any tail that may start one).
+struct CallWatch {
+    tools: Vec<tools::Tool>,
+    held: String,
+    in_call: bool,
+}
+
+impl CallWatch {
+    fn new(tools: Vec<tools::Tool>) -> CallWatch {
+        CallWatch { tools, held: String::new(), in_call: false }
+    }
+
+    /// The text that is safe to show now.
+    fn push(&mut self, text: &str) -> String {
+        self.held.push_str(text);
+        if self.in_call {
+            return String::new();
+        }
+        if let Some(i) = self.held.find(tools::OPEN) {
+            self.in_call = true;
+            let shown = self.held[..i].to_string();
+            self.held.drain(..i);
+            return shown;
+        }
+        // Keep the longest tail that is a start of `<tool_call>`.
+        let keep = (1..tools::OPEN.len().min(self.held.len() + 1))
+            .rev()
+            .find(|&k| self.held.is_char_boundary(self.held.len() - k) && tools::OPEN.starts_with(&self.held[self.held.len() - k..]))
+            .unwrap_or(0);
+        let cut = self.held.len() - keep;
+        let shown = self.held[..cut].to_string();
+        self.held.drain(..cut);
+        shown
+    }
 }
 
 fn event(v: &Value) -> Event {
@@ -150,14 +222,39 @@ impl GenStream {
                 if text.is_empty() && lp.is_null() {
                     return;
                 }
+                let text = match self.calls.as_mut() {
+                    Some(w) => w.push(&text),
+                    None => text,
+                };
+                if text.is_empty() && lp.is_null() {
+                    return;
+                }
                 let delta = if chat { json!({"content": text}) } else { Value::String(text) };
                 self.queue.push_back(event(&openai::chunk(&self.head, delta, lp, None)));
             }
             Msg::Done(Ok(g)) => {
                 self.run.guard.finished = true;
                 account(&self.state, &g);
+                let mut finish = openai::finish_reason(g.finish);
+                if let Some(w) = self.calls.take() {
+                    // The held text: its calls as tool_calls deltas, the rest as content.
+                    let (text, calls) = tools::parse_calls(&w.held, &w.tools);
+                    let text = if calls.is_empty() { w.held.clone() } else { text };
+                    if !text.is_empty() {
+                        self.queue.push_back(event(&openai::chunk(&self.head, json!({"content": text}), Value::Null, None)));
+                    }
+                    if !calls.is_empty() {
+                        self.queue.push_back(event(&openai::chunk(
+                            &self.head,
+                            json!({"tool_calls": tools::calls_json(&calls, &self.head.id)}),
+                            Value::Null,
+                            None,
+                        )));
+                        finish = "tool_calls";
+                    }
+                }
                 let delta = if chat { json!({}) } else { Value::String(String::new()) };
-                self.queue.push_back(event(&openai::chunk(&self.head, delta, Value::Null, Some(openai::finish_reason(g.finish)))));
+                self.queue.push_back(event(&openai::chunk(&self.head, delta, Value::Null, Some(finish))));
                 if self.include_usage {
                     self.queue.push_back(event(&openai::usage_chunk(&self.head, &g)));
                 }

@@ -33,6 +33,7 @@ mod metrics;
 mod openai;
 mod request;
 mod running;
+mod tools;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

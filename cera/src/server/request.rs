@@ -52,6 +52,12 @@ pub struct WireMessage {
     /// The text (absent or null for an assistant turn that only called tools).
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant turn's calls.
+    #[serde(default)]
+    pub tool_calls: Option<Value>,
+    /// A tool message's call id.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
 }
 
 /// A completion prompt: text, or token ids.
@@ -148,12 +154,6 @@ impl GenRequest {
                 Some(t) => return Err(ApiError::unsupported("response_format", format!("response_format of type {t:?}"))),
                 None => return Err(ApiError::bad_request(Some("response_format"), "response_format needs a \"type\"")),
             }
-        }
-        if self.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-            return Err(ApiError::unsupported("tools", "tools"));
-        }
-        if self.tool_choice.as_ref().is_some_and(|c| c != "none" && c != "auto") {
-            return Err(ApiError::unsupported("tool_choice", "tool_choice other than \"none\" or \"auto\" (no tools)"));
         }
         if self.grammar.is_some() && self.response_format.as_ref().is_some_and(|f| f.get("type").and_then(Value::as_str) != Some("text")) {
             return Err(ApiError::bad_request(Some("grammar"), "give either grammar or a JSON response_format, not both"));
@@ -294,7 +294,10 @@ impl GenRequest {
                         t
                     }
                 };
-                Ok(ChatMessage::new(role, text))
+                let mut msg = ChatMessage::new(role, text);
+                msg.tool_calls = m.tool_calls.as_ref().and_then(super::tools::template_calls);
+                msg.tool_call_id = m.tool_call_id.clone();
+                Ok(msg)
             })
             .collect()
     }

@@ -80,4 +80,25 @@ try:
     check(False, "an unsupported schema keyword was accepted")
 except openai.BadRequestError as e:
     check(e.status_code == 400 and "if" in str(e), f"unsupported schema keyword: {e}")
+# Tools: `tool_choice: required` (and a named function, streamed) always gives a call whose
+# arguments validate against the function's parameters; the call and its result go back in.
+params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"], "additionalProperties": False}
+tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": params}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 10}}, "required": ["zone"], "additionalProperties": False}}}]
+ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+r = client.chat.completions.create(model=model, messages=ask, tools=tools, tool_choice="required", max_tokens=80, temperature=0)
+check(r.choices[0].finish_reason == "tool_calls", f"finish_reason {r.choices[0].finish_reason}")
+call = r.choices[0].message.tool_calls[0]
+check(call.function.name in ("get_weather", "get_time"), f"call {call}")
+args = json.loads(call.function.arguments)
+jsonschema.validate(args, tools[0]["function"]["parameters"] if call.function.name == "get_weather" else tools[1]["function"]["parameters"])
+chunks = list(client.chat.completions.create(model=model, messages=ask, tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=80, temperature=0, stream=True))
+deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+check(len(deltas) == 1 and deltas[0].function.name == "get_weather", f"streamed tool calls {deltas}")
+jsonschema.validate(json.loads(deltas[0].function.arguments), params)
+check([c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls", "streamed finish_reason")
+follow = ask + [{"role": "assistant", "content": None, "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+                {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"}]
+r = client.chat.completions.create(model=model, messages=follow, tools=tools, max_tokens=8, temperature=0)
+check(r.choices[0].finish_reason in ("stop", "length", "tool_calls"), f"after the tool: {r}")
 print("openai client: ok")
