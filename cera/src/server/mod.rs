@@ -8,7 +8,8 @@
 //!   `prompt_tokens_details.cached_tokens`; structured output (`response_format`, `grammar`);
 //! - `POST /v1/messages`: Anthropic's Messages API, streamed (its event sequence) or not;
 //! - `GET /v1/models`, `GET /health` (503 while the model loads), `POST /tokenize`,
-//!   `POST /detokenize`, `GET /metrics` (Prometheus text).
+//!   `POST /detokenize`, `GET /metrics` (Prometheus text);
+//! - `GET /`: a chat page (streamed replies, Markdown and code, the conversation, a stop button).
 //!
 //! Limits and safety: `parallel` sequences run at once and `queue` more wait; past that the
 //! answer is 429. Bodies over `max_body` get 413. With an API key, every route but `/health`
@@ -229,6 +230,13 @@ fn cors_layer(origins: &[String]) -> Result<Option<tower_http::cors::CorsLayer>,
     Ok(Some(CorsLayer::new().allow_origin(allow).allow_methods([Method::GET, Method::POST]).allow_headers(Any)))
 }
 
+/// The chat page (`GET /`): one static file, no framework; it streams replies from
+/// `/v1/chat/completions`, renders Markdown and code, keeps the conversation, and stops a reply
+/// by aborting its request (the server then cancels the sequence).
+async fn chat_page() -> Response {
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], include_str!("chat.html")).into_response()
+}
+
 /// The routes on `state`.
 pub(crate) fn router(state: Shared) -> Result<Router, ServeError> {
     let protected = Router::new()
@@ -241,6 +249,7 @@ pub(crate) fn router(state: Shared) -> Result<Router, ServeError> {
         .route("/metrics", get(metrics::metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     let mut app = Router::new()
+        .route("/", get(chat_page))
         .route("/health", get(handlers::health))
         .merge(protected)
         .fallback(handlers::not_found)
