@@ -4,10 +4,7 @@
 //! `{"type": "error", "error": {"type", "message"}}`.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::task::{Context, Poll};
 
 use axum::Json;
 use axum::body::Bytes;
@@ -20,7 +17,7 @@ use serde_json::{Value, json};
 
 use super::error::ApiError;
 use super::request::MAX_STOP;
-use super::running::{Msg, Running, body};
+use super::running::{Answer, EventStream, Msg, Running, body};
 use super::{Shared, unix_now};
 use crate::chat_template::ChatMessage;
 use crate::engine::{EngineError, FinishReason, GenerateOpts, Generation, SamplerOpts};
@@ -185,8 +182,7 @@ async fn run(state: &Shared, b: Result<Bytes, BytesRejection>) -> Result<Respons
     let stream = req.stream.unwrap_or(false);
     let run = Running::start(state, batcher, tokens, &opts, stream)?;
     if stream {
-        let s =
-            MessageStream { run, id: msg_id, model, prompt_len, queue: VecDeque::new(), started: false, ended: false, state: state.clone(), stop: opts.stop };
+        let s = EventStream::new(run, MessageStream { id: msg_id, model, prompt_len, started: false, state: state.clone(), stop: opts.stop });
         return Ok(Sse::new(s).keep_alive(KeepAlive::default()).into_response());
     }
     let g = run.finish().await?;
@@ -220,13 +216,10 @@ fn ending(g: &Generation, stop: &[String]) -> (&'static str, Value) {
 
 /// The streamed answer: Anthropic's event sequence.
 struct MessageStream {
-    run: Running,
     id: String,
     model: String,
     prompt_len: usize,
-    queue: VecDeque<Event>,
     started: bool,
-    ended: bool,
     state: Shared,
     stop: Vec<String>,
 }
@@ -235,67 +228,41 @@ fn ev(name: &str, v: Value) -> Event {
     Event::default().event(name).data(v.to_string())
 }
 
-impl MessageStream {
-    fn on_msg(&mut self, m: Msg) {
+impl Answer for MessageStream {
+    fn on_msg(&mut self, m: Msg, out: &mut VecDeque<Event>) {
         if !self.started {
             self.started = true;
-            self.queue.push_back(ev(
+            out.push_back(ev(
                 "message_start",
                 json!({"type": "message_start", "message": {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": self.prompt_len, "output_tokens": 0}}}),
             ));
-            self.queue.push_back(ev("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
+            out.push_back(ev("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
         }
         match m {
             Msg::Token { text, .. } => {
                 if !text.is_empty() {
-                    self.queue.push_back(ev(
-                        "content_block_delta",
-                        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
-                    ));
+                    out.push_back(ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}})));
                 }
             }
             Msg::Done(Ok(g)) => {
-                self.run.guard.finished = true;
                 super::running::account(&self.state, &g);
                 let (reason, seq) = ending(&g, &self.stop);
-                self.queue.push_back(ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
-                self.queue.push_back(ev(
+                out.push_back(ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})));
+                out.push_back(ev(
                     "message_delta",
                     json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": {"output_tokens": g.ids.len()}}),
                 ));
-                self.queue.push_back(ev("message_stop", json!({"type": "message_stop"})));
-                self.ended = true;
+                out.push_back(ev("message_stop", json!({"type": "message_stop"})));
             }
             Msg::Done(Err(e)) => {
-                self.run.guard.finished = true;
                 self.state.counters.errors.fetch_add(1, Ordering::Relaxed);
                 let e = ApiError::from(e);
-                self.queue.push_back(ev("error", json!({"type": "error", "error": {"type": "api_error", "message": e.message}})));
-                self.ended = true;
+                out.push_back(ev("error", json!({"type": "error", "error": {"type": "api_error", "message": e.message}})));
             }
         }
     }
-}
 
-impl tokio_stream::Stream for MessageStream {
-    type Item = Result<Event, Infallible>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        loop {
-            if let Some(e) = self.queue.pop_front() {
-                return Poll::Ready(Some(Ok(e)));
-            }
-            if self.ended {
-                return Poll::Ready(None);
-            }
-            match self.run.rx.poll_recv(cx) {
-                Poll::Ready(Some(m)) => self.on_msg(m),
-                Poll::Ready(None) => {
-                    self.ended = true;
-                    self.queue.push_back(ev("error", json!({"type": "error", "error": {"type": "api_error", "message": "the batcher stopped"}})));
-                }
-                Poll::Pending => return Poll::Pending,
-            }
-        }
+    fn closed(&mut self, out: &mut VecDeque<Event>) {
+        out.push_back(ev("error", json!({"type": "error", "error": {"type": "api_error", "message": "the batcher stopped"}})));
     }
 }

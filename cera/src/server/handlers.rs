@@ -1,10 +1,8 @@
 //! The route handlers: generation (chat and completions, streamed or not), models, health,
 //! tokenize and detokenize.
 
-use std::convert::Infallible;
-use std::pin::Pin;
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::task::{Context, Poll};
 
 use axum::Json;
 use axum::body::Bytes;
@@ -18,7 +16,7 @@ use serde_json::{Value, json};
 use super::error::ApiError;
 use super::openai::{self, Head, Kind};
 use super::request::{self, WirePrompt};
-use super::running::{Msg, Running, account, body};
+use super::running::{Answer, EventStream, Msg, Running, account, body};
 use super::tools;
 use super::{Shared, unix_now};
 
@@ -122,17 +120,8 @@ async fn generate(state: &Shared, b: Result<Bytes, BytesRejection>, kind: Kind) 
     let head = Head { kind, id: format!("{prefix}-{n:x}{:x}", unix_now()), created: unix_now(), model };
     let run = Running::start(state, batcher, tokens, &opts, stream)?;
     if stream {
-        let s = GenStream {
-            run,
-            head,
-            logprobs,
-            include_usage,
-            state: state.clone(),
-            started: false,
-            queue: Default::default(),
-            ended: false,
-            calls: calling.map(CallWatch::new),
-        };
+        let answer = GenStream { head, logprobs, include_usage, state: state.clone(), started: false, calls: calling.map(CallWatch::new) };
+        let s = EventStream::new(run, answer);
         return Ok(Sse::new(s).keep_alive(KeepAlive::default()).into_response());
     }
     let g = run.finish().await?;
@@ -148,17 +137,13 @@ async fn generate(state: &Shared, b: Result<Bytes, BytesRejection>, kind: Kind) 
     Ok(Json(openai::whole(&head, engine.tokenizer(), &g, logprobs)).into_response())
 }
 
-/// A streamed answer: server-sent events from the batcher's messages. Dropped (the client went
-/// away) before the end, it cancels its sequence.
+/// OpenAI's streamed answer: chunks, then `[DONE]`.
 struct GenStream {
-    run: Running,
     head: Head,
     logprobs: Option<usize>,
     include_usage: bool,
     state: Shared,
     started: bool,
-    queue: std::collections::VecDeque<Event>,
-    ended: bool,
     /// With tools offered: the text that may be a call is held back until the end.
     calls: Option<CallWatch>,
 }
@@ -203,12 +188,12 @@ fn event(v: &Value) -> Event {
     Event::default().data(v.to_string())
 }
 
-impl GenStream {
-    fn on_msg(&mut self, m: Msg) {
+impl Answer for GenStream {
+    fn on_msg(&mut self, m: Msg, out: &mut VecDeque<Event>) {
         let chat = self.head.kind == Kind::Chat;
         if chat && !self.started {
             self.started = true;
-            self.queue.push_back(event(&openai::chunk(&self.head, json!({"role": "assistant", "content": ""}), Value::Null, None)));
+            out.push_back(event(&openai::chunk(&self.head, json!({"role": "assistant", "content": ""}), Value::Null, None)));
         }
         let Some(ready) = self.state.ready.get() else { return };
         let tok = ready.batcher.engine().tokenizer();
@@ -230,10 +215,9 @@ impl GenStream {
                     return;
                 }
                 let delta = if chat { json!({"content": text}) } else { Value::String(text) };
-                self.queue.push_back(event(&openai::chunk(&self.head, delta, lp, None)));
+                out.push_back(event(&openai::chunk(&self.head, delta, lp, None)));
             }
             Msg::Done(Ok(g)) => {
-                self.run.guard.finished = true;
                 account(&self.state, &g);
                 let mut finish = openai::finish_reason(g.finish);
                 if let Some(w) = self.calls.take() {
@@ -241,58 +225,30 @@ impl GenStream {
                     let (text, calls) = tools::parse_calls(&w.held, &w.tools);
                     let text = if calls.is_empty() { w.held.clone() } else { text };
                     if !text.is_empty() {
-                        self.queue.push_back(event(&openai::chunk(&self.head, json!({"content": text}), Value::Null, None)));
+                        out.push_back(event(&openai::chunk(&self.head, json!({"content": text}), Value::Null, None)));
                     }
                     if !calls.is_empty() {
-                        self.queue.push_back(event(&openai::chunk(
-                            &self.head,
-                            json!({"tool_calls": tools::calls_json(&calls, &self.head.id)}),
-                            Value::Null,
-                            None,
-                        )));
+                        out.push_back(event(&openai::chunk(&self.head, json!({"tool_calls": tools::calls_json(&calls, &self.head.id)}), Value::Null, None)));
                         finish = "tool_calls";
                     }
                 }
                 let delta = if chat { json!({}) } else { Value::String(String::new()) };
-                self.queue.push_back(event(&openai::chunk(&self.head, delta, Value::Null, Some(finish))));
+                out.push_back(event(&openai::chunk(&self.head, delta, Value::Null, Some(finish))));
                 if self.include_usage {
-                    self.queue.push_back(event(&openai::usage_chunk(&self.head, &g)));
+                    out.push_back(event(&openai::usage_chunk(&self.head, &g)));
                 }
-                self.queue.push_back(Event::default().data("[DONE]"));
-                self.ended = true;
+                out.push_back(Event::default().data("[DONE]"));
             }
             Msg::Done(Err(e)) => {
-                self.run.guard.finished = true;
                 self.state.counters.errors.fetch_add(1, Ordering::Relaxed);
-                self.queue.push_back(event(&ApiError::from(e).body()));
-                self.queue.push_back(Event::default().data("[DONE]"));
-                self.ended = true;
+                out.push_back(event(&ApiError::from(e).body()));
+                out.push_back(Event::default().data("[DONE]"));
             }
         }
     }
-}
 
-impl tokio_stream::Stream for GenStream {
-    type Item = Result<Event, Infallible>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        loop {
-            if let Some(e) = self.queue.pop_front() {
-                return Poll::Ready(Some(Ok(e)));
-            }
-            if self.ended {
-                return Poll::Ready(None);
-            }
-            match self.run.rx.poll_recv(cx) {
-                Poll::Ready(Some(m)) => self.on_msg(m),
-                Poll::Ready(None) => {
-                    self.ended = true;
-                    let e = ApiError::internal("the batcher stopped");
-                    self.queue.push_back(event(&e.body()));
-                }
-                Poll::Pending => return Poll::Pending,
-            }
-        }
+    fn closed(&mut self, out: &mut VecDeque<Event>) {
+        out.push_back(event(&ApiError::internal("the batcher stopped").body()));
     }
 }
 

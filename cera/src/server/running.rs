@@ -1,11 +1,16 @@
 //! One request as one batcher sequence: submitted with a sink that feeds a channel, its slot of
 //! `parallel + queue` held, and cancelled when its handler or stream goes away.
 
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
+use axum::response::sse::Event;
 use tokio::sync::mpsc;
 
 use super::error::ApiError;
@@ -90,4 +95,58 @@ pub(crate) fn account(state: &Shared, g: &Generation) {
     c.prompt_tokens.fetch_add(g.prompt_tokens as u64, Ordering::Relaxed);
     c.generated_tokens.fetch_add(g.ids.len() as u64, Ordering::Relaxed);
     c.cached_tokens.fetch_add(g.reused as u64, Ordering::Relaxed);
+}
+
+/// How one API writes a streamed answer: the events of each message, and of a batcher that
+/// went away before the end.
+pub(crate) trait Answer: Unpin {
+    /// The events of one message ([`Msg::Done`] is the last).
+    fn on_msg(&mut self, m: Msg, out: &mut VecDeque<Event>);
+    /// The events when the channel closed without a result.
+    fn closed(&mut self, out: &mut VecDeque<Event>);
+}
+
+/// A streamed answer: a request's messages turned into server-sent events by an [`Answer`].
+/// Dropped before the end (the client went away), it cancels its sequence.
+pub(crate) struct EventStream<A> {
+    run: Running,
+    answer: A,
+    queue: VecDeque<Event>,
+    ended: bool,
+}
+
+impl<A: Answer> EventStream<A> {
+    pub(crate) fn new(run: Running, answer: A) -> EventStream<A> {
+        EventStream { run, answer, queue: VecDeque::new(), ended: false }
+    }
+}
+
+impl<A: Answer> tokio_stream::Stream for EventStream<A> {
+    type Item = Result<Event, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if let Some(e) = this.queue.pop_front() {
+                return Poll::Ready(Some(Ok(e)));
+            }
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            match this.run.rx.poll_recv(cx) {
+                Poll::Ready(Some(m)) => {
+                    if matches!(m, Msg::Done(_)) {
+                        this.run.guard.finished = true;
+                        this.ended = true;
+                    }
+                    this.answer.on_msg(m, &mut this.queue);
+                }
+                Poll::Ready(None) => {
+                    this.ended = true;
+                    this.answer.closed(&mut this.queue);
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
 }
