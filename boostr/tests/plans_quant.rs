@@ -219,6 +219,49 @@ fn gemm_plans_match_reference() {
     }
 }
 
+/// A batched step's projection: the GEMM beside the decode-row GEMV (`GemvPlan::decode_rows`,
+/// groups of 4 rows in one dispatch). For steps of decode rows only, prompt rows only, and both
+/// (the GEMV's rows first), every row matches the reference; a decode row gives the same bits
+/// whichever rows share its step and whatever group it falls in; a step of decode rows only
+/// records no GEMM dispatch.
+#[test]
+fn decode_row_gemv_beside_the_gemm() {
+    let Some((_g, ctx)) = gpu() else { return };
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let mut rng = Rng(107);
+    let max_m = 16;
+    for ty in KINDS {
+        let kind = WeightKind::Ggml(ty);
+        let (p, w) = weight(&ctx, &mut rng, ty, ROWS);
+        let x = random_x(&mut rng, max_m * COLS);
+        let want = f64s(&matmul_ref(&p, &x, max_m).unwrap());
+        let (xb, y) = (upload(&ctx, &x), alloc(&ctx, max_m * ROWS));
+        let gemm = GemmPlan::beside_decode_rows(&ctx, &QuantGemm::new(kind, &ctx), &w, &whole(&xb), &GemvOutput::Single(whole(&y)), max_m).unwrap();
+        let cfg = QuantGemv { step_rows: true, ..QuantGemv::new(kind, &env, 4) };
+        let gemv = GemvPlan::decode_rows(&ctx, &cfg, &w, &GemvIo::new(whole(&xb), whole(&y)), max_m).unwrap();
+        let mut first_row: Option<Vec<f64>> = None;
+        for (n_tok, decode) in [(1usize, 1usize), (5, 5), (13, 13), (9, 0), (12, 3), (16, 7)] {
+            let step = StepValues::chunk(0, n_tok as u32).with_decode_rows(decode as u32);
+            assert_eq!(gemm.plan().dispatch_count(&step), usize::from(decode < n_tok) * w.parts.len(), "{ty}: GEMM skipped iff every row is a decode row");
+            zero(&ctx, &y, max_m * ROWS);
+            explicit(&ctx, |rec| {
+                gemm.plan().record(rec, &step).unwrap();
+                gemv.record(rec, &step).unwrap();
+            });
+            let got = read(&ctx, &y, max_m * ROWS);
+            check_close_rtol(&got[..n_tok * ROWS], &want[..n_tok * ROWS], 1e-2).unwrap_or_else(|e| panic!("{ty} {n_tok} rows, {decode} decode: {e}"));
+            assert!(got[n_tok * ROWS..].iter().all(|&v| v == 0.0), "{ty}: rows past the step stay untouched");
+            if decode > 0 {
+                check_close_rtol(&got[..decode * ROWS], &want[..decode * ROWS], RTOL_F32).unwrap_or_else(|e| panic!("{ty} decode rows of {n_tok}: {e}"));
+                match &first_row {
+                    Some(r) => assert_eq!(&got[..ROWS], &r[..], "{ty}: decode row 0 in a step of {n_tok} rows, {decode} decode"),
+                    None => first_row = Some(got[..ROWS].to_vec()),
+                }
+            }
+        }
+    }
+}
+
 /// One GEMM plan (built for 20 rows) and one quantizer (built for 4 rows) recorded for several
 /// token counts in one recorder: each step computes its rows only, and recording creates no
 /// buffer and no bind group.

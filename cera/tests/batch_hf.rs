@@ -79,8 +79,12 @@ fn one_step(b: &dyn Backend, kv: KvType, tol: f64, what: &str) {
             t.grow(&mut alloc, 4, len.min(c.ids.len())).unwrap();
         }
     }
-    let entries: Vec<BatchEntry> =
-        cs.iter().zip(&tables).enumerate().map(|(i, (c, t))| BatchEntry { slot: i, tokens: &c.ids, pos: 0, table: t, want: Want::Logits }).collect();
+    let entries: Vec<BatchEntry> = cs
+        .iter()
+        .zip(&tables)
+        .enumerate()
+        .map(|(i, (c, t))| BatchEntry { slot: i, tokens: &c.ids, pos: 0, table: t, want: Want::Logits, decode: false })
+        .collect();
     let outs = st.step(&entries).unwrap_or_else(|e| panic!("{what}: {e}"));
     let many = st.last_step_counters();
     let mut rows = Vec::new();

@@ -153,14 +153,22 @@ impl GemmPlan {
     /// Validates `w`, the tiles and both bindings (a short one is
     /// [`QuantError::BufferTooSmall`] naming it).
     pub fn with_tiles(ctx: &GpuContext, cfg: &QuantGemm, tiles: CoopTiles, w: &QuantMatrix, x: &Binding, y: &Binding, max_m: usize) -> Result<GemmPlan> {
-        Self::build(ctx, cfg, tiles, w, x, &GemvOutput::Single(y.clone()), max_m, 1)
+        Self::build(ctx, cfg, tiles, w, x, &GemvOutput::Single(y.clone()), max_m, 1, false)
     }
 
     /// As [`GemmPlan::new`] with the output placed as `output` says: [`GemvOutput::Single`], or
     /// [`GemvOutput::Columns`] (columns `offset .. offset + N` of a row-major `max_m x stride`
     /// output: a projection into its part of an engine's packed rows).
     pub fn with_output(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, x: &Binding, output: &GemvOutput, max_m: usize) -> Result<GemmPlan> {
-        Self::build(ctx, cfg, CoopTiles::DEFAULT, w, x, output, max_m, 1)
+        Self::build(ctx, cfg, CoopTiles::DEFAULT, w, x, output, max_m, 1, false)
+    }
+
+    /// As [`GemmPlan::with_output`], in batched steps whose decode rows
+    /// ([`StepValues::decode_rows`]) a [`super::GemvPlan::decode_rows`] recorded after it
+    /// computes: a step of decode rows only skips the GEMM; otherwise it runs over every row
+    /// (the GEMV then overwrites the decode rows).
+    pub fn beside_decode_rows(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, x: &Binding, output: &GemvOutput, max_m: usize) -> Result<GemmPlan> {
+        Self::build(ctx, cfg, CoopTiles::DEFAULT, w, x, output, max_m, 1, true)
     }
 
     /// The coopmat GEMM split over K into `splits` partial sums, for a grid of too few blocks to
@@ -175,7 +183,7 @@ impl GemmPlan {
                 reason: format!("coopmat: {}, {} parts, {splits} splits (the coopmat variant, one part, 1..=8 splits)", cfg.coopmat, w.parts.len()),
             });
         }
-        Self::build(ctx, cfg, CoopTiles::DEFAULT, w, x, &GemvOutput::Single(y.clone()), max_m, splits)
+        Self::build(ctx, cfg, CoopTiles::DEFAULT, w, x, &GemvOutput::Single(y.clone()), max_m, splits, false)
     }
 
     /// Blocks of the default coopmat shape a GEMM of `m` rows over `w` dispatches (without a K
@@ -195,6 +203,7 @@ impl GemmPlan {
         output: &GemvOutput,
         max_m: usize,
         splits: u32,
+        skip_decode_only: bool,
     ) -> Result<GemmPlan> {
         const OP: &str = "gemm";
         if cfg.kind != w.kind() {
@@ -265,7 +274,9 @@ impl GemmPlan {
                 |i, _| Ok([gxs[i], 0, 1]),
                 |i, _, d| {
                     let gx = gxs[i];
-                    let d = d.per_step("m", move |s| step_rows(s, max))?.grid_per_step(move |s| [gx, step_rows(s, max).div_ceil(bm), splits]);
+                    let d = d.per_step("m", move |s| step_rows(s, max))?.grid_per_step(move |s| {
+                        if skip_decode_only && s.decode_rows >= s.n_tok { [0, 0, 0] } else { [gx, step_rows(s, max).div_ceil(bm), splits] }
+                    });
                     if !cfg.coopmat {
                         return Ok(d);
                     }

@@ -90,6 +90,11 @@ pub struct QuantGemv {
     /// Compile without naga's bounds checks: honoured only by [`GemvPlan`], once it has validated
     /// every binding; the config's own `source` is always checked.
     pub unchecked: bool,
+    /// The activation rows are a step's first `p.m` rows (a per-step parameter; built with
+    /// [`GemvPlan::decode_rows`]), taken `activation_rows` at a time in a loop inside the
+    /// workgroup, so its weight rows are read from memory once for all of them: rows past `p.m`
+    /// read row `p.m - 1` and store nothing. Without a prologue, `split_qkv` or `rope_kv`.
+    pub step_rows: bool,
 }
 
 impl QuantGemv {
@@ -107,6 +112,7 @@ impl QuantGemv {
             rope_kv: false,
             accumulate: false,
             unchecked: false,
+            step_rows: false,
         }
     }
 
@@ -120,12 +126,16 @@ impl QuantGemv {
                 if env.f16 && is_quantized(kind) {
                     v.push(QuantGemv { f16_math: true, ..base });
                 }
+                if m == 8 {
+                    v.push(QuantGemv { step_rows: true, ..base });
+                }
                 if m == 1 {
                     v.push(QuantGemv { prologue: Prologue::RmsNorm { gemma: false, stage_k: 4096 }, ..base });
                     v.push(QuantGemv { prologue: Prologue::RmsNorm { gemma: true, stage_k: 0 }, split_qkv: true, ..base });
                     v.push(QuantGemv { split_qkv: true, rows_per_workgroup: 8, ..base });
                     v.push(QuantGemv { prologue: Prologue::RmsNorm { gemma: false, stage_k: 0 }, rope_kv: true, ..base });
                     v.push(QuantGemv { accumulate: true, ..base });
+                    v.push(QuantGemv { step_rows: true, ..base });
                     for act in [crate::act::ActKind::Silu, crate::act::ActKind::GeluTanh] {
                         v.push(QuantGemv { prologue: Prologue::Glu { act }, accumulate: true, ..base });
                     }
@@ -137,7 +147,7 @@ impl QuantGemv {
 
     fn name(&self) -> String {
         format!(
-            "quant_gemv_{}_r{}_t{}_m{}{}{}{}{}{}{}",
+            "quant_gemv_{}_r{}_t{}_m{}{}{}{}{}{}{}{}",
             self.kind.name().to_lowercase(),
             self.rows_per_workgroup,
             self.threads,
@@ -152,6 +162,7 @@ impl QuantGemv {
             if self.split_qkv { "_qkv" } else { "" },
             if self.accumulate { "_acc" } else { "" },
             if self.rope_kv { "_ropekv" } else { "" },
+            if self.step_rows { "_steprows" } else { "" },
         )
     }
 
@@ -188,6 +199,7 @@ impl QuantGemv {
 ",
                     );
                 }
+                _ if self.step_rows => pre.push_str("fn ld_x(m: u32, i: u32) -> vec4<f32> { return x[min(m, p.m - 1u) * p.k4 + i]; }\n"),
                 _ => pre.push_str("fn ld_x(m: u32, i: u32) -> vec4<f32> { return x[m * p.k4 + i]; }\n"),
             },
             Some(gemma) => {
@@ -228,6 +240,13 @@ impl QuantGemv {
         for i in 0..r {
             b.push_str(&format!("    let rb{i} = min(row0 + {i}u, p.rows - 1u) * p.cpr;\n"));
         }
+        // With `step_rows`, the rest runs once per group of `mm` of the step's rows (`g0`).
+        let g0 = if self.step_rows {
+            b.push_str(&format!("    for (var g0 = 0u; g0 < p.m; g0 += {mm}u) {{\n"));
+            "g0 + "
+        } else {
+            ""
+        };
         b.push_str(&format!("    var acc: array<f32, {v}>;\n    for (var kc = lidx; kc < p.cpr; kc += {wg}u) {{\n        let xb = kc * 8u;\n"));
         let ty = if f16 { "f16" } else { "f32" };
         for i in 0..r {
@@ -242,7 +261,7 @@ impl QuantGemv {
         }
         for m in 0..mm {
             for e in 0..8 {
-                b.push_str(&format!("        let x{m}_{e} = ld_x({m}u, xb + {e}u);\n"));
+                b.push_str(&format!("        let x{m}_{e} = ld_x({g0}{m}u, xb + {e}u);\n"));
                 if f16 {
                     b.push_str(&format!("        let h{m}_{e} = vec4<f16>(x{m}_{e});\n"));
                 }
@@ -279,8 +298,8 @@ impl QuantGemv {
             return self.finish(env, pre, b, norm.is_some());
         }
         b.push_str(&format!("    let tot = wg_reduce_{v}(acc, {rargs});\n    if (lidx < {v}u) {{\n"));
-        b.push_str(&format!("        let row = row0 + lidx / {mm}u;\n        let m = lidx % {mm}u;\n        let g = p.row0 + row;\n"));
-        b.push_str("        if (row < p.rows) {\n");
+        b.push_str(&format!("        let row = row0 + lidx / {mm}u;\n        let m = {g0}lidx % {mm}u;\n        let g = p.row0 + row;\n"));
+        b.push_str(if self.step_rows { "        if (row < p.rows && m < p.m) {\n" } else { "        if (row < p.rows) {\n" });
         if self.split_qkv {
             b.push_str(
                 "            if (g < p.nq) { y[m * p.nq + g]= tot; }
@@ -296,6 +315,9 @@ impl QuantGemv {
             });
         }
         b.push_str("        }\n    }\n");
+        if self.step_rows {
+            b.push_str("    }\n");
+        }
         self.finish(env, pre, b, norm.is_some())
     }
 
@@ -444,17 +466,35 @@ impl GemvPlan {
     /// Validates `cfg`, `w` and every binding of `io` (each short one is
     /// [`QuantError::BufferTooSmall`] naming it), then builds the dispatches.
     pub fn new(ctx: &GpuContext, cfg: &QuantGemv, w: &QuantMatrix, io: &GemvIo) -> Result<GemvPlan> {
-        Self::build(ctx, cfg, w, io, None)
+        Self::build(ctx, cfg, w, io, None, None)
+    }
+
+    /// The decode rows of a batched step (`cfg.step_rows`): the first
+    /// [`StepValues::decode_rows`] rows of `io.x` (`max_m x K`) into the same rows of the output
+    /// (`max_m` rows), `cfg.activation_rows` at a time inside one dispatch per part; a step
+    /// without decode rows skips it. A row's numbers depend on that row alone.
+    pub fn decode_rows(ctx: &GpuContext, cfg: &QuantGemv, w: &QuantMatrix, io: &GemvIo, max_m: usize) -> Result<GemvPlan> {
+        if !cfg.step_rows {
+            return Err(QuantError::Config { what: "gemv", reason: "GemvPlan::decode_rows builds a step_rows config".into() });
+        }
+        Self::build(ctx, cfg, w, io, None, Some(max_m))
     }
 
     /// The decode Q/K/V projection with the RoPE + KV-cache epilogue (`cfg.rope_kv`, see
     /// [`super::rope_kv`]); `io.output` must be the packed row ([`GemvOutput::Single`]).
     pub fn with_rope_kv(ctx: &GpuContext, cfg: &QuantGemv, w: &QuantMatrix, io: &GemvIo, rope: &super::RopeKv) -> Result<GemvPlan> {
-        Self::build(ctx, cfg, w, io, Some(rope))
+        Self::build(ctx, cfg, w, io, Some(rope), None)
     }
 
-    fn build(ctx: &GpuContext, cfg: &QuantGemv, w: &QuantMatrix, io: &GemvIo, rope: Option<&super::RopeKv>) -> Result<GemvPlan> {
+    /// `stepped`: `Some(max_m)` for a `step_rows` config (the step's decode rows, at most `max_m`).
+    fn build(ctx: &GpuContext, cfg: &QuantGemv, w: &QuantMatrix, io: &GemvIo, rope: Option<&super::RopeKv>, stepped: Option<usize>) -> Result<GemvPlan> {
         const OP: &str = "gemv";
+        if cfg.step_rows != stepped.is_some() {
+            return Err(QuantError::Config { what: OP, reason: "a step_rows GEMV is built with GemvPlan::decode_rows".into() });
+        }
+        if cfg.step_rows && (cfg.prologue != Prologue::None || cfg.split_qkv || cfg.rope_kv) {
+            return Err(QuantError::Config { what: OP, reason: "step_rows with a prologue, split_qkv or rope_kv".into() });
+        }
         if cfg.kind != w.kind() {
             return Err(QuantError::Shape { what: OP, reason: format!("kernel for {} given {}", cfg.kind.name(), w.kind().name()) });
         }
@@ -469,7 +509,12 @@ impl GemvPlan {
         let caps = ctx.capabilities();
         check_threads(OP, caps, cfg.threads, cfg.rows_per_workgroup * cfg.activation_rows)?;
         let x_cols = if matches!(cfg.prologue, Prologue::Glu { .. }) { mul("x elements", 2, w.cols)? } else { w.cols };
-        check_binding(OP, "x", &io.x, mul("x elements", m, x_cols)?, 4)?;
+        // The rows the bindings hold: the config's, or a stepped plan's most.
+        let held = stepped.unwrap_or(m);
+        if held == 0 {
+            return Err(QuantError::Shape { what: OP, reason: "a GEMV plan for 0 activation rows".into() });
+        }
+        check_binding(OP, "x", &io.x, mul("x elements", held, x_cols)?, 4)?;
         if cfg.accumulate && cfg.split_qkv {
             return Err(QuantError::Config { what: OP, reason: "accumulate with split_qkv".into() });
         }
@@ -480,7 +525,8 @@ impl GemvPlan {
             (false, Some(_)) => return Err(QuantError::Shape { what: OP, reason: "a norm weight given without the RMSNorm prologue".into() }),
             (false, None) => {}
         }
-        let (outputs, qkv) = io.output.checked(OP, cfg.split_qkv, m, w.rows)?;
+        let (outputs, qkv) = io.output.checked(OP, cfg.split_qkv, held, w.rows)?;
+        let max = u32::try_from(held).map_err(|_| QuantError::Shape { what: OP, reason: format!("{held} activation rows") })?;
         let rope = match rope {
             _ if cfg.rope_kv != rope.is_some() => return Err(QuantError::Config { what: OP, reason: "rope_kv is built with GemvPlan::with_rope_kv".into() }),
             Some(_) if cfg.split_qkv || cfg.accumulate || !matches!(io.output, GemvOutput::Single(_)) => {
@@ -502,13 +548,17 @@ impl GemvPlan {
         //   `activation_rows * K` f32. With the GLU prologue `x[m * 2 k4 + i]` and
         //   `x[m * 2 k4 + k4 + i]`: `x` holds `activation_rows * 2 K` f32 (checked). `nw[i]`, `i < k4`: the norm weight holds `K` f32.
         //   The staged `xs[m * stage + i]` is used only when `k4 <= stage` (`i < k4`).
+        //   With `step_rows`, the row is `min(g0 + m, p.m - 1)` where `p.m = min(decode_rows,
+        //   max_m) >= 1` (the grid is empty when it is 0), and `x` holds `max_m * K` f32.
         // - Weight chunk `c = min(row0 + r, rows - 1) * cpr + kc` (`rows >= 1`, `kc < cpr`) is
         //   below the part's `rows * cpr` chunks, and `w.validate()` checked that the part's
         //   sections are those of its rows inside its buffer, so every decoder read is in it.
         // - `y[m * n_out + g]` with `g = row0 + row < N` (`row < rows` is tested before the
         //   store; with `GemvOutput::Columns`, `g < offset + N <= stride = n_out`, and `y`
         //   holds `activation_rows * stride`, checked), or with `split_qkv` `g < nq`, `g - nq < nk`, `g - nq - nk < nv` where
-        //   `nq + nk + nv = N`; each output holds `activation_rows` of its rows.
+        //   `nq + nk + nv = N`; each output holds `activation_rows` of its rows. With
+        //   `step_rows`, stores need `m = g0 + lidx % mm < p.m <= max_m`, and each output holds
+        //   `max_m` rows (checked).
         // - `red` (tree): `(lidx + s) * v + i` with `lidx < s <= threads / 2`; `red`
         //   (subgroups): slots `sg_idx < min(sg_count, slots)`. `inv_rms[lidx]` under
         //   `lidx < activation_rows`. Every product above fits 32 bits (checked).
@@ -518,8 +568,14 @@ impl GemvPlan {
                 ctx,
                 w,
                 |_, part| grid_for(ctx, part.rows.div_ceil(cfg.rows_per_workgroup as usize)),
-                |_, _, d| {
+                |_, part, d| {
                     let d = d.set_f32("eps", io.eps)?.set_usize("nq", qkv[0])?.set_usize("nk", qkv[1])?.set_usize("nv", qkv[2])?;
+                    let d = if cfg.step_rows {
+                        let grid = grid_for(ctx, part.rows.div_ceil(cfg.rows_per_workgroup as usize))?;
+                        d.per_step("m", move |s| s.decode_rows.min(max))?.grid_per_step(move |s| if s.decode_rows == 0 { [0, 0, 0] } else { grid })
+                    } else {
+                        d
+                    };
                     match &rope {
                         Some(c) => c.set(d),
                         None => Ok(d),

@@ -74,7 +74,7 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 
 /// The prompt of the workload's request `i`: `len` ids scattered over the vocabulary, distinct
 /// per request (no prefix hits).
-fn prompt_ids(i: usize, len: usize, vocab: u32) -> Vec<u32> {
+pub(super) fn prompt_ids(i: usize, len: usize, vocab: u32) -> Vec<u32> {
     (0..len).map(|t| ((i * 7919 + t * 104_729 + 17) as u32) % vocab).collect()
 }
 
@@ -174,7 +174,8 @@ pub fn run(
 /// The same workload through llama.cpp's server: for each concurrency `c`, a `llama-server` from
 /// `dir` with `c` slots of `n_ctx` tokens (`-np c`, continuous batching), and `c` clients that
 /// each take the next request of the list as soon as their last one ends. Tokens are counted
-/// from the server's timings; TTFT and ITL come from the streamed events.
+/// from the server's timings; TTFT and ITL come from the streamed events. `ban`: token ids
+/// llama.cpp may not generate ([`not_utf8`]; see [`LlamaServer::stream_generation`](super::llama_cpp::LlamaServer::stream_generation)).
 #[allow(clippy::too_many_arguments)]
 pub fn run_llama_cpp(
     dir: &std::path::Path,
@@ -184,6 +185,7 @@ pub fn run_llama_cpp(
     requests: Option<usize>,
     n_ctx: usize,
     vocab: u32,
+    ban: &[u32],
     note: &mut dyn FnMut(&str),
 ) -> Result<Vec<ConcurrencyRow>, BenchError> {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -209,7 +211,7 @@ pub fn run_llama_cpp(
                             let i = next.fetch_add(1, Ordering::Relaxed);
                             let Some(r) = work.get(i) else { return Ok(mine) };
                             let sub = Instant::now();
-                            let (stamps, n) = server.stream_generation(&prompt_ids(i, r.prompt, vocab), r.output)?;
+                            let (stamps, n) = server.stream_generation(&prompt_ids(i, r.prompt, vocab), r.output, ban)?;
                             mine.push((sub, stamps, n));
                         }
                     })
@@ -230,6 +232,11 @@ pub fn run_llama_cpp(
         rows.push(row(c, requests, seconds, generated, &times, prefill, 0));
     }
     Ok(rows)
+}
+
+/// The ids whose piece is not valid UTF-8 on its own (byte tokens of partial characters).
+pub fn not_utf8(tok: &crate::tokenizer::Tokenizer) -> Vec<u32> {
+    (0..tok.vocab_size() as u32).filter(|&id| tok.piece(id, false).is_ok_and(|p| std::str::from_utf8(&p).is_err())).collect()
 }
 
 /// The rows as a markdown table.

@@ -123,9 +123,14 @@ impl LlamaServer {
     /// tokens, no prompt cache): the instant of each streamed event, and the generated count from
     /// the last event's timings. Events are per token, except where the server holds back a token
     /// that ends inside a UTF-8 character until the next one.
-    pub fn stream_generation(&self, prompt: &[u32], n: usize) -> Result<(Vec<Instant>, usize), BenchError> {
+    ///
+    /// `ban` lists token ids the generation may not choose (`logit_bias` false): llama-server
+    /// (b10434) ends a stream early, cancelling its task, when the text so far is not valid
+    /// UTF-8 (its chat-output parser fails), which a random-weight model's byte tokens cause.
+    pub fn stream_generation(&self, prompt: &[u32], n: usize, ban: &[u32]) -> Result<(Vec<Instant>, usize), BenchError> {
         use std::io::BufRead;
-        let body = json!({"prompt": prompt, "n_predict": n, "ignore_eos": true, "cache_prompt": false, "temperature": 0.0, "stream": true});
+        let bias: Vec<Value> = ban.iter().map(|&id| json!([id, false])).collect();
+        let body = json!({"prompt": prompt, "n_predict": n, "ignore_eos": true, "cache_prompt": false, "temperature": 0.0, "stream": true, "logit_bias": bias});
         let r = ureq::post(&format!("{}/completion", self.url))
             .send_json(body)
             .map_err(|e| BenchError::LlamaCpp(format!("/completion: {e}\n{}", self.log_tail())))?;

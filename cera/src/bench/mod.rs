@@ -15,6 +15,7 @@
 //! and of a prompt step, from timestamps; `--vs-llama-cpp DIR` runs the same files through a
 //! llama.cpp server ([`llama_cpp`]) and gives the ratio beside each row.
 
+pub mod batch_profile;
 pub mod concurrency;
 pub mod llama_cpp;
 mod report;
@@ -240,7 +241,7 @@ fn prompt_ids(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
         .collect()
 }
 
-fn shares(times: &[KernelTime], per: f64, top: usize) -> Vec<KernelShare> {
+pub(crate) fn shares(times: &[KernelTime], per: f64, top: usize) -> Vec<KernelShare> {
     let total: f64 = times.iter().map(|t| t.ns).sum();
     let mut v: Vec<KernelShare> = times
         .iter()
@@ -257,7 +258,7 @@ fn shares(times: &[KernelTime], per: f64, top: usize) -> Vec<KernelShare> {
 }
 
 /// Sums several profiles of the same step, label by label, divided by their number.
-fn mean_profile(runs: Vec<Vec<KernelTime>>) -> Vec<KernelTime> {
+pub(crate) fn mean_profile(runs: Vec<Vec<KernelTime>>) -> Vec<KernelTime> {
     let n = runs.len().max(1) as f64;
     let mut acc: Vec<KernelTime> = Vec::new();
     for run in runs {

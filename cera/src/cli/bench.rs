@@ -112,21 +112,36 @@ fn run_concurrency(a: &Args, models: &[PathBuf], out: &mut Output) -> Result<(),
         let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
         let note = &mut |what: &str| super::generation::note(&format!("bench: {what}"));
         let rows = bench::concurrency::run(&engine, &a.concurrency, a.requests, opts, note).map_err(CliError::from_err)?;
+        // `--profile`: one batched decode step per concurrency, at the first nonzero `-d` (else
+        // 1024 tokens deep).
+        let mut profiles = Vec::new();
+        if a.profile {
+            let depth = a.n_depth.iter().copied().find(|&d| d > 0).unwrap_or(1024);
+            for &c in &a.concurrency {
+                note(&format!("profiling a decode step of {c} sequences at depth {depth}"));
+                profiles.push(bench::batch_profile::profile_decode(&engine, c, depth, &opts, 12).map_err(CliError::from_err)?);
+            }
+        }
         // llama.cpp's server on the same file and workload, after cera's engine is gone.
         let (n_ctx, vocab, device) = (engine.n_ctx(), engine.config().vocab as u32, engine.device_name());
+        let ban = bench::concurrency::not_utf8(engine.tokenizer());
         drop(engine);
         if !a.json {
             // cera's rows first: llama.cpp's side may fail or take long.
             out.write_str(&bench::concurrency::print_rows(&name, &device, &rows))?;
+            if !profiles.is_empty() {
+                out.write_str(&bench::batch_profile::print(&name, &profiles))?;
+            }
         }
         let llama = match &a.vs_llama_cpp {
             Some(dir) => Some(
-                bench::concurrency::run_llama_cpp(dir, path, a.llama_cpp_port, &a.concurrency, a.requests, n_ctx, vocab, note).map_err(CliError::from_err)?,
+                bench::concurrency::run_llama_cpp(dir, path, a.llama_cpp_port, &a.concurrency, a.requests, n_ctx, vocab, &ban, note)
+                    .map_err(CliError::from_err)?,
             ),
             None => None,
         };
         let text = if a.json {
-            let v = serde_json::json!({"model": name, "device": device, "cera": rows, "llama_cpp": llama});
+            let v = serde_json::json!({"model": name, "device": device, "cera": rows, "llama_cpp": llama, "step_profiles": profiles});
             serde_json::to_string_pretty(&v).map_err(|e| CliError::from_err(bench::BenchError::Usage(e.to_string())))? + "\n"
         } else {
             let mut t = String::new();

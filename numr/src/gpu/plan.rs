@@ -52,17 +52,21 @@ pub struct StepValues {
     /// A batched step of several sequences (their positions in a GPU buffer): the longest KV
     /// length any of them reaches; 0 for a step of one sequence (see [`Self::kv_max`]).
     pub batch_kv: u32,
+    /// A batched step: how many of its first rows are decode rows (generated tokens, not a
+    /// prompt's), which a batched op may compute with kernels of their own (a multi-row GEMV
+    /// beside the GEMM of the prompt rows); 0 otherwise (see [`Self::with_decode_rows`]).
+    pub decode_rows: u32,
 }
 
 impl StepValues {
     /// One token at `pos` (id slot 0).
     pub const fn decode(pos: u32) -> Self {
-        StepValues { pos, n_tok: 1, token: 0, batch_kv: 0 }
+        StepValues { pos, n_tok: 1, token: 0, batch_kv: 0, decode_rows: 0 }
     }
 
     /// A chunk of `n_tok` tokens whose first sits at `pos` (id slot 0).
     pub const fn chunk(pos: u32, n_tok: u32) -> Self {
-        StepValues { pos, n_tok, token: 0, batch_kv: 0 }
+        StepValues { pos, n_tok, token: 0, batch_kv: 0, decode_rows: 0 }
     }
 
     /// The same step reading / writing GPU token slot `token`.
@@ -79,7 +83,13 @@ impl StepValues {
     /// A batched step of `n_tok` tokens of several sequences, the longest reaching `kv_max`
     /// positions (id slot 0; positions come from the batch's buffers, `pos` is 0).
     pub const fn batch(n_tok: u32, kv_max: u32) -> Self {
-        StepValues { pos: 0, n_tok, token: 0, batch_kv: kv_max }
+        StepValues { pos: 0, n_tok, token: 0, batch_kv: kv_max, decode_rows: 0 }
+    }
+
+    /// The same step whose first `rows` rows (at most `n_tok`) are decode rows.
+    pub const fn with_decode_rows(mut self, rows: u32) -> Self {
+        self.decode_rows = if rows < self.n_tok { rows } else { self.n_tok };
+        self
     }
 
     /// The longest KV length of the step: [`Self::batch`]'s, else [`Self::kv_len`].

@@ -76,6 +76,15 @@ struct Seq<'t> {
     first_token: Option<Instant>,
 }
 
+/// The tokens of `s` its next entry runs under `budget`: all it has left, within the budget,
+/// never crossing the prompt's end (prompt rows and generated rows run through different
+/// kernels, see [`BatchEntry::decode`]).
+fn chunk_len(s: &Seq<'_>, budget: usize) -> usize {
+    let (left, prompt) = (s.tokens.len() - s.computed, s.res.prompt_tokens);
+    let n = left.min(budget);
+    if s.computed < prompt { n.min(prompt - s.computed) } else { n }
+}
+
 /// One sequence's part of the planned step.
 struct Planned {
     seq: usize,
@@ -224,7 +233,7 @@ impl<'t> Loop<'t> {
                 if (left == 1) != decode || left == 0 || *budget == 0 || plan.iter().any(|p| p.seq == i) {
                     continue;
                 }
-                let n = left.min(*budget);
+                let n = chunk_len(s, *budget);
                 let end = s.computed + n;
                 let mut idx = i;
                 loop {
@@ -295,7 +304,7 @@ impl<'t> Loop<'t> {
                     }
                 }
             }
-            let n = (s.tokens.len() - s.computed).min(*budget);
+            let n = chunk_len(&s, *budget);
             let end = s.computed + n;
             match self.cache.grow(&mut s.table, end) {
                 Ok(()) => {}
@@ -419,6 +428,7 @@ impl<'t> Loop<'t> {
                     pos: p.pos,
                     table: &s.table,
                     want: p.want,
+                    decode: p.pos >= s.res.prompt_tokens,
                 }
             })
             .collect();

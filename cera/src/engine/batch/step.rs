@@ -17,7 +17,7 @@
 use boostr::paged::BlockTable;
 
 use super::super::EngineError;
-use super::super::backend::{KvType, StepCounters, StepOutput, Want};
+use super::super::backend::{KernelTime, KvType, StepCounters, StepOutput, Want};
 
 /// Sizes of a batched state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +72,11 @@ pub struct BatchEntry<'a> {
     pub table: &'a BlockTable,
     /// What comes back about the distribution after its last token.
     pub want: Want,
+    /// Its tokens are generated ones (positions at or past the prompt's end: decode rows, a
+    /// preempted sequence's recomputed output, a speculative draft's verification), not a
+    /// prompt's. A GPU step runs such rows through the multi-row GEMV of decoding and prompt
+    /// rows through the GEMM, so a row's numbers depend on what it is, never on the other rows.
+    pub decode: bool,
 }
 
 /// Many sequences on one device: a paged KV cache and the buffers a step runs through, made once.
@@ -85,6 +90,13 @@ pub trait BatchState: Send {
     fn step(&mut self, entries: &[BatchEntry<'_>]) -> Result<Vec<StepOutput>, EngineError>;
     /// The counters of the last step (dispatches, passes, submits; zeros on the CPU).
     fn last_step_counters(&self) -> StepCounters;
+    /// Runs one step like [`Self::step`] with a GPU timestamp around every dispatch, and returns
+    /// the GPU time per kernel label instead of the outputs. Executors without timestamps give
+    /// [`EngineError::Unsupported`].
+    fn profile_step(&mut self, entries: &[BatchEntry<'_>]) -> Result<Vec<KernelTime>, EngineError> {
+        let _ = entries;
+        Err(EngineError::Unsupported { what: "profiling a batched step on this device".into() })
+    }
 }
 
 /// Typed checks every executor makes before a step: sizes, slots, tokens, tables, wants.

@@ -27,7 +27,7 @@ use boostr::sampling::{ArgmaxPlan, TopKPlan};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, Plan, Recorder, StepValues};
 
 use super::super::EngineError;
-use super::super::backend::{CONV_RING, MAX_TOP_K, StepCounters, StepOutput, Want};
+use super::super::backend::{CONV_RING, KernelTime, MAX_TOP_K, StepCounters, StepOutput, Want};
 use super::super::batch::{BatchEntry, BatchOpts, BatchState, check_entries};
 use super::super::graph::{ModelGraph, Op, Slot};
 use super::plans::{Mode, PlanInputs, Slots, build, build_head_rows, inv_freqs, kv_dtype};
@@ -156,7 +156,9 @@ impl GpuBatch {
     }
 
     /// Records the step into `rec`; returns each entry's head row (`None`: wants nothing).
+    /// `entries` hold their decode entries first ([`decode_first`]).
     fn record(&mut self, rec: &mut Recorder, entries: &[BatchEntry<'_>]) -> Result<Vec<Option<usize>>, EngineError> {
+        let decode_rows: usize = entries.iter().take_while(|e| e.decode).map(|e| e.tokens.len()).sum();
         self.scratch.clear();
         let mut seqs = Vec::with_capacity(entries.len());
         let mut last_rows = Vec::with_capacity(entries.len());
@@ -166,7 +168,7 @@ impl GpuBatch {
             last_rows.push(self.scratch.len() - 1);
         }
         self.ctx.write(&self.ids, 0, bytemuck::cast_slice(&self.scratch)).map_err(|e| self.err(e))?;
-        let step = self.batch.set(&self.ctx, &seqs).map_err(ops_err)?;
+        let step = self.batch.set(&self.ctx, &seqs).map_err(ops_err)?.with_decode_rows(decode_rows as u32);
         if let Some(cs) = &self.conv_seqs {
             let runs: Vec<ConvSeq> = entries.iter().map(|e| ConvSeq { slot: e.slot, pos: e.pos, n_tok: e.tokens.len() }).collect();
             cs.set(&self.ctx, &runs).map_err(ops_err)?;
@@ -214,6 +216,46 @@ impl BatchState for GpuBatch {
 
     fn step(&mut self, entries: &[BatchEntry<'_>]) -> Result<Vec<StepOutput>, EngineError> {
         check_entries(&self.opts, self.graph.cfg.vocab, entries)?;
+        let (order, sorted) = decode_first(entries);
+        let mut outs: Vec<Option<StepOutput>> = self.step_sorted(&sorted)?.into_iter().map(Some).collect();
+        Ok(order.iter().map(|&j| outs[j].take().expect("a permutation")).collect())
+    }
+
+    fn last_step_counters(&self) -> StepCounters {
+        self.counters
+    }
+
+    fn profile_step(&mut self, entries: &[BatchEntry<'_>]) -> Result<Vec<KernelTime>, EngineError> {
+        check_entries(&self.opts, self.graph.cfg.vocab, entries)?;
+        let (_, sorted) = decode_first(entries);
+        // A recorder of its own: one profiled submit holds the whole step.
+        let mut rec = self.ctx.recorder();
+        self.record(&mut rec, &sorted)?;
+        let profile = rec.submit_profiled().map_err(|e| self.err(e))?;
+        Ok(profile.by_label().into_iter().map(|(label, (ns, count))| KernelTime { label, ns, count }).collect())
+    }
+}
+
+/// The entries with the decode entries first (each group in its order), and for each original
+/// entry its index in that order.
+fn decode_first<'a>(entries: &[BatchEntry<'a>]) -> (Vec<usize>, Vec<BatchEntry<'a>>) {
+    let sorted: Vec<BatchEntry<'a>> = entries.iter().filter(|e| e.decode).chain(entries.iter().filter(|e| !e.decode)).copied().collect();
+    let n_dec = entries.iter().filter(|e| e.decode).count();
+    let (mut d, mut p) = (0, n_dec);
+    let order = entries
+        .iter()
+        .map(|e| {
+            let at = if e.decode { &mut d } else { &mut p };
+            *at += 1;
+            *at - 1
+        })
+        .collect();
+    (order, sorted)
+}
+
+impl GpuBatch {
+    /// [`BatchState::step`] over entries already in [`decode_first`] order.
+    fn step_sorted(&mut self, entries: &[BatchEntry<'_>]) -> Result<Vec<StepOutput>, EngineError> {
         if let Some(b) = entries.iter().flat_map(|e| e.table.blocks()).find(|&&b| b as usize >= self.opts.n_blocks) {
             return Err(EngineError::Usage(format!("block {b} of a cache of {} blocks", self.opts.n_blocks)));
         }
@@ -275,9 +317,5 @@ impl BatchState for GpuBatch {
             });
         }
         Ok(out)
-    }
-
-    fn last_step_counters(&self) -> StepCounters {
-        self.counters
     }
 }

@@ -50,6 +50,10 @@ pub(super) fn gemv_fusion(slots: &Slots, f: &Fused, x: Slot, out: Slot) -> GemvF
     }
 }
 
+/// Decode rows of a batched step the GEMV takes at a time (each group reads the workgroup's
+/// weight rows again, from cache).
+const DECODE_ROW_GROUP: u32 = 4;
+
 /// One linear op: its index, what its GEMV fuses, the output row's width, the RMSNorm's
 /// epsilon, and the mode it is built for (the LM head's is always `Decode`).
 pub(super) struct LinearArgs {
@@ -155,10 +159,22 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
                 };
                 plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
             }
-            (Mode::Prefill { max_tok } | Mode::Batch { max_tok }, _) => {
+            (Mode::Batch { max_tok }, _) => {
+                // The prompt rows through the GEMM (skipped in a step of decode rows only), then
+                // the decode rows through the multi-row GEMV, which reads the weights once for
+                // all of them: a row's kernel depends on what it is, not on the other rows.
                 let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
-                // A batched step never splits over K (its RoPE reads one sum).
-                let splits = if matches!(mode, Mode::Batch { .. }) { 1 } else { qkv_split_k(ctx, inp, op, max_tok) };
+                let gemm = GemmPlan::beside_decode_rows(ctx, &cfg, w, &x, &output, max_tok);
+                plan.append(gemm.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
+                let base = QuantGemv::new(kind, env, DECODE_ROW_GROUP);
+                let gemv = QuantGemv { unchecked: true, step_rows: true, threads: f32_threads(inp.tuning, base.threads), ..base };
+                let io = GemvIo { x: x.clone(), norm_weight: None, eps, output };
+                let p = GemvPlan::decode_rows(ctx, &gemv, w, &io, max_tok);
+                plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
+            }
+            (Mode::Prefill { max_tok }, _) => {
+                let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
+                let splits = qkv_split_k(ctx, inp, op, max_tok);
                 let p = match splits {
                     1 => GemmPlan::with_output(ctx, &cfg, w, &x, &output, max_tok),
                     splits => GemmPlan::with_split_k(ctx, &cfg, w, &x, &y, max_tok, splits),
