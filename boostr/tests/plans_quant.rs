@@ -221,7 +221,8 @@ fn gemm_plans_match_reference() {
 
 /// A batched step's projection: the GEMM beside the decode-row GEMV (`GemvPlan::decode_rows`,
 /// groups of 4 rows in one dispatch). For steps of decode rows only, prompt rows only, and both
-/// (the GEMV's rows first), every row matches the reference; a decode row gives the same bits
+/// (the GEMV's rows first), every row matches the reference, with the f32 GEMV and with the
+/// integer-dot one; a decode row gives the same bits
 /// whichever rows share its step and whatever group it falls in; a step of decode rows only
 /// records no GEMM dispatch.
 #[test]
@@ -239,23 +240,47 @@ fn decode_row_gemv_beside_the_gemm() {
         let gemm = GemmPlan::beside_decode_rows(&ctx, &QuantGemm::new(kind, &ctx), &w, &whole(&xb), &GemvOutput::Single(whole(&y)), max_m).unwrap();
         let cfg = QuantGemv { step_rows: true, ..QuantGemv::new(kind, &env, 4) };
         let gemv = GemvPlan::decode_rows(&ctx, &cfg, &w, &GemvIo::new(whole(&xb), whole(&y)), max_m).unwrap();
-        let mut first_row: Option<Vec<f64>> = None;
-        for (n_tok, decode) in [(1usize, 1usize), (5, 5), (13, 13), (9, 0), (12, 3), (16, 7)] {
-            let step = StepValues::chunk(0, n_tok as u32).with_decode_rows(decode as u32);
-            assert_eq!(gemm.plan().dispatch_count(&step), usize::from(decode < n_tok) * w.parts.len(), "{ty}: GEMM skipped iff every row is a decode row");
-            zero(&ctx, &y, max_m * ROWS);
-            explicit(&ctx, |rec| {
-                gemm.plan().record(rec, &step).unwrap();
-                gemv.record(rec, &step).unwrap();
-            });
-            let got = read(&ctx, &y, max_m * ROWS);
-            check_close_rtol(&got[..n_tok * ROWS], &want[..n_tok * ROWS], 1e-2).unwrap_or_else(|e| panic!("{ty} {n_tok} rows, {decode} decode: {e}"));
-            assert!(got[n_tok * ROWS..].iter().all(|&v| v == 0.0), "{ty}: rows past the step stay untouched");
-            if decode > 0 {
-                check_close_rtol(&got[..decode * ROWS], &want[..decode * ROWS], RTOL_F32).unwrap_or_else(|e| panic!("{ty} decode rows of {n_tok}: {e}"));
-                match &first_row {
-                    Some(r) => assert_eq!(&got[..ROWS], &r[..], "{ty}: decode row 0 in a step of {n_tok} rows, {decode} decode"),
-                    None => first_row = Some(got[..ROWS].to_vec()),
+        // The integer-dot GEMV over the step's rows quantized (tolerance of the int8 rounding).
+        let xa = Q8Activations::new(&ctx, &whole(&xb), max_m, COLS).unwrap();
+        let q8 = QuantGemvQ8 { step_rows: true, ..QuantGemvQ8::new(kind, &env, 4) };
+        let q8 = Q8GemvPlan::decode_rows(&ctx, &q8, &w, &xa, &GemvOutput::Single(whole(&y))).unwrap();
+        for int8 in [false, true] {
+            let mut first_row: Option<Vec<f64>> = None;
+            for (n_tok, decode) in [(1usize, 1usize), (5, 5), (13, 13), (9, 0), (12, 3), (16, 7)] {
+                let step = StepValues::chunk(0, n_tok as u32).with_decode_rows(decode as u32);
+                assert_eq!(gemm.plan().dispatch_count(&step), usize::from(decode < n_tok) * w.parts.len(), "{ty}: GEMM skipped iff every row is a decode row");
+                zero(&ctx, &y, max_m * ROWS);
+                explicit(&ctx, |rec| {
+                    gemm.plan().record(rec, &step).unwrap();
+                    if int8 {
+                        xa.plan().record(rec, &step).unwrap();
+                        q8.record(rec, &step).unwrap();
+                    } else {
+                        gemv.record(rec, &step).unwrap();
+                    }
+                });
+                let got = read(&ctx, &y, max_m * ROWS);
+                let (p_rows, d_rows) = (n_tok * ROWS, decode * ROWS);
+                check_close_rtol(&got[d_rows..p_rows], &want[d_rows..p_rows], 1e-2)
+                    .unwrap_or_else(|e| panic!("{ty} int8 {int8}: {n_tok} rows, {decode} decode: {e}"));
+                assert!(got[p_rows..].iter().all(|&v| v == 0.0), "{ty}: rows past the step stay untouched");
+                if decode > 0 {
+                    // The decode rows against the reference on what the GEMV read: x, or the
+                    // GPU's own int8 activations.
+                    let x_read = if int8 {
+                        let nblk = decode * COLS / 32;
+                        let q: Vec<i8> = ctx.read_bytes(xa.xq(), 0, (nblk * 32) as u64).unwrap().into_iter().map(|b| b as i8).collect();
+                        let sc: Vec<f32> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(xa.xs(), 0, (nblk * 16) as u64).unwrap());
+                        check_q8(&x[..decode * COLS], &q, &sc, 0.0)
+                    } else {
+                        x[..decode * COLS].to_vec()
+                    };
+                    let want_dec = f64s(&matmul_ref(&p, &x_read, decode).unwrap());
+                    check_close_rtol(&got[..d_rows], &want_dec, RTOL_F32).unwrap_or_else(|e| panic!("{ty} int8 {int8}: decode rows of {n_tok}: {e}"));
+                    match &first_row {
+                        Some(r) => assert_eq!(&got[..ROWS], &r[..], "{ty} int8 {int8}: decode row 0 in a step of {n_tok} rows, {decode} decode"),
+                        None => first_row = Some(got[..ROWS].to_vec()),
+                    }
                 }
             }
         }

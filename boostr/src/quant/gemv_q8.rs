@@ -85,6 +85,12 @@ pub struct QuantGemvQ8 {
     /// Compile without naga's bounds checks: honoured only by [`super::Q8GemvPlan`], once it has validated
     /// every binding; the config's own `source` is always checked.
     pub unchecked: bool,
+    /// The activation rows are a step's first `p.m` rows (a per-step parameter; built with
+    /// [`super::Q8GemvPlan::decode_rows`]), taken `activation_rows` at a time in a loop inside
+    /// the workgroup, so its weight rows come from memory once for all of them; rows past `p.m`
+    /// read row `p.m - 1` and store nothing. The workgroup splits K (no `subgroup_rows`), with
+    /// no epilogue, `rms_scale`, `split_qkv`, `rope_kv` or row groups.
+    pub step_rows: bool,
 }
 
 impl QuantGemvQ8 {
@@ -117,6 +123,7 @@ impl QuantGemvQ8 {
             row_groups: 1,
             rope_kv: false,
             unchecked: false,
+            step_rows: false,
         }
     }
 
@@ -152,6 +159,8 @@ impl QuantGemvQ8 {
                 v.push(QuantGemvQ8 { rms_scale: true, ..base });
                 v.push(QuantGemvQ8 { rms_scale: true, subgroup_rows: 1, rows_per_workgroup: 4, threads: 128, ..base });
                 v.push(QuantGemvQ8 { row_groups: 4, ..base });
+                v.push(QuantGemvQ8 { step_rows: true, ..base });
+                v.push(QuantGemvQ8 { step_rows: true, accumulate: true, unroll: 2, rows_per_workgroup: 4, threads: 128, ..base });
                 if m == 1 {
                     v.push(QuantGemvQ8 { row_groups: 3, rms_scale: true, epilogue: Q8Epilogue::Glu { act: crate::act::ActKind::Silu }, ..base });
                     v.push(QuantGemvQ8 { rope_kv: true, rms_scale: true, rows_per_workgroup: 2, ..base });
@@ -190,7 +199,7 @@ impl QuantGemvQ8 {
 
     fn name(&self) -> String {
         format!(
-            "quant_gemv_q8_{}_r{}_t{}_u{}{}{}_m{}{}{}{}{}{}{}{}",
+            "quant_gemv_q8_{}_r{}_t{}_u{}{}{}_m{}{}{}{}{}{}{}{}{}",
             self.kind.name().to_lowercase(),
             self.rows_per_workgroup,
             self.threads,
@@ -209,12 +218,19 @@ impl QuantGemvQ8 {
             self.epilogue.name(),
             if self.rope_kv { "_ropekv" } else { "" },
             if self.row_groups > 1 { format!("_g{}", self.row_groups) } else { String::new() },
+            if self.step_rows { "_steprows" } else { "" },
         )
     }
 
     /// Whether the kernel runs in subgroup-rows mode on `env`.
     pub(crate) fn per_subgroup(&self, env: &KernelEnv) -> bool {
-        self.subgroups && env.subgroups && self.subgroup_rows > 0
+        self.subgroups && env.subgroups && self.subgroup_rows > 0 && !self.step_rows
+    }
+
+    /// The WGSL activation row of local activation row `m` (with `step_rows`, the loop's row,
+    /// clamped to the step's last).
+    fn x_row(&self, m: usize) -> String {
+        if self.step_rows { format!("xr{m}") } else { format!("{m}u") }
     }
 
     /// The K loop over `r` rows whose first chunks are `rb0..`: `first`/`step`/`stride` place
@@ -242,8 +258,9 @@ impl QuantGemvQ8 {
         }
         for u in 0..un {
             for m in 0..mm {
+                let xr = self.x_row(m);
                 b.push_str(&format!(
-                    "        let xa{m}_{u} = xq[({m}u * p.cpr + c{u}) * 2u];\n        let xb{m}_{u} = xq[({m}u * p.cpr + c{u}) * 2u + 1u];\n        let xs{m}_{u} = select(vec4<f32>(0.0), xs[{m}u * p.cpr + c{u}], ok{u});\n"
+                    "        let xa{m}_{u} = xq[({xr} * p.cpr + c{u}) * 2u];\n        let xb{m}_{u} = xq[({xr} * p.cpr + c{u}) * 2u + 1u];\n        let xs{m}_{u} = select(vec4<f32>(0.0), xs[{xr} * p.cpr + c{u}], ok{u});\n"
                 ));
             }
             if !self.prefetch {
@@ -391,6 +408,13 @@ impl QuantGemvQ8 {
                 b.push_str(&format!("    let rb{i} = {} * p.cpr;\n", self.phys(&format!("{i}u"))));
             }
             let (first, stride) = if self.contiguous { (format!("lidx * {un}u"), "1u".to_string()) } else { ("lidx".to_string(), format!("{wg}u")) };
+            if self.step_rows {
+                // Once per group of `mm` of the step's rows (uniform: `p.m` is a parameter).
+                b.push_str(&format!("    for (var g0 = 0u; g0 < p.m; g0 += {mm}u) {{\n"));
+                for m in 0..mm {
+                    b.push_str(&format!("    let xr{m} = min(g0 + {m}u, p.m - 1u);\n"));
+                }
+            }
             b.push_str(&self.k_loop(r, extra, &first, &format!("{}u", wg as usize * un), &stride));
             let mut val = "tot".to_string();
             if self.rms_scale {
@@ -413,6 +437,11 @@ impl QuantGemvQ8 {
                 // physical row and kept in workgroup memory for the epilogue.
                 let g = format!("p.row0 + {}", self.phys("lidx"));
                 b.push_str(&format!("    if (lidx < {v}u) {{\n        {}\n    }}\n", self.store_local(&g, &val.replace("[m]", "[0]"), "lidx")));
+            } else if self.step_rows {
+                b.push_str(&format!(
+                    "    if (lidx < {v}u) {{\n        let row = row0 + lidx / {mm}u;\n        let m = g0 + lidx % {mm}u;\n        if (row < p.rows && m < p.m) {{ {} }}\n    }}\n    }}\n",
+                    self.store("m", "p.row0 + row", &val)
+                ));
             } else {
                 b.push_str(&format!(
                 "    if (lidx < {v}u) {{\n        let row = row0 + lidx / {mm}u;\n        let m = lidx % {mm}u;\n        if (row < p.rows) {{ {} }}\n    }}\n",

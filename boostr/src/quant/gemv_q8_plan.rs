@@ -30,6 +30,18 @@ impl Q8GemvPlan {
         Self::build(ctx, cfg, w, xa, output, None, None)
     }
 
+    /// The decode rows of a batched step (`cfg.step_rows`): the first
+    /// [`StepValues::decode_rows`] rows of `xa` (which quantizes the step's rows, up to
+    /// `xa.max_rows()`) into the same rows of `output` (which holds `xa.max_rows()` rows),
+    /// `cfg.activation_rows` at a time inside one dispatch per part; a step without decode rows
+    /// skips it. A row's numbers depend on that row alone.
+    pub fn decode_rows(ctx: &GpuContext, cfg: &QuantGemvQ8, w: &QuantMatrix, xa: &Q8Activations, output: &GemvOutput) -> Result<Q8GemvPlan> {
+        if !cfg.step_rows {
+            return Err(QuantError::Config { what: "gemv_q8", reason: "Q8GemvPlan::decode_rows builds a step_rows config".into() });
+        }
+        Self::build(ctx, cfg, w, xa, output, None, None)
+    }
+
     /// The decode Q/K/V projection with the RoPE + KV-cache epilogue (`cfg.rope_kv`, see
     /// [`super::rope_kv`]): `w` holds the Q, K and V rows of one token, `y` receives the packed
     /// row with Q and K rotated at the step's position, and the layer's cache receives K and V at
@@ -85,6 +97,16 @@ impl Q8GemvPlan {
         if !(1..=8).contains(&m) {
             return Err(QuantError::Shape { what: OP, reason: format!("{m} activation rows (1..=8)") });
         }
+        if cfg.step_rows
+            && (cfg.epilogue.is_some() || cfg.rms_scale || cfg.split_qkv || cfg.rope_kv || cfg.row_groups > 1 || cfg.per_subgroup(&env_of(ctx.capabilities())))
+        {
+            return Err(QuantError::Config {
+                what: OP,
+                reason: "step_rows with an epilogue, rms_scale, split_qkv, rope_kv, row groups or subgroup rows".into(),
+            });
+        }
+        // The rows the bindings hold: the config's, or with `step_rows` all the activations'.
+        let held = if cfg.step_rows { xa.max_rows() } else { m };
         if xa.k() != w.cols || xa.max_rows() < m {
             return Err(QuantError::Shape { what: OP, reason: format!("activations of {} rows x {} for {m} rows x {} inputs", xa.max_rows(), xa.k(), w.cols) });
         }
@@ -113,13 +135,14 @@ impl Q8GemvPlan {
         let cpr = w.chunks_per_row();
         // What the kernel reads of the activations: blocks `m * cpr + c`, `c < cpr`, of the
         // config's rows (xq two vec4 words per block, xs one vec4).
-        let blocks = mul("activation blocks", m, cpr)?;
+        let blocks = mul("activation blocks", held, cpr)?;
         check_binding(OP, "xq", &xa.xq_binding(), mul("xq words", blocks, 2)?, 16)?;
         check_binding(OP, "xs", &xa.xs_binding(), blocks, 16)?;
         if cfg.accumulate && cfg.split_qkv {
             return Err(QuantError::Config { what: OP, reason: "accumulate with split_qkv".into() });
         }
-        let (outputs, qkv) = output.checked(OP, cfg.split_qkv, m, w.rows)?;
+        let (outputs, qkv) = output.checked(OP, cfg.split_qkv, held, w.rows)?;
+        let max = u32::try_from(held).map_err(|_| QuantError::Shape { what: OP, reason: format!("{held} activation rows") })?;
         if cfg.rms_scale != xa.deferred_rms().is_some() {
             return Err(QuantError::Config {
                 what: OP,
@@ -149,7 +172,9 @@ impl Q8GemvPlan {
         // - `xq[(m * cpr + c) * 2 + {0, 1}]` and `xs[m * cpr + c]` with `m < activation_rows`
         //   and `c = min(k, cpr - 1) < cpr` (every chunk index, the prefetched ones included,
         //   is clamped to the row); `xq` holds `2 * activation_rows * cpr` vec4 and `xs`
-        //   `activation_rows * cpr` vec4 (checked).
+        //   `activation_rows * cpr` vec4 (checked). With `step_rows`, `m = min(g0 + i, p.m - 1)`
+        //   with `1 <= p.m = min(decode_rows, max_rows)` (the grid is empty at 0), and both
+        //   hold `max_rows` rows of blocks (checked).
         // - Weight chunk `rb + c` with `rb = min(row0 + r, rows - 1) * cpr` (`rows >= 1`) is
         //   below the part's `rows * cpr` chunks (with row groups, `row0 = (wg + g * n_wg) * r`
         //   and the group is skipped unless `row0 < rows`); `w.validate()` checked the part's sections
@@ -157,7 +182,8 @@ impl Q8GemvPlan {
         // - Stores: `y[m * n_out + g]`, `g = row0 + row` with `row < rows` tested first, so
         //   `g < N` (with `GemvOutput::Columns`, `g < offset + N <= stride = n_out`, and `y`
         //   holds `activation_rows * stride`, checked); with `split_qkv` `g < nq`, `g - nq < nk`, `g - nq - nk < nv`, `nq + nk +
-        //   nv = N`; each output holds `activation_rows` of its rows (checked).
+        //   nv = N`; each output holds `activation_rows` of its rows (checked). With `step_rows`,
+        //   stores need `m < p.m <= max_rows`, and each output holds `max_rows` rows (checked).
         // - The workgroup reduction: tree indices below `threads * v`; subgroup slots
         //   `sg_idx < min(sg_count, slots)`. Subgroup-rows mode uses no workgroup array.
         // - The RoPE + KV epilogue (`rope_kv::check`): `y[g]`, `y[g + 1]` with even `g < rows
@@ -173,6 +199,12 @@ impl Q8GemvPlan {
                 |_, part, d| {
                     let d = d.set_usize("nq", qkv[0])?.set_usize("nk", qkv[1])?.set_usize("nv", qkv[2])?.set_f32("eps", eps)?.set_usize("epf", w.rows / 2)?;
                     let d = if cfg.row_groups > 1 { d.set_usize("n_wg", n_wg(part))? } else { d };
+                    let d = if cfg.step_rows {
+                        let grid = grid_for(ctx, n_wg(part))?;
+                        d.per_step("m", move |s| s.decode_rows.min(max))?.grid_per_step(move |s| if s.decode_rows == 0 { [0, 0, 0] } else { grid })
+                    } else {
+                        d
+                    };
                     match &rope {
                         Some(c) => c.set(d),
                         None => Ok(d),

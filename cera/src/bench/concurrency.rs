@@ -125,6 +125,10 @@ pub fn run(
 ) -> Result<Vec<ConcurrencyRow>, BenchError> {
     let vocab = engine.config().vocab as u32;
     let mut rows = Vec::new();
+    if requests == Some(0) {
+        // `--requests 0`: no workload (with `--profile`, the step profiles alone).
+        return Ok(rows);
+    }
     for &c in concurrency {
         if c == 0 {
             return Err(BenchError::Usage("a concurrency of 0".into()));

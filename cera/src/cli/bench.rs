@@ -55,7 +55,8 @@ pub struct Args {
     /// 128 to 512); total and per-sequence tok/s, time to first token, inter-token latency.
     #[arg(long = "concurrency", value_delimiter = ',', value_name = "N")]
     pub concurrency: Vec<usize>,
-    /// Requests in the `--concurrency` workload (default: twice the concurrency, at least 16).
+    /// Requests in the `--concurrency` workload (default: twice the concurrency, at least 16; 0:
+    /// none, for `--profile` alone).
     #[arg(long = "requests", value_name = "N")]
     pub requests: Option<usize>,
     /// The batcher's KV cache size (bytes, or with a K/M/G suffix: `8G`); default: the KV of

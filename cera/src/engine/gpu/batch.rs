@@ -188,7 +188,8 @@ impl GpuBatch {
         if m == 0 {
             return Ok(head);
         }
-        let rows = StepValues::chunk(0, m as u32);
+        // Every head row through the decode-row GEMV (the head has no prompt rows).
+        let rows = StepValues::chunk(0, m as u32).with_decode_rows(m as u32);
         if wanted.iter().enumerate().all(|(j, &r)| r == j) && m <= self.opts.max_tokens.min(self.opts.max_seqs) {
             self.head_direct.record(rec, &rows).map_err(|e| self.err(e))?;
         } else {

@@ -2,7 +2,7 @@
 //! and `--diag`): the keys, what each takes, and typed errors that say both.
 
 use super::super::options::Chains;
-use super::{AttnTuning, ChainPoll, DecodeFusions, DecodeKernel, GpuTuning, WorkgroupShape};
+use super::{AttnTuning, BatchGemv, BatchQ8, ChainPoll, DecodeFusions, DecodeKernel, GpuTuning, WorkgroupShape};
 
 /// Every `--tune` key with the value it takes (the field of [`GpuTuning`] it sets has the same
 /// name, or says which key sets it).
@@ -14,6 +14,8 @@ pub const TUNING_KEYS: &[(&str, &str)] = &[
     ("gemv_small", "rows or input features (an integer)"),
     ("gemv_rows", "rows per workgroup (an integer, or `auto`)"),
     ("gemv_threads", "invocations per workgroup (an integer, or `auto`)"),
+    ("batch_gemv", "rows,group,threads,f16 of the batched steps' f32 decode-row GEMV (integers; f16 0 or 1)"),
+    ("batch_q8", "`off` (the f32 GEMV) or rows,group,threads,unroll of the batched steps' integer-dot decode-row GEMV"),
     ("q8_min_rows", "rows per workgroup (an integer)"),
     ("q8_tall_above", "rows (an integer)"),
     ("q8_tall_min_rows", "rows per workgroup (an integer)"),
@@ -163,6 +165,21 @@ impl GpuTuning {
             "gemv_small" => self.gemv_small = v.int()?,
             "gemv_rows" => self.gemv_rows = v.opt_int()?,
             "gemv_threads" => self.gemv_threads = v.opt_int()?,
+            "batch_gemv" => {
+                let p = v.ints::<u32>(4)?;
+                if p[3] > 1 {
+                    return Err(v.bad());
+                }
+                self.batch_gemv = BatchGemv { rows: p[0], group: p[1], threads: p[2], f16: p[3] == 1 };
+            }
+            "batch_q8" => {
+                self.batch_q8 = if v.lower() == "off" {
+                    None
+                } else {
+                    let p = v.ints::<u32>(4)?;
+                    Some(BatchQ8 { rows: p[0], group: p[1], threads: p[2], unroll: p[3] })
+                }
+            }
             "q8_min_rows" => self.q8_min_rows = v.int()?,
             "q8_tall_above" => self.q8_tall_above = v.int()?,
             "q8_tall_min_rows" => self.q8_tall_min_rows = v.int()?,

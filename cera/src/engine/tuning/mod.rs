@@ -138,6 +138,11 @@ pub struct GpuTuning {
     pub gemv_rows: Option<u32>,
     /// Invocations per workgroup of every f32 decode GEMV (`gemv_threads`; `None`: boostr's).
     pub gemv_threads: Option<u32>,
+    /// The shape of the batched steps' decode-row GEMV (`batch_gemv` = rows,group,threads,f16).
+    pub batch_gemv: BatchGemv,
+    /// The shape of the batched steps' integer-dot decode-row GEMV (`batch_q8`; `None`: the
+    /// f32 one), where the int8 decode path is on.
+    pub batch_q8: Option<BatchQ8>,
 
     /// Rows per workgroup of the int8 decode GEMVs, at least. Two (boostr's default takes one
     /// for most shapes) measured 331 -> 340 tok/s on llama-8b and 848 -> 860 on llama-1b (tg128,
@@ -241,6 +246,43 @@ pub struct GpuTuning {
     pub chain_poll: ChainPoll,
 }
 
+/// The shape of the decode-row GEMV of batched steps (boostr's `QuantGemv` with `step_rows`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchGemv {
+    /// Weight rows per workgroup.
+    pub rows: u32,
+    /// Activation rows per pass of the workgroup's loop over the step's decode rows.
+    pub group: u32,
+    /// Invocations per workgroup.
+    pub threads: u32,
+    /// f16 products (f32 sums) where the adapter has f16.
+    pub f16: bool,
+}
+
+impl BatchGemv {
+    /// The default shape.
+    pub const DEFAULT: BatchGemv = BatchGemv { rows: 2, group: 4, threads: 128, f16: false };
+}
+
+/// The shape of the integer-dot decode-row GEMV of batched steps (boostr's `QuantGemvQ8`
+/// with `step_rows`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchQ8 {
+    /// Weight rows per workgroup.
+    pub rows: u32,
+    /// Activation rows per pass of the workgroup's loop over the step's decode rows.
+    pub group: u32,
+    /// Invocations per workgroup.
+    pub threads: u32,
+    /// Chunks of 32 per invocation per step.
+    pub unroll: u32,
+}
+
+impl BatchQ8 {
+    /// The default shape.
+    pub const DEFAULT: BatchQ8 = BatchQ8 { rows: 2, group: 4, threads: 64, unroll: 1 };
+}
+
 impl Default for GpuTuning {
     fn default() -> Self {
         GpuTuning {
@@ -251,6 +293,8 @@ impl Default for GpuTuning {
             gemv_small: 1024,
             gemv_rows: None,
             gemv_threads: None,
+            batch_gemv: BatchGemv::DEFAULT,
+            batch_q8: Some(BatchQ8::DEFAULT),
             q8_min_rows: 2,
             q8_tall_above: 8192,
             q8_tall_min_rows: 4,

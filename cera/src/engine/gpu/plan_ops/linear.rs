@@ -50,10 +50,6 @@ pub(super) fn gemv_fusion(slots: &Slots, f: &Fused, x: Slot, out: Slot) -> GemvF
     }
 }
 
-/// Decode rows of a batched step the GEMV takes at a time (each group reads the workgroup's
-/// weight rows again, from cache).
-const DECODE_ROW_GROUP: u32 = 4;
-
 /// One linear op: its index, what its GEMV fuses, the output row's width, the RMSNorm's
 /// epsilon, and the mode it is built for (the LM head's is always `Decode`).
 pub(super) struct LinearArgs {
@@ -88,6 +84,16 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
         Some(xa)
     } else {
         None
+    };
+    // A batched step's decode rows on the int8 path: the step's rows quantized once for every
+    // part (the prompt rows' share is unused; the GEMM reads f32).
+    let xa_batch = match mode {
+        Mode::Batch { max_tok } if inp.tuning.batch_q8.is_some() && batch_int8(inp, op) => {
+            let xa = Q8Activations::new(ctx, &x, max_tok, k).map_err(|e| quant_err(ctx, &parts[0].w.name, e))?;
+            plan.append(xa.plan());
+            Some(xa)
+        }
+        _ => None,
     };
     let c = &inp.graph.cfg;
     let rope_layer = f.rope.and_then(|r| match &inp.graph.ops[r] {
@@ -166,11 +172,22 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
                 let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
                 let gemm = GemmPlan::beside_decode_rows(ctx, &cfg, w, &x, &output, max_tok);
                 plan.append(gemm.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
-                let base = QuantGemv::new(kind, env, DECODE_ROW_GROUP);
-                let gemv = QuantGemv { unchecked: true, step_rows: true, threads: f32_threads(inp.tuning, base.threads), ..base };
-                let io = GemvIo { x: x.clone(), norm_weight: None, eps, output };
-                let p = GemvPlan::decode_rows(ctx, &gemv, w, &io, max_tok);
-                plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
+                match (&xa_batch, inp.tuning.batch_q8) {
+                    (Some(xa), Some(t)) => {
+                        let base = QuantGemvQ8::new(kind, env, t.group);
+                        let cfg = QuantGemvQ8 { unchecked: true, step_rows: true, rows_per_workgroup: t.rows, threads: t.threads, unroll: t.unroll, ..base };
+                        let p = Q8GemvPlan::decode_rows(ctx, &cfg, w, xa, &output);
+                        plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
+                    }
+                    _ => {
+                        let t = inp.tuning.batch_gemv;
+                        let base = QuantGemv::new(kind, env, t.group);
+                        let gemv = QuantGemv { unchecked: true, step_rows: true, rows_per_workgroup: t.rows, threads: t.threads, f16_math: t.f16, ..base };
+                        let io = GemvIo { x: x.clone(), norm_weight: None, eps, output };
+                        let p = GemvPlan::decode_rows(ctx, &gemv, w, &io, max_tok);
+                        plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
+                    }
+                }
             }
             (Mode::Prefill { max_tok }, _) => {
                 let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
@@ -211,6 +228,13 @@ pub(in super::super) fn rope_fusable(ctx: &GpuContext, env: &KernelEnv, inp: &Pl
     } else {
         f32_rows(inp.tuning, env, w).is_multiple_of(2)
     }
+}
+
+/// Whether a batched step's decode rows of linear op `op` run as integer-dot GEMVs (the int8
+/// decode path on, every part a quantized format).
+fn batch_int8(inp: &PlanInputs, op: usize) -> bool {
+    let Some(parts) = inp.weights.linear.get(&op) else { return false };
+    inp.decode_gemv.int8_for(inp.graph.cfg.dim) && parts.iter().all(|p| QuantGemvQ8::supports(WeightKind::of(p.w.format)))
 }
 
 /// Whether linear op `op` runs as integer-dot GEMVs (decode, the int8 path, every part a
