@@ -79,6 +79,19 @@ fn greedy_answers_equal_cera_run_streamed_or_not() {
     assert_eq!(content.len(), 4);
     assert!(content.iter().all(|c| c["top_logprobs"].as_array().unwrap().len() == 3 && c["token"] == c["top_logprobs"][0]["token"]));
 
+    // logit_bias: -100 on the greedy first token moves the choice to another; +100 on some
+    // token makes it the choice; the text's first token comes from the tokenizer's ids.
+    let (_, t) = s.post("/tokenize", &json!({"content": raw_text.trim_end_matches('\n')}));
+    let first = t["tokens"][0].as_u64().unwrap();
+    let biased = |bias: Value| json!({"prompt": "Once upon a time", "max_tokens": 1, "temperature": 0, "logit_bias": bias});
+    let (_, v) = s.post("/v1/completions", &biased(json!({first.to_string(): -100})));
+    let banned = v["choices"][0]["text"].as_str().unwrap().to_string();
+    let (_, d) = s.post("/detokenize", &json!({"tokens": [first]}));
+    assert_ne!(banned, d["content"].as_str().unwrap(), "the banned token was chosen");
+    let (_, v) = s.post("/v1/completions", &biased(json!({"2000": 100})));
+    let (_, d) = s.post("/detokenize", &json!({"tokens": [2000]}));
+    assert_eq!(v["choices"][0]["text"], d["content"]);
+
     // Stop strings end the text before them.
     let mut body = chat(prompt, 12);
     let cut = run_text.trim_end_matches('\n');
@@ -185,7 +198,10 @@ fn bad_requests_get_their_status_and_an_openai_error() {
         ("/v1/chat/completions", json!({"messages": user, "logprobs": true, "top_logprobs": 21}).to_string(), 400, Some("top_logprobs")),
         ("/v1/chat/completions", json!({"messages": user, "top_logprobs": 2}).to_string(), 400, Some("top_logprobs")),
         ("/v1/chat/completions", json!({"messages": user, "stop": ["a", ""]}).to_string(), 400, Some("stop")),
-        ("/v1/chat/completions", json!({"messages": user, "logit_bias": {"15": 5}}).to_string(), 400, Some("logit_bias")),
+        ("/v1/chat/completions", json!({"messages": user, "logit_bias": {"15": 500}}).to_string(), 400, Some("logit_bias")),
+        ("/v1/chat/completions", json!({"messages": user, "logit_bias": {"49152": 1}}).to_string(), 400, Some("logit_bias")),
+        ("/v1/chat/completions", json!({"messages": user, "logit_bias": {"x": 1}}).to_string(), 400, Some("logit_bias")),
+        ("/v1/chat/completions", json!({"messages": user, "logit_bias": {"15": "up"}}).to_string(), 400, Some("logit_bias")),
         (
             "/v1/chat/completions",
             json!({"messages": user, "response_format": {"type": "json_schema"}}).to_string(),

@@ -174,6 +174,7 @@ impl SampleArgs {
             top_logprobs: 0,
             pipeline: !self.no_pipeline,
             constraint: None,
+            logit_bias: Vec::new(),
         }
     }
 }

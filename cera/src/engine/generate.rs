@@ -149,7 +149,7 @@ fn sampler_opts(o: &GenerateOpts) -> SamplerOpts {
 }
 
 fn mode(o: &GenerateOpts, s: &SamplerOpts, n_masked: usize) -> Mode {
-    if o.top_logprobs > 0 || s.has_penalties() || o.constraint.is_some() {
+    if o.top_logprobs > 0 || s.has_penalties() || o.constraint.is_some() || !o.logit_bias.is_empty() {
         return Mode::Logits;
     }
     if s.temperature <= 0.0 {
@@ -299,7 +299,22 @@ impl Chooser {
                     StepLogprobs { chosen, top: row_top_logprobs(&row, self.opts.top_logprobs) }
                 };
                 let allowed = |id: u32| mask.as_ref().is_none_or(|m| super::constraint::allows(m, id));
-                let mut c: Vec<(u32, f32)> = row.iter().enumerate().map(|(i, &l)| (i as u32, l)).filter(|&(id, _)| self.keep(id) && allowed(id)).collect();
+                if let Some(&(id, _)) = self.opts.logit_bias.iter().find(|&&(id, _)| id as usize >= row.len()) {
+                    return Err(EngineError::TokenOutOfRange { id, vocab: row.len() });
+                }
+                // The biased logits choose; the raw row gives the log-probabilities.
+                let biased_row;
+                let choose_from: &[f32] = if self.opts.logit_bias.is_empty() {
+                    &row
+                } else {
+                    let mut b = row.clone();
+                    for &(id, v) in &self.opts.logit_bias {
+                        b[id as usize] += v;
+                    }
+                    biased_row = b;
+                    &biased_row
+                };
+                let mut c: Vec<(u32, f32)> = choose_from.iter().enumerate().map(|(i, &l)| (i as u32, l)).filter(|&(id, _)| self.keep(id) && allowed(id)).collect();
                 if c.is_empty() && mask.is_some() {
                     return Err(EngineError::Usage("the output constraint allows no token at this step".into()));
                 }

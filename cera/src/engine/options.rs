@@ -199,6 +199,10 @@ pub struct GenerateOpts {
     /// constraint allows, and the generation ends when it is complete. Such a generation reads
     /// each step's whole logits row.
     pub constraint: Option<super::Constraint>,
+    /// Added to the raw logit of each listed id before sampling (OpenAI's `logit_bias`: -100
+    /// bans an id in practice, 100 all but forces it). Such a generation reads each step's whole
+    /// logits row; log-probabilities stay those of the raw row.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// At most 256 tokens, sampled with [`SamplerOpts::default`] (llama.cpp's defaults), pipelined.
@@ -213,6 +217,7 @@ impl Default for GenerateOpts {
             top_logprobs: 0,
             pipeline: true,
             constraint: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -235,13 +240,18 @@ impl GenerateOpts {
         self
     }
 
-    /// Checks the sampler's values ([`SamplerOpts::check`]) and `top_logprobs` (at most
-    /// [`MAX_TOP_LOGPROBS`](super::MAX_TOP_LOGPROBS)): [`EngineError::Sampler`] otherwise.
+    /// Checks the sampler's values ([`SamplerOpts::check`]), `top_logprobs` (at most
+    /// [`MAX_TOP_LOGPROBS`](super::MAX_TOP_LOGPROBS)) and that every `logit_bias` is finite:
+    /// [`EngineError::Sampler`] otherwise. An id outside the vocabulary is a
+    /// [`EngineError::TokenOutOfRange`] at the first step.
     /// `Session::generate` calls it before anything runs.
     pub fn check(&self) -> Result<(), EngineError> {
         self.sampler.check()?;
         if self.top_logprobs > super::MAX_TOP_LOGPROBS {
             return Err(EngineError::Sampler { option: "top_logprobs", value: self.top_logprobs.to_string(), expected: "at most 100" });
+        }
+        if let Some(&(id, b)) = self.logit_bias.iter().find(|(_, b)| !b.is_finite()) {
+            return Err(EngineError::Sampler { option: "logit_bias", value: format!("{b} for id {id}"), expected: "a finite number" });
         }
         Ok(())
     }

@@ -132,6 +132,9 @@ fn range(param: &str, v: Option<f32>, lo: f32, hi: f32, lo_open: bool) -> Result
     }
 }
 
+/// Most `logit_bias` entries a request may give.
+const MAX_LOGIT_BIAS: usize = 1024;
+
 impl GenRequest {
     /// Refuses what this server does not implement (never silently ignored).
     pub fn check_supported(&self) -> Result<(), ApiError> {
@@ -144,9 +147,6 @@ impl GenRequest {
             && b != 1
         {
             return Err(ApiError::unsupported("best_of", format!("best_of = {b}")));
-        }
-        if self.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
-            return Err(ApiError::unsupported("logit_bias", "logit_bias"));
         }
         if let Some(f) = &self.response_format {
             match f.get("type").and_then(Value::as_str) {
@@ -239,6 +239,29 @@ impl GenRequest {
         let opts = GenerateOpts { sampler, max_tokens, stop, top_logprobs, ..GenerateOpts::default() };
         opts.check().map_err(ApiError::from)?;
         Ok(opts)
+    }
+
+    /// `logit_bias` as (id, bias) pairs: keys are token ids of the vocabulary of `vocab` ids,
+    /// values numbers from -100 to 100 (OpenAI's bounds); at most 1024 entries.
+    pub fn logit_bias(&self, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+        let Some(m) = &self.logit_bias else { return Ok(Vec::new()) };
+        if m.len() > MAX_LOGIT_BIAS {
+            return Err(ApiError::bad_request(Some("logit_bias"), format!("{} entries; at most {MAX_LOGIT_BIAS}", m.len())));
+        }
+        let bad = |what: String| ApiError::bad_request(Some("logit_bias"), what);
+        m.iter()
+            .map(|(k, v)| {
+                let id: u32 = k.trim().parse().map_err(|_| bad(format!("the key {k:?} is not a token id")))?;
+                if id as usize >= vocab {
+                    return Err(bad(format!("token id {id} is outside the vocabulary of {vocab}")));
+                }
+                let b = v.as_f64().ok_or_else(|| bad(format!("the bias of {id} is {v}, not a number")))?;
+                if !(-100.0..=100.0).contains(&b) {
+                    return Err(bad(format!("the bias of {id} is {b}; from -100 to 100")));
+                }
+                Ok((id, b as f32))
+            })
+            .collect()
     }
 
     /// What constrains the output, if anything: a JSON schema (`response_format` `json_object`
