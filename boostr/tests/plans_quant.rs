@@ -244,6 +244,18 @@ fn decode_row_gemv_beside_the_gemm() {
         let xa = Q8Activations::new(&ctx, &whole(&xb), max_m, COLS).unwrap();
         let q8 = QuantGemvQ8 { step_rows: true, ..QuantGemvQ8::new(kind, &env, 4) };
         let q8 = Q8GemvPlan::decode_rows(&ctx, &q8, &w, &xa, &GemvOutput::Single(whole(&y))).unwrap();
+        // Activations of fewer rows than the group (a batch of one or two sequences): the
+        // group's rows clamp to the step's.
+        let xa2 = Q8Activations::new(&ctx, &whole(&xb), 2, COLS).unwrap();
+        let y2 = alloc(&ctx, 2 * ROWS);
+        let q8_2 = QuantGemvQ8 { step_rows: true, ..QuantGemvQ8::new(kind, &env, 4) };
+        let q8_2 = Q8GemvPlan::decode_rows(&ctx, &q8_2, &w, &xa2, &GemvOutput::Single(whole(&y2))).unwrap();
+        let step2 = StepValues::chunk(0, 2).with_decode_rows(2);
+        explicit(&ctx, |rec| {
+            xa2.plan().record(rec, &step2).unwrap();
+            q8_2.record(rec, &step2).unwrap();
+        });
+        check_close_rtol(&read(&ctx, &y2, 2 * ROWS), &want[..2 * ROWS], 1.5e-2).unwrap_or_else(|e| panic!("{ty}: two rows in a group of four: {e}"));
         for int8 in [false, true] {
             let mut first_row: Option<Vec<f64>> = None;
             for (n_tok, decode) in [(1usize, 1usize), (5, 5), (13, 13), (9, 0), (12, 3), (16, 7)] {

@@ -107,7 +107,8 @@ impl Q8GemvPlan {
         }
         // The rows the bindings hold: the config's, or with `step_rows` all the activations'.
         let held = if cfg.step_rows { xa.max_rows() } else { m };
-        if xa.k() != w.cols || xa.max_rows() < m {
+        // A step_rows GEMV clamps its rows to the step's, which the activations hold.
+        if xa.k() != w.cols || (!cfg.step_rows && xa.max_rows() < m) {
             return Err(QuantError::Shape { what: OP, reason: format!("activations of {} rows x {} for {m} rows x {} inputs", xa.max_rows(), xa.k(), w.cols) });
         }
         let r = cfg.rows_per_workgroup;

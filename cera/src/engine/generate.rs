@@ -314,7 +314,8 @@ impl Chooser {
                     biased_row = b;
                     &biased_row
                 };
-                let mut c: Vec<(u32, f32)> = choose_from.iter().enumerate().map(|(i, &l)| (i as u32, l)).filter(|&(id, _)| self.keep(id) && allowed(id)).collect();
+                let mut c: Vec<(u32, f32)> =
+                    choose_from.iter().enumerate().map(|(i, &l)| (i as u32, l)).filter(|&(id, _)| self.keep(id) && allowed(id)).collect();
                 if c.is_empty() && mask.is_some() {
                     return Err(EngineError::Usage("the output constraint allows no token at this step".into()));
                 }

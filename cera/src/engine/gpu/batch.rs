@@ -115,6 +115,7 @@ impl GpuBatch {
             conv_seqs: conv_seqs.as_ref(),
             decode_gemv: b.decode_gemv,
             tuning: &b.tuning,
+            batch_decode_gemv: opts.max_seqs <= b.tuning.batch_gemv_max_seqs,
         };
         let slots = Slots::with_logit_rows(ctx, g, opts.max_tokens, 1, opts.max_seqs)?;
         let plan = build(ctx, &inp, &slots, Mode::Batch { max_tok: opts.max_tokens })?;

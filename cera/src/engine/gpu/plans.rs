@@ -139,6 +139,10 @@ pub(crate) struct PlanInputs<'a> {
     pub(crate) decode_gemv: DecodeGemv,
     /// The measured constants and their overrides.
     pub(crate) tuning: &'a GpuTuning,
+    /// A batched plan runs its decode rows through the multi-row GEMV (else through the GEMM
+    /// with the prompt rows): chosen per batch state, so every row of one state's steps takes
+    /// the same kernel whatever shares its step.
+    pub(crate) batch_decode_gemv: bool,
 }
 
 impl<'a> PlanInputs<'a> {

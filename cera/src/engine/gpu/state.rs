@@ -118,6 +118,7 @@ impl GpuState {
             conv_seqs: None,
             decode_gemv: b.decode_gemv,
             tuning: &b.tuning,
+            batch_decode_gemv: false,
         };
         let dec_slots = Slots::new(ctx, g, 1, 1)?;
         let pre_slots = Slots::new(ctx, g, ubatch, prefill_qkv_splits(ctx, &inp, ubatch))?;

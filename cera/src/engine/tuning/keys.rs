@@ -15,6 +15,7 @@ pub const TUNING_KEYS: &[(&str, &str)] = &[
     ("gemv_rows", "rows per workgroup (an integer, or `auto`)"),
     ("gemv_threads", "invocations per workgroup (an integer, or `auto`)"),
     ("batch_gemv", "rows,group,threads,f16 of the batched steps' f32 decode-row GEMV (integers; f16 0 or 1)"),
+    ("batch_gemv_max_seqs", "sequences (an integer): batch states of at most this many run decode rows through the GEMV"),
     ("batch_q8", "`off` (the f32 GEMV) or rows,group,threads,unroll of the batched steps' integer-dot decode-row GEMV"),
     ("q8_min_rows", "rows per workgroup (an integer)"),
     ("q8_tall_above", "rows (an integer)"),
@@ -172,6 +173,7 @@ impl GpuTuning {
                 }
                 self.batch_gemv = BatchGemv { rows: p[0], group: p[1], threads: p[2], f16: p[3] == 1 };
             }
+            "batch_gemv_max_seqs" => self.batch_gemv_max_seqs = v.int()?,
             "batch_q8" => {
                 self.batch_q8 = if v.lower() == "off" {
                     None

@@ -140,8 +140,13 @@ pub struct GpuTuning {
     pub gemv_threads: Option<u32>,
     /// The shape of the batched steps' decode-row GEMV (`batch_gemv` = rows,group,threads,f16).
     pub batch_gemv: BatchGemv,
-    /// The shape of the batched steps' integer-dot decode-row GEMV (`batch_q8`; `None`: the
-    /// f32 one), where the int8 decode path is on.
+    /// Batch states of at most this many sequences run their decode rows through the
+    /// multi-row GEMV, larger ones through the GEMM with the prompt rows
+    /// (`batch_gemv_max_seqs`). Measured on the H100 (llama-1b Q4_0, 2026-12-06), total
+    /// tok/s at 1/8/32/64 streams: GEMM 116/657/1921/2919, f32 GEMV 212/790/1090/1174.
+    pub batch_gemv_max_seqs: usize,
+    /// The shape of the batched steps' integer-dot decode-row GEMV (`batch_q8`; `None`, the
+    /// default until it is measured on a GPU: the f32 one), where the int8 decode path is on.
     pub batch_q8: Option<BatchQ8>,
 
     /// Rows per workgroup of the int8 decode GEMVs, at least. Two (boostr's default takes one
@@ -294,7 +299,8 @@ impl Default for GpuTuning {
             gemv_rows: None,
             gemv_threads: None,
             batch_gemv: BatchGemv::DEFAULT,
-            batch_q8: Some(BatchQ8::DEFAULT),
+            batch_gemv_max_seqs: 16,
+            batch_q8: None,
             q8_min_rows: 2,
             q8_tall_above: 8192,
             q8_tall_min_rows: 4,

@@ -35,6 +35,8 @@ fn every_key_is_documented_and_sets_something() {
         "q8_prefetch" => "1",
         "chain" => "quant_gemv_q8",
         "chain_poll" => "first",
+        "batch_gemv" => "4,2,128,1",
+        "batch_q8" => "2,4,64,1",
         _ => "3",
     };
     for (k, doc) in TUNING_KEYS {
@@ -64,6 +66,9 @@ fn settings_parse_into_their_fields() {
         "q8_sg_rows=2",
         "q8_prefetch=0",
         "gemv_rows=8",
+        "batch_gemv=8,2,256,1",
+        "batch_q8=4,8,128,2",
+        "batch_gemv_max_seqs=4",
         "norm_local=16,512,1,1",
         "norm_local_small=off",
         "attn_tuning=2,4,264",
@@ -89,6 +94,11 @@ fn settings_parse_into_their_fields() {
     assert_eq!((t.prefill_split_k, t.prefill_lead), (false, 0));
     assert_eq!((t.chains, t.chain_kernels.clone()), (Chains::On, vec!["quant_gemv_q8".to_string(), "attn_decode".to_string()]));
     assert_eq!((t.chain_layers, t.chain_max, t.chain_poll), (2, Some(8), ChainPoll::First));
+    assert_eq!(t.batch_gemv, super::BatchGemv { rows: 8, group: 2, threads: 256, f16: true });
+    assert_eq!((t.batch_q8, t.batch_gemv_max_seqs), (Some(super::BatchQ8 { rows: 4, group: 8, threads: 128, unroll: 2 }), 4));
+    for s in ["batch_gemv=2,4,128,0", "batch_q8=off", "batch_gemv_max_seqs=16"] {
+        t.set_pair(s).unwrap();
+    }
     // `auto` returns an override to the default, `all` / `off` the chains' mode.
     for s in ["q8_rows=auto", "q8_wide_unroll=auto", "q8_tall_threads=auto", "q8_small_rows=auto", "q8_sg_rows=auto", "q8_prefetch=auto"] {
         t.set_pair(s).unwrap();

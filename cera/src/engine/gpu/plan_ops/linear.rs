@@ -88,7 +88,7 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
     // A batched step's decode rows on the int8 path: the step's rows quantized once for every
     // part (the prompt rows' share is unused; the GEMM reads f32).
     let xa_batch = match mode {
-        Mode::Batch { max_tok } if inp.tuning.batch_q8.is_some() && batch_int8(inp, op) => {
+        Mode::Batch { max_tok } if inp.batch_decode_gemv && inp.tuning.batch_q8.is_some() && batch_int8(inp, op) => {
             let xa = Q8Activations::new(ctx, &x, max_tok, k).map_err(|e| quant_err(ctx, &parts[0].w.name, e))?;
             plan.append(xa.plan());
             Some(xa)
@@ -164,6 +164,13 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
                     None => GemvPlan::new(ctx, &cfg, w, &io),
                 };
                 plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
+            }
+            (Mode::Batch { max_tok }, _) if !inp.batch_decode_gemv => {
+                // Every row through the GEMM (a batch state of many sequences, where one GEMM
+                // pass over the weights beats the GEMV's pass per group of decode rows).
+                let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
+                let gemm = GemmPlan::with_output(ctx, &cfg, w, &x, &output, max_tok);
+                plan.append(gemm.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
             }
             (Mode::Batch { max_tok }, _) => {
                 // The prompt rows through the GEMM (skipped in a step of decode rows only), then
