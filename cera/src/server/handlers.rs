@@ -13,6 +13,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use super::call_stream::CallWatch;
 use super::error::ApiError;
 use super::openai::{self, Head, Kind};
 use super::request::{self, WirePrompt};
@@ -59,7 +60,8 @@ async fn generate(state: &Shared, b: Result<Bytes, BytesRejection>, kind: Kind) 
     let engine = batcher.engine();
     let tool_list = tools::parse_tools(req.tools.as_deref().unwrap_or(&[]))?;
     let choice = tools::parse_choice(req.tool_choice.as_ref(), &tool_list)?;
-    let forced = tools::forced_grammar(&tool_list, &choice);
+    let syntax = tools::syntax(engine.chat_template());
+    let forced = tools::forced_grammar(&tool_list, &choice, syntax);
     if forced.is_some() && (req.grammar.is_some() || req.response_format.as_ref().is_some_and(|f| f.get("type").and_then(Value::as_str) != Some("text"))) {
         return Err(ApiError::bad_request(Some("tool_choice"), "a required tool call cannot be combined with response_format or grammar"));
     }
@@ -121,13 +123,14 @@ async fn generate(state: &Shared, b: Result<Bytes, BytesRejection>, kind: Kind) 
     let head = Head { kind, id: format!("{prefix}-{n:x}{:x}", unix_now()), created: unix_now(), model };
     let run = Running::start(state, batcher, tokens, &opts, stream)?;
     if stream {
-        let answer = GenStream { head, logprobs, include_usage, state: state.clone(), started: false, calls: calling.map(CallWatch::new) };
+        let calls = calling.map(|t| CallWatch::new(t, syntax, &head.id));
+        let answer = GenStream { head, logprobs, include_usage, state: state.clone(), started: false, calls };
         let s = EventStream::new(run, answer);
         return Ok(Sse::new(s).keep_alive(KeepAlive::default()).into_response());
     }
     let g = run.finish().await?;
     if let Some(tl) = &calling {
-        let (text, calls) = tools::parse_calls(&g.text, tl);
+        let (text, calls) = tools::parse_calls(&g.text, tl, syntax);
         if !calls.is_empty() {
             let mut v = openai::whole(&head, engine.tokenizer(), &g, logprobs);
             v["choices"][0]["message"] = json!({"role": "assistant", "content": if text.is_empty() { Value::Null } else { Value::String(text) }, "tool_calls": tools::calls_json(&calls, &head.id)});
@@ -147,42 +150,6 @@ struct GenStream {
     started: bool,
     /// With tools offered: the text that may be a call is held back until the end.
     calls: Option<CallWatch>,
-}
-
-/// Holds back streamed text from the first `<tool_call>` on (and any tail that may start one).
-struct CallWatch {
-    tools: Vec<tools::Tool>,
-    held: String,
-    in_call: bool,
-}
-
-impl CallWatch {
-    fn new(tools: Vec<tools::Tool>) -> CallWatch {
-        CallWatch { tools, held: String::new(), in_call: false }
-    }
-
-    /// The text that is safe to show now.
-    fn push(&mut self, text: &str) -> String {
-        self.held.push_str(text);
-        if self.in_call {
-            return String::new();
-        }
-        if let Some(i) = self.held.find(tools::OPEN) {
-            self.in_call = true;
-            let shown = self.held[..i].to_string();
-            self.held.drain(..i);
-            return shown;
-        }
-        // Keep the longest tail that is a start of `<tool_call>`.
-        let keep = (1..tools::OPEN.len().min(self.held.len() + 1))
-            .rev()
-            .find(|&k| self.held.is_char_boundary(self.held.len() - k) && tools::OPEN.starts_with(&self.held[self.held.len() - k..]))
-            .unwrap_or(0);
-        let cut = self.held.len() - keep;
-        let shown = self.held[..cut].to_string();
-        self.held.drain(..cut);
-        shown
-    }
 }
 
 fn event(v: &Value) -> Event {
@@ -208,28 +175,31 @@ impl Answer for GenStream {
                 if text.is_empty() && lp.is_null() {
                     return;
                 }
-                let text = match self.calls.as_mut() {
+                let (text, calls) = match self.calls.as_mut() {
                     Some(w) => w.push(&text),
-                    None => text,
+                    None => (text, Vec::new()),
                 };
-                if text.is_empty() && lp.is_null() {
-                    return;
+                if !(text.is_empty() && lp.is_null()) {
+                    let delta = if chat { json!({"content": text}) } else { Value::String(text) };
+                    out.push_back(event(&openai::chunk(&self.head, delta, lp, None)));
                 }
-                let delta = if chat { json!({"content": text}) } else { Value::String(text) };
-                out.push_back(event(&openai::chunk(&self.head, delta, lp, None)));
+                for c in calls {
+                    out.push_back(event(&openai::chunk(&self.head, json!({"tool_calls": c}), Value::Null, None)));
+                }
             }
             Msg::Done(Ok(g)) => {
                 account(&self.state, &g);
                 let mut finish = openai::finish_reason(g.finish);
                 if let Some(w) = self.calls.take() {
-                    // The held text: its calls as tool_calls deltas, the rest as content.
-                    let (text, calls) = tools::parse_calls(&w.held, &w.tools);
-                    let text = if calls.is_empty() { w.held.clone() } else { text };
+                    // The held text: its calls as one tool_calls delta, the rest as content.
+                    let (text, calls, called) = w.finish();
                     if !text.is_empty() {
                         out.push_back(event(&openai::chunk(&self.head, json!({"content": text}), Value::Null, None)));
                     }
-                    if !calls.is_empty() {
-                        out.push_back(event(&openai::chunk(&self.head, json!({"tool_calls": tools::calls_json(&calls, &self.head.id)}), Value::Null, None)));
+                    if let Some(c) = calls {
+                        out.push_back(event(&openai::chunk(&self.head, json!({"tool_calls": c}), Value::Null, None)));
+                    }
+                    if called {
                         finish = "tool_calls";
                     }
                 }

@@ -27,6 +27,7 @@
 //! ```
 
 mod anthropic;
+mod call_stream;
 mod error;
 mod grammar;
 mod handlers;
@@ -34,6 +35,7 @@ mod metrics;
 mod openai;
 mod request;
 mod running;
+mod tool_syntax;
 mod tools;
 
 use std::net::SocketAddr;

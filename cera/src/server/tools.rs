@@ -1,13 +1,15 @@
 //! Tool calls (OpenAI's `tools`, `tool_choice`, `tool_calls`). The tools reach the model through
-//! its own chat template when the template reads `tools`; otherwise a system message describes
-//! them and the call syntax. Calls are written in the Hermes/Qwen form,
-//! `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, which the answer is parsed back
-//! from. `tool_choice: "required"` or a named function constrains decoding (a Lark grammar over
+//! its own chat template when the template reads `tools`, and the answer is parsed back in the
+//! template's call syntax (Hermes/Qwen `<tool_call>` JSON, Llama 3's JSON object, LFM2's
+//! Python-style list: [`super::tool_syntax`]); otherwise a system message describes them and
+//! asks for the Hermes form. `tool_choice: "required"` or a named function constrains decoding (a Lark grammar over
 //! the functions' JSON schemas), so the call always parses and its arguments validate.
 
 use serde_json::{Value, json};
 
 use super::error::ApiError;
+pub use super::tool_syntax::Syntax;
+use super::tool_syntax::{json_call, parse_lfm2, parse_llama3};
 use crate::chat_template::{ChatMessage, ChatTemplate, TemplateSource};
 
 /// One function the model may call.
@@ -121,26 +123,53 @@ pub fn render(t: &ChatTemplate, msgs: &[ChatMessage], raw_tools: &[Value], tools
     t.render_continuing(&all).map_err(err)
 }
 
-/// The Lark grammar that forces one call (`required`: of any tool; a named choice: of that one).
-pub fn forced_grammar(tools: &[Tool], choice: &Choice) -> Option<String> {
+/// The call syntax of `t`'s answers: the template's own where it renders tools, else the
+/// Hermes form the server's system message asks for.
+pub fn syntax(t: &ChatTemplate) -> Syntax {
+    match t.source() {
+        TemplateSource::Jinja(src) if template_knows_tools(t) => Syntax::of_template(src),
+        _ => Syntax::Hermes,
+    }
+}
+
+/// The Lark grammar that forces one call (`required`: of any tool; a named choice: of that one),
+/// in Llama 3's form (the answer is the JSON object, arguments under `parameters`) for
+/// [`Syntax::Llama3`], else in the Hermes form (LFM2's Python-style calls are not constrained:
+/// a forced call is written as Hermes JSON, which [`parse_calls`] also reads).
+pub fn forced_grammar(tools: &[Tool], choice: &Choice, syntax: Syntax) -> Option<String> {
     let allowed: Vec<&Tool> = match choice {
         Choice::Required => tools.iter().collect(),
         Choice::Named(n) => tools.iter().filter(|t| &t.name == n).collect(),
         _ => return None,
     };
+    let key = if syntax == Syntax::Llama3 { "parameters" } else { "arguments" };
     let variants: Vec<Value> = allowed
         .iter()
-        .map(|t| json!({"type": "object", "properties": {"name": {"const": t.name}, "arguments": t.parameters}, "required": ["name", "arguments"], "additionalProperties": false}))
+        .map(|t| json!({"type": "object", "properties": {"name": {"const": t.name}, key: t.parameters}, "required": ["name", key], "additionalProperties": false}))
         .collect();
     let schema = if variants.len() == 1 { variants[0].clone() } else { json!({"anyOf": variants}) };
     let mut schema = schema;
     schema["x-guidance"] = json!({"whitespace_flexible": false});
+    if syntax == Syntax::Llama3 {
+        return Some(format!("start: call\ncall: %json {schema}"));
+    }
     Some(format!("start: {:?} call {:?}\ncall: %json {}", OPEN, CLOSE, schema))
 }
 
-/// Splits an answer into its text and its calls (`<tool_call>` blocks whose JSON has a `name`
-/// among the tools; anything else stays text).
-pub fn parse_calls(text: &str, tools: &[Tool]) -> (String, Vec<Call>) {
+/// Splits an answer into its text and its calls, read in `syntax` (see [`super::tool_syntax`]),
+/// then, where that finds none, in the Hermes form (a forced call's). Anything that is not a
+/// call of one of the tools stays text.
+pub fn parse_calls(text: &str, tools: &[Tool], syntax: Syntax) -> (String, Vec<Call>) {
+    let found = match syntax {
+        Syntax::Hermes => None,
+        Syntax::Llama3 => parse_llama3(text, tools).map(|calls| (String::new(), calls)),
+        Syntax::Lfm2 => Some(parse_lfm2(text, tools)).filter(|(_, calls)| !calls.is_empty()),
+    };
+    found.unwrap_or_else(|| parse_hermes(text, tools))
+}
+
+/// `<tool_call>` blocks whose JSON has a `name` among the tools.
+fn parse_hermes(text: &str, tools: &[Tool]) -> (String, Vec<Call>) {
     let mut rest = text;
     let mut content = String::new();
     let mut calls = Vec::new();
@@ -148,14 +177,12 @@ pub fn parse_calls(text: &str, tools: &[Tool]) -> (String, Vec<Call>) {
         let after = &rest[start + OPEN.len()..];
         let Some(end) = after.find(CLOSE) else { break };
         let body = after[..end].trim();
-        match serde_json::from_str::<Value>(body) {
-            Ok(v) if v.get("name").and_then(Value::as_str).is_some_and(|n| tools.iter().any(|t| t.name == n)) => {
+        match serde_json::from_str::<Value>(body).ok().and_then(|v| json_call(&v, tools)) {
+            Some(call) => {
                 content.push_str(&rest[..start]);
-                let args = v.get("arguments").or_else(|| v.get("parameters")).cloned().unwrap_or_else(|| json!({}));
-                let arguments = if let Value::String(s) = &args { s.clone() } else { args.to_string() };
-                calls.push(Call { name: v["name"].as_str().unwrap_or_default().to_string(), arguments });
+                calls.push(call);
             }
-            _ => content.push_str(&rest[..start + OPEN.len() + end + CLOSE.len()]),
+            None => content.push_str(&rest[..start + OPEN.len() + end + CLOSE.len()]),
         }
         rest = &after[end + CLOSE.len()..];
     }
@@ -202,15 +229,20 @@ mod tests {
     #[test]
     fn calls_are_parsed_out_of_the_text() {
         let t = weather();
-        let (text, calls) = parse_calls("Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", &t);
+        let (text, calls) =
+            parse_calls("Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", &t, Syntax::Hermes);
         assert_eq!(text, "Let me check.");
         assert_eq!(calls, vec![Call { name: "get_weather".into(), arguments: "{\"city\":\"Paris\"}".into() }]);
         // An unknown function or broken JSON stays text.
         let s = "<tool_call>{\"name\": \"nope\"}</tool_call> and <tool_call>{oops</tool_call>";
-        assert_eq!(parse_calls(s, &t), (s.to_string(), vec![]));
+        assert_eq!(parse_calls(s, &t, Syntax::Hermes), (s.to_string(), vec![]));
         // Two calls, and the `parameters` spelling.
         let two = "<tool_call>{\"name\":\"get_weather\",\"parameters\":{\"city\":\"A\"}}</tool_call><tool_call>{\"name\":\"get_weather\",\"arguments\":{\"city\":\"B\"}}</tool_call>";
-        assert_eq!(parse_calls(two, &t).1.len(), 2);
+        assert_eq!(parse_calls(two, &t, Syntax::Hermes).1.len(), 2);
+        // A forced (Hermes) call from an LFM2 model; Llama 3's form.
+        assert_eq!(parse_calls(two, &t, Syntax::Lfm2).1.len(), 2);
+        let l3 = parse_calls("{\"name\": \"get_weather\", \"parameters\": {\"city\": \"C\"}}", &t, Syntax::Llama3);
+        assert_eq!(l3, (String::new(), vec![Call { name: "get_weather".into(), arguments: "{\"city\":\"C\"}".into() }]));
     }
 
     #[test]
@@ -223,7 +255,9 @@ mod tests {
         assert!(parse_choice(Some(&json!({"type": "function", "function": {"name": "x"}})), &t).is_err());
         assert!(parse_choice(Some(&json!("sometimes")), &t).is_err());
         assert!(parse_choice(Some(&json!("required")), &[]).is_err());
-        assert!(forced_grammar(&t, &Choice::Auto).is_none());
-        assert!(forced_grammar(&t, &Choice::Required).unwrap().contains("%json"));
+        assert!(forced_grammar(&t, &Choice::Auto, Syntax::Hermes).is_none());
+        assert!(forced_grammar(&t, &Choice::Required, Syntax::Hermes).unwrap().contains("%json"));
+        let l3 = forced_grammar(&t, &Choice::Required, Syntax::Llama3).unwrap();
+        assert!(l3.starts_with("start: call") && l3.contains("\"parameters\""));
     }
 }

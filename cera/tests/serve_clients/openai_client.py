@@ -93,9 +93,12 @@ check(call.function.name in ("get_weather", "get_time"), f"call {call}")
 args = json.loads(call.function.arguments)
 jsonschema.validate(args, tools[0]["function"]["parameters"] if call.function.name == "get_weather" else tools[1]["function"]["parameters"])
 chunks = list(client.chat.completions.create(model=model, messages=ask, tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=80, temperature=0, stream=True))
+# The name comes first (with the id), then the arguments piece by piece, all at index 0.
 deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-check(len(deltas) == 1 and deltas[0].function.name == "get_weather", f"streamed tool calls {deltas}")
-jsonschema.validate(json.loads(deltas[0].function.arguments), params)
+check(len(deltas) > 2 and deltas[0].function.name == "get_weather" and deltas[0].id, f"streamed tool calls {deltas}")
+check(all(d.index == 0 and d.function.name is None for d in deltas[1:]), f"argument deltas {deltas}")
+streamed_args = "".join(d.function.arguments or "" for d in deltas)
+jsonschema.validate(json.loads(streamed_args), params)
 check([c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls", "streamed finish_reason")
 follow = ask + [{"role": "assistant", "content": None, "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
                 {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"}]
