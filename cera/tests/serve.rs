@@ -378,6 +378,16 @@ fn a_client_that_disconnects_frees_its_sequence_and_a_full_queue_answers_429() {
     assert!(s.metric("cera_generated_tokens_total") < 900.0);
     let (status, _) = s.post("/v1/chat/completions", &chat("hi", 2));
     assert_eq!(status, 200);
+    // The same for a request that is not streamed: the client gives up while it runs.
+    let addr = s.url.strip_prefix("http://").unwrap().to_string();
+    let b = chat("Write a very long story about a lighthouse keeper.", 900).to_string();
+    let mut sock = std::net::TcpStream::connect(&addr).unwrap();
+    write!(sock, "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}", b.len()).unwrap();
+    wait_for("the second sequence to run", || s.metric("cera_active_sequences") == 1.0);
+    drop(sock);
+    wait_for("the second sequence to be freed", || s.metric("cera_active_sequences") == 0.0 && s.metric("cera_requests_in_flight") == 0.0);
+    assert_eq!(s.metric("cera_requests_cancelled_total"), 2.0);
+    assert!(s.metric("cera_generated_tokens_total") < 1800.0);
 }
 
 #[test]
