@@ -74,7 +74,7 @@ fn a_batched_step_is_one_submit_of_a_fixed_dispatch_count() {
         .collect();
     let toks: Vec<Vec<u32>> = (0..8u32).map(|i| vec![1 + i, 2 + i, 3 + i]).collect();
     let entries: Vec<BatchEntry> =
-        (0..8).map(|i| BatchEntry { slot: i, tokens: &toks[i], pos: 0, table: &tables[i], want: Want::Argmax, decode: false }).collect();
+        (0..8).map(|i| BatchEntry { slot: i, tokens: &toks[i], pos: 0, table: &tables[i], want: Want::Argmax, decode: false, out_rows: 1 }).collect();
     st.step(&entries[..1]).unwrap();
     let one = st.last_step_counters();
     st.step(&entries).unwrap();
@@ -84,7 +84,7 @@ fn a_batched_step_is_one_submit_of_a_fixed_dispatch_count() {
     // Decode rows of all eight (the head reads the rows in place: no copies, one pass fewer breaks).
     let next: Vec<Vec<u32>> = (0..8u32).map(|i| vec![4 + i]).collect();
     let entries: Vec<BatchEntry> =
-        (0..8).map(|i| BatchEntry { slot: i, tokens: &next[i], pos: 3, table: &tables[i], want: Want::Argmax, decode: true }).collect();
+        (0..8).map(|i| BatchEntry { slot: i, tokens: &next[i], pos: 3, table: &tables[i], want: Want::Argmax, decode: true, out_rows: 1 }).collect();
     st.step(&entries).unwrap();
     let decode = st.last_step_counters();
     assert_eq!((decode.submits, decode.dispatches), (1, one.dispatches));

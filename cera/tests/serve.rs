@@ -92,6 +92,16 @@ fn greedy_answers_equal_cera_run_streamed_or_not() {
     let (_, d) = s.post("/detokenize", &json!({"tokens": [2000]}));
     assert_eq!(v["choices"][0]["text"], d["content"]);
 
+    // Speculative decoding (n-gram drafts) on a copy-heavy prompt: the same greedy text, drafts
+    // accepted (in /metrics).
+    let copy = "List: red, green, blue, cyan, magenta, yellow, black, white.\nList again: red, green,";
+    let plain = json!({"prompt": copy, "max_tokens": 16, "temperature": 0});
+    let (_, a) = s.post("/v1/completions", &plain);
+    let (status, b) = s.post("/v1/completions", &json!({"prompt": copy, "max_tokens": 16, "temperature": 0, "speculative": {"type": "ngram", "draft_max": 6}}));
+    assert_eq!(status, 200, "{b}");
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    assert!(s.metric("cera_spec_accepted_tokens_total") > 0.0);
+
     // Stop strings end the text before them.
     let mut body = chat(prompt, 12);
     let cut = run_text.trim_end_matches('\n');
@@ -199,6 +209,8 @@ fn bad_requests_get_their_status_and_an_openai_error() {
         ("/v1/chat/completions", json!({"messages": user, "top_logprobs": 2}).to_string(), 400, Some("top_logprobs")),
         ("/v1/chat/completions", json!({"messages": user, "stop": ["a", ""]}).to_string(), 400, Some("stop")),
         ("/v1/chat/completions", json!({"messages": user, "logit_bias": {"15": 500}}).to_string(), 400, Some("logit_bias")),
+        ("/v1/chat/completions", json!({"messages": user, "speculative": {"type": "eagle"}}).to_string(), 400, Some("speculative")),
+        ("/v1/chat/completions", json!({"messages": user, "speculative": {"draft_max": 40}}).to_string(), 400, Some("speculative")),
         ("/v1/chat/completions", json!({"messages": user, "logit_bias": {"49152": 1}}).to_string(), 400, Some("logit_bias")),
         ("/v1/chat/completions", json!({"messages": user, "logit_bias": {"x": 1}}).to_string(), 400, Some("logit_bias")),
         ("/v1/chat/completions", json!({"messages": user, "logit_bias": {"15": "up"}}).to_string(), 400, Some("logit_bias")),

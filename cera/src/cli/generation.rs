@@ -175,6 +175,7 @@ impl SampleArgs {
             pipeline: !self.no_pipeline,
             constraint: None,
             logit_bias: Vec::new(),
+            speculative: None,
         }
     }
 }

@@ -134,6 +134,9 @@ pub enum StepOutput {
     TopK(Vec<(u32, f32)>),
     /// The raw logits.
     Logits(Vec<f32>),
+    /// One output per row of a batched entry that asked for several
+    /// ([`BatchEntry::out_rows`](super::batch::BatchEntry::out_rows)), in order.
+    Rows(Vec<StepOutput>),
 }
 
 /// Work counted per decode step (the structural budget tests assert).

@@ -259,6 +259,7 @@ impl Chooser {
             StepOutput::Argmax(_) => "an argmax",
             StepOutput::TopK(_) => "top-k candidates",
             StepOutput::Logits(_) => "logits",
+            StepOutput::Rows(_) => "several rows' outputs",
         };
         EngineError::Device { device: self.device.clone(), reason: format!("the executor returned {got} for {:?}", self.mode.want()) }
     }

@@ -46,7 +46,7 @@ pub mod tuning;
 pub mod weights;
 
 pub use backend::{Backend, BackendState, KernelTime, KvType, LoadProgress, MAX_IN_FLIGHT, StateOpts, StepCounters, StepInput, StepOutput, Want};
-pub use batch::{BatchEntry, BatchOpts, BatchState, Batcher, BatcherMetrics, BatcherOpts, BoxSink, Canceller, Prompt, RequestHandle};
+pub use batch::{BatchEntry, BatchOpts, BatchState, Batcher, BatcherMetrics, BatcherOpts, BoxSink, Canceller, MAX_DRAFT, Prompt, RequestHandle};
 pub use config::{Arch, GateAct, LayerKind, LayerRope, ModelConfig};
 pub use constraint::{Constraint, TokenConstraint};
 pub use generate::{Generation, Sink, Timings, TokenEvent, row_top_logprobs};
@@ -54,7 +54,7 @@ pub use graph::{DecodeTraffic, ModelGraph, Op, Slot};
 pub use hf::HfModel;
 pub use load::{DEFAULT_MAX_CTX, is_hardware_gpu};
 pub use model::{Engine, EngineParts, end_of_generation_ids};
-pub use options::{Chains, DecodeGemv, DeviceChoice, FinishReason, GenerateOpts, LoadOptions};
+pub use options::{Chains, DecodeGemv, DeviceChoice, FinishReason, GenerateOpts, LoadOptions, Speculative};
 pub use sampler::{MAX_TOP_LOGPROBS, SamplerOpts};
 pub use session::{CancelToken, Session};
 pub use stop::StopMatcher;

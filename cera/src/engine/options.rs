@@ -203,6 +203,34 @@ pub struct GenerateOpts {
     /// bans an id in practice, 100 all but forces it). Such a generation reads each step's whole
     /// logits row; log-probabilities stay those of the raw row.
     pub logit_bias: Vec<(u32, f32)>,
+    /// Speculative decoding in the [`Batcher`](super::Batcher) (`None`: off): see
+    /// [`Speculative`].
+    pub speculative: Option<Speculative>,
+}
+
+/// Speculative decoding with n-gram drafts (prompt lookup): at each decode step the batcher
+/// looks for the last `ngram` (down to 1) generated-or-prompt tokens earlier in the sequence
+/// and proposes the tokens that followed them, up to `draft_max`; the model runs the last token
+/// and the drafts as one entry of the step with an output at every row, and keeps the drafts
+/// up to the first one its own choice disagrees with, plus its choice there. Greedy output is
+/// the same token for token as without it (the rows run through the decode rows' kernels);
+/// generations that sample, or that need more than the argmax (penalties, `top_logprobs`,
+/// constraints, `logit_bias`), decode without drafts. The [`BatcherMetrics`](super::BatcherMetrics)
+/// count drafted and accepted tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Speculative {
+    /// Most draft tokens per step (1 to 16).
+    pub draft_max: usize,
+    /// Fewest draft tokens worth a verification (fewer: a plain decode row).
+    pub draft_min: usize,
+    /// Longest suffix matched (1 to 8).
+    pub ngram: usize,
+}
+
+impl Default for Speculative {
+    fn default() -> Self {
+        Speculative { draft_max: 8, draft_min: 1, ngram: 3 }
+    }
 }
 
 /// At most 256 tokens, sampled with [`SamplerOpts::default`] (llama.cpp's defaults), pipelined.
@@ -218,6 +246,7 @@ impl Default for GenerateOpts {
             pipeline: true,
             constraint: None,
             logit_bias: Vec::new(),
+            speculative: None,
         }
     }
 }
@@ -249,6 +278,16 @@ impl GenerateOpts {
         self.sampler.check()?;
         if self.top_logprobs > super::MAX_TOP_LOGPROBS {
             return Err(EngineError::Sampler { option: "top_logprobs", value: self.top_logprobs.to_string(), expected: "at most 100" });
+        }
+        if let Some(s) = self.speculative {
+            let max = super::batch::MAX_DRAFT;
+            if !(1..=max).contains(&s.draft_max) || !(1..=s.draft_max).contains(&s.draft_min) || !(1..=8).contains(&s.ngram) {
+                return Err(EngineError::Sampler {
+                    option: "speculative",
+                    value: format!("draft_max {}, draft_min {}, ngram {}", s.draft_max, s.draft_min, s.ngram),
+                    expected: "1 <= draft_min <= draft_max <= 16, ngram 1 to 8",
+                });
+            }
         }
         if let Some(&(id, b)) = self.logit_bias.iter().find(|(_, b)| !b.is_finite()) {
             return Err(EngineError::Sampler { option: "logit_bias", value: format!("{b} for id {id}"), expected: "a finite number" });

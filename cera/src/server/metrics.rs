@@ -46,6 +46,14 @@ pub async fn metrics(State(state): State<Shared>) -> Response {
         put("tokens_per_second", "gauge", "Generated tokens per second over the recent steps.", m.tokens_per_second);
         put("steps_total", "counter", "Batched steps run.", m.steps as f64);
         put("preemptions_total", "counter", "Sequences preempted for KV memory.", m.preemptions as f64);
+        put("spec_drafted_tokens_total", "counter", "Speculative draft tokens verified.", m.drafted_tokens as f64);
+        put("spec_accepted_tokens_total", "counter", "Speculative draft tokens accepted.", m.accepted_tokens as f64);
+        put(
+            "spec_acceptance_rate",
+            "gauge",
+            "Accepted over drafted tokens since the start (0 before any draft).",
+            if m.drafted_tokens > 0 { m.accepted_tokens as f64 / m.drafted_tokens as f64 } else { 0.0 },
+        );
         let (masks, nanos) = match r.grammars.get() {
             Some(Ok(g)) => (g.cost.masks.load(Ordering::Relaxed), g.cost.nanos.load(Ordering::Relaxed)),
             _ => (0, 0),

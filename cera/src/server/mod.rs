@@ -75,6 +75,9 @@ pub struct ServeOpts {
     pub max_body: usize,
     /// The batcher's other sizes (KV budget, tokens per step, block size, prefix cache).
     pub batcher: BatcherOpts,
+    /// Speculative decoding for requests that do not say (`None`: off); a request's
+    /// `speculative` field overrides it.
+    pub speculative: Option<crate::engine::Speculative>,
 }
 
 impl ServeOpts {
@@ -91,6 +94,7 @@ impl ServeOpts {
             queue: 64,
             max_body: 16 << 20,
             batcher: BatcherOpts::default(),
+            speculative: None,
         }
     }
 }

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use crate::chat_template::ChatMessage;
-use crate::engine::{GenerateOpts, SamplerOpts};
+use crate::engine::{GenerateOpts, SamplerOpts, Speculative};
 
 /// The most stop strings a request may give.
 pub const MAX_STOP: usize = 16;
@@ -100,6 +100,7 @@ pub struct GenRequest {
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
     pub grammar: Option<String>,
+    pub speculative: Option<Value>,
     pub echo: Option<bool>,
     pub suffix: Option<String>,
     pub best_of: Option<u32>,
@@ -239,6 +240,32 @@ impl GenRequest {
         let opts = GenerateOpts { sampler, max_tokens, stop, top_logprobs, ..GenerateOpts::default() };
         opts.check().map_err(ApiError::from)?;
         Ok(opts)
+    }
+
+    /// Speculative decoding for this request: `{"type": "ngram" | "none", "draft_max": N,
+    /// "draft_min": N, "ngram": N}` (fields left out: the server's default, else
+    /// [`Speculative::default`]); absent: the server's default.
+    pub fn speculative(&self, default: Option<Speculative>) -> Result<Option<Speculative>, ApiError> {
+        let Some(v) = &self.speculative else { return Ok(default) };
+        let bad = |what: String| ApiError::bad_request(Some("speculative"), what);
+        let o = v.as_object().ok_or_else(|| bad(format!("speculative must be an object, not {v}")))?;
+        match o.get("type").and_then(Value::as_str) {
+            Some("none") => return Ok(None),
+            Some("ngram") | None => {}
+            Some(t) => return Err(bad(format!("speculative type {t:?}: \"ngram\" or \"none\""))),
+        }
+        let mut s = default.unwrap_or_default();
+        for (key, field) in [("draft_max", &mut s.draft_max), ("draft_min", &mut s.draft_min), ("ngram", &mut s.ngram)] {
+            if let Some(x) = o.get(key) {
+                *field = x.as_u64().ok_or_else(|| bad(format!("speculative.{key} must be a whole number, not {x}")))? as usize;
+            }
+        }
+        if let Some(k) = o.keys().find(|k| !["type", "draft_max", "draft_min", "ngram"].contains(&k.as_str())) {
+            return Err(bad(format!("unknown speculative field {k:?}")));
+        }
+        let check = GenerateOpts { speculative: Some(s), ..GenerateOpts::default() };
+        check.check().map_err(|e| bad(e.to_string()))?;
+        Ok(Some(s))
     }
 
     /// `logit_bias` as (id, bias) pairs: keys are token ids of the vocabulary of `vocab` ids,

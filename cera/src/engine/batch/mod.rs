@@ -32,7 +32,7 @@ use std::thread::JoinHandle;
 
 pub use request::{BatcherMetrics, BatcherOpts, BoxSink, Canceller, DEFAULT_CPU_KV_BUDGET, DEFAULT_GPU_KV_BUDGET, Prompt, RequestHandle};
 pub(crate) use step::check_entries;
-pub use step::{BatchEntry, BatchOpts, BatchState};
+pub use step::{BatchEntry, BatchOpts, BatchState, MAX_DRAFT};
 
 use super::EngineError;
 use super::backend::KvType;

@@ -157,4 +157,8 @@ pub struct BatcherMetrics {
     pub preemptions: u64,
     /// Requests finished (any reason, errors included).
     pub finished: u64,
+    /// Speculative draft tokens verified, since the batcher started.
+    pub drafted_tokens: u64,
+    /// Of those, the ones the model's own choice agreed with (kept).
+    pub accepted_tokens: u64,
 }

@@ -39,6 +39,9 @@ use super::super::stop::StopMatcher;
 use super::super::{EngineError, TokenEvent};
 use super::request::{BatcherMetrics, BoxSink, Reply};
 use super::step::{BatchEntry, BatchOpts, BatchState};
+
+#[path = "speculate.rs"]
+mod speculate;
 use crate::tokenizer::{DecodeOptions, StreamDecoder};
 
 /// A request on its way to the batcher's thread.
@@ -74,6 +77,8 @@ struct Seq<'t> {
     reply: Reply,
     admitted: Option<Instant>,
     first_token: Option<Instant>,
+    /// The entry of a speculative step: the last token, then the drafts.
+    verify: Vec<u32>,
 }
 
 /// The tokens of `s` its next entry runs under `budget`: all it has left, within the budget,
@@ -91,6 +96,8 @@ struct Planned {
     pos: usize,
     n: usize,
     want: Want,
+    /// Rows with an output: 1, or `n` for a speculative step (its tokens in `Seq::verify`).
+    out_rows: usize,
 }
 
 fn empty_generation(prompt_tokens: usize) -> Generation {
@@ -162,6 +169,7 @@ impl<'t> Loop<'t> {
             reply: p.reply,
             admitted: None,
             first_token: None,
+            verify: Vec::new(),
         }
     }
 
@@ -223,6 +231,8 @@ impl<'t> Loop<'t> {
     /// Plans the running sequences' part of a step (decode rows, then prefill chunks), preempting
     /// the newest where blocks run out. Sequences that cannot fit even alone end with an error.
     fn plan_running(&mut self, plan: &mut Vec<Planned>, budget: &mut usize) {
+        // Draft tokens in this step so far (at most `MAX_DRAFT` in all).
+        let mut drafted = 0;
         for decode in [true, false] {
             let mut order: Vec<u64> = self.running.iter().map(|s| s.order).collect();
             order.sort_unstable();
@@ -234,6 +244,16 @@ impl<'t> Loop<'t> {
                     continue;
                 }
                 let n = chunk_len(s, *budget);
+                // A greedy decode row may carry drafts to verify.
+                let drafts = if decode && s.first_token.is_some() { self.draft(i, *budget, drafted) } else { Vec::new() };
+                let (n, out_rows) = if drafts.is_empty() { (n, 1) } else { (1 + drafts.len(), 1 + drafts.len()) };
+                let s = &mut self.running[i];
+                if !drafts.is_empty() {
+                    drafted += drafts.len();
+                    s.verify.clear();
+                    s.verify.push(s.tokens[s.computed]);
+                    s.verify.extend_from_slice(&drafts);
+                }
                 let end = s.computed + n;
                 let mut idx = i;
                 loop {
@@ -241,7 +261,7 @@ impl<'t> Loop<'t> {
                     match self.cache.grow(&mut s.table, end) {
                         Ok(()) => {
                             let want = self.want_of(idx, end);
-                            plan.push(Planned { seq: idx, pos: self.running[idx].computed, n, want });
+                            plan.push(Planned { seq: idx, pos: self.running[idx].computed, n, want, out_rows });
                             *budget -= n;
                             break;
                         }
@@ -338,7 +358,7 @@ impl<'t> Loop<'t> {
             self.running.push(s);
             let i = self.running.len() - 1;
             let want = self.want_of(i, end);
-            plan.push(Planned { seq: i, pos: self.running[i].computed, n, want });
+            plan.push(Planned { seq: i, pos: self.running[i].computed, n, want, out_rows: 1 });
             *budget -= n;
         }
     }
@@ -365,7 +385,10 @@ impl<'t> Loop<'t> {
     /// Takes a sequence's step output: registers its filled blocks, chooses and streams the next
     /// token. Returns the reason it ended, if it did.
     fn after_step(&mut self, i: usize, p: &Planned, out: StepOutput) -> Result<Option<FinishReason>, EngineError> {
-        let (bl, prefix, n_ctx) = (self.o.block_len, self.prefix, self.o.n_ctx);
+        if let StepOutput::Rows(outs) = out {
+            return self.after_verify(i, p, outs);
+        }
+        let (bl, prefix) = (self.o.block_len, self.prefix);
         let s = &mut self.running[i];
         // A decode row runs the token the sequence generated last; every other row is prompt
         // (or, after a preemption, recomputed) tokens.
@@ -382,6 +405,14 @@ impl<'t> Loop<'t> {
         if p.want == Want::Nothing {
             return Ok(if s.opts.max_tokens == 0 && s.computed == s.tokens.len() { Some(FinishReason::MaxTokens) } else { None });
         }
+        self.take_token(i, out)
+    }
+
+    /// Chooses sequence `i`'s next token from `out`, records and streams it, and checks the stop
+    /// conditions.
+    fn take_token(&mut self, i: usize, out: StepOutput) -> Result<Option<FinishReason>, EngineError> {
+        let n_ctx = self.o.n_ctx;
+        let s = &mut self.running[i];
         let inner = &self.engine.inner;
         let position = s.tokens.len();
         let (id, top) = s.chooser.choose(out, &s.tokens, position as u64)?;
@@ -424,11 +455,12 @@ impl<'t> Loop<'t> {
                 let s = &self.running[p.seq];
                 BatchEntry {
                     slot: s.slot.expect("running sequences hold a slot"),
-                    tokens: &s.tokens[p.pos..p.pos + p.n],
+                    tokens: if p.out_rows > 1 { &s.verify } else { &s.tokens[p.pos..p.pos + p.n] },
                     pos: p.pos,
                     table: &s.table,
                     want: p.want,
                     decode: p.pos >= s.res.prompt_tokens,
+                    out_rows: p.out_rows,
                 }
             })
             .collect();

@@ -19,6 +19,10 @@ use boostr::paged::BlockTable;
 use super::super::EngineError;
 use super::super::backend::{KernelTime, KvType, StepCounters, StepOutput, Want};
 
+/// Most draft tokens one step verifies, all sequences together (the rows past one per sequence
+/// that give outputs).
+pub const MAX_DRAFT: usize = 16;
+
 /// Sizes of a batched state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchOpts {
@@ -52,6 +56,12 @@ impl BatchOpts {
         Ok(())
     }
 
+    /// Rows of a step that may give outputs: one per sequence, and [`MAX_DRAFT`] more for
+    /// speculative drafts' verification ([`BatchEntry::out_rows`]).
+    pub fn head_rows(&self) -> usize {
+        self.max_seqs + MAX_DRAFT
+    }
+
     /// Blocks one sequence of `n_ctx` positions can hold.
     pub fn blocks_per_seq(&self) -> usize {
         self.n_ctx.div_ceil(self.block_len.max(1))
@@ -72,6 +82,10 @@ pub struct BatchEntry<'a> {
     pub table: &'a BlockTable,
     /// What comes back about the distribution after its last token.
     pub want: Want,
+    /// How many of its last rows give an output (each as `want` says): 1, or more to verify a
+    /// speculative draft (at most its tokens); more than one comes back as
+    /// [`StepOutput::Rows`].
+    pub out_rows: usize,
     /// Its tokens are generated ones (positions at or past the prompt's end: decode rows, a
     /// preempted sequence's recomputed output, a speculative draft's verification), not a
     /// prompt's. A GPU step runs such rows through the multi-row GEMV of decoding and prompt
@@ -123,6 +137,9 @@ pub(crate) fn check_entries(o: &BatchOpts, vocab: usize, entries: &[BatchEntry<'
         if end > e.table.len() * o.block_len {
             return Err(EngineError::Usage(format!("entry {i}: positions {}..{end} with {} blocks of {} positions", e.pos, e.table.len(), o.block_len)));
         }
+        if e.out_rows == 0 || e.out_rows > e.tokens.len() {
+            return Err(EngineError::Usage(format!("entry {i}: outputs of {} rows of its {}", e.out_rows, e.tokens.len())));
+        }
         if let Some(&id) = e.tokens.iter().find(|&&id| id as usize >= vocab) {
             return Err(EngineError::TokenOutOfRange { id, vocab });
         }
@@ -132,6 +149,10 @@ pub(crate) fn check_entries(o: &BatchOpts, vocab: usize, entries: &[BatchEntry<'
             return Err(EngineError::Usage(format!("entry {i}: Want::TopK({k}) (1 to {})", super::super::backend::MAX_TOP_K)));
         }
         total += e.tokens.len();
+    }
+    let out: usize = entries.iter().filter(|e| e.want != Want::Nothing).map(|e| e.out_rows).sum();
+    if out > o.head_rows() {
+        return Err(EngineError::Usage(format!("a step of {out} output rows (at most {})", o.head_rows())));
     }
     if total > o.max_tokens {
         return Err(EngineError::Usage(format!("a step of {total} tokens (at most {})", o.max_tokens)));

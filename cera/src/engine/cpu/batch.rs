@@ -47,6 +47,8 @@ struct Span<'a> {
     pos: usize,
     table: &'a BlockTable,
     want: Want,
+    /// Rows (the last ones) whose logits come back.
+    out_rows: usize,
 }
 
 impl CpuBatch {
@@ -162,8 +164,8 @@ impl CpuBatch {
                     }
                     let xs = self.slots[slot_index(Slot::Normed)].clone();
                     let o = &mut logits[i];
-                    o.resize(c.vocab, 0.0);
-                    linear(pool, k, model.int8, g, &xs, s.row + s.n - 1, 1, o, c.vocab)?;
+                    o.resize(c.vocab * s.out_rows, 0.0);
+                    linear(pool, k, model.int8, g, &xs, s.row + s.n - s.out_rows, s.out_rows, o, c.vocab)?;
                     if let Some(cap) = softcap {
                         o.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
                     }
@@ -188,7 +190,7 @@ impl BatchState for CpuBatch {
         let mut ids = Vec::new();
         let mut spans = Vec::with_capacity(entries.len());
         for e in entries {
-            spans.push(Span { slot: e.slot, row: ids.len(), n: e.tokens.len(), pos: e.pos, table: e.table, want: e.want });
+            spans.push(Span { slot: e.slot, row: ids.len(), n: e.tokens.len(), pos: e.pos, table: e.table, want: e.want, out_rows: e.out_rows });
             ids.extend_from_slice(e.tokens);
         }
         let mut logits = vec![Vec::new(); entries.len()];
@@ -202,11 +204,18 @@ impl BatchState for CpuBatch {
         Ok(spans
             .iter()
             .zip(logits)
-            .map(|(s, row)| match s.want {
-                Want::Nothing => StepOutput::Nothing,
-                Want::Argmax => StepOutput::Argmax(top_k(&row, 1).first().map_or(0, |c| c.0)),
-                Want::TopK(k) => StepOutput::TopK(top_k(&row, k)),
-                Want::Logits => StepOutput::Logits(row),
+            .map(|(s, rows)| {
+                let one = |row: &[f32]| match s.want {
+                    Want::Nothing => StepOutput::Nothing,
+                    Want::Argmax => StepOutput::Argmax(top_k(row, 1).first().map_or(0, |c| c.0)),
+                    Want::TopK(k) => StepOutput::TopK(top_k(row, k)),
+                    Want::Logits => StepOutput::Logits(row.to_vec()),
+                };
+                match (s.want, s.out_rows) {
+                    (Want::Nothing, _) => StepOutput::Nothing,
+                    (_, 1) => one(&rows),
+                    _ => StepOutput::Rows(rows.chunks(self.model.cfg.vocab).map(one).collect()),
+                }
             })
             .collect())
     }

@@ -117,16 +117,17 @@ impl GpuBatch {
             tuning: &b.tuning,
             batch_decode_gemv: opts.max_seqs <= b.tuning.batch_gemv_max_seqs,
         };
-        let slots = Slots::with_logit_rows(ctx, g, opts.max_tokens, 1, opts.max_seqs)?;
+        let heads = opts.head_rows();
+        let slots = Slots::with_logit_rows(ctx, g, opts.max_tokens, 1, heads)?;
         let plan = build(ctx, &inp, &slots, Mode::Batch { max_tok: opts.max_tokens })?;
         let dim = g.width(Slot::Normed);
-        let head_in = ctx.alloc((4 * dim * opts.max_seqs) as u64, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
+        let head_in = ctx.alloc((4 * dim * heads) as u64, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
         let logits = slots.bind(Slot::Logits);
-        let direct_rows = opts.max_seqs.min(opts.max_tokens);
+        let direct_rows = heads.min(opts.max_tokens);
         let head_direct = build_head_rows(ctx, &inp, &slots, slots.bind(Slot::Normed), logits.clone(), direct_rows)?;
-        let head_gather = build_head_rows(ctx, &inp, &slots, Binding::whole(&head_in), logits, opts.max_seqs)?;
-        let argmax = ArgmaxPlan::rows(ctx, &slots.view(Slot::Logits), c.vocab, opts.max_seqs, None).map_err(ops_err)?;
-        let topk = TopKPlan::rows(ctx, &slots.view(Slot::Logits), c.vocab, MAX_TOP_K.min(c.vocab), opts.max_seqs).map_err(ops_err)?;
+        let head_gather = build_head_rows(ctx, &inp, &slots, Binding::whole(&head_in), logits, heads)?;
+        let argmax = ArgmaxPlan::rows(ctx, &slots.view(Slot::Logits), c.vocab, heads, None).map_err(ops_err)?;
+        let topk = TopKPlan::rows(ctx, &slots.view(Slot::Logits), c.vocab, MAX_TOP_K.min(c.vocab), heads).map_err(ops_err)?;
         Ok(GpuBatch {
             ctx: ctx.clone(),
             graph: g.clone(),
@@ -156,9 +157,9 @@ impl GpuBatch {
         EngineError::Device { device: self.device.clone(), reason: e.to_string() }
     }
 
-    /// Records the step into `rec`; returns each entry's head row (`None`: wants nothing).
-    /// `entries` hold their decode entries first ([`decode_first`]).
-    fn record(&mut self, rec: &mut Recorder, entries: &[BatchEntry<'_>]) -> Result<Vec<Option<usize>>, EngineError> {
+    /// Records the step into `rec`; returns each entry's first head row and count (`None`:
+    /// wants nothing). `entries` hold their decode entries first ([`decode_first`]).
+    fn record(&mut self, rec: &mut Recorder, entries: &[BatchEntry<'_>]) -> Result<Vec<Option<(usize, usize)>>, EngineError> {
         let decode_rows: usize = entries.iter().take_while(|e| e.decode).map(|e| e.tokens.len()).sum();
         self.scratch.clear();
         let mut seqs = Vec::with_capacity(entries.len());
@@ -181,8 +182,8 @@ impl GpuBatch {
             if e.want == Want::Nothing {
                 head.push(None);
             } else {
-                head.push(Some(wanted.len()));
-                wanted.push(row);
+                head.push(Some((wanted.len(), e.out_rows)));
+                wanted.extend(row + 1 - e.out_rows..=row);
             }
         }
         let m = wanted.len();
@@ -191,7 +192,7 @@ impl GpuBatch {
         }
         // Every head row through the decode-row GEMV (the head has no prompt rows).
         let rows = StepValues::chunk(0, m as u32).with_decode_rows(m as u32);
-        if wanted.iter().enumerate().all(|(j, &r)| r == j) && m <= self.opts.max_tokens.min(self.opts.max_seqs) {
+        if wanted.iter().enumerate().all(|(j, &r)| r == j) && m <= self.opts.max_tokens.min(self.opts.head_rows()) {
             self.head_direct.record(rec, &rows).map_err(|e| self.err(e))?;
         } else {
             let row = 4 * self.graph.width(Slot::Normed) as u64;
@@ -267,7 +268,7 @@ impl GpuBatch {
         // another.
         let head = self.record(&mut rec, entries)?;
         let vocab = self.graph.cfg.vocab as u64;
-        let m = head.iter().flatten().count() as u64;
+        let m = head.iter().flatten().map(|h| h.1).sum::<usize>() as u64;
         let any_argmax = entries.iter().any(|e| e.want == Want::Argmax);
         let ids_read = if any_argmax {
             let v = self.argmax.ids();
@@ -289,7 +290,9 @@ impl GpuBatch {
         let mut row_reads = Vec::with_capacity(entries.len());
         for (e, h) in entries.iter().zip(&head) {
             row_reads.push(match (e.want, h) {
-                (Want::Logits, Some(j)) => Some(rec.read(self.slots.buf(Slot::Logits), *j as u64 * 4 * vocab, 4 * vocab).map_err(|e| self.err(e))?),
+                (Want::Logits, Some((j, n))) => {
+                    Some(rec.read(self.slots.buf(Slot::Logits), *j as u64 * 4 * vocab, *n as u64 * 4 * vocab).map_err(|e| self.err(e))?)
+                }
                 _ => None,
             });
         }
@@ -308,15 +311,27 @@ impl GpuBatch {
         };
         let mut out = Vec::with_capacity(entries.len());
         for ((e, h), read) in entries.iter().zip(&head).zip(row_reads) {
-            out.push(match (e.want, h, read) {
-                (Want::Argmax, Some(j), _) => StepOutput::Argmax(ids[*j]),
-                (Want::TopK(k), Some(j), _) => {
+            let Some((j0, n)) = *h else {
+                out.push(StepOutput::Nothing);
+                continue;
+            };
+            let logits: Option<Vec<f32>> = match read {
+                Some(r) => Some(bytemuck::cast_slice(&r.wait().map_err(|e| self.err(e))?).to_vec()),
+                None => None,
+            };
+            let row = |j: usize| match e.want {
+                Want::Argmax => StepOutput::Argmax(ids[j]),
+                Want::TopK(k) => {
                     let at = j * kk as usize;
                     StepOutput::TopK((at..at + k.min(kk as usize)).map(|i| (top_ids[i], top_vals[i])).collect())
                 }
-                (Want::Logits, _, Some(r)) => StepOutput::Logits(bytemuck::cast_slice(&r.wait().map_err(|e| self.err(e))?).to_vec()),
-                _ => StepOutput::Nothing,
-            });
+                Want::Logits => {
+                    let v = vocab as usize;
+                    StepOutput::Logits(logits.as_ref().map_or_else(Vec::new, |l| l[(j - j0) * v..(j - j0 + 1) * v].to_vec()))
+                }
+                Want::Nothing => StepOutput::Nothing,
+            };
+            out.push(if n == 1 { row(j0) } else { StepOutput::Rows((j0..j0 + n).map(row).collect()) });
         }
         Ok(out)
     }
