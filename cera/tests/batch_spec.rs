@@ -1,8 +1,9 @@
 //! Speculative decoding (n-gram drafts) in the batcher with the real SmolLM2-135M-Instruct Q4_1,
 //! on the CPU and on the GPU (lavapipe in CI): greedy ids equal those without speculation, token
 //! for token, on copy-heavy prompts where drafts are accepted (the metrics count them), across
-//! max tokens and stop strings, alone and beside other sequences; sampled requests decode as
-//! before.
+//! max tokens and stop strings, alone and beside other sequences. Sampled with speculation
+//! (speculative sampling with one-token proposals), a tiny model's tokens keep their
+//! distribution: a chi-square test over many seeds against sampling without it.
 
 mod batch_support;
 
@@ -84,5 +85,72 @@ fn bad_speculation_options_are_typed_errors() {
         let o = GenerateOpts { speculative: Some(s), ..GenerateOpts::greedy(4) };
         let err = b.submit(vec![1u32, 2, 3], &o, None).unwrap_err();
         assert!(err.to_string().contains("speculative"), "{err}");
+    }
+}
+
+/// The tiny random Qwen2 checkpoint (`tests/golden/hf/qwen2-tiny`) and a prompt: its longest
+/// golden prompt followed by transformers' greedy continuation of it (so the model's likely
+/// tokens recur in the prompt and n-gram drafts find them).
+fn tiny() -> (Engine, Vec<u32>) {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/hf/qwen2-tiny");
+    let g: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
+    let ids = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<u32>>();
+    let case = g["cases"].as_array().unwrap().iter().max_by_key(|c| c["ids"].as_array().unwrap().len()).unwrap();
+    let prompt = [ids(&case["ids"]), ids(&case["generated"])].concat();
+    let e = Engine::load(dir, &LoadOptions { device: DeviceChoice::Cpu, n_ctx: Some(128), threads: Some(2), ..Default::default() }, None).unwrap();
+    (e, prompt)
+}
+
+/// The upper 0.1% point of the chi-square distribution with `df` degrees of freedom
+/// (Wilson-Hilferty).
+fn chi2_crit(df: f64) -> f64 {
+    let z = 3.090;
+    let a = 2.0 / (9.0 * df);
+    df * (1.0 - a + z * a.sqrt()).powi(3)
+}
+
+#[test]
+fn sampled_tokens_keep_their_distribution() {
+    let (e, prompt) = tiny();
+    let b = e.batcher(BatcherOpts { max_seqs: 8, ..BatcherOpts::default() }).unwrap();
+    const N: u64 = 600;
+    // Top-3 sampling: the random model's few likely tokens recur, so one-token n-gram drafts
+    // are often among them and sometimes kept.
+    let sampled = |seed: u64| {
+        let o = GenerateOpts { max_tokens: 3, ignore_eos: true, ..GenerateOpts::default().with_seed(seed).with_temperature(1.0) };
+        GenerateOpts { sampler: cera::engine::SamplerOpts { top_k: 3, top_p: 1.0, min_p: 0.0, ..o.sampler.clone() }, ..o }
+    };
+    let one_token_drafts = |o: GenerateOpts| GenerateOpts { speculative: Some(Speculative { draft_max: 2, draft_min: 1, ngram: 1 }), ..o };
+    let draws = |spec_on: bool, seeds: std::ops::Range<u64>| -> Vec<Vec<u32>> {
+        let hs: Vec<_> = seeds.map(|s| b.submit(prompt.clone(), &if spec_on { one_token_drafts(sampled(s)) } else { sampled(s) }, None).unwrap()).collect();
+        hs.into_iter().map(|h| h.wait().unwrap().ids).collect()
+    };
+    let plain = draws(false, 0..N);
+    let before = b.metrics();
+    let fast = draws(true, N..2 * N);
+    let m = b.metrics();
+    let (drafted, accepted) = (m.drafted_tokens - before.drafted_tokens, m.accepted_tokens - before.accepted_tokens);
+    assert!(drafted > N / 2 && accepted > 0 && accepted < drafted, "{accepted} of {drafted} drafts accepted");
+    // The second and third tokens (the ones drafts can give), each against the same position
+    // without speculation: a two-sample chi-square over the tokens seen at least 10 times in
+    // all, the rest pooled.
+    for at in [1, 2] {
+        let mut counts: std::collections::BTreeMap<u32, (f64, f64)> = Default::default();
+        for (ids, arm) in plain.iter().map(|v| (v, 0)).chain(fast.iter().map(|v| (v, 1))) {
+            let c = counts.entry(ids[at]).or_default();
+            if arm == 0 { c.0 += 1.0 } else { c.1 += 1.0 }
+        }
+        let (mut bins, mut rest) = (Vec::new(), (0.0, 0.0));
+        for (_, (a, f)) in counts {
+            if a + f >= 10.0 { bins.push((a, f)) } else { rest = (rest.0 + a, rest.1 + f) }
+        }
+        if rest.0 + rest.1 > 0.0 {
+            bins.push(rest);
+        }
+        let stat: f64 = bins.iter().map(|(a, f)| (a - f).powi(2) / (a + f)).sum();
+        let df = (bins.len() - 1) as f64;
+        assert!(df >= 2.0, "token {at}: too few distinct tokens ({})", bins.len());
+        assert!(stat < chi2_crit(df), "token {at}: chi-square {stat:.1} over {df} degrees of freedom (0.1% point {:.1})", chi2_crit(df));
+        println!("token {at}: chi-square {stat:.1}, {df} degrees of freedom (0.1% point {:.1})", chi2_crit(df));
     }
 }

@@ -277,6 +277,33 @@ impl Chooser {
         Ok(chosen)
     }
 
+    /// Whether a speculative draft can be verified against this generation's steps: greedy, or
+    /// sampling from top-k candidates (no constraint, no whole-row needs).
+    pub(crate) fn drafts(&self) -> bool {
+        matches!(self.mode, Mode::Argmax | Mode::TopK(_)) && self.constraint.is_none() && self.opts.constraint.is_none()
+    }
+
+    /// [`Self::choose`] for a row that verifies the speculative draft `draft`: greedy takes the
+    /// argmax (the draft is kept when they agree); sampling keeps the draft with its probability
+    /// and otherwise draws from the rest ([`sampler::sample_with_draft`]), so each token's
+    /// probability is what [`Self::choose`] gives it.
+    pub(crate) fn choose_draft(&mut self, out: StepOutput, history: &[u32], position: u64, draft: u32) -> Result<u32, EngineError> {
+        let none = || EngineError::Usage("every token is masked: nothing can be generated".into());
+        match (self.mode, out) {
+            (Mode::Argmax, StepOutput::Argmax(id)) => Ok(id),
+            (Mode::TopK(_), StepOutput::TopK(c)) => {
+                let mut c: Vec<(u32, f32)> = c.into_iter().filter(|&(id, _)| self.keep(id)).collect();
+                if self.sampler.temperature <= 0.0 {
+                    return c.iter().copied().min_by(by_logit_desc).map(|x| x.0).ok_or_else(none);
+                }
+                c.sort_by(by_logit_desc);
+                c.truncate(self.opts.sampler.top_k);
+                sampler::sample_with_draft(&c, history, position, &self.plain, draft).ok_or_else(none)
+            }
+            (_, out) => Err(self.unexpected(&out)),
+        }
+    }
+
     fn choose_unconstrained(&mut self, out: StepOutput, history: &[u32], position: u64) -> Result<(u32, StepLogprobs), EngineError> {
         let none = || EngineError::Usage("every token is masked: nothing can be generated".into());
         match (self.mode, out) {

@@ -213,10 +213,13 @@ pub struct GenerateOpts {
 /// and proposes the tokens that followed them, up to `draft_max`; the model runs the last token
 /// and the drafts as one entry of the step with an output at every row, and keeps the drafts
 /// up to the first one its own choice disagrees with, plus its choice there. Greedy output is
-/// the same token for token as without it (the rows run through the decode rows' kernels);
-/// generations that sample, or that need more than the argmax (penalties, `top_logprobs`,
-/// constraints, `logit_bias`), decode without drafts. The [`BatcherMetrics`](super::BatcherMetrics)
-/// count drafted and accepted tokens.
+/// the same token for token as without it (the rows run through the decode rows' kernels).
+/// Sampling from top-k candidates keeps a draft with its probability under the sampler and
+/// otherwise draws from the rest (speculative sampling with a one-token proposal), so every
+/// token keeps its distribution (a chi-square test checks it); generations that need whole
+/// logits rows (penalties, `top_logprobs`, constraints, `logit_bias`, `top_k` 0 or over 128)
+/// decode without drafts. The [`BatcherMetrics`](super::BatcherMetrics) count drafted and
+/// accepted tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Speculative {
     /// Most draft tokens per step (1 to 16).

@@ -147,6 +147,53 @@ pub fn apply_penalties(cands: &mut [(u32, f32)], history: &[u32], o: &SamplerOpt
 /// Chooses the next id from `cands` (the whole row, or the top candidates read back from the
 /// GPU) for the token at `position`.
 pub fn sample(cands: &[(u32, f32)], history: &[u32], position: u64, o: &SamplerOpts) -> Option<u32> {
+    let (v, w) = distribution(cands, history, o)?;
+    let total: f64 = w.iter().sum();
+    let mut r = uniform(o.seed, position) * total;
+    for (c, wi) in v.iter().zip(&w) {
+        if r < *wi {
+            return Some(c.0);
+        }
+        r -= wi;
+    }
+    v.last().map(|c| c.0)
+}
+
+/// The draw of [`sample`] for a speculative draft `draft` (a deterministic proposal): `draft`
+/// with its probability under the sampler's distribution, else a draw from that distribution
+/// without it (renormalized), which leaves every token's overall probability unchanged
+/// (speculative sampling with a one-token proposal). The acceptance draw uses a stream of its
+/// own, so the residual draw is the one [`sample`] makes when there is no draft.
+pub fn sample_with_draft(cands: &[(u32, f32)], history: &[u32], position: u64, o: &SamplerOpts, draft: u32) -> Option<u32> {
+    let (v, w) = distribution(cands, history, o)?;
+    let total: f64 = w.iter().sum();
+    let p_draft = v.iter().zip(&w).find(|(c, _)| c.0 == draft).map_or(0.0, |(_, wi)| wi / total);
+    if uniform(o.seed ^ DRAFT_STREAM, position) < p_draft {
+        return Some(draft);
+    }
+    let rest: f64 = total - p_draft * total;
+    if rest <= 0.0 {
+        return Some(draft);
+    }
+    let mut r = uniform(o.seed, position) * rest;
+    for (c, wi) in v.iter().zip(&w).filter(|(c, _)| c.0 != draft) {
+        if r < *wi {
+            return Some(c.0);
+        }
+        r -= wi;
+    }
+    v.iter().rev().find(|c| c.0 != draft).map(|c| c.0)
+}
+
+/// Seeds the acceptance draws of [`sample_with_draft`] apart from the token draws.
+const DRAFT_STREAM: u64 = 0x5bd1_e995_d6e8_feb8;
+
+/// Candidates `(id, logit)` with their unnormalized weights.
+type Weighted = (Vec<(u32, f32)>, Vec<f64>);
+
+/// The candidates the sampler keeps (penalties, top-k, top-p, min-p applied; largest first)
+/// with their unnormalized weights after the temperature (greedy: the best alone).
+fn distribution(cands: &[(u32, f32)], history: &[u32], o: &SamplerOpts) -> Option<Weighted> {
     let mut v = cands.to_vec();
     apply_penalties(&mut v, history, o);
     sort_desc(&mut v);
@@ -154,7 +201,8 @@ pub fn sample(cands: &[(u32, f32)], history: &[u32], position: u64, o: &SamplerO
         return None;
     }
     if o.temperature <= 0.0 {
-        return Some(v[0].0);
+        v.truncate(1);
+        return Some((v, vec![1.0]));
     }
     if o.top_k > 0 {
         v.truncate(o.top_k);
@@ -178,18 +226,10 @@ pub fn sample(cands: &[(u32, f32)], history: &[u32], position: u64, o: &SamplerO
         let keep = p.iter().take_while(|&&x| x >= floor).count().max(1);
         v.truncate(keep);
     }
-    // Temperature, then the draw.
+    // Temperature.
     let inv_t = 1.0 / o.temperature as f64;
     let w: Vec<f64> = v.iter().map(|c| ((c.1 as f64 - m) * inv_t).exp()).collect();
-    let total: f64 = w.iter().sum();
-    let mut r = uniform(o.seed, position) * total;
-    for (c, wi) in v.iter().zip(&w) {
-        if r < *wi {
-            return Some(c.0);
-        }
-        r -= wi;
-    }
-    v.last().map(|c| c.0)
+    Some((v, w))
 }
 
 #[cfg(test)]

@@ -405,17 +405,21 @@ impl<'t> Loop<'t> {
         if p.want == Want::Nothing {
             return Ok(if s.opts.max_tokens == 0 && s.computed == s.tokens.len() { Some(FinishReason::MaxTokens) } else { None });
         }
-        self.take_token(i, out)
+        self.take_token(i, out, None)
     }
 
     /// Chooses sequence `i`'s next token from `out`, records and streams it, and checks the stop
     /// conditions.
-    fn take_token(&mut self, i: usize, out: StepOutput) -> Result<Option<FinishReason>, EngineError> {
+    /// `draft`: the speculative token this row verifies.
+    fn take_token(&mut self, i: usize, out: StepOutput, draft: Option<u32>) -> Result<Option<FinishReason>, EngineError> {
         let n_ctx = self.o.n_ctx;
         let s = &mut self.running[i];
         let inner = &self.engine.inner;
         let position = s.tokens.len();
-        let (id, top) = s.chooser.choose(out, &s.tokens, position as u64)?;
+        let (id, top) = match draft {
+            Some(d) => (s.chooser.choose_draft(out, &s.tokens, position as u64, d)?, Default::default()),
+            None => s.chooser.choose(out, &s.tokens, position as u64)?,
+        };
         if (id as usize) >= inner.config.vocab {
             return Err(EngineError::Device { device: inner.backend.device_name(), reason: format!("the executor chose id {id} outside the vocabulary") });
         }

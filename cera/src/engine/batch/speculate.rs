@@ -10,7 +10,7 @@
 //! positions past the kept ones are written over by later steps before anything reads them;
 //! LFM2's conv rings are indexed by position, so the same holds for them.
 
-use super::super::super::backend::{StepOutput, Want};
+use super::super::super::backend::StepOutput;
 use super::super::super::{EngineError, FinishReason};
 use super::super::step::MAX_DRAFT;
 use super::{Loop, Planned, engine_err};
@@ -41,7 +41,7 @@ impl Loop<'_> {
     pub(super) fn draft(&self, i: usize, budget: usize, drafted: usize) -> Vec<u32> {
         let s = &self.running[i];
         let Some(spec) = s.opts.speculative else { return Vec::new() };
-        if s.chooser.want() != Want::Argmax {
+        if !s.chooser.drafts() {
             return Vec::new();
         }
         let left = s.opts.max_tokens.saturating_sub(s.res.ids.len() + 1);
@@ -60,7 +60,7 @@ impl Loop<'_> {
         self.running[i].computed = p.pos + 1;
         let mut finish = None;
         for (j, out) in outs.into_iter().enumerate() {
-            finish = self.take_token(i, out)?;
+            finish = self.take_token(i, out, drafts.get(j).copied())?;
             let s = &mut self.running[i];
             let kept = j < drafts.len() && s.tokens.last() == Some(&drafts[j]);
             if finish.is_some() || !kept {
