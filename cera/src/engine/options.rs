@@ -216,7 +216,9 @@ pub struct GenerateOpts {
 /// the same token for token as without it (the rows run through the decode rows' kernels).
 /// Sampling from top-k candidates keeps a draft with its probability under the sampler and
 /// otherwise draws from the rest (speculative sampling with a one-token proposal), so every
-/// token keeps its distribution (a chi-square test checks it); generations that need whole
+/// token keeps its distribution (a chi-square test checks it), though a seed then reproduces
+/// its tokens only under the same drafts (their length can follow the step's other
+/// sequences); generations that need whole
 /// logits rows (penalties, `top_logprobs`, constraints, `logit_bias`, `top_k` 0 or over 128)
 /// decode without drafts. The [`BatcherMetrics`](super::BatcherMetrics) count drafted and
 /// accepted tokens.
