@@ -417,13 +417,21 @@ fn prefix(s: &str) -> Prefix {
         *i += n;
         Some(true)
     };
-    for tok in ["{", "\"name\"", ":"] {
-        ws(&mut i);
-        match lit(&mut i, tok) {
-            None => return Prefix::Need,
-            Some(false) => return Prefix::No,
-            Some(true) => {}
+    // Reads `toks` in order, whitespace before each: the verdict when the text ends first or
+    // differs.
+    let expect = |i: &mut usize, toks: &[&str]| -> Option<Prefix> {
+        for tok in toks {
+            ws(i);
+            match lit(i, tok) {
+                None => return Some(Prefix::Need),
+                Some(false) => return Some(Prefix::No),
+                Some(true) => {}
+            }
         }
+        None
+    };
+    if let Some(v) = expect(&mut i, &["{", "\"name\"", ":"]) {
+        return v;
     }
     ws(&mut i);
     if i >= b.len() {
@@ -438,11 +446,8 @@ fn prefix(s: &str) -> Prefix {
         return Prefix::No;
     }
     i += close + 2;
-    ws(&mut i);
-    match lit(&mut i, ",") {
-        None => return Prefix::Need,
-        Some(false) => return Prefix::No,
-        Some(true) => {}
+    if let Some(v) = expect(&mut i, &[","]) {
+        return v;
     }
     ws(&mut i);
     let r = &s[i..];
@@ -455,13 +460,8 @@ fn prefix(s: &str) -> Prefix {
     } else {
         return Prefix::No;
     };
-    for tok in [key, ":"] {
-        ws(&mut i);
-        match lit(&mut i, tok) {
-            None => return Prefix::Need,
-            Some(false) => return Prefix::No,
-            Some(true) => {}
-        }
+    if let Some(v) = expect(&mut i, &[key, ":"]) {
+        return v;
     }
     ws(&mut i);
     match b.get(i) {
