@@ -3,7 +3,8 @@
 //! for token, on copy-heavy prompts where drafts are accepted (the metrics count them), across
 //! max tokens and stop strings, alone and beside other sequences. Sampled with speculation
 //! (speculative sampling with one-token proposals), a tiny model's tokens keep their
-//! distribution: a chi-square test over many seeds against sampling without it.
+//! distribution: a chi-square test over many seeds against sampling without it. Drafts that need
+//! a KV block that is not free are dropped for the step; they never preempt another sequence.
 
 mod batch_support;
 
@@ -86,6 +87,49 @@ fn bad_speculation_options_are_typed_errors() {
         let err = b.submit(vec![1u32, 2, 3], &o, None).unwrap_err();
         assert!(err.to_string().contains("speculative"), "{err}");
     }
+}
+
+/// When a sequence's drafts need a KV block that is not free, it decodes its one token plainly
+/// that step: drafts never preempt another sequence.
+#[test]
+fn drafts_never_preempt_another_sequence() {
+    let e = engine(DeviceChoice::Cpu).unwrap();
+    // A: the copy prompt, padded so that its first decode row ends 3 positions short of a block
+    // boundary (its 6 drafts would need the next block). B: 5 positions into its last block.
+    let bl = 16;
+    let mut a = copy_prompt(&e);
+    let nl = e.tokenizer().encode("\n", Default::default()).unwrap();
+    while (a.len() + 1) % bl != bl - 3 {
+        a.insert(0, nl[0]);
+    }
+    let b_prompt: Vec<u32> = prompts(&e, 4)[3].iter().copied().cycle().take(2 * bl + 5).collect();
+    let blocks = a.len().div_ceil(bl) + b_prompt.len().div_ceil(bl);
+    let per_block = 2 * 30 * 3 * bl * 64 * 4;
+    let b = e.batcher(BatcherOpts { max_seqs: 4, kv_budget: Some((blocks * per_block) as u64), prefix_cache: false, ..BatcherOpts::default() }).unwrap();
+    assert_eq!((b.batch_opts().n_blocks, b.batch_opts().block_len), (blocks, bl));
+    let want_a = b.generate(a.clone(), &GenerateOpts::greedy(12)).unwrap();
+    let want_b = b.generate(b_prompt.clone(), &GenerateOpts::greedy(3)).unwrap();
+    // A and B join in the same step: a one-token request holds the batcher (its sink waits)
+    // until both are queued.
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    let hold: cera::engine::BoxSink = Box::new(move |_: &cera::engine::TokenEvent| {
+        let _ = held_tx.send(());
+        let _ = go_rx.lock().unwrap().recv();
+    });
+    let before = b.metrics();
+    let c = b.submit(vec![1u32, 2, 3], &GenerateOpts::greedy(1), Some(hold)).unwrap();
+    held_rx.recv().unwrap();
+    let ha = b.submit(a.clone(), &spec(GenerateOpts::greedy(12)), None).unwrap();
+    let hb = b.submit(b_prompt.clone(), &GenerateOpts::greedy(3), None).unwrap();
+    go_tx.send(()).unwrap();
+    c.wait().unwrap();
+    let (got_a, got_b) = (ha.wait().unwrap(), hb.wait().unwrap());
+    let m = b.metrics();
+    assert_eq!((got_a.ids, got_b.ids), (want_a.ids, want_b.ids));
+    assert_eq!(m.preemptions, before.preemptions, "drafts preempted a sequence");
+    assert!(m.accepted_tokens > before.accepted_tokens, "drafts ran once B finished: {m:?}");
 }
 
 /// The tiny random Qwen2 checkpoint (`tests/golden/hf/qwen2-tiny`) and a prompt: its longest

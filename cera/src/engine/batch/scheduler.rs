@@ -246,7 +246,7 @@ impl<'t> Loop<'t> {
                 let n = chunk_len(s, *budget);
                 // A greedy decode row may carry drafts to verify.
                 let drafts = if decode && s.first_token.is_some() { self.draft(i, *budget, drafted) } else { Vec::new() };
-                let (n, out_rows) = if drafts.is_empty() { (n, 1) } else { (1 + drafts.len(), 1 + drafts.len()) };
+                let (mut n, mut out_rows) = if drafts.is_empty() { (n, 1) } else { (1 + drafts.len(), 1 + drafts.len()) };
                 let s = &mut self.running[i];
                 if !drafts.is_empty() {
                     drafted += drafts.len();
@@ -254,7 +254,7 @@ impl<'t> Loop<'t> {
                     s.verify.push(s.tokens[s.computed]);
                     s.verify.extend_from_slice(&drafts);
                 }
-                let end = s.computed + n;
+                let mut end = s.computed + n;
                 let mut idx = i;
                 loop {
                     let s = &mut self.running[idx];
@@ -264,6 +264,14 @@ impl<'t> Loop<'t> {
                             plan.push(Planned { seq: idx, pos: self.running[idx].computed, n, want, out_rows });
                             *budget -= n;
                             break;
+                        }
+                        Err(OpsError::KvBlocksExhausted { .. }) if out_rows > 1 => {
+                            // Drafts are a bet, never worth another sequence's blocks: this
+                            // step decodes the one token plainly.
+                            drafted -= out_rows - 1;
+                            (n, out_rows) = (1, 1);
+                            end = s.computed + 1;
+                            s.verify.clear();
                         }
                         Err(OpsError::KvBlocksExhausted { .. }) => {
                             let victim_is_self = (0..self.running.len()).max_by_key(|&j| self.running[j].order) == Some(idx);
