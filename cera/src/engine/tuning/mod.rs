@@ -142,11 +142,18 @@ pub struct GpuTuning {
     pub batch_gemv: BatchGemv,
     /// Batch states of at most this many sequences run their decode rows through the
     /// multi-row GEMV, larger ones through the GEMM with the prompt rows
-    /// (`batch_gemv_max_seqs`). Measured on the H100 (llama-1b Q4_0, 2026-12-06), total
-    /// tok/s at 1/8/32/64 streams: GEMM 116/657/1921/2919, f32 GEMV 212/790/1090/1174.
+    /// (`batch_gemv_max_seqs`). Measured on the H100 (llama-1b Q4_0, 2026-12-06, `cera bench
+    /// --concurrency 1,8,32,64`), total tok/s at 1/8/32/64 streams: GEMM 114/639/1912/2872,
+    /// f32 GEMV 212/790/1090/1174, integer-dot GEMV ([`Self::batch_q8`]) 293/1322/2353/2695.
+    /// The integer-dot GEMV loses 6% to the GEMM at 64 busy streams and wins 1.2-2.6x below, so
+    /// batch states of up to 64 sequences take it.
     pub batch_gemv_max_seqs: usize,
-    /// The shape of the batched steps' integer-dot decode-row GEMV (`batch_q8`; `None`, the
-    /// default until it is measured on a GPU: the f32 one), where the int8 decode path is on.
+    /// The shape of the batched steps' integer-dot decode-row GEMV (`batch_q8`; `None`: the
+    /// f32 one), where the int8 decode path is on. The default is the best of a sweep of six
+    /// shapes on the H100 (`scripts/batch-sweep.sh`; summed one-step tok/s at 1, 8 and 64
+    /// sequences, depth 1024): 2 rows, groups of 4 activation rows, 64 invocations, unroll 1.
+    /// The f32 GEMV it replaces took 3 ms a step for one row, this one 1 ms; at 64 rows a step
+    /// went from 52 ms to 11 ms.
     pub batch_q8: Option<BatchQ8>,
 
     /// Rows per workgroup of the int8 decode GEMVs, at least. Two (boostr's default takes one
@@ -299,8 +306,8 @@ impl Default for GpuTuning {
             gemv_rows: None,
             gemv_threads: None,
             batch_gemv: BatchGemv::DEFAULT,
-            batch_gemv_max_seqs: 16,
-            batch_q8: None,
+            batch_gemv_max_seqs: 64,
+            batch_q8: Some(BatchQ8::DEFAULT),
             q8_min_rows: 2,
             q8_tall_above: 8192,
             q8_tall_min_rows: 4,

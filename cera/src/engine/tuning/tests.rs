@@ -36,7 +36,7 @@ fn every_key_is_documented_and_sets_something() {
         "chain" => "quant_gemv_q8",
         "chain_poll" => "first",
         "batch_gemv" => "4,2,128,1",
-        "batch_q8" => "2,4,64,1",
+        "batch_q8" => "off",
         _ => "3",
     };
     for (k, doc) in TUNING_KEYS {
@@ -96,7 +96,7 @@ fn settings_parse_into_their_fields() {
     assert_eq!((t.chain_layers, t.chain_max, t.chain_poll), (2, Some(8), ChainPoll::First));
     assert_eq!(t.batch_gemv, super::BatchGemv { rows: 8, group: 2, threads: 256, f16: true });
     assert_eq!((t.batch_q8, t.batch_gemv_max_seqs), (Some(super::BatchQ8 { rows: 4, group: 8, threads: 128, unroll: 2 }), 4));
-    for s in ["batch_gemv=2,4,128,0", "batch_q8=off", "batch_gemv_max_seqs=16"] {
+    for s in ["batch_gemv=2,4,128,0", "batch_q8=2,4,64,1", "batch_gemv_max_seqs=64"] {
         t.set_pair(s).unwrap();
     }
     // `auto` returns an override to the default, `all` / `off` the chains' mode.
