@@ -144,8 +144,10 @@ fn batcher(e: &Engine, model: &str, exact: bool) {
     }
     // Speculative decoding (one-token n-gram drafts, which a random model mostly rejects): the
     // same greedy ids, so rejected drafts leave no trace in the KV blocks or LFM2's conv rings.
-    let spec: Vec<GenerateOpts> =
-        greedy.iter().map(|o| GenerateOpts { speculative: Some(Speculative { draft_max: 4, draft_min: 1, ngram: 1 }), ..o.clone() }).collect();
+    let spec: Vec<GenerateOpts> = greedy
+        .iter()
+        .map(|o| GenerateOpts { speculative: Some(Speculative { draft_max: cera::engine::MAX_DRAFT, draft_min: 1, ngram: 1 }), ..o.clone() })
+        .collect();
     let before = b.metrics();
     let fast = run_staggered(&b, &prompts, &spec);
     for (i, (f, g)) in fast.iter().zip(&got).enumerate() {

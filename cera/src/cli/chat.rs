@@ -81,6 +81,7 @@ impl Interrupt {
 
 /// Runs `cera chat`.
 pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
+    args.sample.opts()?; // bad flags before the model loads
     let engine = load(&args.model)?;
     warn_fallback_template(&engine);
     let mut session = engine.session().map_err(CliError::from_err)?;
@@ -95,7 +96,7 @@ pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
         ));
     }
     let mut conv = Conversation::new(args.system.clone());
-    let opts = args.sample.opts();
+    let opts = args.sample.opts()?;
     let reserve = reply_reserve(opts.max_tokens, engine.n_ctx());
     let mut first = true;
     loop {

@@ -105,6 +105,35 @@ impl LoadArgs {
     }
 }
 
+/// Speculative decoding (llama.cpp's flag names).
+#[derive(Debug, Clone, clap::Args)]
+pub struct SpecArgs {
+    /// Speculative decoding: `ngram` (prompt-lookup drafts: the last tokens looked up earlier in
+    /// the prompt and output, what followed them proposed and verified in one step; greedy and
+    /// top-k sampling) or `none`.
+    #[arg(long = "spec-type", default_value = "none", value_parser = ["none", "ngram"])]
+    pub spec_type: String,
+    /// Most draft tokens per step (1 to 16).
+    #[arg(long = "draft-max", default_value_t = 8, value_name = "N")]
+    pub draft_max: usize,
+    /// Fewest draft tokens worth verifying (fewer: a plain decode step).
+    #[arg(long = "draft-min", default_value_t = 1, value_name = "N")]
+    pub draft_min: usize,
+}
+
+impl SpecArgs {
+    /// The speculative options (`None` for `--spec-type none`); out-of-range drafts are a
+    /// message naming the flags.
+    pub fn speculative(&self) -> Result<Option<crate::engine::Speculative>, CliError> {
+        let s =
+            (self.spec_type == "ngram").then_some(crate::engine::Speculative { draft_max: self.draft_max, draft_min: self.draft_min, ..Default::default() });
+        if let Some(s) = s {
+            GenerateOpts { speculative: Some(s), ..Default::default() }.check().map_err(|e| CliError::Message(format!("--draft-max / --draft-min: {e}")))?;
+        }
+        Ok(s)
+    }
+}
+
 /// Sampling and stopping.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SampleArgs {
@@ -148,11 +177,14 @@ pub struct SampleArgs {
     /// (pipelining is on by default; the output is the same).
     #[arg(long = "no-pipeline")]
     pub no_pipeline: bool,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 impl SampleArgs {
-    /// The generation options (a random seed for `-s -1`).
-    pub fn opts(&self) -> GenerateOpts {
+    /// The generation options (a random seed for `-s -1`); out-of-range speculative drafts
+    /// are a message naming the flags.
+    pub fn opts(&self) -> Result<GenerateOpts, CliError> {
         let seed = u64::try_from(self.seed).unwrap_or_else(|_| std::collections::hash_map::RandomState::new().build_hasher().finish() >> 1);
         let sampler = SamplerOpts {
             temperature: self.temp,
@@ -165,7 +197,7 @@ impl SampleArgs {
             repeat_last_n: self.repeat_last_n,
             seed,
         };
-        GenerateOpts {
+        Ok(GenerateOpts {
             sampler,
             max_tokens: usize::try_from(self.n_predict).unwrap_or(usize::MAX),
             stop: self.stop.clone(),
@@ -175,8 +207,8 @@ impl SampleArgs {
             pipeline: !self.no_pipeline,
             constraint: None,
             logit_bias: Vec::new(),
-            speculative: None,
-        }
+            speculative: self.spec.speculative()?,
+        })
     }
 }
 
@@ -270,6 +302,16 @@ pub fn stats_line(engine: &Engine, g: &Generation, seed: Option<u64>, with_load:
     }
     s.push_str(&format!(", {} run at {:.1} tok/s | ", g.prefilled, g.timings.prefill_tok_s()));
     s.push_str(&format!("generated {} tokens at {:.1} tok/s | {}", g.ids.len(), g.timings.decode_tok_s(), g.finish.name()));
+    let t = &g.timings;
+    if t.draft_tokens > 0 {
+        s.push_str(&format!(
+            " | drafts {} of {} accepted ({:.0}%), {:.2} tokens per step",
+            t.accepted_tokens,
+            t.draft_tokens,
+            100.0 * t.accepted_tokens as f64 / t.draft_tokens as f64,
+            t.decode_tokens as f64 / t.decode_steps.max(1) as f64
+        ));
+    }
     if let Some(seed) = seed {
         s.push_str(&format!(" | seed {seed}"));
     }

@@ -99,6 +99,9 @@ fn json_output(engine: &Engine, prompt_ids: &[u32], g: &Generation, seed: u64, t
             "generated_tokens": g.ids.len(),
             "decode_ms": ms(t.decode),
             "decode_tok_s": rate(t.decode_tok_s()),
+            "decode_steps": t.decode_steps,
+            "draft_tokens": t.draft_tokens,
+            "accepted_tokens": t.accepted_tokens,
         },
         "seed": seed,
         "device": engine.device_name(),
@@ -115,6 +118,7 @@ fn json_output(engine: &Engine, prompt_ids: &[u32], g: &Generation, seed: u64, t
 pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
     // Before anything slow: a Ctrl-C while the model loads still finishes the output.
     let interrupt = Interrupt::install();
+    args.sample.opts()?; // bad flags before the prompt is read and the model loads
     let source = PromptSource::from_args(args.prompt.as_deref(), args.prompt_flag.as_deref(), args.file.as_deref())?;
     let prompt = interrupt.reading(source.is_terminal(), || source.read())?;
     let engine = load(&args.model)?;
@@ -125,7 +129,7 @@ pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
     let mut session = engine.session().map_err(CliError::from_err)?;
     session.append_text(&text).map_err(CliError::from_err)?;
     let prompt_ids = session.tokens().to_vec();
-    let mut opts = args.sample.opts();
+    let mut opts = args.sample.opts()?;
     opts.top_logprobs = args.top_logprobs;
     interrupt.watch(session.cancel_token());
     let g = if args.json {

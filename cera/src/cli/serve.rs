@@ -50,16 +50,10 @@ pub struct Args {
     /// Turn off the prefix cache (shared prompt prefixes are then computed again).
     #[arg(long = "no-prefix-cache")]
     pub no_prefix_cache: bool,
-    /// Speculative decoding for requests that do not ask otherwise: `ngram` (prompt-lookup
-    /// drafts, greedy requests) or `none`.
-    #[arg(long = "spec-type", default_value = "none", value_parser = ["none", "ngram"])]
-    pub spec_type: String,
-    /// Most draft tokens per step (1 to 16).
-    #[arg(long = "draft-max", default_value_t = 8, value_name = "N")]
-    pub draft_max: usize,
-    /// Fewest draft tokens worth verifying.
-    #[arg(long = "draft-min", default_value_t = 1, value_name = "N")]
-    pub draft_min: usize,
+    /// Speculative decoding for requests that do not ask otherwise (a request's `speculative`
+    /// field overrides it).
+    #[command(flatten)]
+    pub spec: super::generation::SpecArgs,
 }
 
 /// Runs `cera serve` until SIGTERM or Ctrl-C.
@@ -83,12 +77,7 @@ pub fn run(a: Args, _out: &mut Output) -> Result<(), CliError> {
     if a.max_step_tokens == 0 {
         return Err(CliError::Message("--max-step-tokens must be at least 1".into()));
     }
-    let speculative = (a.spec_type == "ngram").then_some(crate::engine::Speculative { draft_max: a.draft_max, draft_min: a.draft_min, ..Default::default() });
-    if let Some(s) = speculative {
-        crate::engine::GenerateOpts { speculative: Some(s), ..Default::default() }
-            .check()
-            .map_err(|e| CliError::Message(format!("--draft-max / --draft-min: {e}")))?;
-    }
+    let speculative = a.spec.speculative()?;
     let opts = ServeOpts {
         host: a.host.clone(),
         port: a.port,

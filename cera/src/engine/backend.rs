@@ -120,6 +120,10 @@ impl RecurrentWindow {
     }
 }
 
+/// The most tokens of one [`BackendState::verify`] step: the last accepted token and up to
+/// [`MAX_DRAFT`](super::batch::MAX_DRAFT) drafts.
+pub const MAX_VERIFY_ROWS: usize = super::batch::MAX_DRAFT + 1;
+
 /// The most candidates [`Want::TopK`] returns.
 pub const MAX_TOP_K: usize = 128;
 
@@ -218,6 +222,16 @@ pub trait BackendState: Send {
     /// than this must start the sequence again at 0.
     fn resume_floor(&self) -> usize {
         0
+    }
+    /// Runs `tokens` (1 to [`MAX_VERIFY_ROWS`]) at cache positions `pos ..` as [`Self::step`]
+    /// does and returns `want` after each of them, in order: a speculative verification step,
+    /// the last accepted token and the drafts after it, whose rows take the kernels of decoding
+    /// (so each row's output equals a decode step's at its position). Waits for nothing
+    /// outstanding ([`EngineError::Usage`] when a step is in flight). Executors without it give
+    /// [`EngineError::Unsupported`].
+    fn verify(&mut self, tokens: &[u32], pos: usize, want: Want) -> Result<Vec<StepOutput>, EngineError> {
+        let _ = (tokens, pos, want);
+        Err(EngineError::Unsupported { what: "speculative verification on this device".into() })
     }
     /// Clears per-sequence state other than the cache (recurrent state of later architectures),
     /// after waiting for the outstanding steps, whose outputs are dropped.

@@ -76,8 +76,16 @@ pub struct Timings {
     pub prefill_tokens: usize,
     /// After the first token: decode steps, sampling and streaming.
     pub decode: Duration,
-    /// Decode steps run (each generated token but the last, and the first, is run once).
+    /// Decode steps run (each generated token but the last, and the first, is run once; with
+    /// speculative decoding a step may give several tokens).
     pub decode_steps: usize,
+    /// Generated tokens run by the decode steps (equal to `decode_steps` without speculative
+    /// decoding); the decode speed counts these.
+    pub decode_tokens: usize,
+    /// Speculative draft tokens verified.
+    pub draft_tokens: usize,
+    /// Of those, the ones kept (the model's own choice agreed).
+    pub accepted_tokens: usize,
 }
 
 fn rate(n: usize, d: Duration) -> f64 {
@@ -92,7 +100,7 @@ impl Timings {
 
     /// Decode speed in tokens per second (0 without decode steps).
     pub fn decode_tok_s(&self) -> f64 {
-        rate(self.decode_steps, self.decode)
+        rate(self.decode_tokens, self.decode)
     }
 }
 
@@ -444,6 +452,65 @@ pub(crate) const TEXT_RESERVE_PER_TOKEN: usize = 16;
 pub(crate) const TEXT_RESERVE_MAX: usize = 64 << 10;
 
 /// Collects and drops the outstanding steps (after an error or a stop seen one step late).
+/// What a chosen token is recorded into ([`Session::take`]).
+pub(crate) struct Taken<'a, 't, K: DerefMut<Target: Sink>> {
+    pub(crate) opts: &'a GenerateOpts,
+    pub(crate) res: &'a mut Generation,
+    pub(crate) stream: &'a mut Stream<'t, K>,
+    pub(crate) chooser: &'a mut Chooser,
+    pub(crate) eog: &'a [u32],
+    pub(crate) vocab: usize,
+    pub(crate) n_ctx: usize,
+}
+
+impl Session {
+    /// Records the chosen token `id`: it joins the sequence, the result and the stream. Returns
+    /// why generation ends with it, if it does (an end-of-generation or stop token, a finished
+    /// constraint, max tokens, a full context, a stop string, a cancellation).
+    pub(crate) fn take<K: DerefMut<Target: Sink>>(
+        &mut self,
+        t: &mut Taken<'_, '_, K>,
+        id: u32,
+        top: StepLogprobs,
+    ) -> Result<Option<FinishReason>, EngineError> {
+        let (opts, res) = (t.opts, &mut *t.res);
+        if (id as usize) >= t.vocab {
+            return Err(EngineError::Device { device: t.chooser.device.clone(), reason: format!("the executor chose id {id} outside the vocabulary") });
+        }
+        self.seq.push(id);
+        if (!opts.ignore_eos && t.eog.binary_search(&id).is_ok()) || opts.stop_tokens.contains(&id) {
+            res.stop_token = Some(id);
+            t.stream.end();
+            return Ok(Some(FinishReason::Stop));
+        }
+        res.ids.push(id);
+        if opts.top_logprobs > 0 {
+            res.top_logprobs.push(top.top.clone());
+            res.logprobs.push(top.chosen.unwrap_or(f32::NAN));
+        }
+        let finish = if t.chooser.constraint_finished() {
+            Some(FinishReason::Stop)
+        } else if res.ids.len() >= opts.max_tokens {
+            Some(FinishReason::MaxTokens)
+        } else if self.seq.len() >= t.n_ctx {
+            Some(FinishReason::ContextFull)
+        } else {
+            None
+        };
+        if t.stream.token(id, top, finish.is_some())? {
+            return Ok(Some(FinishReason::Stop));
+        }
+        if finish.is_some() {
+            return Ok(finish);
+        }
+        if self.cancel.is_cancelled() {
+            t.stream.end();
+            return Ok(Some(FinishReason::Cancelled));
+        }
+        Ok(None)
+    }
+}
+
 fn drain(state: &mut dyn BackendState) {
     while state.in_flight() > 0 {
         if state.collect().is_err() {
@@ -522,7 +589,9 @@ impl Session {
         let mut first_out = StepOutput::Nothing;
         let first_want = if opts.max_tokens == 0 { Want::Nothing } else { chooser.want() };
         self.state.set_argmax_mask(if chooser.is_argmax() { &chooser.masked } else { &[] })?;
-        let pipelined = opts.pipeline && chooser.is_argmax();
+        // Speculative decoding runs its own steps (never pipelined).
+        let spec = opts.speculative.filter(|_| chooser.drafts());
+        let pipelined = opts.pipeline && chooser.is_argmax() && spec.is_none();
         // Whether the step running the `nth` generated token (1-based) at `pos` can be needed:
         // that token does not end the generation by the token or context limit.
         let may_run = |nth: usize, pos: usize| nth < opts.max_tokens && pos + 1 < n_ctx;
@@ -575,67 +644,44 @@ impl Session {
         let decoder = StreamDecoder::with_options(tok, DecodeOptions { render_special: false, strip_space_prefix: false });
         let mut stream = Stream::new(decoder, StopMatcher::new(&opts.stop), text, sink);
         let mut out = first_out;
-        let result = loop {
-            let position = self.seq.len();
-            let (id, top) = match chooser.choose(std::mem::replace(&mut out, StepOutput::Nothing), &self.seq, position as u64) {
-                Ok(x) => x,
-                Err(e) => break Err(e),
-            };
-            if (id as usize) >= inner.config.vocab {
-                break Err(EngineError::Device { device: chooser.device.clone(), reason: format!("the executor chose id {id} outside the vocabulary") });
-            }
-            self.seq.push(id);
-            if (!opts.ignore_eos && inner.eog.binary_search(&id).is_ok()) || opts.stop_tokens.contains(&id) {
-                res.stop_token = Some(id);
-                stream.end();
-                break Ok(FinishReason::Stop);
-            }
-            res.ids.push(id);
-            if opts.top_logprobs > 0 {
-                res.top_logprobs.push(top.top.clone());
-                res.logprobs.push(top.chosen.unwrap_or(f32::NAN));
-            }
-            let finish = if chooser.constraint_finished() {
-                Some(FinishReason::Stop)
-            } else if res.ids.len() >= opts.max_tokens {
-                Some(FinishReason::MaxTokens)
-            } else if self.seq.len() >= n_ctx {
-                Some(FinishReason::ContextFull)
-            } else {
-                None
-            };
-            match stream.token(id, top, finish.is_some()) {
-                Ok(true) => break Ok(FinishReason::Stop),
-                Ok(false) => {}
-                Err(e) => break Err(e),
-            }
-            if let Some(f) = finish {
-                break Ok(f);
-            }
-            if self.cancel.is_cancelled() {
-                stream.end();
-                break Ok(FinishReason::Cancelled);
-            }
-            // Run the new token at its position: already submitted when pipelined; then the
-            // next token's step goes in before this one's output is read.
-            let pos = self.seq.len() - 1;
-            if self.state.in_flight() == 0 {
-                let input = if chooser.is_argmax() { StepInput::LastArgmax } else { StepInput::Tokens(&self.seq[pos..]) };
-                if let Err(e) = self.state.submit(input, pos, chooser.want()) {
-                    break Err(e);
+        let result = if let Some(spec) = spec {
+            let t = Taken { opts, res: &mut res, stream: &mut stream, chooser: &mut chooser, eog: &inner.eog, vocab: inner.config.vocab, n_ctx };
+            self.decode_speculative(t, spec, out)
+        } else {
+            loop {
+                let position = self.seq.len();
+                let (id, top) = match chooser.choose(std::mem::replace(&mut out, StepOutput::Nothing), &self.seq, position as u64) {
+                    Ok(x) => x,
+                    Err(e) => break Err(e),
+                };
+                let mut t = Taken { opts, res: &mut res, stream: &mut stream, chooser: &mut chooser, eog: &inner.eog, vocab: inner.config.vocab, n_ctx };
+                match self.take(&mut t, id, top) {
+                    Ok(Some(f)) => break Ok(f),
+                    Ok(None) => {}
+                    Err(e) => break Err(e),
                 }
-            }
-            if pipelined && may_run(res.ids.len() + 1, pos + 1) {
-                if let Err(e) = self.state.submit(StepInput::LastArgmax, pos + 1, Want::Argmax) {
-                    break Err(e);
+                // Run the new token at its position: already submitted when pipelined; then the
+                // next token's step goes in before this one's output is read.
+                let pos = self.seq.len() - 1;
+                if self.state.in_flight() == 0 {
+                    let input = if chooser.is_argmax() { StepInput::LastArgmax } else { StepInput::Tokens(&self.seq[pos..]) };
+                    if let Err(e) = self.state.submit(input, pos, chooser.want()) {
+                        break Err(e);
+                    }
                 }
+                if pipelined && may_run(res.ids.len() + 1, pos + 1) {
+                    if let Err(e) = self.state.submit(StepInput::LastArgmax, pos + 1, Want::Argmax) {
+                        break Err(e);
+                    }
+                }
+                match self.state.collect() {
+                    Ok(o) => out = o,
+                    Err(e) => break Err(e),
+                }
+                self.cached.push(id);
+                res.timings.decode_steps += 1;
+                res.timings.decode_tokens += 1;
             }
-            match self.state.collect() {
-                Ok(o) => out = o,
-                Err(e) => break Err(e),
-            }
-            self.cached.push(id);
-            res.timings.decode_steps += 1;
         };
         // A step run past the end (pipelined): its output and its cache position are dropped.
         drain(self.state.as_mut());

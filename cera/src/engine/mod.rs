@@ -41,11 +41,15 @@ mod model;
 pub mod options;
 pub mod sampler;
 mod session;
+mod session_spec;
+pub mod speculative;
 pub mod stop;
 pub mod tuning;
 pub mod weights;
 
-pub use backend::{Backend, BackendState, KernelTime, KvType, LoadProgress, MAX_IN_FLIGHT, StateOpts, StepCounters, StepInput, StepOutput, Want};
+pub use backend::{
+    Backend, BackendState, KernelTime, KvType, LoadProgress, MAX_IN_FLIGHT, MAX_VERIFY_ROWS, StateOpts, StepCounters, StepInput, StepOutput, Want,
+};
 pub use batch::{BatchEntry, BatchOpts, BatchState, Batcher, BatcherMetrics, BatcherOpts, BoxSink, Canceller, MAX_DRAFT, Prompt, RequestHandle};
 pub use config::{Arch, GateAct, LayerKind, LayerRope, ModelConfig};
 pub use constraint::{Constraint, TokenConstraint};

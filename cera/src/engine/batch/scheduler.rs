@@ -193,7 +193,8 @@ impl<'t> Loop<'t> {
             g.timings.prefill = s.admitted.map_or(std::time::Duration::ZERO, |a| first.saturating_duration_since(a));
             g.timings.prefill_tokens = g.prefilled;
             g.timings.decode = now.saturating_duration_since(first);
-            g.timings.decode_steps = g.ids.len().saturating_sub(1);
+            g.timings.decode_tokens = g.ids.len().saturating_sub(1);
+            g.timings.decode_steps = g.timings.decode_tokens - g.timings.accepted_tokens.min(g.timings.decode_tokens);
             g
         });
         self.metrics.finished += 1;

@@ -11,31 +11,15 @@
 //! LFM2's conv rings are indexed by position, so the same holds for them.
 
 use super::super::super::backend::StepOutput;
+use super::super::super::speculative::{max_drafts, ngram_draft};
 use super::super::super::{EngineError, FinishReason};
 use super::super::step::MAX_DRAFT;
 use super::{Loop, Planned, engine_err};
 
-/// Up to `max` tokens that followed the latest earlier occurrence of the last `ngram` tokens
-/// of `tokens` (then of shorter suffixes, down to one token); empty when none recurs.
-fn ngram_draft(tokens: &[u32], ngram: usize, max: usize) -> Vec<u32> {
-    let len = tokens.len();
-    if max == 0 {
-        return Vec::new();
-    }
-    for n in (1..=ngram.min(len.saturating_sub(1))).rev() {
-        let key = &tokens[len - n..];
-        // The latest start `i < len - n` whose n tokens equal the suffix.
-        if let Some(i) = (0..len - n).rev().find(|&i| &tokens[i..i + n] == key) {
-            let from = i + n;
-            return tokens[from..(from + max).min(len)].to_vec();
-        }
-    }
-    Vec::new()
-}
-
 impl Loop<'_> {
     /// The drafts sequence `i` verifies in this step (empty: a plain decode row): none unless
-    /// it decodes greedily with speculation on; at most its option's `draft_max`, the step's
+    /// it decodes greedily with speculation on; at most its option's `draft_max`, the model's
+    /// [`max_drafts`], the step's
     /// budget after its own token, what is left of [`MAX_DRAFT`] after the `drafted` ones
     /// already planned, its tokens still to generate and its room in the context.
     pub(super) fn draft(&self, i: usize, budget: usize, drafted: usize) -> Vec<u32> {
@@ -46,7 +30,8 @@ impl Loop<'_> {
         }
         let left = s.opts.max_tokens.saturating_sub(s.res.ids.len() + 1);
         let room = self.o.n_ctx.saturating_sub(s.tokens.len());
-        let max = spec.draft_max.min(budget.saturating_sub(1)).min(MAX_DRAFT - drafted.min(MAX_DRAFT)).min(left).min(room);
+        let max =
+            spec.draft_max.min(max_drafts(&self.engine.inner.config)).min(budget.saturating_sub(1)).min(MAX_DRAFT - drafted.min(MAX_DRAFT)).min(left).min(room);
         let d = ngram_draft(&s.tokens, spec.ngram, max);
         if d.len() < spec.draft_min { Vec::new() } else { d }
     }
@@ -56,6 +41,7 @@ impl Loop<'_> {
     pub(super) fn after_verify(&mut self, i: usize, p: &Planned, outs: Vec<StepOutput>) -> Result<Option<FinishReason>, EngineError> {
         let drafts: Vec<u32> = self.running[i].verify[1..].to_vec();
         self.metrics.drafted_tokens += drafts.len() as u64;
+        self.running[i].res.timings.draft_tokens += drafts.len();
         // The last token's row is computed; each kept draft's row too.
         self.running[i].computed = p.pos + 1;
         let mut finish = None;
@@ -67,6 +53,7 @@ impl Loop<'_> {
                 break;
             }
             s.computed += 1;
+            s.res.timings.accepted_tokens += 1;
             self.metrics.accepted_tokens += 1;
         }
         let (bl, s) = (self.o.block_len, &mut self.running[i]);
@@ -75,25 +62,5 @@ impl Loop<'_> {
             s.registered = s.computed / bl;
         }
         Ok(finish)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ngram_draft;
-
-    #[test]
-    fn drafts_continue_the_latest_match_of_the_longest_suffix() {
-        // "a b c d a b" -> the suffix "a b" occurred at 0, followed by "c d a b".
-        assert_eq!(ngram_draft(&[1, 2, 3, 4, 1, 2], 3, 8), vec![3, 4, 1, 2]);
-        assert_eq!(ngram_draft(&[1, 2, 3, 4, 1, 2], 3, 2), vec![3, 4]);
-        // The latest occurrence wins; a longer suffix first.
-        assert_eq!(ngram_draft(&[7, 1, 5, 9, 1, 6, 2, 1], 3, 1), vec![6]);
-        assert_eq!(ngram_draft(&[5, 1, 2, 9, 3, 1, 2, 8, 4, 1, 2], 2, 1), vec![8]);
-        // Nothing recurs; too short; no room.
-        assert!(ngram_draft(&[1, 2, 3], 3, 4).is_empty());
-        assert!(ngram_draft(&[1], 3, 4).is_empty());
-        assert!(ngram_draft(&[1, 1], 3, 0).is_empty());
-        assert_eq!(ngram_draft(&[1, 1], 3, 4), vec![1]);
     }
 }

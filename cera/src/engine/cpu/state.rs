@@ -14,7 +14,7 @@ use super::ops::{Heads, qkv_rope};
 use super::{CpuOp, Model};
 use crate::engine::EngineError;
 use crate::engine::backend::{
-    BackendState, CONV_RING, KvType, MAX_IN_FLIGHT, MAX_TOP_K, RecurrentWindow, StateOpts, StepCounters, StepInput, StepOutput, Want,
+    BackendState, CONV_RING, KvType, MAX_IN_FLIGHT, MAX_TOP_K, MAX_VERIFY_ROWS, RecurrentWindow, StateOpts, StepCounters, StepInput, StepOutput, Want,
 };
 use crate::engine::graph::Slot;
 
@@ -174,7 +174,8 @@ impl CpuState {
         Ok(())
     }
 
-    fn run(&mut self, op: &CpuOp, pool: &mut super::Pool, ids: &[u32], pos: usize, logits: bool) -> Result<(), EngineError> {
+    /// Runs `op` over the step's rows; the LM head over its last `logit_rows` rows (0: none).
+    fn run(&mut self, op: &CpuOp, pool: &mut super::Pool, ids: &[u32], pos: usize, logit_rows: usize) -> Result<(), EngineError> {
         let m = &*self.model;
         if run_rowwise(m, &mut self.slots, pool, op, ids)? {
             return Ok(());
@@ -210,12 +211,15 @@ impl CpuState {
                 Arc::make_mut(&mut self.slots[slot_index(Slot::Conv)])[..y.len()].copy_from_slice(&y);
             }
             CpuOp::LmHead { g, softcap } => {
-                if logits {
+                if logit_rows > 0 {
                     let xs = self.slots[slot_index(Slot::Normed)].clone();
                     let o = Arc::make_mut(&mut self.slots[slot_index(Slot::Logits)]);
-                    linear(pool, k, self.model.int8, g, &xs, n - 1, 1, o, c.vocab)?;
+                    if o.len() < logit_rows * c.vocab {
+                        o.resize(logit_rows * c.vocab, 0.0); // once, at the first verification step
+                    }
+                    linear(pool, k, self.model.int8, g, &xs, n - logit_rows, logit_rows, o, c.vocab)?;
                     if let Some(cap) = softcap {
-                        o.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+                        o[..logit_rows * c.vocab].iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
                     }
                 }
             }
@@ -280,6 +284,16 @@ impl CpuState {
                 &last[..]
             }
         };
+        let mut out = self.run_rows(ids, pos, want, 1)?;
+        let out = out.pop().expect("one row");
+        if let StepOutput::Argmax(id) = out {
+            self.last_argmax = Some(id);
+        }
+        Ok(out)
+    }
+
+    /// Runs `ids` at `pos ..` and returns `want` after each of the last `rows` of them.
+    fn run_rows(&mut self, ids: &[u32], pos: usize, want: Want, rows: usize) -> Result<Vec<StepOutput>, EngineError> {
         self.check(ids, pos, want)?;
         self.len = pos;
         self.last_argmax = None;
@@ -287,23 +301,27 @@ impl CpuState {
         {
             let mut pool = model.pool.lock().unwrap_or_else(|e| e.into_inner());
             for op in &model.ops {
-                self.run(op, &mut pool, ids, pos, want != Want::Nothing)?;
+                self.run(op, &mut pool, ids, pos, if want == Want::Nothing { 0 } else { rows })?;
             }
         }
         self.len = pos + ids.len();
         self.window.ran(pos, ids.len());
-        let logits = &self.slots[slot_index(Slot::Logits)][..model.cfg.vocab];
-        Ok(match want {
-            Want::Nothing => StepOutput::Nothing,
-            Want::Argmax => {
-                let mask = &self.mask;
-                let id = top_k(logits, 1 + mask.len()).into_iter().map(|c| c.0).find(|id| mask.binary_search(id).is_err()).unwrap_or(0);
-                self.last_argmax = Some(id);
-                StepOutput::Argmax(id)
-            }
-            Want::TopK(k) => StepOutput::TopK(top_k(logits, k)),
-            Want::Logits => StepOutput::Logits(logits.to_vec()),
-        })
+        let vocab = model.cfg.vocab;
+        let all = &self.slots[slot_index(Slot::Logits)];
+        Ok((0..rows)
+            .map(|r| {
+                let logits = &all[r * vocab..(r + 1) * vocab];
+                match want {
+                    Want::Nothing => StepOutput::Nothing,
+                    Want::Argmax => {
+                        let mask = &self.mask;
+                        StepOutput::Argmax(top_k(logits, 1 + mask.len()).into_iter().map(|c| c.0).find(|id| mask.binary_search(id).is_err()).unwrap_or(0))
+                    }
+                    Want::TopK(k) => StepOutput::TopK(top_k(logits, k)),
+                    Want::Logits => StepOutput::Logits(logits.to_vec()),
+                }
+            })
+            .collect())
     }
 }
 
@@ -334,6 +352,16 @@ impl BackendState for CpuState {
 
     fn resume_floor(&self) -> usize {
         self.window.floor()
+    }
+
+    fn verify(&mut self, tokens: &[u32], pos: usize, want: Want) -> Result<Vec<StepOutput>, EngineError> {
+        if !self.done.is_empty() {
+            return Err(EngineError::Usage(format!("a verification step with {} steps not collected", self.done.len())));
+        }
+        if tokens.len() > MAX_VERIFY_ROWS {
+            return Err(EngineError::Usage(format!("a verification step of {} tokens (at most {MAX_VERIFY_ROWS})", tokens.len())));
+        }
+        self.run_rows(tokens, pos, want, tokens.len())
     }
 
     fn reset(&mut self) -> Result<(), EngineError> {

@@ -116,6 +116,7 @@ impl GpuBatch {
             decode_gemv: b.decode_gemv,
             tuning: &b.tuning,
             batch_decode_gemv: opts.max_seqs <= b.tuning.batch_gemv_max_seqs,
+            prefill_gemv: false,
         };
         let heads = opts.head_rows();
         let slots = Slots::with_logit_rows(ctx, g, opts.max_tokens, 1, heads)?;

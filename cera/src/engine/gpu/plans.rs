@@ -143,6 +143,10 @@ pub(crate) struct PlanInputs<'a> {
     /// with the prompt rows): chosen per batch state, so every row of one state's steps takes
     /// the same kernel whatever shares its step.
     pub(crate) batch_decode_gemv: bool,
+    /// A prefill plan of a few rows whose projections take every row through the multi-row
+    /// GEMV (reading the weights once for all of them) and whose LM head runs over every row:
+    /// a speculative verification step ([`super::state`]'s `verify`).
+    pub(crate) prefill_gemv: bool,
 }
 
 impl<'a> PlanInputs<'a> {

@@ -26,10 +26,15 @@ use super::super::backend::{
     BackendState, CONV_RING, KernelTime, MAX_IN_FLIGHT, MAX_TOP_K, RecurrentWindow, StateOpts, StepCounters, StepInput, StepOutput, Want,
 };
 use super::super::graph::{ModelGraph, Slot};
+use super::super::options::DecodeGemv;
+use super::super::tuning::GpuTuning;
 use super::plans::{Mode, PlanInputs, Slots, build, build_layers, inv_freqs, kv_dtype, prefill_qkv_splits};
 use super::trace::StepTrace;
 use super::weights::GpuWeights;
 use super::{GpuBackend, dev_err, ops_err};
+
+#[path = "verify.rs"]
+mod verify;
 
 pub(crate) struct GpuState {
     ctx: Arc<GpuContext>,
@@ -66,6 +71,12 @@ pub(crate) struct GpuState {
     argmax_reads: Vec<ReadTarget>,
     counters: StepCounters,
     trace: StepTrace,
+    /// Per layer, the inverse RoPE frequencies (the verification plan binds them too).
+    freqs: Vec<Arc<GpuBuffer>>,
+    tuning: GpuTuning,
+    decode_gemv: DecodeGemv,
+    /// The speculative verification step's plans, made at its first use.
+    verify: Option<verify::VerifyPlans>,
 }
 
 fn word(what: &str, v: usize) -> Result<u32, EngineError> {
@@ -119,6 +130,7 @@ impl GpuState {
             decode_gemv: b.decode_gemv,
             tuning: &b.tuning,
             batch_decode_gemv: false,
+            prefill_gemv: false,
         };
         let dec_slots = Slots::new(ctx, g, 1, 1)?;
         let pre_slots = Slots::new(ctx, g, ubatch, prefill_qkv_splits(ctx, &inp, ubatch))?;
@@ -174,6 +186,10 @@ impl GpuState {
             argmax_reads,
             counters: StepCounters::default(),
             trace: StepTrace::new(ctx, b.diagnostics.step_trace),
+            freqs,
+            tuning: b.tuning.clone(),
+            decode_gemv: b.decode_gemv,
+            verify: None,
         })
     }
 
@@ -368,6 +384,10 @@ impl BackendState for GpuState {
 
     fn resume_floor(&self) -> usize {
         self.window.floor()
+    }
+
+    fn verify(&mut self, tokens: &[u32], pos: usize, want: Want) -> Result<Vec<StepOutput>, EngineError> {
+        self.verify_step(tokens, pos, want)
     }
 
     fn reset(&mut self) -> Result<(), EngineError> {

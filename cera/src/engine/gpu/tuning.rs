@@ -29,6 +29,9 @@ const QKV_SPLIT_K: u32 = 2;
 /// cooperative matrices over one part, and its grid has at most
 /// [`GpuTuning::qkv_split_max_blocks`] blocks.
 pub(super) fn qkv_split_k(ctx: &GpuContext, inp: &PlanInputs, op: usize, max_tok: usize) -> u32 {
+    if inp.prefill_gemv {
+        return 1; // no GEMM to split
+    }
     let Some(parts) = inp.weights.linear.get(&op) else { return 1 };
     let coop = parts.len() == 1 && QuantGemm::new(WeightKind::of(parts[0].w.format), ctx).coopmat;
     let t = inp.tuning;

@@ -5,7 +5,9 @@
 
 use boostr::act::ActKind;
 use boostr::kv_cache::KvDtype;
-use boostr::quant::{GemmPlan, GemvIo, GemvOutput, GemvPlan, Prologue, Q8Activations, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, RopeKv, WeightKind};
+use boostr::quant::{
+    GemmPlan, GemvIo, GemvOutput, GemvPlan, Prologue, Q8Activations, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, QuantMatrix, RopeKv, WeightKind,
+};
 use numr::gpu::{Binding, GpuContext, KernelEnv, Plan};
 
 use super::super::super::EngineError;
@@ -87,8 +89,13 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
     };
     // A batched step's decode rows on the int8 path: the step's rows quantized once for every
     // part (the prompt rows' share is unused; the GEMM reads f32).
-    let xa_batch = match mode {
-        Mode::Batch { max_tok } if inp.batch_decode_gemv && inp.tuning.batch_q8.is_some() && batch_int8(inp, op) => {
+    let rows_gemv = match mode {
+        Mode::Batch { max_tok } if inp.batch_decode_gemv => Some(max_tok),
+        Mode::Prefill { max_tok } if inp.prefill_gemv => Some(max_tok),
+        _ => None,
+    };
+    let xa_batch = match rows_gemv {
+        Some(max_tok) if inp.tuning.batch_q8.is_some() && batch_int8(inp, op) => {
             let xa = Q8Activations::new(ctx, &x, max_tok, k).map_err(|e| quant_err(ctx, &parts[0].w.name, e))?;
             plan.append(xa.plan());
             Some(xa)
@@ -179,22 +186,11 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
                 let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
                 let gemm = GemmPlan::beside_decode_rows(ctx, &cfg, w, &x, &output, max_tok);
                 plan.append(gemm.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
-                match (&xa_batch, inp.tuning.batch_q8) {
-                    (Some(xa), Some(t)) => {
-                        let base = QuantGemvQ8::new(kind, env, t.group);
-                        let cfg = QuantGemvQ8 { unchecked: true, step_rows: true, rows_per_workgroup: t.rows, threads: t.threads, unroll: t.unroll, ..base };
-                        let p = Q8GemvPlan::decode_rows(ctx, &cfg, w, xa, &output);
-                        plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
-                    }
-                    _ => {
-                        let t = inp.tuning.batch_gemv;
-                        let base = QuantGemv::new(kind, env, t.group);
-                        let gemv = QuantGemv { unchecked: true, step_rows: true, rows_per_workgroup: t.rows, threads: t.threads, f16_math: t.f16, ..base };
-                        let io = GemvIo { x: x.clone(), norm_weight: None, eps, output };
-                        let p = GemvPlan::decode_rows(ctx, &gemv, w, &io, max_tok);
-                        plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
-                    }
-                }
+                decode_rows_gemv(cx, plan, DecodeRows { xa: xa_batch.as_ref(), w, x: &x, output, eps, max_tok })?;
+            }
+            (Mode::Prefill { max_tok }, _) if inp.prefill_gemv => {
+                // Every row is a decode row (a verification step's few rows).
+                decode_rows_gemv(cx, plan, DecodeRows { xa: xa_batch.as_ref(), w, x: &x, output, eps, max_tok })?;
             }
             (Mode::Prefill { max_tok }, _) => {
                 let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
@@ -205,6 +201,43 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
                 };
                 plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
             }
+        }
+    }
+    Ok(())
+}
+
+/// What [`decode_rows_gemv`] reads and writes.
+struct DecodeRows<'a> {
+    /// The step's rows quantized to int8 (the integer-dot GEMV), else `None` (the f32 one).
+    xa: Option<&'a Q8Activations>,
+    w: &'a QuantMatrix,
+    x: &'a Binding,
+    output: GemvOutput,
+    eps: f32,
+    max_tok: usize,
+}
+
+/// The step's decode rows (`StepValues::decode_rows`) through the multi-row GEMV, which reads
+/// the weights once per group of rows: integer-dot where the rows were quantized
+/// ([`GpuTuning::batch_q8`](super::super::super::tuning::GpuTuning::batch_q8)), else f32
+/// (`batch_gemv`).
+fn decode_rows_gemv(cx: &PlanCx, plan: &mut Plan, d: DecodeRows) -> Result<(), EngineError> {
+    let (ctx, env, inp) = (cx.ctx, cx.env, cx.inp);
+    let kind = WeightKind::of(d.w.format);
+    match (d.xa, inp.tuning.batch_q8) {
+        (Some(xa), Some(t)) => {
+            let base = QuantGemvQ8::new(kind, env, t.group);
+            let cfg = QuantGemvQ8 { unchecked: true, step_rows: true, rows_per_workgroup: t.rows, threads: t.threads, unroll: t.unroll, ..base };
+            let p = Q8GemvPlan::decode_rows(ctx, &cfg, d.w, xa, &d.output);
+            plan.append(p.map_err(|e| quant_err(ctx, &d.w.name, e))?.plan());
+        }
+        _ => {
+            let t = inp.tuning.batch_gemv;
+            let base = QuantGemv::new(kind, env, t.group);
+            let gemv = QuantGemv { unchecked: true, step_rows: true, rows_per_workgroup: t.rows, threads: t.threads, f16_math: t.f16, ..base };
+            let io = GemvIo { x: d.x.clone(), norm_weight: None, eps: d.eps, output: d.output };
+            let p = GemvPlan::decode_rows(ctx, &gemv, d.w, &io, d.max_tok);
+            plan.append(p.map_err(|e| quant_err(ctx, &d.w.name, e))?.plan());
         }
     }
     Ok(())

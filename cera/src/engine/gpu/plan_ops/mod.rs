@@ -53,7 +53,9 @@ pub(super) fn lm_head_rows(cx: &PlanCx, plan: &mut Plan, x: numr::gpu::Binding, 
         return Err(EngineError::Unsupported { what: format!("final logit soft-capping ({cap}) on the GPU") });
     }
     let fusion = linear::GemvFusion::plain(x, out);
-    linear::linear(cx, plan, LinearArgs { op: i, fusion, width: c.vocab, eps: c.norm_eps, mode: Mode::Batch { max_tok: max_rows } })
+    // A verification plan's head rows are its decode rows; a batched step's take the batch's.
+    let mode = if matches!(cx.mode, Mode::Prefill { .. }) { Mode::Prefill { max_tok: max_rows } } else { Mode::Batch { max_tok: max_rows } };
+    linear::linear(cx, plan, LinearArgs { op: i, fusion, width: c.vocab, eps: c.norm_eps, mode })
 }
 
 /// Appends the dispatches of op `i` (`op`, fused as `f`) to `plan`.
@@ -75,11 +77,15 @@ pub(super) fn record_op(cx: &PlanCx, plan: &mut Plan, i: usize, op: &Op, f: &Fus
             if let Some(cap) = softcap {
                 return Err(EngineError::Unsupported { what: format!("final logit soft-capping ({cap}) on the GPU") });
             }
-            if matches!(cx.mode, Mode::Decode | Mode::Head) {
-                let fusion = gemv_fusion(cx.slots, f, Slot::Normed, Slot::Logits);
-                linear::linear(cx, plan, LinearArgs { op: i, fusion, width: c.vocab, eps: c.norm_eps, mode: Mode::Decode })?;
+            match cx.mode {
+                Mode::Decode | Mode::Head => {
+                    let fusion = gemv_fusion(cx.slots, f, Slot::Normed, Slot::Logits);
+                    linear::linear(cx, plan, LinearArgs { op: i, fusion, width: c.vocab, eps: c.norm_eps, mode: Mode::Decode })
+                }
+                // A verification step: logits at every row.
+                Mode::Prefill { max_tok } if cx.inp.prefill_gemv => lm_head_rows(cx, plan, cx.slots.bind(Slot::Normed), cx.slots.bind(Slot::Logits), max_tok),
+                _ => Ok(()),
             }
-            Ok(())
         }
         Op::QkvRope { layer, qk_norm, rope, neox, .. } => {
             rope::qkv_rope(cx, plan, i, &rope::RopeArgs { layer: *layer, qk_norm: qk_norm.as_ref(), rope, neox: *neox })

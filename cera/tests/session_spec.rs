@@ -1,0 +1,151 @@
+//! Speculative decoding in a [`Session`] (`GenerateOpts::speculative`, n-gram drafts verified by
+//! `BackendState::verify`), on the CPU and on the GPU (lavapipe in CI):
+//! - the real SmolLM2-135M-Instruct Q4_1 on a copy-heavy prompt: the greedy ids equal those
+//!   without speculation token for token, drafts are accepted and fewer steps run than tokens,
+//!   across stop strings, max tokens and a second turn;
+//! - the tiny random checkpoints of every architecture (LFM2 included, at its most drafts):
+//!   the same greedy ids with speculation as without, where drafts are mostly rejected;
+//! - rollback: after a verification step whose drafts are all rejected, the next step's logits
+//!   equal those of a session that never saw the drafts (KV cache and LFM2's conv rows).
+
+use std::path::PathBuf;
+
+use cera::engine::speculative::max_drafts;
+use cera::engine::{BackendState, DeviceChoice, Engine, GenerateOpts, LoadOptions, Speculative, StateOpts, StepInput, StepOutput, Want};
+use cera::fetch::{ModelId, ensure_model};
+
+fn smol(device: DeviceChoice) -> Option<Engine> {
+    if device == DeviceChoice::Gpu {
+        numr::testing::test_gpu()?;
+    }
+    let path = ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2");
+    Some(Engine::load(path, &LoadOptions { device, n_ctx: Some(512), ..Default::default() }, None).expect("load SmolLM2"))
+}
+
+fn spec(o: GenerateOpts, draft_max: usize, ngram: usize) -> GenerateOpts {
+    GenerateOpts { speculative: Some(Speculative { draft_max, draft_min: 1, ngram }), ..o }
+}
+
+/// Greedy ids of `prompt` in a fresh session, with `opts`.
+fn run(e: &Engine, prompt: &[u32], opts: &GenerateOpts) -> cera::engine::Generation {
+    let mut s = e.session().unwrap();
+    s.append_tokens(prompt).unwrap();
+    s.generate(opts, &mut |_: &cera::engine::TokenEvent| {}).unwrap()
+}
+
+fn copy_heavy(e: &Engine, n: usize, full: bool) {
+    let text = "Copy the list exactly.\nList: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango.\nCopy: apple, banana, cherry,";
+    let p = e.tokenizer().encode(text, Default::default()).unwrap();
+    let plain = run(e, &p, &GenerateOpts::greedy(n));
+    let fast = run(e, &p, &spec(GenerateOpts::greedy(n), 6, 3));
+    assert_eq!(fast.ids, plain.ids, "speculation changed the greedy ids");
+    assert_eq!((fast.text.as_str(), fast.finish), (plain.text.as_str(), plain.finish));
+    let t = fast.timings;
+    assert!(t.accepted_tokens > 0 && t.accepted_tokens <= t.draft_tokens, "{t:?}");
+    assert!(t.decode_steps + t.accepted_tokens == t.decode_tokens && t.decode_tokens + 1 == fast.ids.len(), "{t:?} for {} ids", fast.ids.len());
+    assert_eq!((plain.timings.draft_tokens, plain.timings.decode_tokens), (0, plain.timings.decode_steps));
+    if !full {
+        return;
+    }
+    // A stop string inside a copied run; max tokens inside a verified draft.
+    let stop = GenerateOpts { stop: vec![" fig".into()], ..GenerateOpts::greedy(n) };
+    assert_eq!(run(e, &p, &spec(stop.clone(), 6, 3)).text, run(e, &p, &stop).text);
+    for max in [1, 2, 5] {
+        assert_eq!(run(e, &p, &spec(GenerateOpts::greedy(max), 6, 3)).ids, plain.ids[..max.min(plain.ids.len())]);
+    }
+    // A second turn in the same session (prefix reuse after speculative steps) equals the
+    // same turns without speculation.
+    let turns = |o: &GenerateOpts| {
+        let mut s = e.session().unwrap();
+        s.append_tokens(&p).unwrap();
+        let a = s.generate(o, &mut |_: &cera::engine::TokenEvent| {}).unwrap();
+        s.append_text(" Again: apple, banana,").unwrap();
+        let b = s.generate(o, &mut |_: &cera::engine::TokenEvent| {}).unwrap();
+        (a.ids, b.ids, b.reused)
+    };
+    assert_eq!(turns(&spec(GenerateOpts::greedy(12), 8, 2)), turns(&GenerateOpts::greedy(12)));
+}
+
+#[test]
+fn smollm2_greedy_ids_equal_without_speculation_cpu() {
+    copy_heavy(&smol(DeviceChoice::Cpu).unwrap(), 24, true);
+}
+
+#[test]
+fn smollm2_greedy_ids_equal_without_speculation_gpu() {
+    let Some(e) = smol(DeviceChoice::Gpu) else { return };
+    copy_heavy(&e, 12, false);
+}
+
+fn hf_dir(model: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/hf").join(model)
+}
+
+/// The longest golden prompt of a tiny checkpoint followed by transformers' continuation, so
+/// that the model's own tokens recur and n-gram drafts find some.
+fn hf_prompt(model: &str) -> Vec<u32> {
+    let g: serde_json::Value = serde_json::from_slice(&std::fs::read(hf_dir(model).join("golden.json")).unwrap()).unwrap();
+    let ids = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<u32>>();
+    let case = g["cases"].as_array().unwrap().iter().max_by_key(|c| c["ids"].as_array().unwrap().len()).unwrap();
+    [ids(&case["ids"]), ids(&case["generated"])].concat()
+}
+
+const MODELS: [&str; 6] = ["llama-tiny", "qwen2-tiny", "qwen3-tiny", "lfm2-tiny", "gemma3-tiny", "llama-tiny-awq"];
+
+fn tiny_models(device: DeviceChoice) {
+    for model in MODELS {
+        let e = Engine::load(hf_dir(model), &LoadOptions { device, n_ctx: Some(128), threads: Some(2), ..Default::default() }, None).unwrap();
+        let p = hf_prompt(model);
+        let most = max_drafts(e.config());
+        let opts = GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(24) };
+        let plain = run(&e, &p, &opts);
+        // One-token suffixes: a random model's tokens recur, so drafts come often; at the
+        // model's most drafts (LFM2: fewer than 16, so that its conv rows can roll back).
+        let fast = run(&e, &p, &spec(opts.clone(), most, 1));
+        assert_eq!(fast.ids, plain.ids, "{model} on {device:?}: speculation changed the greedy ids");
+        assert!(fast.timings.draft_tokens > 0, "{model}: no drafts were verified");
+        println!("{model} on {device:?}: {} of {} drafts kept (at most {most} a step)", fast.timings.accepted_tokens, fast.timings.draft_tokens);
+        rollback(&e, &p, model, most);
+    }
+}
+
+/// A verification step of `most` drafts (made up: the model rejects them), then the step of
+/// the model's own choice after the first token, at the position the first draft held: the
+/// same logits as a state that never saw the drafts.
+fn rollback(e: &Engine, p: &[u32], model: &str, most: usize) {
+    let vocab = e.config().vocab as u32;
+    let so = StateOpts { n_ctx: 128, ubatch: 64, kv: e.kv_type() };
+    let pos = p.len();
+    let mut st = e.backend().new_state(&so).unwrap();
+    let StepOutput::Argmax(next) = st.step(StepInput::Tokens(p), 0, Want::Argmax).unwrap() else { panic!() };
+    let mut run: Vec<u32> = vec![next];
+    run.extend((0..most as u32).map(|j| (next + 1 + 7 * j) % vocab));
+    let rows = st.verify(&run, pos, Want::Argmax).unwrap();
+    assert_eq!(rows.len(), run.len());
+    let StepOutput::Argmax(choice) = rows[0] else { panic!("{rows:?}") };
+    let logits = |st: &mut Box<dyn BackendState>| match st.step(StepInput::Tokens(&[choice]), pos + 1, Want::Logits).unwrap() {
+        StepOutput::Logits(l) => l,
+        o => panic!("{o:?}"),
+    };
+    let got = logits(&mut st);
+    let mut fresh = e.backend().new_state(&so).unwrap();
+    fresh.step(StepInput::Tokens(p), 0, Want::Nothing).unwrap();
+    assert_eq!(fresh.step(StepInput::Tokens(&[next]), pos, Want::Argmax).unwrap(), StepOutput::Argmax(choice), "{model}: the verification step's first row");
+    let want = logits(&mut fresh);
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let diff = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(diff <= 1e-3 * scale, "{model}: logits after a rolled-back verification differ by {diff} (scale {scale})");
+}
+
+#[test]
+fn tiny_models_greedy_ids_and_rollback_cpu() {
+    tiny_models(DeviceChoice::Cpu);
+}
+
+#[test]
+fn tiny_models_greedy_ids_and_rollback_gpu() {
+    if numr::testing::test_gpu().is_none() {
+        return;
+    }
+    tiny_models(DeviceChoice::Gpu);
+}
