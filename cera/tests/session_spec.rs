@@ -23,7 +23,12 @@ fn smol(device: DeviceChoice) -> Option<Engine> {
 }
 
 fn spec(o: GenerateOpts, draft_max: usize, ngram: usize) -> GenerateOpts {
-    GenerateOpts { speculative: Some(Speculative { draft_max, draft_min: 1, ngram }), ..o }
+    GenerateOpts { speculative: Some(Speculative { draft_max, draft_min: 1, ngram, adaptive: true }), ..o }
+}
+
+/// [`spec`] drafting whatever it finds at every step (no pacing).
+fn spec_every_step(o: GenerateOpts, draft_max: usize, ngram: usize) -> GenerateOpts {
+    GenerateOpts { speculative: Some(Speculative { draft_max, draft_min: 1, ngram, adaptive: false }), ..o }
 }
 
 /// Greedy ids of `prompt` in a fresh session, with `opts`.
@@ -101,7 +106,7 @@ fn tiny_models(device: DeviceChoice) {
         let plain = run(&e, &p, &opts);
         // One-token suffixes: a random model's tokens recur, so drafts come often; at the
         // model's most drafts (LFM2: fewer than 16, so that its conv rows can roll back).
-        let fast = run(&e, &p, &spec(opts.clone(), most, 1));
+        let fast = run(&e, &p, &spec_every_step(opts.clone(), most, 1));
         assert_eq!(fast.ids, plain.ids, "{model} on {device:?}: speculation changed the greedy ids");
         assert!(fast.timings.draft_tokens > 0, "{model}: no drafts were verified");
         println!("{model} on {device:?}: {} of {} drafts kept (at most {most} a step)", fast.timings.accepted_tokens, fast.timings.draft_tokens);

@@ -20,6 +20,7 @@ pub mod concurrency;
 pub mod llama_cpp;
 mod report;
 pub mod roofline;
+pub mod speculative;
 mod warm;
 
 pub use warm::ClockWarmer;
@@ -231,7 +232,7 @@ pub struct ColdStart {
 }
 
 /// Deterministic prompt ids over the vocabulary (a fixed LCG; ids 0..vocab).
-fn prompt_ids(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
+pub(crate) fn prompt_ids(n: usize, vocab: usize, salt: u64) -> Vec<u32> {
     let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ salt;
     (0..n)
         .map(|_| {
@@ -273,7 +274,7 @@ pub(crate) fn mean_profile(runs: Vec<Vec<KernelTime>>) -> Vec<KernelTime> {
     acc
 }
 
-const TG_PROMPT: usize = 12;
+pub(crate) const TG_PROMPT: usize = 12;
 
 /// A test's name: `pp512`, `tg128 @ d4096`.
 fn test_name(kind: &str, n: usize, depth: usize) -> String {

@@ -73,6 +73,14 @@ pub struct Args {
     /// so that each starts at full clocks (0: none).
     #[arg(long = "warm-ms", default_value_t = 200, value_name = "MS")]
     pub warm_ms: u64,
+    /// Speculative decoding's ceiling: tg N (the first `-n`) with oracle drafts (the model's
+    /// own greedy continuation, each token wrong with probability 1 - P) at these probabilities
+    /// P, for each `--spec-k` (the output is checked equal to plain decoding's).
+    #[arg(long = "spec-oracle", value_delimiter = ',', value_name = "P")]
+    pub spec_oracle: Vec<f64>,
+    /// Drafts a step for `--spec-oracle`.
+    #[arg(long = "spec-k", value_delimiter = ',', default_value = "2,4,8", value_name = "K")]
+    pub spec_k: Vec<usize>,
 }
 
 /// Runs `cera bench`.
@@ -80,6 +88,9 @@ pub fn run(a: Args, out: &mut Output) -> Result<(), CliError> {
     let models = a.models.iter().map(|m| resolve_model(m)).collect::<Result<Vec<_>, _>>()?;
     if !a.concurrency.is_empty() {
         return run_concurrency(&a, &models, out);
+    }
+    if !a.spec_oracle.is_empty() {
+        return run_spec_oracle(&a, &models, out);
     }
     let opts = BenchOpts {
         prompts: a.n_prompt,
@@ -100,6 +111,30 @@ pub fn run(a: Args, out: &mut Output) -> Result<(), CliError> {
     out.write_str(&text)?;
     if !text.ends_with('\n') {
         out.write_str("\n")?;
+    }
+    Ok(())
+}
+
+/// `--spec-oracle`: speculative decoding's speed at chosen acceptance rates.
+fn run_spec_oracle(a: &Args, models: &[PathBuf], out: &mut Output) -> Result<(), CliError> {
+    if let Some(p) = a.spec_oracle.iter().find(|p| !(0.0..=1.0).contains(*p)) {
+        return Err(CliError::Message(format!("--spec-oracle {p}: a probability from 0 to 1")));
+    }
+    if let Some(k) = a.spec_k.iter().find(|&&k| !(1..=crate::engine::MAX_DRAFT).contains(&k)) {
+        return Err(CliError::Message(format!("--spec-k {k}: 1 to {}", crate::engine::MAX_DRAFT)));
+    }
+    let n = a.n_gen.iter().copied().find(|&n| n > 0).unwrap_or(128);
+    for path in models {
+        let engine = crate::engine::Engine::load(path, &a.load.options(Some(bench::TG_PROMPT + n + 32))?, None).map_err(CliError::from_err)?;
+        let name = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
+        let rows = bench::speculative::oracle(&engine, n, &a.spec_k, &a.spec_oracle, a.reps).map_err(CliError::from_err)?;
+        let text = if a.json {
+            let v = serde_json::json!({"model": name, "device": engine.device_name(), "n_gen": n, "rows": rows});
+            serde_json::to_string_pretty(&v).map_err(|e| CliError::from_err(bench::BenchError::Usage(e.to_string())))? + "\n"
+        } else {
+            bench::speculative::print(&name, &engine.device_name(), n, &rows)
+        };
+        out.write_str(&text)?;
     }
     Ok(())
 }

@@ -29,6 +29,7 @@ use super::constraint::TokenConstraint;
 use super::options::{FinishReason, GenerateOpts};
 use super::sampler::{self, SamplerOpts};
 use super::session::Session;
+use super::speculative::{Drafter, NgramDrafter};
 use super::stop::StopMatcher;
 
 /// One generated token, as [`Session::generate`] streams it.
@@ -540,6 +541,22 @@ impl Session {
     /// The same options (seed included) on the same device give the same output. Options out of
     /// their ranges ([`GenerateOpts::check`]) are [`EngineError::Sampler`] before anything runs.
     pub fn generate<S: Sink + ?Sized>(&mut self, opts: &GenerateOpts, sink: &mut S) -> Result<Generation, EngineError> {
+        let mut ngram = opts.speculative.map(|s| NgramDrafter { ngram: s.ngram });
+        self.run_generation(opts, sink, ngram.as_mut().map(|d| d as &mut dyn Drafter))
+    }
+
+    /// [`Self::generate`] with speculative decoding from `drafter`'s proposals (a draft model,
+    /// a lookup table of your own) instead of the n-gram lookup, under `opts.speculative`'s
+    /// limits and pacing (its defaults when `None`; its `ngram` is unused). Whatever the drafter
+    /// proposes, greedy output is the same as without it: every draft is verified by the model.
+    /// Generations that cannot verify drafts (penalties, `top_logprobs`, constraints,
+    /// `logit_bias`) decode as [`Self::generate`] does, without asking the drafter.
+    pub fn generate_drafted<S: Sink + ?Sized>(&mut self, opts: &GenerateOpts, sink: &mut S, drafter: &mut dyn Drafter) -> Result<Generation, EngineError> {
+        let opts = GenerateOpts { speculative: Some(opts.speculative.unwrap_or_default()), ..opts.clone() };
+        self.run_generation(&opts, sink, Some(drafter))
+    }
+
+    fn run_generation<S: Sink + ?Sized>(&mut self, opts: &GenerateOpts, sink: &mut S, drafter: Option<&mut dyn Drafter>) -> Result<Generation, EngineError> {
         opts.check()?;
         let start = Instant::now();
         self.cancel.clear();
@@ -590,7 +607,7 @@ impl Session {
         let first_want = if opts.max_tokens == 0 { Want::Nothing } else { chooser.want() };
         self.state.set_argmax_mask(if chooser.is_argmax() { &chooser.masked } else { &[] })?;
         // Speculative decoding runs its own steps (never pipelined).
-        let spec = opts.speculative.filter(|_| chooser.drafts());
+        let spec = opts.speculative.filter(|_| chooser.drafts()).zip(drafter);
         let pipelined = opts.pipeline && chooser.is_argmax() && spec.is_none();
         // Whether the step running the `nth` generated token (1-based) at `pos` can be needed:
         // that token does not end the generation by the token or context limit.
@@ -644,9 +661,9 @@ impl Session {
         let decoder = StreamDecoder::with_options(tok, DecodeOptions { render_special: false, strip_space_prefix: false });
         let mut stream = Stream::new(decoder, StopMatcher::new(&opts.stop), text, sink);
         let mut out = first_out;
-        let result = if let Some(spec) = spec {
+        let result = if let Some((spec, drafter)) = spec {
             let t = Taken { opts, res: &mut res, stream: &mut stream, chooser: &mut chooser, eog: &inner.eog, vocab: inner.config.vocab, n_ctx };
-            self.decode_speculative(t, spec, out)
+            self.decode_speculative(t, spec, drafter, out)
         } else {
             loop {
                 let position = self.seq.len();

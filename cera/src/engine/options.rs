@@ -230,11 +230,15 @@ pub struct Speculative {
     pub draft_min: usize,
     /// Longest suffix matched (1 to 8).
     pub ngram: usize,
+    /// Adapt the drafts to how well they do ([`DraftPacer`](super::speculative::DraftPacer)):
+    /// fewer after rejections, none for a while after several steps with nothing kept, back
+    /// up to `draft_max` as they are kept. A session only; the batcher drafts `draft_max`.
+    pub adaptive: bool,
 }
 
 impl Default for Speculative {
     fn default() -> Self {
-        Speculative { draft_max: 8, draft_min: 1, ngram: 3 }
+        Speculative { draft_max: 8, draft_min: 1, ngram: 3, adaptive: true }
     }
 }
 

@@ -26,7 +26,7 @@ use super::backend::{StepInput, StepOutput};
 use super::generate::{Sink, Taken};
 use super::options::{FinishReason, Speculative};
 use super::session::Session;
-use super::speculative::{max_drafts, ngram_draft};
+use super::speculative::{DraftPacer, Drafter, max_drafts};
 
 impl Session {
     /// The decode loop with drafts: from the first token's distribution `first`, until the
@@ -35,12 +35,16 @@ impl Session {
         &mut self,
         mut t: Taken<'_, '_, K>,
         spec: Speculative,
+        drafter: &mut dyn Drafter,
         first: StepOutput,
     ) -> Result<FinishReason, EngineError> {
         let engine = self.engine.clone();
         let most = spec.draft_max.min(max_drafts(&engine.inner.config));
+        let mut pacer = DraftPacer::new(most);
         // Outputs not yet chosen from, each with the draft it verifies (none after the last).
         let mut outs: VecDeque<(StepOutput, Option<u32>)> = VecDeque::from([(first, None)]);
+        // The last verification step's drafts and how many of them were kept so far.
+        let (mut pending, mut kept_run) = (None::<usize>, 0);
         loop {
             let (out, draft) = outs.pop_front().expect("an output is queued before each choice");
             let position = self.seq.len() as u64;
@@ -51,8 +55,13 @@ impl Session {
             let kept = draft == Some(id);
             if kept {
                 t.res.timings.accepted_tokens += 1;
+                kept_run += 1;
             } else {
                 outs.clear(); // conditioned on a draft that was not kept
+            }
+            if !kept && let Some(n) = pending.take() {
+                pacer.record(n, kept_run);
+                kept_run = 0;
             }
             if let Some(f) = self.take(&mut t, id, top)? {
                 return Ok(f);
@@ -67,7 +76,10 @@ impl Session {
             let pos = self.seq.len() - 1;
             let left = t.opts.max_tokens.saturating_sub(t.res.ids.len() + 1);
             let room = t.n_ctx.saturating_sub(self.seq.len());
-            let drafts = ngram_draft(&self.seq, spec.ngram, most.min(left).min(room));
+            let allowed = if spec.adaptive { pacer.next() } else { most };
+            let max = allowed.min(left).min(room);
+            let mut drafts = if max == 0 { Vec::new() } else { drafter.draft(&self.seq, max) };
+            drafts.truncate(max);
             let want = t.chooser.want();
             if drafts.len() < spec.draft_min.max(1) {
                 outs.push_back((self.state.step(StepInput::Tokens(&self.seq[pos..]), pos, want)?, None));
@@ -77,6 +89,7 @@ impl Session {
                 run.extend_from_slice(&drafts);
                 let rows = self.state.verify(&run, pos, want)?;
                 t.res.timings.draft_tokens += drafts.len();
+                pending = Some(drafts.len());
                 outs.extend(rows.into_iter().zip(drafts.into_iter().map(Some).chain([None])));
             }
             self.cached.push(self.seq[pos]);

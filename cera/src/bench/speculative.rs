@@ -1,0 +1,119 @@
+//! `cera bench --spec-oracle`: the ceiling of speculative decoding's mechanism on any model,
+//! synthetic weights included (whose own n-gram drafts are never right).
+//!
+//! A first pass decodes `n` tokens greedily (the plain decode speed); then an oracle drafter
+//! proposes that recorded continuation, each proposed token replaced by a wrong one with
+//! probability `1 - p`, so the drafts are kept at a chosen rate. For each `k` (drafts a step,
+//! no pacing) and each `p`, the decode speed, the measured acceptance (drafts kept over drafts
+//! verified), tokens per step and the speed-up over plain decoding. The output equals the first
+//! pass's (checked): only the speed changes.
+
+use serde::Serialize;
+
+use super::{BenchError, Spread, TG_PROMPT, prompt_ids};
+use crate::engine::{Drafter, Engine, GenerateOpts, Speculative};
+
+/// One (k, p) cell of the table.
+#[derive(Clone, Debug, Serialize)]
+pub struct OracleRow {
+    /// Drafts a step.
+    pub k: usize,
+    /// Probability that a proposed token is the right one (0: the plain decode row).
+    pub p: f64,
+    /// Decode tokens per second (median over the repetitions).
+    pub tok_s: Spread,
+    /// Drafts kept over drafts verified.
+    pub acceptance: f64,
+    /// Generated tokens per decode step.
+    pub tokens_per_step: f64,
+    /// Over plain decoding.
+    pub speedup: f64,
+}
+
+/// Proposes `truth` from the sequence's length on, each token wrong with probability `1 - p`.
+struct Oracle {
+    truth: Vec<u32>,
+    p: f64,
+    vocab: u32,
+    rng: u64,
+}
+
+impl Drafter for Oracle {
+    fn draft(&mut self, tokens: &[u32], max: usize) -> Vec<u32> {
+        let at = tokens.len().min(self.truth.len());
+        let end = (at + max).min(self.truth.len());
+        self.truth[at..end]
+            .iter()
+            .map(|&t| {
+                self.rng = self.rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let u = (self.rng >> 11) as f64 / (1u64 << 53) as f64;
+                if u < self.p { t } else { (t + 1) % self.vocab }
+            })
+            .collect()
+    }
+}
+
+/// The table for `n` generated tokens at drafts `ks` and acceptance probabilities `ps`.
+pub fn oracle(engine: &Engine, n: usize, ks: &[usize], ps: &[f64], reps: usize) -> Result<Vec<OracleRow>, BenchError> {
+    let vocab = engine.config().vocab;
+    let ids = prompt_ids(TG_PROMPT, vocab, 7);
+    let opts = GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(n + 1) };
+    let mut s = engine.session()?;
+    let mut plain = Vec::new();
+    let mut truth = Vec::new();
+    for rep in 0..=reps {
+        s.clear_cache()?;
+        s.append_tokens(&ids)?;
+        let g = s.generate(&opts, &mut |_: &crate::engine::TokenEvent| {})?;
+        if rep > 0 {
+            plain.push(g.timings.decode_tok_s());
+        }
+        truth = [ids.clone(), g.ids].concat();
+    }
+    let base = Spread::of(plain);
+    let mut rows = vec![OracleRow { k: 0, p: 0.0, tok_s: base, acceptance: 0.0, tokens_per_step: 1.0, speedup: 1.0 }];
+    for &k in ks {
+        for &p in ps {
+            let spec = GenerateOpts { speculative: Some(Speculative { draft_max: k, draft_min: 1, adaptive: false, ..Default::default() }), ..opts.clone() };
+            let (mut speeds, mut kept, mut drafted, mut steps, mut tokens) = (Vec::new(), 0, 0, 0, 0);
+            for rep in 0..=reps {
+                s.clear_cache()?;
+                s.append_tokens(&ids)?;
+                let mut o = Oracle { truth: truth.clone(), p, vocab: vocab as u32, rng: 0x5EED ^ rep as u64 };
+                let g = s.generate_drafted(&spec, &mut |_: &crate::engine::TokenEvent| {}, &mut o)?;
+                if g.ids[..] != truth[ids.len()..] {
+                    return Err(BenchError::Usage(format!("speculative decoding (k {k}, p {p}) changed the greedy output")));
+                }
+                if rep > 0 {
+                    speeds.push(g.timings.decode_tok_s());
+                    let t = g.timings;
+                    (kept, drafted, steps, tokens) = (kept + t.accepted_tokens, drafted + t.draft_tokens, steps + t.decode_steps, tokens + t.decode_tokens);
+                }
+            }
+            let tok_s = Spread::of(speeds);
+            rows.push(OracleRow {
+                k,
+                p,
+                speedup: tok_s.median / base.median.max(f64::MIN_POSITIVE),
+                tok_s,
+                acceptance: kept as f64 / drafted.max(1) as f64,
+                tokens_per_step: tokens as f64 / steps.max(1) as f64,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// The table as markdown.
+pub fn print(model: &str, device: &str, n: usize, rows: &[OracleRow]) -> String {
+    let mut t = format!("{model} on {device}: tg{n} with oracle drafts (greedy; output checked equal)\n\n");
+    t += "| drafts a step | p (a draft right) | decode tok/s | acceptance | tokens per step | speed-up |\n|---|---|---|---|---|---|\n";
+    for r in rows {
+        if r.k == 0 {
+            t += &format!("| off | - | {:.1} | - | 1.00 | 1.00x |\n", r.tok_s.median);
+        } else {
+            t += &format!("| {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2}x |\n", r.k, r.p, r.tok_s.median, r.acceptance, r.tokens_per_step, r.speedup);
+        }
+    }
+    t
+}
