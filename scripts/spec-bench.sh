@@ -25,23 +25,26 @@ measure() {
   done
   local med
   med=$(printf '%s\n' "${rates[@]}" | sort -g | sed -n 2p)
-  local d a s
+  local d a s ids
+  ids=$(echo "$last" | grep -o '"generated_ids":\[[0-9,]*\]' | md5sum | cut -c1-8)
   d=$(echo "$last" | grep -o '"draft_tokens":[0-9]*' | cut -d: -f2)
   a=$(echo "$last" | grep -o '"accepted_tokens":[0-9]*' | cut -d: -f2)
   s=$(echo "$last" | grep -o '"decode_steps":[0-9]*' | cut -d: -f2)
-  echo "$med ${a:-0}/${d:-0} ${s:-0}"
+  echo "$med ${a:-0}/${d:-0} ${s:-0} $ids"
 }
-echo "| model | prompt | draft-max | decode tok/s | accepted/drafted | steps for 255 tokens | speed-up |"
-echo "|---|---|---|---|---|---|---|"
+echo "| model | prompt | draft-max | decode tok/s | accepted/drafted | steps for 255 tokens | speed-up | same ids as off |"
+echo "|---|---|---|---|---|---|---|---|"
 row() {
   local name=$1 model=$2 pname=$3 prompt=$4 extra=${5:-}
   local base
   base=$(measure "$model" "$prompt" $extra)
-  echo "| $name | $pname | off | ${base%% *} | - | $(echo "$base" | cut -d' ' -f3) | 1.00x |"
+  echo "| $name | $pname | off | ${base%% *} | - | $(echo "$base" | cut -d' ' -f3) | 1.00x | - |"
   for k in "${drafts[@]}"; do
     local s
     s=$(measure "$model" "$prompt" $extra --spec-type ngram --draft-max "$k")
-    echo "| $name | $pname | $k | ${s%% *} | $(echo "$s" | cut -d' ' -f2) | $(echo "$s" | cut -d' ' -f3) | $(awk -v a="${s%% *}" -v b="${base%% *}" 'BEGIN {printf "%.2fx", a / b}') |"
+    local same=no
+    [ "$(echo "$s" | cut -d' ' -f4)" = "$(echo "$base" | cut -d' ' -f4)" ] && same=yes
+    echo "| $name | $pname | $k | ${s%% *} | $(echo "$s" | cut -d' ' -f2) | $(echo "$s" | cut -d' ' -f3) | $(awk -v a="${s%% *}" -v b="${base%% *}" 'BEGIN {printf "%.2fx", a / b}') | $same |"
   done
 }
 [ -f $SMOL ] && row SmolLM2-135M $SMOL "copy a list" "$list"

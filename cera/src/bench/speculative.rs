@@ -1,12 +1,16 @@
 //! `cera bench --spec-oracle`: the ceiling of speculative decoding's mechanism on any model,
 //! synthetic weights included (whose own n-gram drafts are never right).
 //!
-//! A first pass decodes `n` tokens greedily (the plain decode speed); then an oracle drafter
-//! proposes that recorded continuation, each proposed token replaced by a wrong one with
+//! A first pass decodes `n` tokens greedily (the plain decode speed). A second records the
+//! continuation as verification steps choose it (every draft wrong, so each token comes from a
+//! verification row): on a GPU those rows run other kernels than a decode step (the multi-row
+//! GEMV, the prefill attention), which can settle a near-tie between the two best logits the
+//! other way, so the oracle must propose what the verification rows will choose. Then an
+//! oracle drafter proposes that continuation, each proposed token replaced by a wrong one with
 //! probability `1 - p`, so the drafts are kept at a chosen rate. For each `k` (drafts a step,
-//! no pacing) and each `p`, the decode speed, the measured acceptance (drafts kept over drafts
-//! verified), tokens per step and the speed-up over plain decoding. The output equals the first
-//! pass's (checked): only the speed changes.
+//! no pacing) and each `p`: the decode speed, the measured acceptance (drafts kept over drafts
+//! verified), tokens per step, the speed-up over plain decoding, and whether the output equals
+//! plain decoding's token for token (`same_as_plain`; it always equals the recorded one).
 
 use serde::Serialize;
 
@@ -28,6 +32,8 @@ pub struct OracleRow {
     pub tokens_per_step: f64,
     /// Over plain decoding.
     pub speedup: f64,
+    /// The output equals plain decoding's, token for token.
+    pub same_as_plain: bool,
 }
 
 /// Proposes `truth` from the sequence's length on, each token wrong with probability `1 - p`.
@@ -53,6 +59,17 @@ impl Drafter for Oracle {
     }
 }
 
+/// One draft a step, one more than the last token: rarely what the model chooses, so the
+/// tokens come from verification rows (a kept draft was the model's choice there as well).
+struct Wrong(u32);
+
+impl Drafter for Wrong {
+    fn draft(&mut self, tokens: &[u32], max: usize) -> Vec<u32> {
+        let last = tokens.last().copied().unwrap_or(0);
+        vec![(last + 1) % self.0; max.min(1)]
+    }
+}
+
 /// The table for `n` generated tokens at drafts `ks` and acceptance probabilities `ps`.
 pub fn oracle(engine: &Engine, n: usize, ks: &[usize], ps: &[f64], reps: usize) -> Result<Vec<OracleRow>, BenchError> {
     let vocab = engine.config().vocab;
@@ -60,7 +77,7 @@ pub fn oracle(engine: &Engine, n: usize, ks: &[usize], ps: &[f64], reps: usize) 
     let opts = GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(n + 1) };
     let mut s = engine.session()?;
     let mut plain = Vec::new();
-    let mut truth = Vec::new();
+    let mut plain_ids = Vec::new();
     for rep in 0..=reps {
         s.clear_cache()?;
         s.append_tokens(&ids)?;
@@ -68,22 +85,30 @@ pub fn oracle(engine: &Engine, n: usize, ks: &[usize], ps: &[f64], reps: usize) 
         if rep > 0 {
             plain.push(g.timings.decode_tok_s());
         }
-        truth = [ids.clone(), g.ids].concat();
+        plain_ids = g.ids;
     }
+    // The continuation as verification rows choose it: one wrong draft a step.
+    s.clear_cache()?;
+    s.append_tokens(&ids)?;
+    let one = GenerateOpts { speculative: Some(Speculative { draft_max: 1, draft_min: 1, adaptive: false, ..Default::default() }), ..opts.clone() };
+    let verified = s.generate_drafted(&one, &mut |_: &crate::engine::TokenEvent| {}, &mut Wrong(vocab as u32))?.ids;
+    let truth = [ids.clone(), verified].concat();
     let base = Spread::of(plain);
-    let mut rows = vec![OracleRow { k: 0, p: 0.0, tok_s: base, acceptance: 0.0, tokens_per_step: 1.0, speedup: 1.0 }];
+    let mut rows = vec![OracleRow { k: 0, p: 0.0, tok_s: base, acceptance: 0.0, tokens_per_step: 1.0, speedup: 1.0, same_as_plain: true }];
     for &k in ks {
         for &p in ps {
             let spec = GenerateOpts { speculative: Some(Speculative { draft_max: k, draft_min: 1, adaptive: false, ..Default::default() }), ..opts.clone() };
             let (mut speeds, mut kept, mut drafted, mut steps, mut tokens) = (Vec::new(), 0, 0, 0, 0);
+            let mut same = true;
             for rep in 0..=reps {
                 s.clear_cache()?;
                 s.append_tokens(&ids)?;
                 let mut o = Oracle { truth: truth.clone(), p, vocab: vocab as u32, rng: 0x5EED ^ rep as u64 };
                 let g = s.generate_drafted(&spec, &mut |_: &crate::engine::TokenEvent| {}, &mut o)?;
                 if g.ids[..] != truth[ids.len()..] {
-                    return Err(BenchError::Usage(format!("speculative decoding (k {k}, p {p}) changed the greedy output")));
+                    return Err(BenchError::Usage(format!("speculative decoding (k {k}, p {p}): the output differs from the verification rows' own")));
                 }
+                same &= g.ids == plain_ids;
                 if rep > 0 {
                     speeds.push(g.timings.decode_tok_s());
                     let t = g.timings;
@@ -98,6 +123,7 @@ pub fn oracle(engine: &Engine, n: usize, ks: &[usize], ps: &[f64], reps: usize) 
                 tok_s,
                 acceptance: kept as f64 / drafted.max(1) as f64,
                 tokens_per_step: tokens as f64 / steps.max(1) as f64,
+                same_as_plain: same,
             });
         }
     }
@@ -107,12 +133,13 @@ pub fn oracle(engine: &Engine, n: usize, ks: &[usize], ps: &[f64], reps: usize) 
 /// The table as markdown.
 pub fn print(model: &str, device: &str, n: usize, rows: &[OracleRow]) -> String {
     let mut t = format!("{model} on {device}: tg{n} with oracle drafts (greedy; output checked equal)\n\n");
-    t += "| drafts a step | p (a draft right) | decode tok/s | acceptance | tokens per step | speed-up |\n|---|---|---|---|---|---|\n";
+    t += "| drafts a step | p (a draft right) | decode tok/s | acceptance | tokens per step | speed-up | same ids as plain |\n|---|---|---|---|---|---|---|\n";
     for r in rows {
         if r.k == 0 {
-            t += &format!("| off | - | {:.1} | - | 1.00 | 1.00x |\n", r.tok_s.median);
+            t += &format!("| off | - | {:.1} | - | 1.00 | 1.00x | - |\n", r.tok_s.median);
         } else {
-            t += &format!("| {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2}x |\n", r.k, r.p, r.tok_s.median, r.acceptance, r.tokens_per_step, r.speedup);
+            let same = if r.same_as_plain { "yes" } else { "no" };
+            t += &format!("| {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2}x | {same} |\n", r.k, r.p, r.tok_s.median, r.acceptance, r.tokens_per_step, r.speedup);
         }
     }
     t

@@ -233,6 +233,11 @@ pub trait BackendState: Send {
         let _ = (tokens, pos, want);
         Err(EngineError::Unsupported { what: "speculative verification on this device".into() })
     }
+    /// Makes what [`Self::verify`] needs now (a GPU compiles its plan), so that the first
+    /// verification step does not pay for it; a no-op where nothing is made.
+    fn prepare_verify(&mut self) -> Result<(), EngineError> {
+        Ok(())
+    }
     /// Clears per-sequence state other than the cache (recurrent state of later architectures),
     /// after waiting for the outstanding steps, whose outputs are dropped.
     fn reset(&mut self) -> Result<(), EngineError>;

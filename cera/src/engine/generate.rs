@@ -609,6 +609,10 @@ impl Session {
         // Speculative decoding runs its own steps (never pipelined).
         let spec = opts.speculative.filter(|_| chooser.drafts()).zip(drafter);
         let pipelined = opts.pipeline && chooser.is_argmax() && spec.is_none();
+        if spec.is_some() {
+            // Counted in the prefill: the first token waits for it as it does for the prompt.
+            self.state.prepare_verify()?;
+        }
         // Whether the step running the `nth` generated token (1-based) at `pos` can be needed:
         // that token does not end the generation by the token or context limit.
         let may_run = |nth: usize, pos: usize| nth < opts.max_tokens && pos + 1 < n_ctx;

@@ -79,8 +79,9 @@ impl DraftPacer {
     }
 }
 
-/// Up to `max` tokens that followed the latest earlier occurrence of the last `ngram` tokens
-/// of `tokens` (then of shorter suffixes, down to one token); empty when none recurs.
+/// `max` tokens that followed the latest earlier occurrence of the last `ngram` tokens of
+/// `tokens` (then of shorter suffixes, down to one token), continued through the drafts
+/// themselves past the sequence's end; empty when none recurs.
 pub(crate) fn ngram_draft(tokens: &[u32], ngram: usize, max: usize) -> Vec<u32> {
     let len = tokens.len();
     if max == 0 {
@@ -90,8 +91,15 @@ pub(crate) fn ngram_draft(tokens: &[u32], ngram: usize, max: usize) -> Vec<u32> 
         let key = &tokens[len - n..];
         // The latest start `i < len - n` whose n tokens equal the suffix.
         if let Some(i) = (0..len - n).rev().find(|&i| &tokens[i..i + n] == key) {
+            // What followed, read on through the drafts themselves where the match is recent
+            // (a repeating run proposes its period again: "a b a b" drafts "a b a b ...").
             let from = i + n;
-            return tokens[from..(from + max).min(len)].to_vec();
+            let mut d = Vec::with_capacity(max);
+            for j in 0..max {
+                let at = from + j;
+                d.push(if at < len { tokens[at] } else { d[at - len] });
+            }
+            return d;
         }
     }
     Vec::new()
@@ -139,8 +147,11 @@ mod tests {
 
     #[test]
     fn drafts_continue_the_latest_match_of_the_longest_suffix() {
-        // "a b c d a b" -> the suffix "a b" occurred at 0, followed by "c d a b".
-        assert_eq!(ngram_draft(&[1, 2, 3, 4, 1, 2], 3, 8), vec![3, 4, 1, 2]);
+        // "a b c d a b" -> the suffix "a b" occurred at 0, followed by "c d a b", then by
+        // what those drafts imply ("c d a b" again).
+        assert_eq!(ngram_draft(&[1, 2, 3, 4, 1, 2], 3, 8), vec![3, 4, 1, 2, 3, 4, 1, 2]);
+        // A run of one token proposes more of it.
+        assert_eq!(ngram_draft(&[5, 9, 9, 9], 3, 4), vec![9, 9, 9, 9]);
         assert_eq!(ngram_draft(&[1, 2, 3, 4, 1, 2], 3, 2), vec![3, 4]);
         // The latest occurrence wins; a longer suffix first.
         assert_eq!(ngram_draft(&[7, 1, 5, 9, 1, 6, 2, 1], 3, 1), vec![6]);
@@ -149,6 +160,6 @@ mod tests {
         assert!(ngram_draft(&[1, 2, 3], 3, 4).is_empty());
         assert!(ngram_draft(&[1], 3, 4).is_empty());
         assert!(ngram_draft(&[1, 1], 3, 0).is_empty());
-        assert_eq!(ngram_draft(&[1, 1], 3, 4), vec![1]);
+        assert_eq!(ngram_draft(&[1, 1], 3, 4), vec![1, 1, 1, 1]);
     }
 }

@@ -390,6 +390,13 @@ impl BackendState for GpuState {
         self.verify_step(tokens, pos, want)
     }
 
+    fn prepare_verify(&mut self) -> Result<(), EngineError> {
+        if self.verify.is_none() {
+            self.verify = Some(self.build_verify()?);
+        }
+        Ok(())
+    }
+
     fn reset(&mut self) -> Result<(), EngineError> {
         while let Some(r) = self.pending.pop_front() {
             self.collect_reads(r)?;

@@ -35,7 +35,7 @@ pub(super) struct VerifyPlans {
 }
 
 impl GpuState {
-    fn build_verify(&self) -> Result<VerifyPlans, EngineError> {
+    pub(super) fn build_verify(&self) -> Result<VerifyPlans, EngineError> {
         let (ctx, g) = (&*self.ctx, &*self.graph);
         let inp = PlanInputs {
             graph: g,
