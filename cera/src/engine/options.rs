@@ -230,9 +230,11 @@ pub struct Speculative {
     pub draft_min: usize,
     /// Longest suffix matched (1 to 8).
     pub ngram: usize,
-    /// Adapt the drafts to how well they do ([`DraftPacer`](super::speculative::DraftPacer)):
-    /// fewer after rejections, none for a while after several steps with nothing kept, back
-    /// up to `draft_max` as they are kept. A session only; the batcher drafts `draft_max`.
+    /// Pace the drafts by how often they are kept and what verifying them costs
+    /// ([`DraftPacer`](super::speculative::DraftPacer)): the number of drafts that gives the
+    /// most tokens per unit of time, none while decoding plainly is faster (with a probe now
+    /// and then). Off: every step verifies what the drafter finds, up to `draft_max`. A session
+    /// only; the batcher drafts what it finds.
     pub adaptive: bool,
 }
 

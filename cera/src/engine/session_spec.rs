@@ -26,7 +26,7 @@ use super::backend::{StepInput, StepOutput};
 use super::generate::{Sink, Taken};
 use super::options::{FinishReason, Speculative};
 use super::session::Session;
-use super::speculative::{DraftPacer, Drafter, max_drafts};
+use super::speculative::{DraftPacer, Drafter, VerifyCost, max_drafts};
 
 impl Session {
     /// The decode loop with drafts: from the first token's distribution `first`, until the
@@ -40,7 +40,7 @@ impl Session {
     ) -> Result<FinishReason, EngineError> {
         let engine = self.engine.clone();
         let most = spec.draft_max.min(max_drafts(&engine.inner.config));
-        let mut pacer = DraftPacer::new(most);
+        let mut pacer = DraftPacer::new(most, if engine.is_gpu() { VerifyCost::GPU } else { VerifyCost::CPU });
         // Outputs not yet chosen from, each with the draft it verifies (none after the last).
         let mut outs: VecDeque<(StepOutput, Option<u32>)> = VecDeque::from([(first, None)]);
         // The last verification step's drafts and how many of them were kept so far.

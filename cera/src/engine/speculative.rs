@@ -33,23 +33,77 @@ impl Drafter for NgramDrafter {
     }
 }
 
-/// How many drafts the next step of a session verifies: all that are allowed while drafts are
-/// kept; after a step with none kept, half as many; after two or more such steps in a row, no
-/// drafts for 2, 4, ... up to 64 steps (each of those runs as a plain decode step), then one
-/// draft to probe. A verification step costs more than a decode step, so drafts that are never
-/// right must not slow decoding down.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DraftPacer {
-    max: usize,
-    k: usize,
-    misses: u32,
-    skip: u32,
+/// What a verification step of `k` drafts costs, in decode steps: `base + per_draft * k`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct VerifyCost {
+    /// The cost of a verification step beside a decode step's, drafts aside.
+    pub base: f64,
+    /// What each draft adds.
+    pub per_draft: f64,
 }
 
+impl VerifyCost {
+    /// The GPU's, measured on the H100 (2026-12-06, `cera bench --spec-oracle`): a verification
+    /// step of 2 drafts took 2.0x (llama-8b Q4_0) and 2.4x (llama-1b) a decode step, one of 8
+    /// drafts 3.2x and 3.4x. The verification plan is the unfused prefill plan with the
+    /// multi-row GEMV, against a decode plan of fused kernels.
+    pub const GPU: VerifyCost = VerifyCost { base: 1.8, per_draft: 0.2 };
+    /// The CPU's, where each row adds its own matrix products.
+    pub const CPU: VerifyCost = VerifyCost { base: 1.0, per_draft: 0.5 };
+
+    fn of(&self, k: usize) -> f64 {
+        self.base + self.per_draft * k as f64
+    }
+}
+
+/// How many drafts the next step of a session verifies, from the drafts kept so far and what a
+/// verification step costs ([`VerifyCost`]): with `a` the estimated chance that a draft is
+/// kept (given the ones before it were), `k` drafts give `1 + a + ... + a^k` tokens for the
+/// cost of `base + per_draft * k` decode steps; the pacer picks the `k` that gives the most
+/// tokens per decode step's worth of time, and drafts nothing while even that is below 1
+/// (decoding plainly is faster). Then, after 1, 3, 7, ... up to 63 plain steps, one
+/// verification step probes whether drafts have become good. It depends only on which drafts
+/// were kept, so the same generation drafts the same way every time.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DraftPacer {
+    max: usize,
+    cost: VerifyCost,
+    /// Kept drafts and positions tried (kept, plus one per rejection), decayed.
+    kept: f64,
+    tried: f64,
+    misses: u32,
+    skip: u32,
+    probe: bool,
+}
+
+/// Each verification step's weight against the ones before it in the acceptance estimate.
+const DECAY: f64 = 0.7;
+
 impl DraftPacer {
-    /// A pacer allowing up to `max` drafts a step.
-    pub fn new(max: usize) -> DraftPacer {
-        DraftPacer { max, k: max, misses: 0, skip: 0 }
+    /// A pacer allowing up to `max` drafts a step; drafts start out presumed kept 4 times in 5.
+    pub fn new(max: usize, cost: VerifyCost) -> DraftPacer {
+        DraftPacer { max, cost, kept: 4.0, tried: 5.0, misses: 0, skip: 0, probe: false }
+    }
+
+    /// The estimated chance that a draft is kept, given the ones before it were.
+    pub fn acceptance(&self) -> f64 {
+        (self.kept / self.tried.max(1e-9)).clamp(0.0, 0.999)
+    }
+
+    /// The best number of drafts and its tokens per decode step's worth of time.
+    fn best(&self) -> (usize, f64) {
+        let a = self.acceptance();
+        let mut best = (1, 0.0);
+        let (mut tokens, mut pow) = (1.0, 1.0);
+        for k in 1..=self.max.max(1) {
+            pow *= a;
+            tokens += pow;
+            let gain = tokens / self.cost.of(k);
+            if gain > best.1 + 1e-12 {
+                best = (k, gain);
+            }
+        }
+        best
     }
 
     /// The most drafts the next step may verify (0: a plain decode step).
@@ -58,23 +112,27 @@ impl DraftPacer {
             self.skip -= 1;
             return 0;
         }
-        self.k
+        let (k, gain) = self.best();
+        if gain >= 1.0 || self.probe {
+            self.probe = false;
+            return k;
+        }
+        self.misses = (self.misses + 1).min(6);
+        self.skip = (1 << self.misses) - 2; // this step and these plain, then a probe
+        self.probe = true;
+        0
     }
 
-    /// Records a verification step: `drafted` drafts, `kept` of them kept.
+    /// Records a verification step: `drafted` drafts, the first `kept` of them kept.
     pub fn record(&mut self, drafted: usize, kept: usize) {
         if drafted == 0 {
             return;
         }
-        if kept == 0 {
-            self.misses += 1;
-            self.k = (self.k / 2).max(1);
-            if self.misses >= 2 {
-                self.skip = 1 << (self.misses - 1).min(6);
-            }
-        } else {
+        let tried = kept + usize::from(kept < drafted);
+        self.kept = self.kept * DECAY + kept as f64;
+        self.tried = self.tried * DECAY + tried as f64;
+        if self.best().1 >= 1.0 {
             self.misses = 0;
-            self.k = if kept == drafted { (self.k * 2).min(self.max) } else { (kept + 1).min(self.max) };
         }
     }
 }
@@ -114,35 +172,55 @@ pub fn max_drafts(cfg: &ModelConfig) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{DraftPacer, ngram_draft};
+    use super::{DraftPacer, VerifyCost, ngram_draft};
 
     #[test]
-    fn the_pacer_backs_off_after_misses_and_grows_back() {
-        let mut p = DraftPacer::new(8);
-        assert_eq!(p.next(), 8);
-        p.record(8, 8);
-        assert_eq!(p.next(), 8);
-        p.record(8, 3);
-        assert_eq!(p.next(), 4);
-        p.record(4, 0);
-        assert_eq!(p.next(), 2);
-        p.record(2, 0); // two misses in a row: 2 plain steps
-        assert_eq!((p.next(), p.next(), p.next()), (0, 0, 1));
-        p.record(1, 0); // three: 4 plain steps
-        assert_eq!((0..4).map(|_| p.next()).sum::<usize>(), 0);
-        assert_eq!(p.next(), 1);
-        p.record(1, 1);
-        assert_eq!(p.next(), 2);
-        p.record(2, 2);
-        p.record(4, 4);
-        assert_eq!(p.next(), 8);
-        // Many misses: at most 64 plain steps between probes.
-        for _ in 0..20 {
-            while p.next() == 0 {}
-            p.record(1, 0);
+    fn the_pacer_drafts_while_it_pays_and_probes_after_backing_off() {
+        let mut p = DraftPacer::new(8, VerifyCost::GPU);
+        // Presumed 0.8: the best k is the one with the most tokens per cost.
+        let k = p.next();
+        assert!((4..=8).contains(&k), "{k}");
+        // Every draft kept: the estimate rises and k stays high.
+        for _ in 0..5 {
+            let k = p.next();
+            p.record(k, k);
         }
-        assert_eq!((0..64).map(|_| p.next()).sum::<usize>(), 0);
-        assert_eq!(p.next(), 1);
+        assert!(p.acceptance() > 0.95 && p.next() == 8, "{}", p.acceptance());
+        // Nothing kept: the estimate falls until drafting does not pay, then plain steps,
+        // 0, 2, 6, 14, ... of them between single probes.
+        let mut plain_runs = Vec::new();
+        let mut run = 0;
+        for _ in 0..200 {
+            match p.next() {
+                0 => run += 1,
+                k => {
+                    if run > 0 {
+                        plain_runs.push(run);
+                    }
+                    run = 0;
+                    p.record(k, 0);
+                }
+            }
+        }
+        assert_eq!(&plain_runs[..4], &[1, 3, 7, 15], "{plain_runs:?}");
+        assert!(plain_runs.iter().all(|&r| r <= 63));
+        // A probe that keeps everything brings drafting back.
+        while p.next() == 0 {}
+        for _ in 0..4 {
+            p.record(8, 8);
+        }
+        assert!(p.next() > 0);
+        // Deterministic: the same record gives the same schedule.
+        let sched = |mut p: DraftPacer| {
+            (0..50)
+                .map(|i| {
+                    let k = p.next();
+                    p.record(k, (i % 3).min(k));
+                    k
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(sched(DraftPacer::new(6, VerifyCost::CPU)), sched(DraftPacer::new(6, VerifyCost::CPU)));
     }
 
     #[test]
