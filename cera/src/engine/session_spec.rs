@@ -76,7 +76,7 @@ impl Session {
             let pos = self.seq.len() - 1;
             let left = t.opts.max_tokens.saturating_sub(t.res.ids.len() + 1);
             let room = t.n_ctx.saturating_sub(self.seq.len());
-            let allowed = if spec.adaptive { pacer.next() } else { most };
+            let allowed = if spec.adaptive { pacer.next_drafts() } else { most };
             let max = allowed.min(left).min(room);
             let mut drafts = if max == 0 { Vec::new() } else { drafter.draft(&self.seq, max) };
             drafts.truncate(max);

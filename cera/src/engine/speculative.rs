@@ -107,7 +107,7 @@ impl DraftPacer {
     }
 
     /// The most drafts the next step may verify (0: a plain decode step).
-    pub fn next(&mut self) -> usize {
+    pub fn next_drafts(&mut self) -> usize {
         if self.skip > 0 {
             self.skip -= 1;
             return 0;
@@ -178,20 +178,20 @@ mod tests {
     fn the_pacer_drafts_while_it_pays_and_probes_after_backing_off() {
         let mut p = DraftPacer::new(8, VerifyCost::GPU);
         // Presumed 0.8: the best k is the one with the most tokens per cost.
-        let k = p.next();
+        let k = p.next_drafts();
         assert!((4..=8).contains(&k), "{k}");
         // Every draft kept: the estimate rises and k stays high.
         for _ in 0..5 {
-            let k = p.next();
+            let k = p.next_drafts();
             p.record(k, k);
         }
-        assert!(p.acceptance() > 0.95 && p.next() == 8, "{}", p.acceptance());
+        assert!(p.acceptance() > 0.95 && p.next_drafts() == 8, "{}", p.acceptance());
         // Nothing kept: the estimate falls until drafting does not pay, then plain steps,
         // 0, 2, 6, 14, ... of them between single probes.
         let mut plain_runs = Vec::new();
         let mut run = 0;
         for _ in 0..200 {
-            match p.next() {
+            match p.next_drafts() {
                 0 => run += 1,
                 k => {
                     if run > 0 {
@@ -205,16 +205,16 @@ mod tests {
         assert_eq!(&plain_runs[..4], &[1, 3, 7, 15], "{plain_runs:?}");
         assert!(plain_runs.iter().all(|&r| r <= 63));
         // A probe that keeps everything brings drafting back.
-        while p.next() == 0 {}
+        while p.next_drafts() == 0 {}
         for _ in 0..4 {
             p.record(8, 8);
         }
-        assert!(p.next() > 0);
+        assert!(p.next_drafts() > 0);
         // Deterministic: the same record gives the same schedule.
         let sched = |mut p: DraftPacer| {
             (0..50)
                 .map(|i| {
-                    let k = p.next();
+                    let k = p.next_drafts();
                     p.record(k, (i % 3).min(k));
                     k
                 })
