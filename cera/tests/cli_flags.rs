@@ -302,3 +302,34 @@ fn bench_runs_every_test_at_each_depth() {
     assert!(ok, "{err}");
     assert!(out.contains("first request (16 prompt tokens): time to first token") && out.contains("the warm pp16 is"), "{out}");
 }
+
+/// `--spec-type ngram` and `--model-draft`: the same text as without them, the stats line and
+/// `--json` count the drafts, and bad combinations are refused before anything loads.
+#[test]
+fn speculative_decoding_flags() {
+    let m = smollm2();
+    let prompt = "Repeat exactly: red, green, blue, red, green, blue, red, green, blue, red, green,";
+    let mut args = vec!["run", "-m", &m];
+    args.extend(GREEDY_CPU);
+    args.push("--raw");
+    let plain = cera(&[&args[..], &["--json", prompt]].concat());
+    assert!(plain.0, "{}", plain.2);
+    let plain: serde_json::Value = serde_json::from_str(&plain.1).unwrap();
+    for extra in [&["--spec-type", "ngram", "--draft-max", "4"][..], &["--model-draft", &m, "--draft-max", "3"][..]] {
+        let (ok, out, err) = cera(&[&args[..], extra, &["--json", prompt]].concat());
+        assert!(ok, "{extra:?}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["generated_ids"], plain["generated_ids"], "{extra:?}");
+        let t = &v["timings"];
+        assert!(t["draft_tokens"].as_u64().unwrap() > 0 && t["accepted_tokens"].as_u64().unwrap() > 0, "{extra:?}: {t}");
+        assert!(t["decode_steps"].as_u64().unwrap() < plain["timings"]["decode_steps"].as_u64().unwrap(), "{extra:?}: {t}");
+        let (ok, _, err) = cera(&[&args[..], extra, &[prompt]].concat());
+        assert!(ok && err.contains(" accepted (") && err.contains("tokens per step"), "{extra:?}: {err}");
+    }
+    let err = refused(&["run", "--spec-type", "ngram", "--draft-max", "17", "hi"]);
+    assert!(err.contains("--draft-max / --draft-min") && err.contains("draft_max <= 16"), "{err}");
+    let err = refused(&["run", "--spec-type", "ngram", "--model-draft", &m, "hi"]);
+    assert!(err.contains("choose one drafter"), "{err}");
+    let err = refused(&["run", "-m", &m, "--model-draft", "no-such-model.gguf", "hi"]);
+    assert!(err.contains("no-such-model.gguf"), "{err}");
+}

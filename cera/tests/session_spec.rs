@@ -6,12 +6,14 @@
 //! - the tiny random checkpoints of every architecture (LFM2 included, at its most drafts):
 //!   the same greedy ids with speculation as without, where drafts are mostly rejected;
 //! - rollback: after a verification step whose drafts are all rejected, the next step's logits
-//!   equal those of a session that never saw the drafts (KV cache and LFM2's conv rows).
+//!   equal those of a session that never saw the drafts (KV cache and LFM2's conv rows);
+//! - draft models (`ModelDrafter`): SmolLM2 drafting for itself, tiny checkpoints drafting for
+//!   another, the same greedy ids; a vocabulary mismatch is a typed error.
 
 use std::path::PathBuf;
 
 use cera::engine::speculative::max_drafts;
-use cera::engine::{BackendState, DeviceChoice, Engine, GenerateOpts, LoadOptions, Speculative, StateOpts, StepInput, StepOutput, Want};
+use cera::engine::{BackendState, DeviceChoice, Engine, GenerateOpts, LoadOptions, ModelDrafter, Speculative, StateOpts, StepInput, StepOutput, Want};
 use cera::fetch::{ModelId, ensure_model};
 
 fn smol(device: DeviceChoice) -> Option<Engine> {
@@ -153,4 +155,59 @@ fn tiny_models_greedy_ids_and_rollback_gpu() {
         return;
     }
     tiny_models(DeviceChoice::Gpu);
+}
+
+/// `Session::generate_drafted` with a draft model (`ModelDrafter`): SmolLM2 drafting for itself
+/// keeps nearly every draft; on the tiny checkpoints, draft models of other weights (Qwen2, and
+/// the AWQ-quantized Llama, both drafting for Llama; random weights, so drafts are mostly
+/// rejected) give the target's own greedy ids; a draft model of another vocabulary is a typed
+/// error.
+fn draft_models(device: DeviceChoice) {
+    let quiet = &mut |_: &cera::engine::TokenEvent| {};
+    if let Some(e) = smol(device) {
+        let text =
+            "Copy the list exactly.\nList: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango.\nCopy: apple, banana, cherry,";
+        let p = e.tokenizer().encode(text, Default::default()).unwrap();
+        let n = if device == DeviceChoice::Cpu { 20 } else { 8 };
+        let plain = run(&e, &p, &GenerateOpts::greedy(n));
+        let mut d = ModelDrafter::new(&e, &e).unwrap();
+        let mut s = e.session().unwrap();
+        s.append_tokens(&p).unwrap();
+        let g = s.generate_drafted(&spec(GenerateOpts::greedy(n), 4, 3), quiet, &mut d).unwrap();
+        assert_eq!(g.ids, plain.ids, "{device:?}: drafting with itself changed the ids");
+        let t = g.timings;
+        assert!(t.accepted_tokens * 10 >= t.draft_tokens * 9 && t.draft_tokens > 0, "{device:?}: {t:?}");
+        assert!(d.take_error().is_none());
+        let tiny = Engine::load(hf_dir("llama-tiny"), &LoadOptions { device, n_ctx: Some(128), threads: Some(2), ..Default::default() }, None).unwrap();
+        let err = ModelDrafter::new(&tiny, &e).err().expect("a vocabulary mismatch");
+        assert!(err.to_string().contains("vocabulary"), "{err}");
+    }
+    let load = |m: &str| Engine::load(hf_dir(m), &LoadOptions { device, n_ctx: Some(128), threads: Some(2), ..Default::default() }, None).unwrap();
+    let target = load("llama-tiny");
+    let p = hf_prompt("llama-tiny");
+    let opts = GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(16) };
+    let plain = run(&target, &p, &opts);
+    for draft in ["qwen2-tiny", "llama-tiny-awq"] {
+        let de = load(draft);
+        let mut d = ModelDrafter::new(&de, &target).unwrap();
+        let mut s = target.session().unwrap();
+        s.append_tokens(&p).unwrap();
+        let g = s.generate_drafted(&spec_every_step(opts.clone(), 4, 1), quiet, &mut d).unwrap();
+        assert_eq!(g.ids, plain.ids, "llama-tiny drafted by {draft} on {device:?}");
+        assert!(g.timings.draft_tokens > 0, "{draft}: {:?}", g.timings);
+        println!("llama-tiny drafted by {draft} on {device:?}: {} of {} kept", g.timings.accepted_tokens, g.timings.draft_tokens);
+    }
+}
+
+#[test]
+fn draft_models_cpu() {
+    draft_models(DeviceChoice::Cpu);
+}
+
+#[test]
+fn draft_models_gpu() {
+    if numr::testing::test_gpu().is_none() {
+        return;
+    }
+    draft_models(DeviceChoice::Gpu);
 }

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use self::conversation::{Conversation, FitError, dropped_note, reply_reserve};
 use self::input::{Input, Read};
-use super::generation::{ModelArgs, SampleArgs, TextSink, engine_error, load, note, stats_line, warn_fallback_template};
+use super::generation::{Generator, ModelArgs, SampleArgs, TextSink, engine_error, load, note, stats_line, warn_fallback_template};
 use super::{CliError, Output};
 use crate::engine::{CancelToken, EngineError, FinishReason};
 
@@ -97,6 +97,7 @@ pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
     }
     let mut conv = Conversation::new(args.system.clone());
     let opts = args.sample.opts()?;
+    let mut generator = Generator::new(&args.model, &args.sample.spec, &engine)?;
     let reserve = reply_reserve(opts.max_tokens, engine.n_ctx());
     let mut first = true;
     loop {
@@ -147,7 +148,7 @@ pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
         }
         let mut sink = TextSink::new(out, session.cancel_token());
         interrupt.generating.store(true, Ordering::SeqCst);
-        let g = session.generate(&opts, &mut sink);
+        let g = generator.generate(&mut session, &opts, &mut sink);
         interrupt.generating.store(false, Ordering::SeqCst);
         sink.finish()?;
         let g = match g {

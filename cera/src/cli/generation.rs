@@ -119,14 +119,21 @@ pub struct SpecArgs {
     /// Fewest draft tokens worth verifying (fewer: a plain decode step).
     #[arg(long = "draft-min", default_value_t = 1, value_name = "N")]
     pub draft_min: usize,
+    /// Speculative decoding with drafts from this smaller model (same vocabulary), loaded
+    /// like the main one on the same device (`cera run` and `cera chat`).
+    #[arg(long = "model-draft", visible_alias = "md", value_name = "MODEL")]
+    pub model_draft: Option<String>,
 }
 
 impl SpecArgs {
     /// The speculative options (`None` for `--spec-type none`); out-of-range drafts are a
     /// message naming the flags.
     pub fn speculative(&self) -> Result<Option<crate::engine::Speculative>, CliError> {
-        let s =
-            (self.spec_type == "ngram").then_some(crate::engine::Speculative { draft_max: self.draft_max, draft_min: self.draft_min, ..Default::default() });
+        if self.spec_type == "ngram" && self.model_draft.is_some() {
+            return Err(CliError::Message("--spec-type ngram and --model-draft: choose one drafter".into()));
+        }
+        let on = self.spec_type == "ngram" || self.model_draft.is_some();
+        let s = on.then_some(crate::engine::Speculative { draft_max: self.draft_max, draft_min: self.draft_min, ..Default::default() });
         if let Some(s) = s {
             GenerateOpts { speculative: Some(s), ..Default::default() }.check().map_err(|e| CliError::Message(format!("--draft-max / --draft-min: {e}")))?;
         }
@@ -209,6 +216,41 @@ impl SampleArgs {
             logit_bias: Vec::new(),
             speculative: self.spec.speculative()?,
         })
+    }
+}
+
+/// Generates in a session, with the draft model's drafts when `--model-draft` was given.
+pub struct Generator {
+    drafter: Option<crate::engine::ModelDrafter>,
+}
+
+impl Generator {
+    /// Loads the draft model (as `model` says, on the same device) when `spec` names one.
+    pub fn new(model: &ModelArgs, spec: &SpecArgs, target: &Engine) -> Result<Generator, CliError> {
+        let Some(draft) = &spec.model_draft else { return Ok(Generator { drafter: None }) };
+        let args = ModelArgs { model: draft.clone(), ctx_size: Some(target.n_ctx()), load: model.load.clone() };
+        let engine = load(&args)?;
+        let drafter = crate::engine::ModelDrafter::new(&engine, target).map_err(|e| CliError::Message(format!("--model-draft {draft}: {e}")))?;
+        Ok(Generator { drafter: Some(drafter) })
+    }
+
+    /// [`crate::engine::Session::generate`], or `generate_drafted` with the draft model.
+    pub fn generate<S: crate::engine::Sink + ?Sized>(
+        &mut self,
+        session: &mut crate::engine::Session,
+        opts: &GenerateOpts,
+        sink: &mut S,
+    ) -> Result<crate::engine::Generation, crate::engine::EngineError> {
+        match &mut self.drafter {
+            Some(d) => {
+                let g = session.generate_drafted(opts, sink, d);
+                if let Some(e) = d.take_error() {
+                    note(&format!("warning: the draft model stopped drafting: {e}"));
+                }
+                g
+            }
+            None => session.generate(opts, sink),
+        }
     }
 }
 

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use self::interrupt::{EXIT_INTERRUPTED, Interrupt};
 use self::logprobs::TextWithLogprobs;
 use self::prompt::PromptSource;
-use super::generation::{ModelArgs, SampleArgs, TextSink, engine_error, load, note, stats_line, warn_fallback_template};
+use super::generation::{Generator, ModelArgs, SampleArgs, TextSink, engine_error, load, note, stats_line, warn_fallback_template};
 use super::{CliError, Output};
 use crate::chat_template::ChatMessage;
 use crate::engine::{Engine, Generation, TokenEvent};
@@ -132,16 +132,17 @@ pub fn run(args: Args, out: &mut Output) -> Result<(), CliError> {
     let mut opts = args.sample.opts()?;
     opts.top_logprobs = args.top_logprobs;
     interrupt.watch(session.cancel_token());
+    let mut generator = Generator::new(&args.model, &args.sample.spec, &engine)?;
     let g = if args.json {
-        session.generate(&opts, &mut |_: &TokenEvent| {}).map_err(engine_error)?
+        generator.generate(&mut session, &opts, &mut |_: &TokenEvent| {}).map_err(engine_error)?
     } else if args.top_logprobs > 0 {
         let mut sink = TextWithLogprobs::new(TextSink::new(out, session.cancel_token()), engine.tokenizer());
-        let g = session.generate(&opts, &mut sink);
+        let g = generator.generate(&mut session, &opts, &mut sink);
         sink.text.finish()?;
         g.map_err(engine_error)?
     } else {
         let mut sink = TextSink::new(out, session.cancel_token());
-        let g = session.generate(&opts, &mut sink);
+        let g = generator.generate(&mut session, &opts, &mut sink);
         // A closed output ends quietly (the generation was cancelled by the sink).
         sink.finish()?;
         g.map_err(engine_error)?

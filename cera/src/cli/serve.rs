@@ -77,6 +77,11 @@ pub fn run(a: Args, _out: &mut Output) -> Result<(), CliError> {
     if a.max_step_tokens == 0 {
         return Err(CliError::Message("--max-step-tokens must be at least 1".into()));
     }
+    if let Some(m) = &a.spec.model_draft {
+        return Err(CliError::Message(format!(
+            "--model-draft {m}: draft models run in `cera run` and `cera chat`; the server drafts by n-gram lookup (--spec-type ngram)"
+        )));
+    }
     let speculative = a.spec.speculative()?;
     let opts = ServeOpts {
         host: a.host.clone(),

@@ -61,7 +61,7 @@ pub use model::{Engine, EngineParts, end_of_generation_ids};
 pub use options::{Chains, DecodeGemv, DeviceChoice, FinishReason, GenerateOpts, LoadOptions, Speculative};
 pub use sampler::{MAX_TOP_LOGPROBS, SamplerOpts};
 pub use session::{CancelToken, Session};
-pub use speculative::{DraftPacer, Drafter, NgramDrafter, VerifyCost};
+pub use speculative::{DraftPacer, Drafter, ModelDrafter, NgramDrafter, VerifyCost};
 pub use stop::StopMatcher;
 pub use tuning::{Diagnostics, GpuTuning, TuningError};
 

@@ -33,6 +33,61 @@ impl Drafter for NgramDrafter {
     }
 }
 
+/// Drafts with a smaller model that shares the target's vocabulary (`--model-draft`): a
+/// session of its own, kept in step with the target's sequence (its cached prefix is reused,
+/// so each step runs only the tokens new since the last one) and decoding greedily. When the
+/// draft model cannot draft (its context is full, or any other error), it proposes nothing and
+/// the target decodes plainly; [`Self::take_error`] tells what went wrong.
+pub struct ModelDrafter {
+    session: super::Session,
+    error: Option<super::EngineError>,
+}
+
+impl ModelDrafter {
+    /// A drafter running `draft` for `target`; [`super::EngineError::Usage`] when their
+    /// vocabularies differ in size (the ids would mean other tokens).
+    pub fn new(draft: &super::Engine, target: &super::Engine) -> Result<ModelDrafter, super::EngineError> {
+        let (d, t) = (draft.config().vocab, target.config().vocab);
+        if d != t {
+            return Err(super::EngineError::Usage(format!(
+                "the draft model's vocabulary of {d} tokens differs from the target's {t}: drafts need the same token ids"
+            )));
+        }
+        Ok(ModelDrafter { session: draft.session()?, error: None })
+    }
+
+    /// The error that last stopped the draft model from drafting since the last call, if
+    /// any (taken: the next call gives `None` unless it happened again).
+    pub fn take_error(&mut self) -> Option<super::EngineError> {
+        self.error.take()
+    }
+
+    fn try_draft(&mut self, tokens: &[u32], max: usize) -> Result<Vec<u32>, super::EngineError> {
+        let room = self.session.engine().n_ctx().saturating_sub(tokens.len());
+        if room == 0 {
+            return Ok(Vec::new());
+        }
+        self.session.reset();
+        self.session.append_tokens(tokens)?;
+        let g = self.session.generate(&super::GenerateOpts::greedy(max.min(room)), &mut |_: &super::TokenEvent| {})?;
+        let mut d = g.ids;
+        d.extend(g.stop_token); // the target may end there too
+        Ok(d)
+    }
+}
+
+impl Drafter for ModelDrafter {
+    fn draft(&mut self, tokens: &[u32], max: usize) -> Vec<u32> {
+        match self.try_draft(tokens, max) {
+            Ok(d) => d,
+            Err(e) => {
+                self.error = Some(e);
+                Vec::new()
+            }
+        }
+    }
+}
+
 /// What a verification step of `k` drafts costs, in decode steps: `base + per_draft * k`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct VerifyCost {
