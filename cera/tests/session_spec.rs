@@ -2,11 +2,12 @@
 //! `BackendState::verify`), on the CPU and on the GPU (lavapipe in CI):
 //! - the real SmolLM2-135M-Instruct Q4_1 on a copy-heavy prompt: the greedy ids equal those
 //!   without speculation token for token, drafts are accepted and fewer steps run than tokens,
-//!   across stop strings, max tokens and a second turn;
+//!   across stop strings, max tokens, an end-of-generation token and a second turn;
 //! - the tiny random checkpoints of every architecture (LFM2 included, at its most drafts):
 //!   the same greedy ids with speculation as without, where drafts are mostly rejected;
 //! - rollback: after a verification step whose drafts are all rejected, the next step's logits
 //!   equal those of a session that never saw the drafts (KV cache and LFM2's conv rows);
+//! - sampling with drafts keeps each token's distribution (chi-square over 600 seeds);
 //! - draft models (`ModelDrafter`): SmolLM2 drafting for itself, tiny checkpoints drafting for
 //!   another, the same greedy ids; a vocabulary mismatch is a typed error.
 
@@ -71,6 +72,18 @@ fn copy_heavy(e: &Engine, n: usize, full: bool) {
         (a.ids, b.ids, b.reused)
     };
     assert_eq!(turns(&spec(GenerateOpts::greedy(12), 8, 2)), turns(&GenerateOpts::greedy(12)));
+    // An end-of-generation token inside a run of drafts: a chat turn the model ends itself.
+    let chat = e
+        .tokenizer()
+        .encode(
+            "<|im_start|>user\nRepeat exactly: one two three<|im_end|>\n<|im_start|>assistant\n",
+            cera::tokenizer::EncodeOptions { add_special: false, parse_special: true },
+        )
+        .unwrap();
+    let plain = run(e, &chat, &GenerateOpts::greedy(40));
+    let fast = run(e, &chat, &spec(GenerateOpts::greedy(40), 8, 1));
+    assert_eq!((fast.ids, fast.finish, fast.stop_token), (plain.ids, plain.finish, plain.stop_token));
+    assert_eq!(fast.finish, cera::engine::FinishReason::Stop, "the model ends its turn");
 }
 
 #[test]
@@ -210,4 +223,64 @@ fn draft_models_gpu() {
         return;
     }
     draft_models(DeviceChoice::Gpu);
+}
+
+/// The upper 0.1% point of the chi-square distribution with `df` degrees of freedom
+/// (Wilson-Hilferty).
+fn chi2_crit(df: f64) -> f64 {
+    let z = 3.090;
+    let a = 2.0 / (9.0 * df);
+    df * (1.0 - a + z * a.sqrt()).powi(3)
+}
+
+/// Sampling with drafts in a session (speculative sampling over the top-k candidates): the
+/// second and third tokens over 600 seeds each, with and without one-token drafts, pass a
+/// two-sample chi-square test on the tiny Qwen2 (whose likely tokens recur, so drafts are
+/// often among them and sometimes kept).
+#[test]
+fn sampled_tokens_keep_their_distribution() {
+    let model = "qwen2-tiny";
+    let e = Engine::load(hf_dir(model), &LoadOptions { device: DeviceChoice::Cpu, n_ctx: Some(128), threads: Some(2), ..Default::default() }, None).unwrap();
+    let p = hf_prompt(model);
+    const N: u64 = 600;
+    let sampled = |seed: u64| {
+        let o = GenerateOpts { max_tokens: 3, ignore_eos: true, ..GenerateOpts::default().with_seed(seed).with_temperature(1.0) };
+        GenerateOpts { sampler: cera::engine::SamplerOpts { top_k: 3, top_p: 1.0, min_p: 0.0, ..o.sampler.clone() }, ..o }
+    };
+    let mut s = e.session().unwrap();
+    let (mut drafted, mut kept) = (0, 0);
+    let mut draws = |spec_on: bool, seeds: std::ops::Range<u64>| -> Vec<Vec<u32>> {
+        seeds
+            .map(|seed| {
+                s.reset();
+                s.append_tokens(&p).unwrap();
+                let o = if spec_on { spec_every_step(sampled(seed), 2, 1) } else { sampled(seed) };
+                let g = s.generate(&o, &mut |_: &cera::engine::TokenEvent| {}).unwrap();
+                (drafted, kept) = (drafted + g.timings.draft_tokens, kept + g.timings.accepted_tokens);
+                g.ids
+            })
+            .collect()
+    };
+    let plain = draws(false, 0..N);
+    let fast = draws(true, N..2 * N);
+    assert!(drafted > N as usize / 2 && kept > 0 && kept < drafted, "{kept} of {drafted} drafts kept");
+    for at in [1, 2] {
+        let mut counts: std::collections::BTreeMap<u32, (f64, f64)> = Default::default();
+        for (ids, arm) in plain.iter().map(|v| (v, 0)).chain(fast.iter().map(|v| (v, 1))) {
+            let c = counts.entry(ids[at]).or_default();
+            if arm == 0 { c.0 += 1.0 } else { c.1 += 1.0 }
+        }
+        let (mut bins, mut rest) = (Vec::new(), (0.0, 0.0));
+        for (_, (a, f)) in counts {
+            if a + f >= 10.0 { bins.push((a, f)) } else { rest = (rest.0 + a, rest.1 + f) }
+        }
+        if rest.0 + rest.1 > 0.0 {
+            bins.push(rest);
+        }
+        let stat: f64 = bins.iter().map(|(a, f)| (a - f).powi(2) / (a + f)).sum();
+        let df = (bins.len() - 1) as f64;
+        assert!(df >= 2.0, "token {at}: too few distinct tokens ({})", bins.len());
+        assert!(stat < chi2_crit(df), "token {at}: chi-square {stat:.1} over {df} degrees of freedom (0.1% point {:.1})", chi2_crit(df));
+        println!("token {at}: chi-square {stat:.1}, {df} degrees of freedom (0.1% point {:.1})", chi2_crit(df));
+    }
 }
