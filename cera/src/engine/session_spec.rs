@@ -40,7 +40,7 @@ impl Session {
     ) -> Result<FinishReason, EngineError> {
         let engine = self.engine.clone();
         let most = spec.draft_max.min(max_drafts(&engine.inner.config));
-        let mut pacer = DraftPacer::new(most, if engine.is_gpu() { VerifyCost::GPU } else { VerifyCost::CPU });
+        let mut pacer = DraftPacer::new(most, VerifyCost::for_model(&engine.inner.config, engine.is_gpu()));
         // Outputs not yet chosen from, each with the draft it verifies (none after the last).
         let mut outs: VecDeque<(StepOutput, Option<u32>)> = VecDeque::from([(first, None)]);
         // The last verification step's drafts and how many of them were kept so far.
