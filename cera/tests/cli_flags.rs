@@ -47,6 +47,7 @@ fn out_of_range_values_say_what_the_flag_takes() {
         (vec!["run", "--top-logprobs", "101", "hi"], "--top-logprobs takes a number from 0 to 100"),
         (vec!["run", "-b", "0", "hi"], "the batch size takes a number of tokens of at least 1"),
         (vec!["run", "--temp", "warm", "hi"], "`warm` is not a number"),
+        (vec!["run", "--draft-p-min", "1.5", "hi"], "draft-p-min takes a probability from 0 to 1"),
         (vec!["chat", "--temp", "-0.5"], "the temperature takes a finite number"),
         (vec!["chat", "--top-p", "-1"], "top-p takes a number above 0"),
         (vec!["bench", "-t", "0"], &threads),

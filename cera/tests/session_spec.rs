@@ -191,6 +191,13 @@ fn draft_models(device: DeviceChoice) {
         let t = g.timings;
         assert!(t.accepted_tokens * 10 >= t.draft_tokens * 9 && t.draft_tokens > 0, "{device:?}: {t:?}");
         assert!(d.take_error().is_none());
+        // `p_min`: the drafts stop where the draft model is unsure; the ids stay the same.
+        let mut sure = ModelDrafter::new(&e, &e).unwrap().with_p_min(0.99);
+        let mut s = e.session().unwrap();
+        s.append_tokens(&p).unwrap();
+        let h = s.generate_drafted(&spec_every_step(GenerateOpts::greedy(n), 4, 3), quiet, &mut sure).unwrap();
+        assert_eq!(h.ids, plain.ids, "{device:?}: p_min changed the ids");
+        assert!(h.timings.draft_tokens < t.draft_tokens, "{device:?}: {:?} against {t:?}", h.timings);
         let tiny = Engine::load(hf_dir("llama-tiny"), &LoadOptions { device, n_ctx: Some(128), threads: Some(2), ..Default::default() }, None).unwrap();
         let err = ModelDrafter::new(&tiny, &e).err().expect("a vocabulary mismatch");
         assert!(err.to_string().contains("vocabulary"), "{err}");

@@ -123,6 +123,10 @@ pub struct SpecArgs {
     /// like the main one on the same device (`cera run` and `cera chat`).
     #[arg(long = "model-draft", visible_alias = "md", value_name = "MODEL")]
     pub model_draft: Option<String>,
+    /// With `--model-draft`: drafts stop at the first token the draft model gives a
+    /// probability below P, 0 to 1 (0: never).
+    #[arg(long = "draft-p-min", default_value_t = 0.0, value_name = "P", value_parser = values::draft_p_min, allow_hyphen_values = true)]
+    pub draft_p_min: f32,
 }
 
 impl SpecArgs {
@@ -230,7 +234,9 @@ impl Generator {
         let Some(draft) = &spec.model_draft else { return Ok(Generator { drafter: None }) };
         let args = ModelArgs { model: draft.clone(), ctx_size: Some(target.n_ctx()), load: model.load.clone() };
         let engine = load(&args)?;
-        let drafter = crate::engine::ModelDrafter::new(&engine, target).map_err(|e| CliError::Message(format!("--model-draft {draft}: {e}")))?;
+        let drafter = crate::engine::ModelDrafter::new(&engine, target)
+            .map_err(|e| CliError::Message(format!("--model-draft {draft}: {e}")))?
+            .with_p_min(spec.draft_p_min);
         Ok(Generator { drafter: Some(drafter) })
     }
 

@@ -57,6 +57,11 @@ pub fn min_p(s: &str) -> Result<f32, String> {
     checked(s, |p: f32| (0.0..=1.0).contains(&p), "min-p takes a number from 0 to 1 (0: off)")
 }
 
+/// `--draft-p-min`: from 0 to 1.
+pub fn draft_p_min(s: &str) -> Result<f32, String> {
+    checked(s, |p: f32| (0.0..=1.0).contains(&p), "draft-p-min takes a probability from 0 to 1 (0: off)")
+}
+
 /// `--repeat-penalty`: finite, above 0.
 pub fn repeat_penalty(s: &str) -> Result<f32, String> {
     checked(s, |x: f32| x.is_finite() && x > 0.0, "the repeat penalty takes a finite number above 0 (1: off)")
