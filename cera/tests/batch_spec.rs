@@ -43,6 +43,10 @@ fn greedy_identity(e: &Engine, n: usize, full: bool) {
     assert_eq!((fast.text.as_str(), fast.finish), (plain.text.as_str(), plain.finish));
     let (drafted, accepted) = (m.drafted_tokens - before.drafted_tokens, m.accepted_tokens - before.accepted_tokens);
     assert!(accepted > 0 && accepted <= drafted, "{accepted} of {drafted} drafts accepted on a copy-heavy prompt");
+    let verifications = m.verifications - before.verifications;
+    assert!(verifications > 0 && verifications <= drafted, "{verifications} verification entries for {drafted} drafts");
+    // The result's timings count the sequence's own drafts.
+    assert_eq!((fast.timings.draft_tokens as u64, fast.timings.accepted_tokens as u64), (drafted, accepted));
     assert!(m.steps - before.steps < plain.ids.len() as u64, "fewer steps than tokens: {} for {}", m.steps - before.steps, plain.ids.len());
     if !full {
         return;

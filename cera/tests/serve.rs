@@ -101,6 +101,8 @@ fn greedy_answers_equal_cera_run_streamed_or_not() {
     assert_eq!(status, 200, "{b}");
     assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
     assert!(s.metric("cera_spec_accepted_tokens_total") > 0.0);
+    // Kept drafts make a verification step give more than its one token.
+    assert!(s.metric("cera_spec_tokens_per_verification") > 1.0);
 
     // Stop strings end the text before them.
     let mut body = chat(prompt, 12);

@@ -54,6 +54,12 @@ pub async fn metrics(State(state): State<Shared>) -> Response {
             "Accepted over drafted tokens since the start (0 before any draft).",
             if m.drafted_tokens > 0 { m.accepted_tokens as f64 / m.drafted_tokens as f64 } else { 0.0 },
         );
+        put(
+            "spec_tokens_per_verification",
+            "gauge",
+            "Tokens a verification step gave its sequence (1 + its kept drafts), on average since the start (0 before any).",
+            if m.verifications > 0 { (m.verifications + m.accepted_tokens) as f64 / m.verifications as f64 } else { 0.0 },
+        );
         let (masks, nanos) = match r.grammars.get() {
             Some(Ok(g)) => (g.cost.masks.load(Ordering::Relaxed), g.cost.nanos.load(Ordering::Relaxed)),
             _ => (0, 0),

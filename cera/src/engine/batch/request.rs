@@ -161,4 +161,7 @@ pub struct BatcherMetrics {
     pub drafted_tokens: u64,
     /// Of those, the ones the model's own choice agreed with (kept).
     pub accepted_tokens: u64,
+    /// Verification entries run (a sequence's last token and its drafts in one step); each
+    /// gives `1 +` its kept drafts tokens.
+    pub verifications: u64,
 }

@@ -41,6 +41,7 @@ impl Loop<'_> {
     pub(super) fn after_verify(&mut self, i: usize, p: &Planned, outs: Vec<StepOutput>) -> Result<Option<FinishReason>, EngineError> {
         let drafts: Vec<u32> = self.running[i].verify[1..].to_vec();
         self.metrics.drafted_tokens += drafts.len() as u64;
+        self.metrics.verifications += 1;
         self.running[i].res.timings.draft_tokens += drafts.len();
         // The last token's row is computed; each kept draft's row too.
         self.running[i].computed = p.pos + 1;
