@@ -87,9 +87,9 @@ impl GpuState {
             self.verify = Some(self.build_verify()?);
         }
         // The argmax mask on every row, rebuilt when it changed.
-        let mask_ids: Vec<u32> = self.mask.as_ref().map(|m| m.0.clone()).unwrap_or_default();
+        let wanted: &[u32] = self.mask.as_ref().map_or(&[], |m| m.0.as_slice());
         let v = self.verify.as_mut().expect("built above");
-        if v.mask.as_ref().map(|m| m.0.as_slice()).unwrap_or(&[]) != mask_ids.as_slice() {
+        if v.mask.as_ref().map_or(&[][..], |m| m.0.as_slice()) != wanted {
             v.mask = match &self.mask {
                 None => None,
                 Some((ids, buf, _)) => {
@@ -107,7 +107,9 @@ impl GpuState {
         self.has_last = false;
         self.window.ran(pos, n);
         let start = std::time::Instant::now();
-        let mut rec = self.ctx.recorder();
+        // The state's recorder (kept, so that a step allocates nothing); on an error the
+        // half-recorded step is dropped with it and the next step makes another.
+        let mut rec = self.rec.take().unwrap_or_else(|| self.ctx.recorder());
         let chunk = StepValues::chunk(word("position", pos)?, word("tokens", n)?).with_token(0).with_decode_rows(n as u32);
         v.plan.record(&mut rec, &chunk).map_err(err)?;
         let rows = StepValues::chunk(0, n as u32).with_decode_rows(n as u32);
@@ -135,7 +137,9 @@ impl GpuState {
             Want::Logits => Some((rec.read(v.slots.buf(Slot::Logits), 0, 4 * (n * vocab) as u64).map_err(err)?, None)),
         };
         let (dispatches, passes) = (rec.dispatch_count(), rec.pass_count());
-        rec.submit().map_err(err)?;
+        let submitted = rec.submit_and_clear();
+        self.rec = Some(rec);
+        submitted.map_err(err)?;
         self.counters = super::super::super::backend::StepCounters { dispatches, passes, submits: 1, host_ns: start.elapsed().as_nanos() as u64 };
         let Some((first, second)) = reads else { return Ok(vec![StepOutput::Nothing; n]) };
         Ok(match want {
