@@ -60,7 +60,7 @@ fn a_q8_0_cache_gives_the_session_ids() {
 }
 
 #[test]
-fn a_batched_step_is_one_submit_of_a_fixed_dispatch_count() {
+fn a_batched_step_is_a_few_submits_of_a_fixed_dispatch_count() {
     let Some(e) = engine() else { return };
     let o = BatchOpts { kv: KvType::F16, block_len: 16, n_blocks: 64, max_tokens: 64, max_seqs: 8, n_ctx: 128 };
     let mut st = e.backend().new_batch(&o).unwrap();
@@ -79,7 +79,9 @@ fn a_batched_step_is_one_submit_of_a_fixed_dispatch_count() {
     let one = st.last_step_counters();
     st.step(&entries).unwrap();
     let eight = st.last_step_counters();
-    assert_eq!((one.submits, eight.submits), (1, 1));
+    // The plan's first 16, 32, 64, ... dispatches go out early while the host encodes the rest.
+    assert_eq!(one.submits, eight.submits);
+    assert!(one.submits >= 2 && one.submits <= 1 + (one.dispatches / 16 + 1).ilog2() as usize, "{one:?}");
     assert_eq!(one.dispatches, eight.dispatches, "dispatches do not grow with the sequences");
     // Decode rows of all eight (the head reads the rows in place: no copies, one pass fewer breaks).
     let next: Vec<Vec<u32>> = (0..8u32).map(|i| vec![4 + i]).collect();
@@ -87,6 +89,6 @@ fn a_batched_step_is_one_submit_of_a_fixed_dispatch_count() {
         (0..8).map(|i| BatchEntry { slot: i, tokens: &next[i], pos: 3, table: &tables[i], want: Want::Argmax, decode: true, out_rows: 1 }).collect();
     st.step(&entries).unwrap();
     let decode = st.last_step_counters();
-    assert_eq!((decode.submits, decode.dispatches), (1, one.dispatches));
+    assert_eq!((decode.submits, decode.dispatches), (one.submits, one.dispatches));
     println!("SmolLM2 batched step: {} dispatches, {} passes (mixed), {} passes (decode rows)", eight.dispatches, eight.passes, decode.passes);
 }

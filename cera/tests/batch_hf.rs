@@ -118,7 +118,9 @@ fn one_step(b: &dyn Backend, kv: KvType, tol: f64, what: &str) {
     }
     st.step(&entries[..1]).unwrap();
     let one = st.last_step_counters();
-    assert_eq!((many.submits, one.submits), (if b.is_gpu() { (1, 1) } else { (0, 0) }), "{what}: one submit per step");
+    // On the GPU the plan's first dispatches go out in early submits of doubling size.
+    assert_eq!(many.submits, one.submits, "{what}: the submits do not grow with the sequences");
+    assert!(if b.is_gpu() { one.submits >= 1 && one.submits <= 1 + (one.dispatches / 16 + 1).ilog2() as usize } else { one.submits == 0 }, "{what}: {one:?}");
     assert_eq!(many.dispatches, one.dispatches, "{what}: the dispatches do not grow with the sequences");
 }
 

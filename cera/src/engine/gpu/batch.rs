@@ -1,5 +1,6 @@
 //! Many sequences on the GPU: a paged KV cache, the batched plan over a step's rows, and the LM
-//! head over the rows that want logits. One step is ONE recording and ONE submit, and its
+//! head over the rows that want logits. One step is ONE recording, submitted in a few parts of
+//! doubling size so the GPU starts while the host encodes the rest ([`super::lead`]), and its
 //! dispatch count does not grow with the number of sequences:
 //!
 //! 1. the step's token ids and its batch (each row's table offset and position, the tables;
@@ -30,6 +31,7 @@ use super::super::EngineError;
 use super::super::backend::{CONV_RING, KernelTime, MAX_TOP_K, StepCounters, StepOutput, Want};
 use super::super::batch::{BatchEntry, BatchOpts, BatchState, check_entries};
 use super::super::graph::{ModelGraph, Op, Slot};
+use super::lead::record_with_lead;
 use super::plans::{Mode, PlanInputs, Slots, build, build_head_rows, inv_freqs, kv_dtype};
 use super::weights::GpuWeights;
 use super::{GpuBackend, dev_err, ops_err};
@@ -61,7 +63,12 @@ pub(crate) struct GpuBatch {
     counters: StepCounters,
     /// Host staging of a step's ids.
     scratch: Vec<u32>,
+    /// Dispatches of a step's first early submit ([`super::lead`]; `GpuTuning::prefill_lead`).
+    lead: usize,
 }
+
+/// An entry's first head row and count (`None`: it wants nothing).
+type HeadRows = Option<(usize, usize)>;
 
 impl GpuBatch {
     pub(crate) fn new(b: &GpuBackend, opts: &BatchOpts) -> Result<GpuBatch, EngineError> {
@@ -151,6 +158,7 @@ impl GpuBatch {
             rec: Some(ctx.recorder()),
             counters: StepCounters::default(),
             scratch: Vec::with_capacity(opts.max_tokens),
+            lead: b.tuning.prefill_lead,
         })
     }
 
@@ -159,8 +167,10 @@ impl GpuBatch {
     }
 
     /// Records the step into `rec`; returns each entry's first head row and count (`None`:
-    /// wants nothing). `entries` hold their decode entries first ([`decode_first`]).
-    fn record(&mut self, rec: &mut Recorder, entries: &[BatchEntry<'_>]) -> Result<Vec<Option<(usize, usize)>>, EngineError> {
+    /// wants nothing), and what went out in early submits of the plan's first dispatches
+    /// (`lead`: the first one's size, 0 for none; [`super::lead`]). `entries` hold their decode
+    /// entries first ([`decode_first`]).
+    fn record(&mut self, rec: &mut Recorder, entries: &[BatchEntry<'_>], lead: usize) -> Result<(Vec<HeadRows>, StepCounters), EngineError> {
         let decode_rows: usize = entries.iter().take_while(|e| e.decode).map(|e| e.tokens.len()).sum();
         self.scratch.clear();
         let mut seqs = Vec::with_capacity(entries.len());
@@ -176,7 +186,7 @@ impl GpuBatch {
             let runs: Vec<ConvSeq> = entries.iter().map(|e| ConvSeq { slot: e.slot, pos: e.pos, n_tok: e.tokens.len() }).collect();
             cs.set(&self.ctx, &runs).map_err(ops_err)?;
         }
-        self.plan.record(rec, &step).map_err(|e| self.err(e))?;
+        let early = record_with_lead(rec, self.plan.dispatches(), &step, lead).map_err(|e| self.err(e))?;
         let mut head = Vec::with_capacity(entries.len());
         let mut wanted = Vec::new();
         for (e, &row) in entries.iter().zip(&last_rows) {
@@ -189,7 +199,7 @@ impl GpuBatch {
         }
         let m = wanted.len();
         if m == 0 {
-            return Ok(head);
+            return Ok((head, early));
         }
         // Every head row through the decode-row GEMV (the head has no prompt rows).
         let rows = StepValues::chunk(0, m as u32).with_decode_rows(m as u32);
@@ -209,7 +219,7 @@ impl GpuBatch {
         if entries.iter().any(|e| matches!(e.want, Want::TopK(_))) {
             self.topk.record(rec, &rows).map_err(ops_err)?;
         }
-        Ok(head)
+        Ok((head, early))
     }
 }
 
@@ -234,7 +244,7 @@ impl BatchState for GpuBatch {
         let (_, sorted) = decode_first(entries);
         // A recorder of its own: one profiled submit holds the whole step.
         let mut rec = self.ctx.recorder();
-        self.record(&mut rec, &sorted)?;
+        self.record(&mut rec, &sorted, 0)?;
         let profile = rec.submit_profiled().map_err(|e| self.err(e))?;
         Ok(profile.by_label().into_iter().map(|(label, (ns, count))| KernelTime { label, ns, count }).collect())
     }
@@ -267,7 +277,7 @@ impl GpuBatch {
         let mut rec = self.rec.take().unwrap_or_else(|| self.ctx.recorder());
         // On an error the half-recorded step is dropped with its recorder; the next step makes
         // another.
-        let head = self.record(&mut rec, entries)?;
+        let (head, early) = self.record(&mut rec, entries, self.lead)?;
         let vocab = self.graph.cfg.vocab as u64;
         let m = head.iter().flatten().map(|h| h.1).sum::<usize>() as u64;
         let any_argmax = entries.iter().any(|e| e.want == Want::Argmax);
@@ -297,11 +307,11 @@ impl GpuBatch {
                 _ => None,
             });
         }
-        let (dispatches, passes) = (rec.dispatch_count(), rec.pass_count());
+        let (dispatches, passes) = (early.dispatches + rec.dispatch_count(), early.passes + rec.pass_count());
         let submitted = rec.submit_and_clear();
         self.rec = Some(rec);
         submitted.map_err(|e| self.err(e))?;
-        self.counters = StepCounters { dispatches, passes, submits: 1, host_ns: start.elapsed().as_nanos() as u64 };
+        self.counters = StepCounters { dispatches, passes, submits: early.submits + 1, host_ns: start.elapsed().as_nanos() as u64 };
         let ids: Vec<u32> = match ids_read {
             Some(r) => r.wait_u32().map_err(|e| self.err(e))?,
             None => Vec::new(),

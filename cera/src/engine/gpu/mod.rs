@@ -6,6 +6,7 @@ mod ablate;
 mod batch;
 mod chains;
 mod fuse;
+mod lead;
 mod links;
 mod plan_ops;
 mod plans;

@@ -28,6 +28,7 @@ use super::super::backend::{
 use super::super::graph::{ModelGraph, Slot};
 use super::super::options::DecodeGemv;
 use super::super::tuning::GpuTuning;
+use super::lead::record_with_lead;
 use super::plans::{Mode, PlanInputs, Slots, build, build_layers, inv_freqs, kv_dtype, prefill_qkv_splits};
 use super::trace::StepTrace;
 use super::weights::GpuWeights;
@@ -249,25 +250,10 @@ impl GpuState {
         let step = StepValues::decode(word("position", pos + n - 1)?);
         if n > 1 {
             let chunk = StepValues::chunk(word("position", pos)?, word("tokens", n)?).with_token(0);
-            let dispatches = self.prefill.dispatches();
-            let mut at = 0;
-            if let Some(made) = early.as_mut() {
-                let mut size = self.prefill_lead;
-                while size > 0 && at + size < dispatches.len() {
-                    let mut part = self.ctx.recorder();
-                    for d in &dispatches[at..at + size] {
-                        d.record(&mut part, &chunk).map_err(|e| self.err(e))?;
-                    }
-                    made.dispatches += part.dispatch_count();
-                    made.passes += part.pass_count();
-                    made.submits += 1;
-                    part.submit().map_err(|e| self.err(e))?;
-                    at += size;
-                    size *= 2;
-                }
-            }
-            for d in &dispatches[at..] {
-                d.record(rec, &chunk).map_err(|e| self.err(e))?;
+            let lead = if early.is_some() { self.prefill_lead } else { 0 };
+            let made = record_with_lead(rec, self.prefill.dispatches(), &chunk, lead).map_err(|e| self.err(e))?;
+            if let Some(e) = early.as_mut() {
+                (e.dispatches, e.passes, e.submits) = (e.dispatches + made.dispatches, e.passes + made.passes, e.submits + made.submits);
             }
             if want == Want::Nothing {
                 return Ok(Reads::Nothing);

@@ -7,7 +7,8 @@
 //! and the LM head take all rows through the multi-row GEMV of batched decoding, which reads
 //! the weights once for the step: verifying `k` drafts costs about one decode step's weight
 //! reads, not `k + 1`. Then argmax (with the `ignore_eos` mask on every row) or top-k over the
-//! rows, and one readback. It is built at the first verification step, so sessions that never
+//! rows, and one readback. Its first dispatches are submitted early (the prefill chunk's
+//! `prefill_lead`), so the GPU starts while the host encodes the rest. It is built at the first verification step, so sessions that never
 //! speculate pay nothing for it.
 //!
 //! [`BackendState::verify`]: super::super::super::backend::BackendState::verify
@@ -19,6 +20,7 @@ use numr::gpu::{Binding, Plan, StepValues};
 use super::super::super::EngineError;
 use super::super::super::backend::{MAX_TOP_K, MAX_VERIFY_ROWS, StepOutput, Want};
 use super::super::super::graph::Slot;
+use super::super::lead::record_with_lead;
 use super::super::ops_err;
 use super::super::plans::{Mode, PlanInputs, Slots, build};
 use super::{GpuState, word};
@@ -111,7 +113,9 @@ impl GpuState {
         // half-recorded step is dropped with it and the next step makes another.
         let mut rec = self.rec.take().unwrap_or_else(|| self.ctx.recorder());
         let chunk = StepValues::chunk(word("position", pos)?, word("tokens", n)?).with_token(0).with_decode_rows(n as u32);
-        v.plan.record(&mut rec, &chunk).map_err(err)?;
+        // The plan's first dispatches go out while the host encodes the rest: the host waits for
+        // this step, so its encoding would otherwise add to the GPU's time.
+        let early = record_with_lead(&mut rec, v.plan.dispatches(), &chunk, self.prefill_lead).map_err(err)?;
         let rows = StepValues::chunk(0, n as u32).with_decode_rows(n as u32);
         let kk = v.topk.k() as u64;
         let reads = match want {
@@ -136,11 +140,12 @@ impl GpuState {
             }
             Want::Logits => Some((rec.read(v.slots.buf(Slot::Logits), 0, 4 * (n * vocab) as u64).map_err(err)?, None)),
         };
-        let (dispatches, passes) = (rec.dispatch_count(), rec.pass_count());
+        let (dispatches, passes) = (early.dispatches + rec.dispatch_count(), early.passes + rec.pass_count());
         let submitted = rec.submit_and_clear();
         self.rec = Some(rec);
         submitted.map_err(err)?;
-        self.counters = super::super::super::backend::StepCounters { dispatches, passes, submits: 1, host_ns: start.elapsed().as_nanos() as u64 };
+        self.counters =
+            super::super::super::backend::StepCounters { dispatches, passes, submits: early.submits + 1, host_ns: start.elapsed().as_nanos() as u64 };
         let Some((first, second)) = reads else { return Ok(vec![StepOutput::Nothing; n]) };
         Ok(match want {
             Want::Argmax => first.wait_u32().map_err(err)?.into_iter().map(StepOutput::Argmax).collect(),
