@@ -16,7 +16,9 @@ mod spec_support;
 use std::path::PathBuf;
 
 use cera::engine::speculative::max_drafts;
-use cera::engine::{BackendState, DeviceChoice, Engine, GenerateOpts, LoadOptions, ModelDrafter, Speculative, StateOpts, StepInput, StepOutput, Want};
+use cera::engine::{
+    BackendState, DecodeGemv, DeviceChoice, Engine, GenerateOpts, LoadOptions, ModelDrafter, Speculative, StateOpts, StepInput, StepOutput, Want,
+};
 use cera::fetch::{ModelId, ensure_model};
 use spec_support::assert_same_distribution;
 
@@ -269,4 +271,67 @@ fn sampled_tokens_keep_their_distribution() {
     for at in [1, 2] {
         assert_same_distribution(&plain, &fast, at);
     }
+}
+
+/// A verification step on the int8 path (SmolLM2 forced onto it): the norms and GLUs run inside
+/// the rows' quantizers and the residual adds inside the GEMVs (10 dispatches a layer, not 14),
+/// and every row's logits agree with a decode step's at the same position, within the int8
+/// path's rounding (the decode plan quantizes in other kernels' epilogues and applies the norm
+/// after the integer dot products), with the same greedy choice wherever the decode step's
+/// choice leads by a clear margin.
+#[test]
+fn verification_rows_on_the_int8_path_match_decode_steps_gpu() {
+    if numr::testing::test_gpu().is_none() {
+        return;
+    }
+    let path = ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2");
+    let opts = LoadOptions { device: DeviceChoice::Gpu, n_ctx: Some(256), decode_gemv: DecodeGemv::Int8, ..Default::default() };
+    let e = Engine::load(path, &opts, None).unwrap();
+    let text = "Copy the list exactly.\nList: apple, banana, cherry, date, elderberry, fig.\nCopy: apple,";
+    let p = e.tokenizer().encode(text, Default::default()).unwrap();
+    let so = StateOpts { n_ctx: 256, ubatch: 64, kv: e.kv_type() };
+    let logits = |o: StepOutput| match o {
+        StepOutput::Logits(l) => l,
+        o => panic!("{o:?}"),
+    };
+    // Decode steps, one token at a time, each fed the greedy choice.
+    let mut st = e.backend().new_state(&so).unwrap();
+    st.step(StepInput::Tokens(&p[..p.len() - 1]), 0, Want::Nothing).unwrap();
+    let (mut fed, mut want) = (vec![p[p.len() - 1]], Vec::new());
+    for i in 0..9 {
+        let l = logits(st.step(StepInput::Tokens(&fed[i..i + 1]), p.len() - 1 + i, Want::Logits).unwrap());
+        fed.push(argmax(&l));
+        want.push(l);
+    }
+    // The same nine tokens as one verification step.
+    let mut v = e.backend().new_state(&so).unwrap();
+    v.step(StepInput::Tokens(&p[..p.len() - 1]), 0, Want::Nothing).unwrap();
+    let rows = v.verify(&fed[..9], p.len() - 1, Want::Logits).unwrap();
+    let c = v.last_step_counters();
+    let layers = e.config().n_layers;
+    // The embedding, 10 a layer, the LM head over the rows (its quantizer with the final norm
+    // and the GEMV), nothing else: the logits are read whole.
+    assert_eq!(c.dispatches, 1 + 10 * layers + 2, "{c:?}");
+    for (r, (row, d)) in rows.into_iter().zip(&want).enumerate() {
+        let got = logits(row);
+        let (lg, ld) = (log_softmax(&got), log_softmax(d));
+        let mut top: Vec<usize> = (0..ld.len()).collect();
+        top.sort_by(|&a, &b| ld[b].total_cmp(&ld[a]));
+        let worst = top[..5].iter().map(|&i| (lg[i] - ld[i]).abs()).fold(0f32, f32::max);
+        println!("row {r}: top-5 log-probabilities within {worst}");
+        assert!(worst < 0.35, "row {r}: top-5 log-probabilities differ by {worst}");
+        if ld[top[0]] - ld[top[1]] > 0.5 {
+            assert_eq!(argmax(&got), top[0] as u32, "row {r}: another greedy choice");
+        }
+    }
+}
+
+fn argmax(l: &[f32]) -> u32 {
+    (0..l.len()).max_by(|&a, &b| l[a].total_cmp(&l[b]).then(b.cmp(&a))).unwrap() as u32
+}
+
+fn log_softmax(l: &[f32]) -> Vec<f32> {
+    let m = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let z = l.iter().map(|&v| ((v - m) as f64).exp()).sum::<f64>().ln() as f32;
+    l.iter().map(|&v| v - m - z).collect()
 }

@@ -34,6 +34,12 @@ pub struct OracleRow {
     pub speedup: f64,
     /// The output equals plain decoding's, token for token.
     pub same_as_plain: bool,
+    /// Milliseconds a decode step (a verification step with drafts), from the median speed
+    /// and the tokens per step.
+    pub step_ms: f64,
+    /// A step's time over a plain decode step's: what verifying `k` drafts costs in decode
+    /// steps (the pacer's `VerifyCost`).
+    pub step_cost: f64,
 }
 
 /// Proposes `truth` from the sequence's length on, each token wrong with probability `1 - p`.
@@ -94,7 +100,18 @@ pub fn oracle(engine: &Engine, n: usize, ks: &[usize], ps: &[f64], reps: usize) 
     let verified = s.generate_drafted(&one, &mut |_: &crate::engine::TokenEvent| {}, &mut Wrong(vocab as u32))?.ids;
     let truth = [ids.clone(), verified].concat();
     let base = Spread::of(plain);
-    let mut rows = vec![OracleRow { k: 0, p: 0.0, tok_s: base, acceptance: 0.0, tokens_per_step: 1.0, speedup: 1.0, same_as_plain: true }];
+    let base_ms = 1000.0 / base.median.max(f64::MIN_POSITIVE);
+    let mut rows = vec![OracleRow {
+        k: 0,
+        p: 0.0,
+        tok_s: base,
+        acceptance: 0.0,
+        tokens_per_step: 1.0,
+        speedup: 1.0,
+        same_as_plain: true,
+        step_ms: base_ms,
+        step_cost: 1.0,
+    }];
     for &k in ks {
         for &p in ps {
             let spec = GenerateOpts { speculative: Some(Speculative { draft_max: k, draft_min: 1, adaptive: false, ..Default::default() }), ..opts.clone() };
@@ -116,14 +133,18 @@ pub fn oracle(engine: &Engine, n: usize, ks: &[usize], ps: &[f64], reps: usize) 
                 }
             }
             let tok_s = Spread::of(speeds);
+            let tokens_per_step = tokens as f64 / steps.max(1) as f64;
+            let step_ms = 1000.0 * tokens_per_step / tok_s.median.max(f64::MIN_POSITIVE);
             rows.push(OracleRow {
                 k,
                 p,
                 speedup: tok_s.median / base.median.max(f64::MIN_POSITIVE),
                 tok_s,
                 acceptance: kept as f64 / drafted.max(1) as f64,
-                tokens_per_step: tokens as f64 / steps.max(1) as f64,
+                tokens_per_step,
                 same_as_plain: same,
+                step_ms,
+                step_cost: step_ms / base_ms,
             });
         }
     }
@@ -133,13 +154,16 @@ pub fn oracle(engine: &Engine, n: usize, ks: &[usize], ps: &[f64], reps: usize) 
 /// The table as markdown.
 pub fn print(model: &str, device: &str, n: usize, rows: &[OracleRow]) -> String {
     let mut t = format!("{model} on {device}: tg{n} with oracle drafts (greedy; output checked equal)\n\n");
-    t += "| drafts a step | p (a draft right) | decode tok/s | acceptance | tokens per step | speed-up | same ids as plain |\n|---|---|---|---|---|---|---|\n";
+    t += "| drafts a step | p (a draft right) | decode tok/s | acceptance | tokens per step | ms a step | in decode steps | speed-up | same ids as plain |\n|---|---|---|---|---|---|---|---|---|\n";
     for r in rows {
         if r.k == 0 {
-            t += &format!("| off | - | {:.1} | - | 1.00 | 1.00x | - |\n", r.tok_s.median);
+            t += &format!("| off | - | {:.1} | - | 1.00 | {:.3} | 1.00 | 1.00x | - |\n", r.tok_s.median, r.step_ms);
         } else {
             let same = if r.same_as_plain { "yes" } else { "no" };
-            t += &format!("| {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2}x | {same} |\n", r.k, r.p, r.tok_s.median, r.acceptance, r.tokens_per_step, r.speedup);
+            t += &format!(
+                "| {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.3} | {:.2} | {:.2}x | {same} |\n",
+                r.k, r.p, r.tok_s.median, r.acceptance, r.tokens_per_step, r.step_ms, r.step_cost, r.speedup
+            );
         }
     }
     t

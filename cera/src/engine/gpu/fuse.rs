@@ -95,9 +95,10 @@ impl Allow {
     pub(crate) const ALL: Allow = Allow { norm_max_k: usize::MAX, residual: true, glu: true, rope: true };
 }
 
-/// The decode fusions of `ops`; `k_of(i)`: the input features of linear op `i`; `rope_ok(i)`:
-/// whether linear op `i`'s GEMV can take the next op's RoPE and KV write.
-pub(crate) fn fuse_decode(ops: &[Op], allow: Allow, k_of: &dyn Fn(usize) -> usize, rope_ok: &dyn Fn(usize) -> bool) -> Fusions {
+/// The decode fusions of `ops`; `k_of(i)`: the input features of linear op `i`, `None` where its
+/// kernel takes no fused RMSNorm or GLU; `rope_ok(i)`: whether linear op `i`'s GEMV can take
+/// the next op's RoPE and KV write.
+pub(crate) fn fuse_decode(ops: &[Op], allow: Allow, k_of: &dyn Fn(usize) -> Option<usize>, rope_ok: &dyn Fn(usize) -> bool) -> Fusions {
     let mut f = Fusions::none(ops.len());
     // A norm of the residual stream into `o` (its op index and weight) not yet recorded.
     let mut pending: Option<(usize, Slot, String)> = None;
@@ -112,7 +113,7 @@ pub(crate) fn fuse_decode(ops: &[Op], allow: Allow, k_of: &dyn Fn(usize) -> usiz
                 Op::LmHead { .. } => o == Slot::Normed,
                 _ => false,
             };
-            if takes && k_of(i) <= allow.norm_max_k && !read_later(ops, i + 1, o) {
+            if takes && k_of(i).is_some_and(|k| k <= allow.norm_max_k) && !read_later(ops, i + 1, o) {
                 f.ops[i].input = Input::Norm(w);
             } else {
                 f.ops[at].skip = false;
@@ -148,6 +149,7 @@ pub(crate) fn fuse_decode(ops: &[Op], allow: Allow, k_of: &dyn Fn(usize) -> usiz
             Op::Glu { act, x, out } => {
                 if let Some(Op::Linear { x: lx, .. }) = ops.get(i + 1)
                     && allow.glu
+                    && k_of(i + 1).is_some()
                     && lx == out
                     && !read_later(ops, i + 2, *out)
                 {
@@ -228,7 +230,7 @@ pub(super) mod tests {
     #[test]
     fn a_llama_layer_is_six_ops_and_nothing_reads_a_skipped_slot() {
         let g = build(&config(Arch::Llama, 3), &FileFacts::default());
-        let f = fuse_decode(&g.ops, Allow::ALL, &|_| 64, &|_| false);
+        let f = fuse_decode(&g.ops, Allow::ALL, &|_| Some(64), &|_| false);
         // Embedding, 6 per layer (the rope kept apart here), the LM head (with the final norm).
         assert_eq!(recorded(&f), 2 + 6 * 3);
         let acc = f.ops.iter().filter(|o| o.accumulate).count();
@@ -237,13 +239,13 @@ pub(super) mod tests {
         assert_eq!((acc, norm, glu), (6, 7, 3));
         assert!(f.ops.iter().all(|o| !(o.accumulate && matches!(o.input, Input::Norm(_)))), "a GEMV may not read and add into the stream");
         // Without fusions every op is recorded as it is.
-        let none = fuse_decode(&g.ops, Allow { norm_max_k: 0, residual: false, glu: false, rope: false }, &|_| 64, &|_| true);
+        let none = fuse_decode(&g.ops, Allow { norm_max_k: 0, residual: false, glu: false, rope: false }, &|_| Some(64), &|_| true);
         assert_eq!(recorded(&none), g.ops.len());
         assert!(none.ops.iter().all(|o| o.input == Input::Plain && !o.accumulate));
         // (Only the first norm, of the stream itself, is recorded as a norm of the stream.)
         assert_eq!(none.ops.iter().filter(|o| o.materialize).count(), 1);
         // Norms over wider inputs than allowed run on their own (the residual add stays fused).
-        let wide = fuse_decode(&g.ops, Allow { norm_max_k: 32, ..Allow::ALL }, &|_| 64, &|_| false);
+        let wide = fuse_decode(&g.ops, Allow { norm_max_k: 32, ..Allow::ALL }, &|_| Some(64), &|_| false);
         assert_eq!(recorded(&wide), 2 + 8 * 3 + 1);
         assert!(wide.ops.iter().all(|o| !matches!(o.input, Input::Norm(_))));
     }
@@ -251,7 +253,7 @@ pub(super) mod tests {
     #[test]
     fn rope_goes_into_the_qkv_gemv_where_the_plan_can_take_it() {
         let g = build(&config(Arch::Llama, 3), &FileFacts::default());
-        let f = fuse_decode(&g.ops, Allow::ALL, &|_| 64, &|_| true);
+        let f = fuse_decode(&g.ops, Allow::ALL, &|_| Some(64), &|_| true);
         // Embedding, 5 per layer, the LM head.
         assert_eq!(recorded(&f), 2 + 5 * 3);
         for (i, fu) in f.ops.iter().enumerate() {
@@ -261,16 +263,16 @@ pub(super) mod tests {
         }
         assert_eq!(f.ops.iter().filter(|o| o.rope.is_some()).count(), 3);
         // Not where the GEMV cannot, nor where a QK-norm or NeoX pairs need the rope kernel.
-        assert!(fuse_decode(&g.ops, Allow::ALL, &|_| 64, &|_| false).ops.iter().all(|o| o.rope.is_none()));
-        assert!(fuse_decode(&g.ops, Allow { rope: false, ..Allow::ALL }, &|_| 64, &|_| true).ops.iter().all(|o| o.rope.is_none()));
+        assert!(fuse_decode(&g.ops, Allow::ALL, &|_| Some(64), &|_| false).ops.iter().all(|o| o.rope.is_none()));
+        assert!(fuse_decode(&g.ops, Allow { rope: false, ..Allow::ALL }, &|_| Some(64), &|_| true).ops.iter().all(|o| o.rope.is_none()));
         let gemma = build(&config(Arch::Gemma3, 2), &FileFacts::default());
-        assert!(fuse_decode(&gemma.ops, Allow::ALL, &|_| 64, &|_| true).ops.iter().all(|o| o.rope.is_none()));
+        assert!(fuse_decode(&gemma.ops, Allow::ALL, &|_| Some(64), &|_| true).ops.iter().all(|o| o.rope.is_none()));
     }
 
     #[test]
     fn gemma_post_norms_keep_their_residual_adds() {
         let g = build(&config(Arch::Gemma3, 2), &FileFacts::default());
-        let f = fuse_decode(&g.ops, Allow::ALL, &|_| 64, &|_| false);
+        let f = fuse_decode(&g.ops, Allow::ALL, &|_| Some(64), &|_| false);
         // The deltas are normed before they are added: no GEMV adds into the stream.
         assert!(f.ops.iter().all(|o| !o.accumulate));
         assert!(f.ops.iter().any(|o| matches!(o.input, Input::Glu(..))));

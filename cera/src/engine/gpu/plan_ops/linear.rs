@@ -94,9 +94,15 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
         Mode::Prefill { max_tok } if inp.prefill_gemv => Some(max_tok),
         _ => None,
     };
+    // A verification plan's rows take the RMSNorm or the GLU in their quantizer (`fuse_rows`).
     let xa_batch = match rows_gemv {
-        Some(max_tok) if inp.tuning.batch_q8.is_some() && batch_int8(inp, op) => {
-            let xa = Q8Activations::new(ctx, &x, max_tok, k).map_err(|e| quant_err(ctx, &parts[0].w.name, e))?;
+        Some(max_tok) if rows_int8(inp, op) => {
+            let xa = match (&f.norm, f.glu) {
+                (Some(n), _) => Q8Activations::with_rms_norm(ctx, &x, &inp.weights.vec(n)?.binding, max_tok, k, eps, false),
+                (None, Some(act)) => Q8Activations::with_glu(ctx, &x, act, max_tok, k),
+                (None, None) => Q8Activations::new(ctx, &x, max_tok, k),
+            }
+            .map_err(|e| quant_err(ctx, &parts[0].w.name, e))?;
             plan.append(xa.plan());
             Some(xa)
         }
@@ -186,11 +192,12 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
                 let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
                 let gemm = GemmPlan::beside_decode_rows(ctx, &cfg, w, &x, &output, max_tok);
                 plan.append(gemm.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
-                decode_rows_gemv(cx, plan, DecodeRows { xa: xa_batch.as_ref(), w, x: &x, output, eps, max_tok })?;
+                decode_rows_gemv(cx, plan, DecodeRows { xa: xa_batch.as_ref(), w, x: &x, output, eps, max_tok, accumulate: false })?;
             }
             (Mode::Prefill { max_tok }, _) if inp.prefill_gemv => {
                 // Every row is a decode row (a verification step's few rows).
-                decode_rows_gemv(cx, plan, DecodeRows { xa: xa_batch.as_ref(), w, x: &x, output, eps, max_tok })?;
+                let accumulate = f.accumulate;
+                decode_rows_gemv(cx, plan, DecodeRows { xa: xa_batch.as_ref(), w, x: &x, output, eps, max_tok, accumulate })?;
             }
             (Mode::Prefill { max_tok }, _) => {
                 let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
@@ -215,6 +222,8 @@ struct DecodeRows<'a> {
     output: GemvOutput,
     eps: f32,
     max_tok: usize,
+    /// `y += x Wᵀ` (the residual add of a verification plan, `fuse_rows`).
+    accumulate: bool,
 }
 
 /// The step's decode rows (`StepValues::decode_rows`) through the multi-row GEMV, which reads
@@ -227,14 +236,30 @@ fn decode_rows_gemv(cx: &PlanCx, plan: &mut Plan, d: DecodeRows) -> Result<(), E
     match (d.xa, inp.tuning.batch_q8) {
         (Some(xa), Some(t)) => {
             let base = QuantGemvQ8::new(kind, env, t.group);
-            let cfg = QuantGemvQ8 { unchecked: true, step_rows: true, rows_per_workgroup: t.rows, threads: t.threads, unroll: t.unroll, ..base };
+            let cfg = QuantGemvQ8 {
+                unchecked: true,
+                step_rows: true,
+                accumulate: d.accumulate,
+                rows_per_workgroup: t.rows,
+                threads: t.threads,
+                unroll: t.unroll,
+                ..base
+            };
             let p = Q8GemvPlan::decode_rows(ctx, &cfg, d.w, xa, &d.output);
             plan.append(p.map_err(|e| quant_err(ctx, &d.w.name, e))?.plan());
         }
         _ => {
             let t = inp.tuning.batch_gemv;
             let base = QuantGemv::new(kind, env, t.group);
-            let gemv = QuantGemv { unchecked: true, step_rows: true, rows_per_workgroup: t.rows, threads: t.threads, f16_math: t.f16, ..base };
+            let gemv = QuantGemv {
+                unchecked: true,
+                step_rows: true,
+                accumulate: d.accumulate,
+                rows_per_workgroup: t.rows,
+                threads: t.threads,
+                f16_math: t.f16,
+                ..base
+            };
             let io = GemvIo { x: d.x.clone(), norm_weight: None, eps: d.eps, output: d.output };
             let p = GemvPlan::decode_rows(ctx, &gemv, d.w, &io, d.max_tok);
             plan.append(p.map_err(|e| quant_err(ctx, &d.w.name, e))?.plan());
@@ -270,11 +295,12 @@ pub(in super::super) fn rope_fusable(ctx: &GpuContext, env: &KernelEnv, inp: &Pl
     }
 }
 
-/// Whether a batched step's decode rows of linear op `op` run as integer-dot GEMVs (the int8
-/// decode path on, every part a quantized format).
-fn batch_int8(inp: &PlanInputs, op: usize) -> bool {
+/// Whether the multi-row GEMV of linear op `op` (a batched step's decode rows, a verification
+/// step's rows) is an integer-dot one: the int8 decode path on, its rows GEMV not turned off
+/// (`GpuTuning::batch_q8`), every part a quantized format.
+pub(in super::super) fn rows_int8(inp: &PlanInputs, op: usize) -> bool {
     let Some(parts) = inp.weights.linear.get(&op) else { return false };
-    inp.decode_gemv.int8_for(inp.graph.cfg.dim) && parts.iter().all(|p| QuantGemvQ8::supports(WeightKind::of(p.w.format)))
+    inp.tuning.batch_q8.is_some() && inp.decode_gemv.int8_for(inp.graph.cfg.dim) && parts.iter().all(|p| QuantGemvQ8::supports(WeightKind::of(p.w.format)))
 }
 
 /// Whether linear op `op` runs as integer-dot GEMVs (decode, the int8 path, every part a

@@ -82,8 +82,12 @@ pub(super) fn record_op(cx: &PlanCx, plan: &mut Plan, i: usize, op: &Op, f: &Fus
                     let fusion = gemv_fusion(cx.slots, f, Slot::Normed, Slot::Logits);
                     linear::linear(cx, plan, LinearArgs { op: i, fusion, width: c.vocab, eps: c.norm_eps, mode: Mode::Decode })
                 }
-                // A verification step: logits at every row.
-                Mode::Prefill { max_tok } if cx.inp.prefill_gemv => lm_head_rows(cx, plan, cx.slots.bind(Slot::Normed), cx.slots.bind(Slot::Logits), max_tok),
+                // A verification step: logits at every row (the final norm in their quantizer,
+                // where the plan fused it).
+                Mode::Prefill { .. } if cx.inp.prefill_gemv => {
+                    let fusion = gemv_fusion(cx.slots, f, Slot::Normed, Slot::Logits);
+                    linear::linear(cx, plan, LinearArgs { op: i, fusion, width: c.vocab, eps: c.norm_eps, mode: cx.mode })
+                }
                 _ => Ok(()),
             }
         }
