@@ -8,7 +8,7 @@ use boostr::embedding::Embedding;
 use boostr::norm::Norm;
 use boostr::paged::{PagedAttn, PagedKvWrite};
 use boostr::rope::QkvRope;
-use boostr::sampling::{Argmax, Mask, Penalty, TopK};
+use boostr::sampling::{Argmax, Mask, MaskBits, Penalty, TopK};
 use numr::gpu::{KernelEnv, KernelSource};
 use numr::testing::validate_wgsl;
 
@@ -37,6 +37,7 @@ fn sources(env: &KernelEnv) -> Vec<KernelSource> {
     v.extend([true, false].map(|first| TopK { first }.source(env)));
     v.push(Penalty.source(env));
     v.push(Mask.source(env));
+    v.push(MaskBits.source(env));
     v.push(boostr::bias::bias_source(env));
     v
 }

@@ -160,3 +160,8 @@ fn bad_requests_get_typed_errors() {
     let z = b.generate(vec![1u32, 2, 3], &GenerateOpts::greedy(0)).unwrap();
     assert_eq!((z.ids.len(), z.finish, z.prefilled), (0, FinishReason::MaxTokens, 3));
 }
+
+#[test]
+fn constrained_requests_mask_on_the_executor() {
+    batch_support::constrained_requests_mask_on_the_device(engine(), 8);
+}

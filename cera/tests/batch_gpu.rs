@@ -73,8 +73,9 @@ fn a_batched_step_is_a_few_submits_of_a_fixed_dispatch_count() {
         })
         .collect();
     let toks: Vec<Vec<u32>> = (0..8u32).map(|i| vec![1 + i, 2 + i, 3 + i]).collect();
-    let entries: Vec<BatchEntry> =
-        (0..8).map(|i| BatchEntry { slot: i, tokens: &toks[i], pos: 0, table: &tables[i], want: Want::Argmax, decode: false, out_rows: 1 }).collect();
+    let entries: Vec<BatchEntry> = (0..8)
+        .map(|i| BatchEntry { slot: i, tokens: &toks[i], pos: 0, table: &tables[i], want: Want::Argmax, decode: false, out_rows: 1, mask: None })
+        .collect();
     st.step(&entries[..1]).unwrap();
     let one = st.last_step_counters();
     st.step(&entries).unwrap();
@@ -85,10 +86,19 @@ fn a_batched_step_is_a_few_submits_of_a_fixed_dispatch_count() {
     assert_eq!(one.dispatches, eight.dispatches, "dispatches do not grow with the sequences");
     // Decode rows of all eight (the head reads the rows in place: no copies, one pass fewer breaks).
     let next: Vec<Vec<u32>> = (0..8u32).map(|i| vec![4 + i]).collect();
-    let entries: Vec<BatchEntry> =
-        (0..8).map(|i| BatchEntry { slot: i, tokens: &next[i], pos: 3, table: &tables[i], want: Want::Argmax, decode: true, out_rows: 1 }).collect();
+    let entries: Vec<BatchEntry> = (0..8)
+        .map(|i| BatchEntry { slot: i, tokens: &next[i], pos: 3, table: &tables[i], want: Want::Argmax, decode: true, out_rows: 1, mask: None })
+        .collect();
     st.step(&entries).unwrap();
     let decode = st.last_step_counters();
     assert_eq!((decode.submits, decode.dispatches), (one.submits, one.dispatches));
     println!("SmolLM2 batched step: {} dispatches, {} passes (mixed), {} passes (decode rows)", eight.dispatches, eight.passes, decode.passes);
+}
+
+/// A constraint's allowed-id mask applied on the GPU before argmax / top-k (`MaskBitsPlan`)
+/// gives the ids of the host masking whole rows.
+#[test]
+fn constrained_requests_mask_on_the_gpu() {
+    let Some(e) = engine() else { return };
+    batch_support::constrained_requests_mask_on_the_device(&e, 4);
 }

@@ -87,7 +87,7 @@ fn one_step(b: &dyn Backend, kv: KvType, tol: f64, what: &str) {
         .iter()
         .zip(&tables)
         .enumerate()
-        .map(|(i, (c, t))| BatchEntry { slot: i, tokens: &c.ids, pos: 0, table: t, want: Want::Logits, decode: false, out_rows: 1 })
+        .map(|(i, (c, t))| BatchEntry { slot: i, tokens: &c.ids, pos: 0, table: t, want: Want::Logits, decode: false, out_rows: 1, mask: None })
         .collect();
     let outs = st.step(&entries).unwrap_or_else(|e| panic!("{what}: {e}"));
     let many = st.last_step_counters();

@@ -334,3 +334,32 @@ fn speculative_decoding_flags() {
     let err = refused(&["run", "-m", &m, "--model-draft", "no-such-model.gguf", "hi"]);
     assert!(err.contains("no-such-model.gguf"), "{err}");
 }
+
+/// `cera bench --concurrency --grammar`: every request under a Lark grammar, its masks applied by
+/// the executor; the note reports their host cost. Without `--concurrency` it is refused.
+#[test]
+fn bench_grammar_constrains_the_concurrency_workload() {
+    let m = smollm2();
+    let (ok, out, err) = cera(&[
+        "bench",
+        "-m",
+        &m,
+        "--device",
+        "cpu",
+        "--threads",
+        "2",
+        "--concurrency",
+        "1",
+        "--requests",
+        "1",
+        "--ctx-size",
+        "160",
+        "--grammar",
+        "start: /(.|\\n)*/",
+    ]);
+    assert!(ok, "{err}");
+    assert!(err.contains("the grammar's masks: ") && err.contains(" µs each on the host"), "{err}");
+    assert!(out.contains("| 1 | 1 |"), "{out}");
+    let err = refused(&["bench", "-m", &m, "--grammar", "start: /a/"]);
+    assert!(err.contains("--grammar constrains the --concurrency workload"), "{err}");
+}

@@ -2,7 +2,8 @@
 //! samples from the short list), and the logit transforms applied first: llama.cpp's penalties
 //! (repetition: positive logits divided by the penalty, negative multiplied; frequency and
 //! presence: `logit -= count * frequency + (count > 0) * presence`) over a window of a GPU id
-//! history, the temperature, and masking listed ids out ([`MaskPlan`]).
+//! history, the temperature, masking listed ids out ([`MaskPlan`]), and keeping only the ids an
+//! allowed-id bitmask sets ([`MaskBitsPlan`], a structured-output constraint).
 //!
 //! Every op is a plan built once and recorded per step ([`ArgmaxPlan`], [`TopKPlan`],
 //! [`PenaltyPlan`]), writing into GPU buffers at the step's token slot, so a decode loop feeds
@@ -19,7 +20,7 @@ mod mask;
 mod penalty;
 mod plan;
 
-pub use mask::{Mask, MaskPlan, mask_ref};
+pub use mask::{Mask, MaskBits, MaskBitsPlan, MaskPlan, mask_bits_ref, mask_ref};
 pub use penalty::{Penalties, Penalty, PenaltyPlan, penalties, penalties_ref, repetition_penalty, repetition_penalty_ref};
 pub use plan::{ArgmaxPlan, TopKPlan};
 

@@ -56,7 +56,7 @@ pub fn profile_decode(engine: &Engine, seqs: usize, depth: usize, opts: &Batcher
     for (i, table) in tables.iter().enumerate() {
         let ids = super::concurrency::prompt_ids(i, depth, vocab);
         for (c, chunk) in ids.chunks(batch.max_tokens).enumerate() {
-            let e = BatchEntry { slot: i, tokens: chunk, pos: c * batch.max_tokens, table, want: Want::Nothing, decode: false, out_rows: 1 };
+            let e = BatchEntry { slot: i, tokens: chunk, pos: c * batch.max_tokens, table, want: Want::Nothing, decode: false, out_rows: 1, mask: None };
             state.step(&[e])?;
         }
     }
@@ -65,7 +65,7 @@ pub fn profile_decode(engine: &Engine, seqs: usize, depth: usize, opts: &Batcher
         .iter()
         .zip(&last)
         .enumerate()
-        .map(|(i, (table, tok))| BatchEntry { slot: i, tokens: tok, pos: depth, table, want: Want::Argmax, decode: true, out_rows: 1 })
+        .map(|(i, (table, tok))| BatchEntry { slot: i, tokens: tok, pos: depth, table, want: Want::Argmax, decode: true, out_rows: 1, mask: None })
         .collect();
     for _ in 0..3 {
         state.step(&entries)?;

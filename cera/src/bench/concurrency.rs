@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::BenchError;
-use crate::engine::{BatcherOpts, BoxSink, Engine, GenerateOpts, TokenEvent};
+use crate::engine::{BatcherOpts, BoxSink, Constraint, Engine, GenerateOpts, TokenEvent};
 
 /// One request of the workload: its prompt and output lengths.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,12 +115,14 @@ fn row(
 }
 
 /// Runs the workload at each concurrency on `engine`: `requests` requests, or (`None`) twice
-/// the concurrency and at least 16 (the first requests of the same fixed list).
+/// the concurrency and at least 16 (the first requests of the same fixed list), each under
+/// `constraint` when one is given.
 pub fn run(
     engine: &Engine,
     concurrency: &[usize],
     requests: Option<usize>,
     opts: BatcherOpts,
+    constraint: Option<&Constraint>,
     note: &mut dyn FnMut(&str),
 ) -> Result<Vec<ConcurrencyRow>, BenchError> {
     let vocab = engine.config().vocab as u32;
@@ -150,7 +152,7 @@ pub fn run(
                 let stamps = Arc::new(Mutex::new(Vec::with_capacity(r.output)));
                 let s2 = stamps.clone();
                 let sink: BoxSink = Box::new(move |_: &TokenEvent| s2.lock().unwrap_or_else(|p| p.into_inner()).push(Instant::now()));
-                let g = GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(r.output) };
+                let g = GenerateOpts { ignore_eos: true, constraint: constraint.cloned(), ..GenerateOpts::greedy(r.output) };
                 in_flight.push_back(b.submit(prompt, &g, Some(sink))?);
                 times.push((Instant::now(), stamps));
                 next += 1;

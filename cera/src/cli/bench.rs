@@ -81,11 +81,20 @@ pub struct Args {
     /// Drafts a step for `--spec-oracle`.
     #[arg(long = "spec-k", value_delimiter = ',', default_value = "2,4,8", value_name = "K")]
     pub spec_k: Vec<usize>,
+    /// With `--concurrency`: every request constrained by this Lark grammar (llguidance, as
+    /// `cera serve`'s `grammar` field; its mask applied on the device each step), for what a
+    /// constraint costs a token: `'start: /(.|\n)*/'` allows any text, so the outputs keep their
+    /// lengths. Needs the `server` feature.
+    #[arg(long = "grammar", value_name = "LARK")]
+    pub grammar: Option<String>,
 }
 
 /// Runs `cera bench`.
 pub fn run(a: Args, out: &mut Output) -> Result<(), CliError> {
     let models = a.models.iter().map(|m| resolve_model(m)).collect::<Result<Vec<_>, _>>()?;
+    if a.grammar.is_some() && a.concurrency.is_empty() {
+        return Err(CliError::Message("--grammar constrains the --concurrency workload: give --concurrency too".into()));
+    }
     if !a.concurrency.is_empty() {
         return run_concurrency(&a, &models, out);
     }
@@ -139,6 +148,23 @@ fn run_spec_oracle(a: &Args, models: &[PathBuf], out: &mut Output) -> Result<(),
     Ok(())
 }
 
+/// The constraint of `--grammar` and a reader of its masks' count and host nanoseconds.
+type GrammarCost = (crate::engine::Constraint, Box<dyn Fn() -> (u64, u64)>);
+
+#[cfg(feature = "server")]
+fn grammar_constraint(engine: &crate::engine::Engine, g: &str) -> Result<GrammarCost, CliError> {
+    use std::sync::atomic::Ordering;
+    let grammars = crate::server::grammar::Grammars::new(engine).map_err(|e| CliError::Message(format!("--grammar: {e}")))?;
+    let c = grammars.lark(g).map_err(|e| CliError::Message(format!("--grammar: {e}")))?;
+    let cost = grammars.cost.clone();
+    Ok((c, Box::new(move || (cost.masks.load(Ordering::Relaxed), cost.nanos.load(Ordering::Relaxed)))))
+}
+
+#[cfg(not(feature = "server"))]
+fn grammar_constraint(_: &crate::engine::Engine, _: &str) -> Result<GrammarCost, CliError> {
+    Err(CliError::Message("--grammar needs cera built with the `server` feature (llguidance)".into()))
+}
+
 /// `--concurrency`: the batcher's workload at each count of requests in flight.
 fn run_concurrency(a: &Args, models: &[PathBuf], out: &mut Output) -> Result<(), CliError> {
     let most = a.concurrency.iter().copied().max().unwrap_or(1);
@@ -147,7 +173,16 @@ fn run_concurrency(a: &Args, models: &[PathBuf], out: &mut Output) -> Result<(),
         let engine = crate::engine::Engine::load(path, &a.load.options(a.ctx_size)?, None).map_err(CliError::from_err)?;
         let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
         let note = &mut |what: &str| super::generation::note(&format!("bench: {what}"));
-        let rows = bench::concurrency::run(&engine, &a.concurrency, a.requests, opts, note).map_err(CliError::from_err)?;
+        let grammar = match &a.grammar {
+            Some(g) => Some(grammar_constraint(&engine, g)?),
+            None => None,
+        };
+        let constraint = grammar.as_ref().map(|g| &g.0);
+        let rows = bench::concurrency::run(&engine, &a.concurrency, a.requests, opts, constraint, note).map_err(CliError::from_err)?;
+        if let Some((_, cost)) = &grammar {
+            let (masks, nanos) = cost();
+            note(&format!("the grammar's masks: {masks}, {:.1} µs each on the host", nanos as f64 / 1e3 / masks.max(1) as f64));
+        }
         // `--profile`: one batched decode step per concurrency, at the first nonzero `-d` (else
         // 1024 tokens deep).
         let mut profiles = Vec::new();

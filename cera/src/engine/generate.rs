@@ -157,8 +157,9 @@ fn sampler_opts(o: &GenerateOpts) -> SamplerOpts {
     o.sampler.clone()
 }
 
-fn mode(o: &GenerateOpts, s: &SamplerOpts, n_masked: usize) -> Mode {
-    if o.top_logprobs > 0 || s.has_penalties() || o.constraint.is_some() || !o.logit_bias.is_empty() {
+/// `device_bits`: a constraint's mask is applied on the device (it then needs no whole row).
+fn mode(o: &GenerateOpts, s: &SamplerOpts, n_masked: usize, device_bits: bool) -> Mode {
+    if o.top_logprobs > 0 || s.has_penalties() || (o.constraint.is_some() && !device_bits) || !o.logit_bias.is_empty() {
         return Mode::Logits;
     }
     if s.temperature <= 0.0 {
@@ -215,22 +216,63 @@ pub(crate) struct Chooser {
     device: String,
     /// The generation's constraint, started at its first step.
     constraint: Option<Box<dyn TokenConstraint>>,
+    /// The constraint's mask goes to the executor with each step, which applies it before its
+    /// argmax or top-k ([`BatchEntry::mask`](super::batch::BatchEntry::mask)), so no logits row
+    /// comes back: a constrained generation whose mode reads no whole row, on an executor that
+    /// takes masks.
+    device_bits: bool,
+    /// This step's mask ([`Self::prepare_step`]), or the constraint's error, which
+    /// [`Self::choose`] reports.
+    bits: Option<Result<Vec<u32>, String>>,
 }
 
 impl Chooser {
     /// The chooser of a generation under `opts` (`eog`: the model's end-of-generation ids, masked
     /// with `ignore_eos`). `device_mask`: whether the executor masks argmax ids itself
     /// ([`BackendState::set_argmax_mask`]); a batched step does not, so a masked greedy
-    /// generation reads the top `1 + masked` candidates instead.
-    pub(crate) fn new(opts: &GenerateOpts, eog: &[u32], device: String, device_mask: bool) -> Chooser {
+    /// generation reads the top `1 + masked` candidates instead. `device_bits`: whether the
+    /// executor applies a constraint's allowed-id mask itself (a batched step does: greedy and
+    /// top-k sampling under a constraint then read back an id or candidates, not the row).
+    pub(crate) fn new(opts: &GenerateOpts, eog: &[u32], device: String, device_mask: bool, device_bits: bool) -> Chooser {
         let sampler = sampler_opts(opts);
         let plain = SamplerOpts { repeat_penalty: 1.0, presence_penalty: 0.0, frequency_penalty: 0.0, ..sampler.clone() };
         let masked: Vec<u32> = if opts.ignore_eos { eog.to_vec() } else { Vec::new() };
-        let mut mode = mode(opts, &sampler, masked.len());
+        let bits_ok = device_bits && opts.constraint.is_some();
+        let mut mode = mode(opts, &sampler, masked.len(), bits_ok);
         if mode == Mode::Argmax && !device_mask && !masked.is_empty() {
             mode = if masked.len() < MAX_TOP_K { Mode::TopK(1 + masked.len()) } else { Mode::Logits };
         }
-        Chooser { opts: opts.clone(), sampler, plain, masked, mode, device, constraint: None }
+        let device_bits = bits_ok && mode != Mode::Logits;
+        Chooser { opts: opts.clone(), sampler, plain, masked, mode, device, constraint: None, device_bits, bits: None }
+    }
+
+    /// Before a step that chooses a token: the constraint's mask for it, kept for
+    /// [`Self::step_bits`] and [`Self::choose`] (nothing without a mask on the device).
+    pub(crate) fn prepare_step(&mut self, vocab: usize) {
+        if self.device_bits {
+            // The mask sized to the vocabulary (a mask source may cover ids past it, or fewer:
+            // those are not allowed).
+            let words = vocab.div_ceil(32);
+            self.bits = Some(match self.constraint_mask(vocab) {
+                Ok(m) => Ok(m.map_or_else(
+                    || vec![u32::MAX; words],
+                    |mut m| {
+                        m.resize(words, 0);
+                        m
+                    },
+                )),
+                Err(e) => Err(e.to_string()),
+            });
+        }
+    }
+
+    /// The mask [`Self::prepare_step`] made for this step (`None`: no mask on the device, or
+    /// the constraint failed, which [`Self::choose`] reports).
+    pub(crate) fn step_bits(&self) -> Option<&[u32]> {
+        match &self.bits {
+            Some(Ok(m)) => Some(m),
+            _ => None,
+        }
     }
 
     /// Whether the generation's constraint is complete (it ends with [`FinishReason::Stop`]).
@@ -315,10 +357,28 @@ impl Chooser {
 
     fn choose_unconstrained(&mut self, out: StepOutput, history: &[u32], position: u64) -> Result<(u32, StepLogprobs), EngineError> {
         let none = || EngineError::Usage("every token is masked: nothing can be generated".into());
+        // The device applied this step's mask: a masked id can still come back where the
+        // constraint allows fewer ids than were asked for (at -f32::MAX), never chosen.
+        let bits = match self.bits.take() {
+            Some(Err(e)) => return Err(EngineError::Usage(format!("the output constraint: {e}"))),
+            Some(Ok(m)) => Some(m),
+            None if self.device_bits => return Err(EngineError::Usage("a constrained step without its mask".into())),
+            None => None,
+        };
+        let allowed = |id: u32| bits.as_ref().is_none_or(|m| super::constraint::allows(m, id));
+        let masked_out = || EngineError::Usage("the output constraint allows no token at this step".into());
         match (self.mode, out) {
-            (Mode::Argmax, StepOutput::Argmax(id)) => Ok((id, StepLogprobs::default())),
+            (Mode::Argmax, StepOutput::Argmax(id)) => {
+                if !allowed(id) {
+                    return Err(masked_out());
+                }
+                Ok((id, StepLogprobs::default()))
+            }
             (Mode::TopK(_), StepOutput::TopK(c)) => {
-                let mut c: Vec<(u32, f32)> = c.into_iter().filter(|&(id, _)| self.keep(id)).collect();
+                let mut c: Vec<(u32, f32)> = c.into_iter().filter(|&(id, _)| self.keep(id) && allowed(id)).collect();
+                if c.is_empty() && bits.is_some() {
+                    return Err(masked_out());
+                }
                 if self.sampler.temperature <= 0.0 {
                     return c.iter().copied().min_by(by_logit_desc).map(|x| (x.0, StepLogprobs::default())).ok_or_else(none);
                 }
@@ -570,7 +630,7 @@ impl Session {
         if prompt_tokens == 0 {
             return Err(EngineError::Usage("the session has no tokens to generate from (append a prompt first)".into()));
         }
-        let mut chooser = Chooser::new(opts, &inner.eog, inner.backend.device_name(), true);
+        let mut chooser = Chooser::new(opts, &inner.eog, inner.backend.device_name(), true, false);
         let mut res = Generation {
             ids: Vec::new(),
             text: String::new(),
@@ -721,19 +781,27 @@ mod tests {
     fn modes_follow_the_options() {
         let g = GenerateOpts::greedy(8);
         let s = sampler_opts(&g);
-        assert_eq!(mode(&g, &s, 0), Mode::Argmax);
-        assert_eq!(mode(&g, &s, 3), Mode::Argmax);
+        assert_eq!(mode(&g, &s, 0, false), Mode::Argmax);
+        assert_eq!(mode(&g, &s, 3, false), Mode::Argmax);
         let t = GenerateOpts { top_logprobs: 5, ..GenerateOpts::greedy(8) };
-        assert_eq!(mode(&t, &sampler_opts(&t), 0), Mode::Logits);
+        assert_eq!(mode(&t, &sampler_opts(&t), 0, false), Mode::Logits);
         let d = GenerateOpts::default();
-        assert_eq!(mode(&d, &sampler_opts(&d), 0), Mode::TopK(40));
-        assert_eq!(mode(&d, &sampler_opts(&d), 3), Mode::TopK(43));
+        assert_eq!(mode(&d, &sampler_opts(&d), 0, false), Mode::TopK(40));
+        assert_eq!(mode(&d, &sampler_opts(&d), 3, false), Mode::TopK(43));
         let p = GenerateOpts { sampler: SamplerOpts { repeat_penalty: 1.1, ..SamplerOpts::default() }, ..GenerateOpts::default() };
-        assert_eq!(mode(&p, &sampler_opts(&p), 0), Mode::Logits);
+        assert_eq!(mode(&p, &sampler_opts(&p), 0, false), Mode::Logits);
         let all = GenerateOpts { sampler: SamplerOpts { top_k: 0, ..SamplerOpts::default() }, ..GenerateOpts::default() };
-        assert_eq!(mode(&all, &sampler_opts(&all), 0), Mode::Logits);
+        assert_eq!(mode(&all, &sampler_opts(&all), 0, false), Mode::Logits);
         let wide = GenerateOpts { sampler: SamplerOpts { top_k: 127, ..SamplerOpts::default() }, ..GenerateOpts::default() };
-        assert_eq!(mode(&wide, &sampler_opts(&wide), 2), Mode::Logits);
+        assert_eq!(mode(&wide, &sampler_opts(&wide), 2, false), Mode::Logits);
+        // A constraint reads whole rows unless the executor applies its mask.
+        let c = GenerateOpts { constraint: Some(crate::engine::Constraint::new(|| Err("unused".into()))), ..GenerateOpts::greedy(8) };
+        assert_eq!(mode(&c, &sampler_opts(&c), 0, false), Mode::Logits);
+        assert_eq!(mode(&c, &sampler_opts(&c), 0, true), Mode::Argmax);
+        let cs = GenerateOpts { constraint: c.constraint.clone(), ..GenerateOpts::default() };
+        assert_eq!(mode(&cs, &sampler_opts(&cs), 0, true), Mode::TopK(40));
+        let cl = GenerateOpts { top_logprobs: 2, ..cs.clone() };
+        assert_eq!(mode(&cl, &sampler_opts(&cl), 0, true), Mode::Logits);
     }
 
     #[test]

@@ -29,7 +29,7 @@
 mod anthropic;
 mod call_stream;
 mod error;
-mod grammar;
+pub(crate) mod grammar;
 mod handlers;
 mod metrics;
 mod openai;

@@ -73,3 +73,62 @@ pub fn run_staggered(b: &Batcher, prompts: &[Vec<u32>], opts: &[GenerateOpts]) -
     }
     handles.into_iter().map(|h| h.wait().expect("request")).collect()
 }
+
+/// Allows, at its `i`-th token, the ids `id % 3 == (i + phase) % 3` (a third of the vocabulary,
+/// a different third each step); complete after `len` tokens.
+struct Thirds {
+    phase: u32,
+    len: usize,
+    at: usize,
+    mask: Vec<u32>,
+}
+
+impl cera::engine::TokenConstraint for Thirds {
+    fn allowed(&mut self, vocab: usize) -> Result<&[u32], String> {
+        let r = (self.at as u32 + self.phase) % 3;
+        self.mask = vec![0; vocab.div_ceil(32)];
+        for id in (0..vocab as u32).filter(|id| id % 3 == r) {
+            self.mask[id as usize / 32] |= 1 << (id % 32);
+        }
+        Ok(&self.mask)
+    }
+    fn accept(&mut self, id: u32) -> Result<(), String> {
+        if id % 3 != (self.at as u32 + self.phase) % 3 {
+            return Err(format!("{id} is not allowed at token {}", self.at));
+        }
+        self.at += 1;
+        Ok(())
+    }
+    fn is_finished(&self) -> bool {
+        self.at == self.len
+    }
+}
+
+/// Constrained requests through the batcher, where the executor applies each step's allowed-id
+/// mask to the sequence's logits row before its argmax or top-k (no row read back), beside an
+/// unconstrained one in the same steps: the ids are those of the same requests with
+/// `top_logprobs` (whole rows read back, masked on the host), greedy and seeded sampling alike,
+/// every id is allowed, and the constraint ends each generation.
+pub fn constrained_requests_mask_on_the_device(e: &Engine, len: usize) {
+    let ps = prompts(e, 3);
+    let thirds = |phase: u32| cera::engine::Constraint::new(move || Ok(Box::new(Thirds { phase, len, at: 0, mask: Vec::new() })));
+    let opts = vec![
+        GenerateOpts { constraint: Some(thirds(0)), ..GenerateOpts::greedy(len + 4) },
+        GenerateOpts { constraint: Some(thirds(1)), ..GenerateOpts::default().with_seed(7).with_temperature(0.9) },
+        GenerateOpts::greedy(len),
+    ];
+    let rows: Vec<GenerateOpts> = opts.iter().map(|o| GenerateOpts { top_logprobs: 1, ..o.clone() }).collect();
+    let b = e.batcher(BatcherOpts { max_seqs: 4, kv_budget: Some(64 << 20), ..BatcherOpts::default() }).expect("batcher");
+    let got = run_staggered(&b, &ps, &opts);
+    let want = run_staggered(&b, &ps, &rows);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.ids, w.ids, "request {i}: masked on the device vs on the host");
+    }
+    for (i, g) in got.iter().enumerate().take(2) {
+        assert_eq!(g.ids.len(), len, "request {i}");
+        assert_eq!(g.finish, cera::engine::FinishReason::Stop, "request {i}: the constraint ends it");
+        for (j, &id) in g.ids.iter().enumerate() {
+            assert_eq!(id % 3, (j as u32 + i as u32) % 3, "request {i} token {j}");
+        }
+    }
+}

@@ -153,7 +153,7 @@ impl<'t> Loop<'t> {
         let stream = Stream::new(decoder, StopMatcher::new(&p.opts.stop), text, p.sink.unwrap_or_else(noop_sink));
         let mut res = empty_generation(prompt_tokens);
         res.ids.reserve(room);
-        let chooser = Chooser::new(&p.opts, &inner.eog, inner.backend.device_name(), false);
+        let chooser = Chooser::new(&p.opts, &inner.eog, inner.backend.device_name(), false, true);
         self.next_order += 1;
         Seq {
             order: self.next_order,
@@ -462,6 +462,11 @@ impl<'t> Loop<'t> {
 
     /// Runs one planned step and hands each sequence its output.
     fn run_step(&mut self, state: &mut dyn BatchState, plan: Vec<Planned>) {
+        // Constrained sequences' masks for this step, applied on the device.
+        let vocab = self.engine.inner.config.vocab;
+        for p in plan.iter().filter(|p| p.want != Want::Nothing && p.out_rows == 1) {
+            self.running[p.seq].chooser.prepare_step(vocab);
+        }
         let entries: Vec<BatchEntry<'_>> = plan
             .iter()
             .map(|p| {
@@ -474,6 +479,7 @@ impl<'t> Loop<'t> {
                     want: p.want,
                     decode: p.pos >= s.res.prompt_tokens,
                     out_rows: p.out_rows,
+                    mask: if p.want == Want::Nothing { None } else { s.chooser.step_bits() },
                 }
             })
             .collect();

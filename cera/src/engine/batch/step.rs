@@ -91,6 +91,11 @@ pub struct BatchEntry<'a> {
     /// prompt's. A GPU step runs such rows through the multi-row GEMV of decoding and prompt
     /// rows through the GEMM, so a row's numbers depend on what it is, never on the other rows.
     pub decode: bool,
+    /// An allowed-id bitmask (`ceil(vocab / 32)` words; bit `id % 32` of word `id / 32` set
+    /// where `id` may be chosen) applied to the output row before `want` reads it, on the
+    /// device: a structured-output constraint's mask, so that an argmax or top-k is all that
+    /// comes back ([`Want::Logits`] returns the masked row). Only with `out_rows` 1.
+    pub mask: Option<&'a [u32]>,
 }
 
 /// Many sequences on one device: a paged KV cache and the buffers a step runs through, made once.
@@ -147,6 +152,16 @@ pub(crate) fn check_entries(o: &BatchOpts, vocab: usize, entries: &[BatchEntry<'
             && !(1..=super::super::backend::MAX_TOP_K).contains(&k)
         {
             return Err(EngineError::Usage(format!("entry {i}: Want::TopK({k}) (1 to {})", super::super::backend::MAX_TOP_K)));
+        }
+        if let Some(m) = e.mask
+            && (m.len() != vocab.div_ceil(32) || e.out_rows != 1)
+        {
+            return Err(EngineError::Usage(format!(
+                "entry {i}: an allowed-id mask of {} words over {} output rows (one row; {} words for a vocabulary of {vocab})",
+                m.len(),
+                e.out_rows,
+                vocab.div_ceil(32)
+            )));
         }
         total += e.tokens.len();
     }

@@ -201,6 +201,12 @@ impl BatchState for CpuBatch {
                 self.run(op, &mut pool, &ids, &spans, &mut logits)?;
             }
         }
+        // Constrained sequences' allowed-id masks (one output row each, checked above).
+        for (e, rows) in entries.iter().zip(logits.iter_mut()) {
+            if let (Some(m), false) = (e.mask, rows.is_empty()) {
+                boostr::sampling::mask_bits_ref(rows, m);
+            }
+        }
         Ok(spans
             .iter()
             .zip(logits)

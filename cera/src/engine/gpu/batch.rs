@@ -14,7 +14,9 @@
 //! 3. the LM head (one matrix product) over the last row of every sequence that wants logits,
 //!    read from the `Normed` rows directly when they are the step's first rows (a step of decode
 //!    rows), else gathered by buffer copies;
-//! 4. argmax over every head row in two dispatches and top-k (the `MAX_TOP_K` best raw logits)
+//! 4. constrained sequences' allowed-id masks ([`BatchEntry::mask`]) applied to their head
+//!    rows in one dispatch ([`MaskBitsPlan`]), then
+//!    argmax over every head row in two dispatches and top-k (the `MAX_TOP_K` best raw logits)
 //!    over every head row in one dispatch per round, where some sequence wants them; one
 //!    readback: the ids, the candidates of the sequences that sample from top-k, and the whole
 //!    logits rows of those that need them (penalties, `top_logprobs`, no top-k).
@@ -22,9 +24,10 @@
 use std::sync::Arc;
 
 use boostr::conv::{ConvSeq, ConvSeqs};
+use boostr::ops_common::GpuView;
 use boostr::ops_common::OpPlan;
 use boostr::paged::{BatchSeq, PagedBatch, PagedKvCache, PagedKvConfig};
-use boostr::sampling::{ArgmaxPlan, TopKPlan};
+use boostr::sampling::{ArgmaxPlan, MaskBitsPlan, TopKPlan};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, Plan, Recorder, StepValues};
 
 use super::super::EngineError;
@@ -65,6 +68,13 @@ pub(crate) struct GpuBatch {
     scratch: Vec<u32>,
     /// Dispatches of a step's first early submit ([`super::lead`]; `GpuTuning::prefill_lead`).
     lead: usize,
+    /// Constrained sequences' allowed-id masks (one per sequence, `ceil(vocab / 32)` words
+    /// each), the head row each goes to, and the plan applying them before argmax / top-k.
+    mask_bits: Arc<GpuBuffer>,
+    mask_rows: Arc<GpuBuffer>,
+    mask: MaskBitsPlan,
+    /// Host staging of a step's mask rows.
+    mask_scratch: Vec<u32>,
 }
 
 /// An entry's first head row and count (`None`: it wants nothing).
@@ -136,6 +146,12 @@ impl GpuBatch {
         let head_gather = build_head_rows(ctx, &inp, &slots, Binding::whole(&head_in), logits, heads)?;
         let argmax = ArgmaxPlan::rows(ctx, &slots.view(Slot::Logits), c.vocab, heads, None).map_err(ops_err)?;
         let topk = TopKPlan::rows(ctx, &slots.view(Slot::Logits), c.vocab, MAX_TOP_K.min(c.vocab), heads).map_err(ops_err)?;
+        let max_masks = opts.max_seqs.min(heads).max(1);
+        let words = c.vocab.div_ceil(32);
+        let mask_bits = ctx.alloc((4 * words * max_masks) as u64, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
+        let mask_rows = ctx.alloc((4 * max_masks) as u64, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
+        let mask = MaskBitsPlan::new(ctx, &slots.view(Slot::Logits), c.vocab, heads, &GpuView::whole(&mask_bits), &GpuView::whole(&mask_rows), max_masks)
+            .map_err(ops_err)?;
         Ok(GpuBatch {
             ctx: ctx.clone(),
             graph: g.clone(),
@@ -159,6 +175,10 @@ impl GpuBatch {
             counters: StepCounters::default(),
             scratch: Vec::with_capacity(opts.max_tokens),
             lead: b.tuning.prefill_lead,
+            mask_bits,
+            mask_rows,
+            mask,
+            mask_scratch: Vec::with_capacity(max_masks),
         })
     }
 
@@ -212,6 +232,23 @@ impl GpuBatch {
                 rec.copy(&src, r as u64 * row, &self.head_in, j as u64 * row, row).map_err(|e| self.err(e))?;
             }
             self.head_gather.record(rec, &rows).map_err(|e| self.err(e))?;
+        }
+        // Constrained sequences' masks on their head rows, before anything reads them.
+        self.mask_scratch.clear();
+        let words = self.graph.cfg.vocab.div_ceil(32);
+        for (e, h) in entries.iter().zip(&head) {
+            if let (Some(m), Some((j, _))) = (e.mask, h) {
+                let k = self.mask_scratch.len();
+                if k == self.mask.max_masks() {
+                    return Err(EngineError::Usage(format!("a step of more than {k} allowed-id masks")));
+                }
+                self.ctx.write(&self.mask_bits, (4 * words * k) as u64, bytemuck::cast_slice(m)).map_err(|e| self.err(e))?;
+                self.mask_scratch.push(*j as u32);
+            }
+        }
+        if !self.mask_scratch.is_empty() {
+            self.ctx.write(&self.mask_rows, 0, bytemuck::cast_slice(&self.mask_scratch)).map_err(|e| self.err(e))?;
+            self.mask.record(rec, &StepValues::chunk(0, self.mask_scratch.len() as u32)).map_err(ops_err)?;
         }
         if entries.iter().any(|e| e.want == Want::Argmax) {
             self.argmax.record(rec, &rows).map_err(ops_err)?;
