@@ -16,6 +16,7 @@ mod util;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use boostr::act::ActKind;
 use boostr::formats::{GgmlType, PackedWeights, matmul_ref};
 use boostr::quant::gemm::{CoopTiles, coop_source};
 use boostr::quant::upload::concat_rows;
@@ -516,4 +517,53 @@ fn cpu_reference_rejects_inconsistent_lengths() {
     assert!(matches!(matmul_ref(&p, &[0.0; 31], 1), Err(boostr::formats::FormatError::Length { .. })));
     assert!(matches!(matmul_ref(&p, &[0.0; 32], usize::MAX), Err(boostr::formats::FormatError::Length { .. })));
     assert!(matches!(matmul_ref(&p, &[0.0; 32], 1 << 60), Err(boostr::formats::FormatError::Length { .. })));
+}
+
+/// The decode-row GEMV with a prologue (a speculative verification step's fused projections):
+/// the RMSNorm of each of the step's rows (reduced group by group) and the GLU of `[gate | up]`
+/// rows adding into the output, at steps of 1, 5 and 11 rows in groups of 4, against the
+/// references; rows past the step stay untouched.
+#[test]
+fn decode_row_gemv_takes_the_norm_and_the_glu() {
+    let Some((_g, ctx)) = gpu() else { return };
+    let env = KernelEnv::from_caps(ctx.capabilities());
+    let mut rng = Rng(211);
+    let (max_m, eps) = (11, 1e-5);
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0] {
+        let kind = WeightKind::Ggml(ty);
+        let (p, w) = weight(&ctx, &mut rng, ty, ROWS);
+        let x = random_x(&mut rng, max_m * COLS);
+        let nw: Vec<f32> = (0..COLS).map(|_| rng.f32_in(0.5, 1.5)).collect();
+        let gu = random_x(&mut rng, max_m * 2 * COLS);
+        let y0 = random_x(&mut rng, max_m * ROWS);
+        let (xb, nwb, gub, y) = (upload(&ctx, &x), upload(&ctx, &nw), upload(&ctx, &gu), alloc(&ctx, max_m * ROWS));
+        let norm_cfg = QuantGemv { step_rows: true, prologue: Prologue::RmsNorm { gemma: false, stage_k: 4096 }, ..QuantGemv::new(kind, &env, 4) };
+        let norm = GemvPlan::decode_rows(&ctx, &norm_cfg, &w, &GemvIo::new(whole(&xb), whole(&y)).with_rms_norm(whole(&nwb), eps), max_m).unwrap();
+        let glu_cfg = QuantGemv { step_rows: true, accumulate: true, prologue: Prologue::Glu { act: ActKind::Silu }, ..QuantGemv::new(kind, &env, 4) };
+        let glu = GemvPlan::decode_rows(&ctx, &glu_cfg, &w, &GemvIo::new(whole(&gub), whole(&y)), max_m).unwrap();
+        let normed = rmsnorm_cpu(&x, &nw, max_m, eps, false);
+        let want_norm = f64s(&matmul_ref(&p, &normed, max_m).unwrap());
+        let h: Vec<f32> = (0..max_m * COLS)
+            .map(|i| {
+                let (r, c) = (i / COLS, i % COLS);
+                let (g, u) = (gu[r * 2 * COLS + c], gu[r * 2 * COLS + COLS + c]);
+                g / (1.0 + (-g).exp()) * u
+            })
+            .collect();
+        let want_glu: Vec<f64> = matmul_ref(&p, &h, max_m).unwrap().iter().zip(&y0).map(|(&a, &b)| (a + b) as f64).collect();
+        for n in [1usize, 5, 11] {
+            let step = StepValues::chunk(0, n as u32).with_decode_rows(n as u32);
+            let rows = n * ROWS;
+            zero(&ctx, &y, max_m * ROWS);
+            explicit(&ctx, |rec| norm.record(rec, &step).unwrap());
+            let got = read(&ctx, &y, max_m * ROWS);
+            check_close_rtol(&got[..rows], &want_norm[..rows], RTOL_F32).unwrap_or_else(|e| panic!("{ty}: the norm over {n} rows: {e}"));
+            assert!(got[rows..].iter().all(|&v| v == 0.0), "{ty}: rows past the step");
+            ctx.write(&y, 0, bytemuck::cast_slice(&y0)).unwrap();
+            explicit(&ctx, |rec| glu.record(rec, &step).unwrap());
+            let got = read(&ctx, &y, max_m * ROWS);
+            check_close_rtol(&got[..rows], &want_glu[..rows], RTOL_F32).unwrap_or_else(|e| panic!("{ty}: the GLU over {n} rows: {e}"));
+            assert_eq!(got[rows..], f64s(&y0[rows..])[..], "{ty}: rows past the step");
+        }
+    }
 }

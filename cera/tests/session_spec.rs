@@ -273,55 +273,58 @@ fn sampled_tokens_keep_their_distribution() {
     }
 }
 
-/// A verification step on the int8 path (SmolLM2 forced onto it): the norms and GLUs run inside
-/// the rows' quantizers and the residual adds inside the GEMVs (10 dispatches a layer, not 14),
-/// and every row's logits agree with a decode step's at the same position, within the int8
-/// path's rounding (the decode plan quantizes in other kernels' epilogues and applies the norm
-/// after the integer dot products), with the same greedy choice wherever the decode step's
-/// choice leads by a clear margin.
+/// A verification step's fused plan on both decode paths of SmolLM2: the norms and GLUs run
+/// inside the rows' quantizers (int8 path) or the f32 GEMVs' prologues, and the residual adds
+/// inside the GEMVs (10 dispatches a llama layer on the int8 path, 6 on the f32 one, where the
+/// unfused plan took 14 and 10), and every row's logits agree with a decode step's at the same
+/// position: within the int8 path's rounding (the decode plan quantizes in other kernels'
+/// epilogues and applies the norm after the integer dot products; the same greedy choice
+/// wherever the decode step's leads by a clear margin), within f32 rounding on the f32 path.
 #[test]
-fn verification_rows_on_the_int8_path_match_decode_steps_gpu() {
+fn verification_rows_match_decode_steps_on_both_paths_gpu() {
     if numr::testing::test_gpu().is_none() {
         return;
     }
     let path = ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2");
-    let opts = LoadOptions { device: DeviceChoice::Gpu, n_ctx: Some(256), decode_gemv: DecodeGemv::Int8, ..Default::default() };
-    let e = Engine::load(path, &opts, None).unwrap();
-    let text = "Copy the list exactly.\nList: apple, banana, cherry, date, elderberry, fig.\nCopy: apple,";
-    let p = e.tokenizer().encode(text, Default::default()).unwrap();
-    let so = StateOpts { n_ctx: 256, ubatch: 64, kv: e.kv_type() };
-    let logits = |o: StepOutput| match o {
-        StepOutput::Logits(l) => l,
-        o => panic!("{o:?}"),
-    };
-    // Decode steps, one token at a time, each fed the greedy choice.
-    let mut st = e.backend().new_state(&so).unwrap();
-    st.step(StepInput::Tokens(&p[..p.len() - 1]), 0, Want::Nothing).unwrap();
-    let (mut fed, mut want) = (vec![p[p.len() - 1]], Vec::new());
-    for i in 0..9 {
-        let l = logits(st.step(StepInput::Tokens(&fed[i..i + 1]), p.len() - 1 + i, Want::Logits).unwrap());
-        fed.push(argmax(&l));
-        want.push(l);
-    }
-    // The same nine tokens as one verification step.
-    let mut v = e.backend().new_state(&so).unwrap();
-    v.step(StepInput::Tokens(&p[..p.len() - 1]), 0, Want::Nothing).unwrap();
-    let rows = v.verify(&fed[..9], p.len() - 1, Want::Logits).unwrap();
-    let c = v.last_step_counters();
-    let layers = e.config().n_layers;
-    // The embedding, 10 a layer, the LM head over the rows (its quantizer with the final norm
-    // and the GEMV), nothing else: the logits are read whole.
-    assert_eq!(c.dispatches, 1 + 10 * layers + 2, "{c:?}");
-    for (r, (row, d)) in rows.into_iter().zip(&want).enumerate() {
-        let got = logits(row);
-        let (lg, ld) = (log_softmax(&got), log_softmax(d));
-        let mut top: Vec<usize> = (0..ld.len()).collect();
-        top.sort_by(|&a, &b| ld[b].total_cmp(&ld[a]));
-        let worst = top[..5].iter().map(|&i| (lg[i] - ld[i]).abs()).fold(0f32, f32::max);
-        println!("row {r}: top-5 log-probabilities within {worst}");
-        assert!(worst < 0.35, "row {r}: top-5 log-probabilities differ by {worst}");
-        if ld[top[0]] - ld[top[1]] > 0.5 {
-            assert_eq!(argmax(&got), top[0] as u32, "row {r}: another greedy choice");
+    for (gemv, per_layer, head, top5) in [(DecodeGemv::Int8, 10, 2, 0.35f32), (DecodeGemv::F32, 6, 1, 2e-3)] {
+        let opts = LoadOptions { device: DeviceChoice::Gpu, n_ctx: Some(256), decode_gemv: gemv, ..Default::default() };
+        let e = Engine::load(&path, &opts, None).unwrap();
+        let text = "Copy the list exactly.\nList: apple, banana, cherry, date, elderberry, fig.\nCopy: apple,";
+        let p = e.tokenizer().encode(text, Default::default()).unwrap();
+        let so = StateOpts { n_ctx: 256, ubatch: 64, kv: e.kv_type() };
+        let logits = |o: StepOutput| match o {
+            StepOutput::Logits(l) => l,
+            o => panic!("{o:?}"),
+        };
+        // Decode steps, one token at a time, each fed the greedy choice.
+        let mut st = e.backend().new_state(&so).unwrap();
+        st.step(StepInput::Tokens(&p[..p.len() - 1]), 0, Want::Nothing).unwrap();
+        let (mut fed, mut want) = (vec![p[p.len() - 1]], Vec::new());
+        for i in 0..9 {
+            let l = logits(st.step(StepInput::Tokens(&fed[i..i + 1]), p.len() - 1 + i, Want::Logits).unwrap());
+            fed.push(argmax(&l));
+            want.push(l);
+        }
+        // The same nine tokens as one verification step.
+        let mut v = e.backend().new_state(&so).unwrap();
+        v.step(StepInput::Tokens(&p[..p.len() - 1]), 0, Want::Nothing).unwrap();
+        let rows = v.verify(&fed[..9], p.len() - 1, Want::Logits).unwrap();
+        let c = v.last_step_counters();
+        // The embedding, the layers, the LM head over the rows (int8: its quantizer with the
+        // final norm, then the GEMV; f32: the GEMV with the norm as its prologue); the logits
+        // are read whole.
+        assert_eq!(c.dispatches, 1 + per_layer * e.config().n_layers + head, "{gemv:?}: {c:?}");
+        for (r, (row, d)) in rows.into_iter().zip(&want).enumerate() {
+            let got = logits(row);
+            let (lg, ld) = (log_softmax(&got), log_softmax(d));
+            let mut top: Vec<usize> = (0..ld.len()).collect();
+            top.sort_by(|&a, &b| ld[b].total_cmp(&ld[a]));
+            let worst = top[..5].iter().map(|&i| (lg[i] - ld[i]).abs()).fold(0f32, f32::max);
+            println!("{gemv:?} row {r}: top-5 log-probabilities within {worst}");
+            assert!(worst < top5, "{gemv:?} row {r}: top-5 log-probabilities differ by {worst}");
+            if ld[top[0]] - ld[top[1]] > 0.5 {
+                assert_eq!(argmax(&got), top[0] as u32, "{gemv:?} row {r}: another greedy choice");
+            }
         }
     }
 }

@@ -93,7 +93,8 @@ pub struct QuantGemv {
     /// The activation rows are a step's first `p.m` rows (a per-step parameter; built with
     /// [`GemvPlan::decode_rows`]), taken `activation_rows` at a time in a loop inside the
     /// workgroup, so its weight rows are read from memory once for all of them: rows past `p.m`
-    /// read row `p.m - 1` and store nothing. Without a prologue, `split_qkv` or `rope_kv`.
+    /// read row `p.m - 1` and store nothing. The RMSNorm prologue then reduces each group's
+    /// rows in turn (normalised while loading, never staged). Without `split_qkv` or `rope_kv`.
     pub step_rows: bool,
 }
 
@@ -128,6 +129,8 @@ impl QuantGemv {
                 }
                 if m == 8 {
                     v.push(QuantGemv { step_rows: true, ..base });
+                    v.push(QuantGemv { step_rows: true, prologue: Prologue::RmsNorm { gemma: false, stage_k: 4096 }, ..base });
+                    v.push(QuantGemv { step_rows: true, prologue: Prologue::Glu { act: crate::act::ActKind::Silu }, accumulate: true, ..base });
                 }
                 if m == 1 {
                     v.push(QuantGemv { prologue: Prologue::RmsNorm { gemma: false, stage_k: 4096 }, ..base });
@@ -184,20 +187,25 @@ impl QuantGemv {
         // Activation loads.
         let (norm, stage) = match self.prologue {
             Prologue::None | Prologue::Glu { .. } => (None, 0),
-            Prologue::RmsNorm { gemma, stage_k } => (Some(gemma), stage_k / 4),
+            // A step's rows are normalised while loading (no staging: the groups would each
+            // stage theirs).
+            Prologue::RmsNorm { gemma, stage_k } => (Some(gemma), if self.step_rows { 0 } else { stage_k / 4 }),
         };
         match norm {
             None => match self.prologue {
                 Prologue::Glu { act } => {
                     pre.push_str(crate::ops_common::SAFE_TANH);
                     pre.push_str(act.wgsl());
-                    pre.push_str(
-                        "fn ld_x(m: u32, i: u32) -> vec4<f32> {
-    let g = x[m * 2u * p.k4 + i];
-    return vec4<f32>(act(g.x), act(g.y), act(g.z), act(g.w)) * x[m * 2u * p.k4 + p.k4 + i];
-}
-",
-                    );
+                    // With `step_rows`, `m` is the step's row, clamped to its rows.
+                    let row = if self.step_rows { "min(m, p.m - 1u)" } else { "m" };
+                    pre.push_str(&format!(
+                        "fn ld_x(m: u32, i: u32) -> vec4<f32> {{
+    let r = {row};
+    let g = x[r * 2u * p.k4 + i];
+    return vec4<f32>(act(g.x), act(g.y), act(g.z), act(g.w)) * x[r * 2u * p.k4 + p.k4 + i];
+}}
+"
+                    ));
                 }
                 _ if self.step_rows => pre.push_str("fn ld_x(m: u32, i: u32) -> vec4<f32> { return x[min(m, p.m - 1u) * p.k4 + i]; }\n"),
                 _ => pre.push_str("fn ld_x(m: u32, i: u32) -> vec4<f32> { return x[m * p.k4 + i]; }\n"),
@@ -205,7 +213,15 @@ impl QuantGemv {
             Some(gemma) => {
                 pre.push_str(&format!("var<workgroup> inv_rms: array<f32, {mm}>;\n"));
                 let wexpr = if gemma { "(vec4<f32>(1.0) + nw[i])" } else { "nw[i]" };
-                pre.push_str(&format!("fn norm_x(m: u32, i: u32) -> vec4<f32> {{ return x[m * p.k4 + i] * inv_rms[m] * {wexpr}; }}\n"));
+                if self.step_rows {
+                    // `m` is the step's row (`g0 + j`): clamped to the step's rows, its scale at
+                    // `j = m % mm` (phase 1 runs once per group).
+                    pre.push_str(&format!(
+                        "fn norm_x(m: u32, i: u32) -> vec4<f32> {{ return x[min(m, p.m - 1u) * p.k4 + i] * inv_rms[m % {mm}u] * {wexpr}; }}\n"
+                    ));
+                } else {
+                    pre.push_str(&format!("fn norm_x(m: u32, i: u32) -> vec4<f32> {{ return x[m * p.k4 + i] * inv_rms[m] * {wexpr}; }}\n"));
+                }
                 if stage > 0 {
                     pre.push_str(&format!("var<workgroup> xs: array<vec4<f32>, {}>;\n", stage as usize * mm));
                     pre.push_str(&format!(
@@ -220,15 +236,21 @@ impl QuantGemv {
         let mut b = String::new();
         b.push_str("    let row0 = wg_linear * ");
         b.push_str(&format!("{r}u;\n    if (row0 >= p.rows) {{ return; }}\n"));
-        if norm.is_some() {
-            // Phase 1: sum of squares per activation row.
-            b.push_str(&format!("    var ss: array<f32, {mm}>;\n    for (var i = lidx; i < p.k4; i += {wg}u) {{\n"));
+        // Phase 1 of the RMSNorm prologue: sum of squares per activation row (`g0`: the first
+        // row of a step's group, else none).
+        let phase1 = |g0: &str| {
+            let mut b = format!("    var ss: array<f32, {mm}>;\n    for (var i = lidx; i < p.k4; i += {wg}u) {{\n");
             for m in 0..mm {
-                b.push_str(&format!("        let x{m} = x[{m}u * p.k4 + i];\n        ss[{m}] += dot(x{m}, x{m});\n"));
+                let row = if g0.is_empty() { format!("{m}u") } else { format!("min({g0} + {m}u, p.m - 1u)") };
+                b.push_str(&format!("        let x{m} = x[{row} * p.k4 + i];\n        ss[{m}] += dot(x{m}, x{m});\n"));
             }
             b.push_str(&format!(
                 "    }}\n    let sst = wg_reduce_{mm}(ss, {rargs});\n    if (lidx < {mm}u) {{ inv_rms[lidx] = inverseSqrt(sst / f32(p.k4 * 4u) + bitcast<f32>(p.eps)); }}\n    workgroupBarrier();\n"
             ));
+            b
+        };
+        if norm.is_some() && !self.step_rows {
+            b.push_str(&phase1(""));
             if stage > 0 {
                 b.push_str(&format!("    if (p.k4 <= {stage}u) {{\n        for (var i = lidx; i < p.k4; i += {wg}u) {{\n"));
                 for m in 0..mm {
@@ -243,6 +265,12 @@ impl QuantGemv {
         // With `step_rows`, the rest runs once per group of `mm` of the step's rows (`g0`).
         let g0 = if self.step_rows {
             b.push_str(&format!("    for (var g0 = 0u; g0 < p.m; g0 += {mm}u) {{\n"));
+            if norm.is_some() {
+                // Uniform: `p.m` is a parameter, so every invocation meets these barriers, and
+                // the reductions' barriers order the last group's reads of `inv_rms` before
+                // this group's writes.
+                b.push_str(&phase1("g0"));
+            }
             "g0 + "
         } else {
             ""
@@ -492,8 +520,8 @@ impl GemvPlan {
         if cfg.step_rows != stepped.is_some() {
             return Err(QuantError::Config { what: OP, reason: "a step_rows GEMV is built with GemvPlan::decode_rows".into() });
         }
-        if cfg.step_rows && (cfg.prologue != Prologue::None || cfg.split_qkv || cfg.rope_kv) {
-            return Err(QuantError::Config { what: OP, reason: "step_rows with a prologue, split_qkv or rope_kv".into() });
+        if cfg.step_rows && (cfg.split_qkv || cfg.rope_kv) {
+            return Err(QuantError::Config { what: OP, reason: "step_rows with split_qkv or rope_kv".into() });
         }
         if cfg.kind != w.kind() {
             return Err(QuantError::Shape { what: OP, reason: format!("kernel for {} given {}", cfg.kind.name(), w.kind().name()) });

@@ -41,8 +41,8 @@ use super::super::tuning::GpuTuning;
 use super::dev_err;
 use super::fuse::{Allow, Fusions, fuse_decode};
 use super::links::{Links, epilogue_links};
+use super::plan_ops::linear::rope_fusable;
 pub(super) use super::plan_ops::linear::uses_int8;
-use super::plan_ops::linear::{rope_fusable, rows_int8};
 use super::plan_ops::{PlanCx, record_op};
 use super::tuning::decode_fusions;
 pub(crate) use super::tuning::prefill_qkv_splits;
@@ -210,25 +210,20 @@ pub(crate) fn build_head_rows(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots,
 }
 
 /// The fusions of a plan whose every row goes through the multi-row GEMV (a verification step,
-/// `PlanInputs::prefill_gemv`) where those GEMVs are integer-dot ones: the RMSNorm and the GLU
-/// go into the quantizer of the rows (`Q8Activations::with_rms_norm`, `with_glu`), and the
-/// residual add into the GEMV producing the delta (`accumulate`), the decode plan's fusions but
-/// for RoPE and the epilogues. A llama layer is then 10 dispatches instead of 14. Rows of f32
-/// GEMVs (models below the int8 path's hidden size) take none: their multi-row GEMV has no
-/// prologue, and an add fused without its norm saves no dispatch.
+/// `PlanInputs::prefill_gemv`): the decode plan's, but for RoPE and the epilogues. The RMSNorm
+/// and the GLU go into the integer-dot GEMV's quantizer of the rows
+/// (`Q8Activations::with_rms_norm`, `with_glu`) or into the f32 GEMV's prologue, and the
+/// residual add into the GEMV producing the delta (`accumulate`): a llama layer is 10
+/// dispatches instead of 14 on the int8 path, 6 instead of 10 on the f32 path.
 fn fuse_rows(inp: &PlanInputs, allow: Allow) -> Fusions {
     let g = inp.graph;
-    let int8 = |i: usize| matches!(g.ops[i], Op::Linear { .. } | Op::LmHead { .. }) && rows_int8(inp, i);
-    if !(0..g.ops.len()).any(int8) {
-        return Fusions::none(g.ops.len());
-    }
     let k_of = |i: usize| match &g.ops[i] {
-        Op::Linear { ws, .. } if int8(i) => Some(ws.first().map_or(0, |w| w.cols)),
-        Op::LmHead { w, .. } if int8(i) => Some(w.cols),
+        Op::Linear { ws, .. } => Some(ws.first().map_or(0, |w| w.cols)),
+        Op::LmHead { w, .. } => Some(w.cols),
         _ => None,
     };
-    // The quantizer's norm has no limit on the features (`--tune decode_fusion` still turns
-    // each fusion off).
+    // The norm has no limit on the features (`--tune decode_fusion` still turns each fusion
+    // off).
     let norm_max_k = if allow.norm_max_k > 0 { usize::MAX } else { 0 };
     fuse_decode(&g.ops, Allow { norm_max_k, rope: false, ..allow }, &k_of, &|_| false)
 }

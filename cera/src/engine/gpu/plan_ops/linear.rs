@@ -192,12 +192,18 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
                 let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
                 let gemm = GemmPlan::beside_decode_rows(ctx, &cfg, w, &x, &output, max_tok);
                 plan.append(gemm.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
-                decode_rows_gemv(cx, plan, DecodeRows { xa: xa_batch.as_ref(), w, x: &x, output, eps, max_tok, accumulate: false })?;
+                decode_rows_gemv(cx, plan, DecodeRows { xa: xa_batch.as_ref(), w, x: &x, output, eps, max_tok, accumulate: false, prologue: None })?;
             }
             (Mode::Prefill { max_tok }, _) if inp.prefill_gemv => {
-                // Every row is a decode row (a verification step's few rows).
+                // Every row is a decode row (a verification step's few rows); the f32 GEMV takes
+                // a fused norm or GLU as its prologue (the int8 one's quantizer took it).
                 let accumulate = f.accumulate;
-                decode_rows_gemv(cx, plan, DecodeRows { xa: xa_batch.as_ref(), w, x: &x, output, eps, max_tok, accumulate })?;
+                let prologue = match (&f.norm, f.glu) {
+                    (Some(n), _) => Some((Prologue::RmsNorm { gemma: false, stage_k: 0 }, Some(inp.weights.vec(n)?.binding.clone()))),
+                    (None, Some(act)) => Some((Prologue::Glu { act }, None)),
+                    (None, None) => None,
+                };
+                decode_rows_gemv(cx, plan, DecodeRows { xa: xa_batch.as_ref(), w, x: &x, output, eps, max_tok, accumulate, prologue })?;
             }
             (Mode::Prefill { max_tok }, _) => {
                 let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
@@ -224,6 +230,8 @@ struct DecodeRows<'a> {
     max_tok: usize,
     /// `y += x Wᵀ` (the residual add of a verification plan, `fuse_rows`).
     accumulate: bool,
+    /// The f32 GEMV's fused RMSNorm (with its weight) or GLU (a verification plan).
+    prologue: Option<(Prologue, Option<Binding>)>,
 }
 
 /// The step's decode rows (`StepValues::decode_rows`) through the multi-row GEMV, which reads
@@ -251,16 +259,18 @@ fn decode_rows_gemv(cx: &PlanCx, plan: &mut Plan, d: DecodeRows) -> Result<(), E
         _ => {
             let t = inp.tuning.batch_gemv;
             let base = QuantGemv::new(kind, env, t.group);
+            let (prologue, norm_weight) = d.prologue.unwrap_or((Prologue::None, None));
             let gemv = QuantGemv {
                 unchecked: true,
                 step_rows: true,
                 accumulate: d.accumulate,
+                prologue,
                 rows_per_workgroup: t.rows,
                 threads: t.threads,
                 f16_math: t.f16,
                 ..base
             };
-            let io = GemvIo { x: d.x.clone(), norm_weight: None, eps: d.eps, output: d.output };
+            let io = GemvIo { x: d.x.clone(), norm_weight, eps: d.eps, output: d.output };
             let p = GemvPlan::decode_rows(ctx, &gemv, d.w, &io, d.max_tok);
             plan.append(p.map_err(|e| quant_err(ctx, &d.w.name, e))?.plan());
         }
