@@ -113,15 +113,14 @@ pub struct VerifyCost {
 }
 
 impl VerifyCost {
-    /// The GPU's, measured on the H100 (2026-12-06, `cera bench --spec-oracle`): a verification
-    /// step of 2 drafts took 2.0x (llama-8b Q4_0) and 2.4x (llama-1b) a decode step, one of 8
-    /// drafts 3.2x and 3.4x. The verification plan is the unfused prefill plan with the
-    /// multi-row GEMV, against a decode plan of fused kernels.
-    pub const GPU: VerifyCost = VerifyCost { base: 1.8, per_draft: 0.2 };
+    /// The GPU's, measured on the H100 (2026-12-06 14:00 UTC, `cera bench --spec-oracle`, the
+    /// fused verification plan with early submits): a verification step of 2 / 4 / 8 drafts
+    /// took 2.1 / 2.8 / 3.5 decode steps on llama-8b Q4_0 and 2.5 / 3.1 / 3.6 on llama-1b.
+    pub const GPU: VerifyCost = VerifyCost { base: 2.0, per_draft: 0.2 };
     /// The GPU's for models of fewer than 300M parameters, whose steps are bound by dispatches
-    /// rather than weight reads: on SmolLM2-135M (H100, the same day) a step of 4 drafts took
-    /// 3.2x a decode step, one of 8 drafts 4.6x.
-    pub const SMALL_GPU: VerifyCost = VerifyCost { base: 2.6, per_draft: 0.25 };
+    /// rather than weight reads: on smol-135m (SmolLM2-135M's shapes, the same run) 2.3 / 3.4 /
+    /// 4.4 decode steps for 2 / 4 / 8 drafts.
+    pub const SMALL_GPU: VerifyCost = VerifyCost { base: 1.9, per_draft: 0.32 };
     /// The CPU's, where each row adds its own matrix products.
     pub const CPU: VerifyCost = VerifyCost { base: 1.0, per_draft: 0.5 };
 
