@@ -102,3 +102,24 @@ fn constrained_requests_mask_on_the_gpu() {
     let Some(e) = engine() else { return };
     batch_support::constrained_requests_mask_on_the_device(&e, 4);
 }
+
+/// The prefix cache's copy on write on the GPU (`PagedKvCache::copy_block`): a prompt that parts
+/// from a cached one inside a block takes the shared blocks and a copy of the parted block's
+/// start, computes only its own tokens, and gives the ids it gives alone.
+#[test]
+fn a_prompt_parting_inside_a_block_copies_its_start() {
+    let Some(e) = engine() else { return };
+    let shared = batch_support::long_prefix(&e, 40);
+    let mut a = shared.clone();
+    a.extend(e.tokenizer().encode(" Question one: what is two plus two?", Default::default()).unwrap());
+    let mut c = shared.clone();
+    c.extend(e.tokenizer().encode(" Question two: name a colour.", Default::default()).unwrap());
+    let opts = GenerateOpts::greedy(3);
+    let b = e.batcher(BatcherOpts { max_seqs: 2, kv_budget: Some(32 << 20), ..BatcherOpts::default() }).unwrap();
+    b.generate(a.clone(), &opts).unwrap();
+    let second = b.generate(c.clone(), &opts).unwrap();
+    let common = a.iter().zip(&c).take_while(|(x, y)| x == y).count();
+    assert!(common % 16 != 0 && common < a.len() / 16 * 16, "the prompts part inside a cached block: {common}");
+    assert_eq!((second.reused, second.prefilled), (common, c.len() - common));
+    assert_eq!(second.ids, alone(&e, &c, &opts).ids);
+}

@@ -55,7 +55,7 @@ mod write;
 pub use attention::{PAGED_ATTN_WG, PagedAttn, PagedAttnPlan, Splits, auto_splits};
 pub use batch::{BatchSeq, PagedBatch};
 pub use blocks::{BlockAllocator, BlockTable};
-pub use prefix::{PrefixCache, PrefixStats, block_hash};
+pub use prefix::{BlockCopy, PrefixCache, PrefixStats, block_hash};
 pub use reference::paged_attention_ref;
 pub use write::{PagedKvWrite, PagedKvWritePlan, PagedRowsLayout};
 
@@ -140,6 +140,9 @@ pub struct PagedKvBuffer {
 pub struct PagedKvCache {
     cfg: PagedKvConfig,
     layers: Vec<Vec<PagedKvBuffer>>,
+    /// One block of K and one of V: a copy within one buffer goes through it (a GPU copy's
+    /// source and destination must be different buffers).
+    scratch: Arc<GpuBuffer>,
 }
 
 impl PagedKvCache {
@@ -189,7 +192,8 @@ impl PagedKvCache {
             }
             layers.push(bufs);
         }
-        Ok(PagedKvCache { cfg, layers })
+        let scratch = ctx.alloc(2 * cfg.block_bytes(), BufferKind::Storage)?;
+        Ok(PagedKvCache { cfg, layers, scratch })
     }
 
     /// The shape and storage the cache was made with.
@@ -203,6 +207,29 @@ impl PagedKvCache {
             .get(layer)
             .map(|v| v.as_slice())
             .ok_or_else(|| bad("PagedKvCache::buffers", format!("layer {layer} of a cache of {} layers", self.cfg.n_layers)))
+    }
+
+    /// Records copies of every layer's K and V rows of block `src` into block `dst` (a prefix
+    /// cache's copy on write, [`BlockCopy`]), through a scratch block (the two usually share a
+    /// buffer). Typed error for a block past the cache.
+    pub fn copy_block(&self, rec: &mut numr::gpu::Recorder, src: u32, dst: u32) -> Result<()> {
+        let c = &self.cfg;
+        let find = |bufs: &[PagedKvBuffer], b: u32| {
+            let b = b as usize;
+            bufs.iter()
+                .find(|x| (x.first_block..x.first_block + x.n_blocks).contains(&b))
+                .map(|x| (x.clone(), (b - x.first_block) as u64 * c.block_bytes()))
+                .ok_or_else(|| bad("PagedKvCache::copy_block", format!("block {b} of a cache of {} blocks", c.n_blocks)))
+        };
+        let bb = c.block_bytes();
+        for bufs in &self.layers {
+            let ((s, so), (d, doff)) = (find(bufs, src)?, find(bufs, dst)?);
+            rec.copy(&s.k, so, &self.scratch, 0, bb)?;
+            rec.copy(&s.v, so, &self.scratch, bb, bb)?;
+            rec.copy(&self.scratch, 0, &d.k, doff, bb)?;
+            rec.copy(&self.scratch, bb, &d.v, doff, bb)?;
+        }
+        Ok(())
     }
 
     /// Reads back positions `0 .. len` of a sequence's K and V in `layer` as f32

@@ -9,11 +9,14 @@
 //! by block and takes a reference on every cached block of its prefix: it prefills only the tokens
 //! after them.
 //!
-//! Sharing is by whole blocks: where two prompts part inside a block, that block is not shared and
-//! the new sequence recomputes its tokens up to the divergence (fewer than one block). A cached
-//! block is never written again: a sequence writes only into blocks it holds alone. When a whole
-//! prompt is cached, its last block is not taken (its last token must run again to give logits),
-//! so the write of that token never lands in a shared block.
+//! Sharing is by whole blocks. Where two prompts part inside a block, [`PrefixCache::start_with_copy`]
+//! copies the cached block whose first tokens match the new prompt's longest into a block of the
+//! sequence's own (copy on write: the executor copies the rows, the source block stays cached),
+//! and the sequence computes only from the divergence on; [`PrefixCache::start`] shares whole
+//! blocks alone. A cached block is never written again: a sequence writes only into blocks it
+//! holds alone. When a whole prompt is cached, its last block is not taken (its last token must
+//! run again to give logits), so the write of that token never lands in a shared block; its
+//! other tokens may come from a copy.
 //!
 //! Eviction: when an allocation finds too few free blocks, the cache drops its reference on the
 //! least recently used cached blocks that no sequence holds, oldest first, until enough are free.
@@ -24,12 +27,29 @@ use std::collections::{HashMap, VecDeque};
 use super::blocks::{BlockAllocator, BlockTable};
 use crate::ops_common::{Result, bad};
 
-/// A cached block: its tokens (compared on a hit) and when it was last used.
+/// A cached block: its tokens (compared on a hit), the hash of the block before it, and when it
+/// was last used.
 #[derive(Clone, Debug)]
 struct Entry {
     block: u32,
     tokens: Vec<u32>,
+    parent: u64,
     last_use: u64,
+}
+
+/// A copy on write that [`PrefixCache::start_with_copy`] asks for: the executor copies every
+/// layer's rows of block `src` (cached) into block `dst` (the new sequence's own, at the end of
+/// its table), whose first `tokens` positions are then the sequence's. The source holds a
+/// reference until [`PrefixCache::copied`], so that it is not evicted and written before the copy
+/// runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockCopy {
+    /// The cached block.
+    pub src: u32,
+    /// The sequence's block.
+    pub dst: u32,
+    /// Leading positions of `src` that equal the new prompt's.
+    pub tokens: usize,
 }
 
 /// Counters for metrics.
@@ -154,6 +174,47 @@ impl PrefixCache {
         Ok((table, hit))
     }
 
+    /// [`Self::start`], then copy on write inside the next block: among the cached blocks that
+    /// follow the shared prefix, the one whose first tokens match the prompt's longest (at least
+    /// one, never the prompt's last token) is to be copied into a new block of the sequence
+    /// ([`BlockCopy`]); the positions computed are the shared blocks' and the copied tokens.
+    /// No copy when nothing matches or no block is free for it (evicting as [`Self::grow`]
+    /// does).
+    pub fn start_with_copy(&mut self, prompt: &[u32]) -> Result<(BlockTable, usize, Option<BlockCopy>)> {
+        let (mut table, hit) = self.start(prompt)?;
+        let bl = self.block_len;
+        let limit = prompt.len().saturating_sub(1).saturating_sub(hit).min(bl);
+        if limit == 0 {
+            return Ok((table, hit, None));
+        }
+        let parent = prompt[..hit].chunks(bl).fold(ROOT, block_hash);
+        let want = &prompt[hit..hit + limit];
+        let common = |t: &[u32]| t.iter().zip(want).take_while(|(a, b)| a == b).count();
+        let best = self
+            .by_hash
+            .iter()
+            .filter(|(_, e)| e.parent == parent)
+            .map(|(&h, e)| (common(&e.tokens), h, e.block))
+            .max_by_key(|&(j, h, _)| (j, std::cmp::Reverse(h)));
+        let Some((tokens, h, src)) = best.filter(|&(j, ..)| j > 0) else { return Ok((table, hit, None)) };
+        // Held while the copy is pending, so that the eviction below cannot free it.
+        self.alloc.retain(src)?;
+        self.touch(h);
+        if self.grow(&mut table, hit + 1).is_err() {
+            self.alloc.release(src)?;
+            return Ok((table, hit, None));
+        }
+        let dst = table.blocks()[hit / bl];
+        self.stats.hit_tokens += tokens as u64;
+        Ok((table, hit + tokens, Some(BlockCopy { src, dst, tokens })))
+    }
+
+    /// The copy was recorded (or dropped with its sequence): releases its source block's
+    /// reference.
+    pub fn copied(&mut self, c: BlockCopy) -> Result<()> {
+        self.alloc.release(c.src)
+    }
+
     /// Makes room in `table` for positions up to `len`, evicting cached blocks no sequence holds
     /// (least recently used first) when too few are free. [`OpsError::KvBlocksExhausted`] (and
     /// nothing changed but evictions) when even that is not enough.
@@ -217,7 +278,7 @@ impl PrefixCache {
                 Some(_) => return Err(bad("PrefixCache::register", format!("block {b} is cached under another prefix"))),
                 None if !self.by_hash.contains_key(&h) => {
                     self.alloc.retain(b)?;
-                    self.by_hash.insert(h, Entry { block: b, tokens: chunk.to_vec(), last_use: 0 });
+                    self.by_hash.insert(h, Entry { block: b, tokens: chunk.to_vec(), parent, last_use: 0 });
                     self.hash_of.insert(b, h);
                     self.touch(h);
                 }
@@ -317,5 +378,56 @@ mod tests {
         // Equal hashes with other tokens are not taken: the ids are compared.
         assert_eq!(block_hash(0, &a[..8]), block_hash(0, &a[..8]));
         assert_ne!(block_hash(0, &a[..8]), block_hash(1, &a[..8]));
+    }
+
+    #[test]
+    fn a_prompt_that_parts_inside_a_block_copies_its_shared_start() {
+        let mut c = PrefixCache::new(16, 8);
+        let a = ids(7, 30);
+        request(&mut c, &a, 0);
+        let mut b = a.clone();
+        b[19] ^= 1; // parts inside the third block, after 3 of its tokens
+        let (mut t, hit, copy) = c.start_with_copy(&b).unwrap();
+        let copy = copy.expect("a copy of the third block's start");
+        assert_eq!((hit, copy.tokens), (19, 3));
+        // The source is a's third block (cached, held for the copy); the destination is the
+        // sequence's own third block.
+        assert_eq!(t.blocks().len(), 3);
+        assert_eq!(t.blocks()[2], copy.dst);
+        assert_ne!(copy.src, copy.dst);
+        assert_eq!(c.allocator().ref_count(copy.src), 2, "the cache's reference and the copy's");
+        assert_eq!(c.allocator().ref_count(copy.dst), 1);
+        // Eviction cannot take the source while the copy is pending.
+        c.evict(usize::MAX);
+        assert_eq!(c.allocator().ref_count(copy.src), 2);
+        c.copied(copy).unwrap();
+        assert_eq!(c.allocator().ref_count(copy.src), 1);
+        assert_eq!(c.stats().hit_tokens, 19);
+        c.release(&mut t).unwrap();
+        // A whole cached prompt: every token but the last from the cache, the last block's
+        // start by a copy.
+        let (mut t, hit, copy) = c.start_with_copy(&a[..24]).unwrap();
+        assert_eq!((hit, copy.map(|x| x.tokens)), (23, Some(7)));
+        c.copied(copy.unwrap()).unwrap();
+        c.release(&mut t).unwrap();
+        // Nothing in common after the shared blocks: no copy.
+        let mut d = a.clone();
+        d[16] ^= 1;
+        let (mut t, hit, copy) = c.start_with_copy(&d).unwrap();
+        assert_eq!((hit, copy), (16, None));
+        c.release(&mut t).unwrap();
+        // No free block for the copy: none is asked for.
+        let mut small = PrefixCache::new(2, 8);
+        let p = ids(9, 12);
+        request(&mut small, &p, 0);
+        let mut hold = BlockTable::new();
+        small.grow(&mut hold, 8).unwrap();
+        let mut q = p.clone();
+        q[4] ^= 1;
+        let (mut t, hit, copy) = small.start_with_copy(&q).unwrap();
+        assert_eq!((hit, copy), (0, None));
+        assert_eq!(small.allocator().ref_count(small.by_hash.values().next().unwrap().block), 1);
+        small.release(&mut t).unwrap();
+        small.release(&mut hold).unwrap();
     }
 }

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use boostr::ops_common::OpsError;
-use boostr::paged::{BlockTable, PrefixCache};
+use boostr::paged::{BlockCopy, BlockTable, PrefixCache};
 
 use super::super::backend::{StepOutput, Want};
 use super::super::generate::{Chooser, Generation, Stream, TEXT_RESERVE_MAX, TEXT_RESERVE_PER_TOKEN, Timings};
@@ -70,6 +70,9 @@ struct Seq<'t> {
     computed: usize,
     /// Full blocks registered in the prefix cache.
     registered: usize,
+    /// The prefix cache's copy on write into its last block, not yet made (the next step makes
+    /// it first).
+    copy: Option<BlockCopy>,
     chooser: Chooser,
     stream: Stream<'t, BoxSink>,
     opts: GenerateOpts,
@@ -162,6 +165,7 @@ impl<'t> Loop<'t> {
             table: BlockTable::new(),
             computed: 0,
             registered: 0,
+            copy: None,
             chooser,
             stream,
             opts: p.opts,
@@ -175,9 +179,7 @@ impl<'t> Loop<'t> {
 
     /// Ends a sequence: frees its blocks and slot and sends its result.
     fn finish(&mut self, mut s: Seq<'t>, result: Result<FinishReason, EngineError>) {
-        // Releasing fails only on a bookkeeping bug (a block released twice).
-        let released = self.cache.release(&mut s.table);
-        debug_assert!(released.is_ok(), "{released:?}");
+        self.release_blocks(&mut s);
         if let Some(slot) = s.slot.take() {
             self.free_slots.push(slot);
         }
@@ -202,6 +204,17 @@ impl<'t> Loop<'t> {
         self.outbox.push((s.reply.done, out));
     }
 
+    /// Releases a sequence's blocks and its pending copy's source.
+    fn release_blocks(&mut self, s: &mut Seq<'t>) {
+        // Releasing fails only on a bookkeeping bug (a block released twice).
+        let released = self.cache.release(&mut s.table);
+        debug_assert!(released.is_ok(), "{released:?}");
+        if let Some(c) = s.copy.take() {
+            let released = self.cache.copied(c);
+            debug_assert!(released.is_ok(), "{released:?}");
+        }
+    }
+
     /// Preempts the newest running sequence (other than `keep`), removing its planned entry;
     /// returns false when there is none.
     fn preempt_newest(&mut self, plan: &mut Vec<Planned>, budget: &mut usize, keep: usize) -> bool {
@@ -215,8 +228,7 @@ impl<'t> Loop<'t> {
                 p.seq -= 1;
             }
         }
-        let released = self.cache.release(&mut s.table);
-        debug_assert!(released.is_ok(), "{released:?}");
+        self.release_blocks(&mut s);
         if let Some(slot) = s.slot.take() {
             self.free_slots.push(slot);
         }
@@ -321,11 +333,12 @@ impl<'t> Loop<'t> {
             let Some(mut s) = self.waiting.pop_front() else { break };
             let first = s.admitted.is_none();
             if self.prefix && s.table.is_empty() {
-                match self.cache.start(&s.tokens) {
-                    Ok((table, hit)) => {
+                match self.cache.start_with_copy(&s.tokens) {
+                    Ok((table, hit, copy)) => {
                         s.table = table;
                         s.computed = hit;
                         s.registered = hit / self.o.block_len;
+                        s.copy = copy;
                     }
                     Err(e) => {
                         self.finish(s, Err(engine_err(e)));
@@ -339,7 +352,7 @@ impl<'t> Loop<'t> {
                 Ok(()) => {}
                 Err(OpsError::KvBlocksExhausted { .. }) if !self.running.is_empty() => {
                     // Wait for running sequences to free blocks (keeping the queue's order).
-                    let _ = self.cache.release(&mut s.table);
+                    self.release_blocks(&mut s);
                     s.computed = 0;
                     s.registered = 0;
                     self.waiting.push_front(s);
@@ -462,6 +475,14 @@ impl<'t> Loop<'t> {
 
     /// Runs one planned step and hands each sequence its output.
     fn run_step(&mut self, state: &mut dyn BatchState, plan: Vec<Planned>) {
+        // The prefix cache's copies on write of the sequences admitted since the last step,
+        // before the step writes past them; their sources go back to the cache once recorded.
+        let copies: Vec<BlockCopy> = self.running.iter_mut().filter_map(|s| s.copy.take()).collect();
+        let copied = if copies.is_empty() { Ok(()) } else { state.copy_blocks(&copies.iter().map(|c| (c.src, c.dst)).collect::<Vec<_>>()) };
+        for c in copies {
+            let released = self.cache.copied(c);
+            debug_assert!(released.is_ok(), "{released:?}");
+        }
         // Constrained sequences' masks for this step, applied on the device.
         let vocab = self.engine.inner.config.vocab;
         for p in plan.iter().filter(|p| p.want != Want::Nothing && p.out_rows == 1) {
@@ -483,7 +504,7 @@ impl<'t> Loop<'t> {
                 }
             })
             .collect();
-        let outs = state.step(&entries);
+        let outs = copied.and_then(|()| state.step(&entries));
         drop(entries);
         self.metrics.steps += 1;
         let generated_before = self.metrics.generated_tokens;

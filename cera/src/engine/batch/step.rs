@@ -107,6 +107,10 @@ pub trait BatchState: Send {
     /// whose first position is 0 starts the slot's recurrent state afresh. Positions at and
     /// after an entry's `pos` are overwritten in its blocks.
     fn step(&mut self, entries: &[BatchEntry<'_>]) -> Result<Vec<StepOutput>, EngineError>;
+    /// Copies every layer's K and V rows of block `src` into block `dst`, for each pair, before
+    /// the next step reads or writes them (the prefix cache's copy on write where a prompt parts
+    /// from a cached one inside a block). Blocks past the cache are a typed error.
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), EngineError>;
     /// The counters of the last step (dispatches, passes, submits; zeros on the CPU).
     fn last_step_counters(&self) -> StepCounters;
     /// Runs one step like [`Self::step`] with a GPU timestamp around every dispatch, and returns

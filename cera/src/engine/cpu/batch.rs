@@ -226,6 +226,21 @@ impl BatchState for CpuBatch {
             .collect())
     }
 
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), EngineError> {
+        let c = &self.model.cfg;
+        let size = c.n_kv_heads * self.opts.block_len * c.head_dim;
+        for &(s, d) in pairs {
+            if s.max(d) as usize >= self.opts.n_blocks {
+                return Err(EngineError::Usage(format!("a copy of block {s} into {d} in a cache of {} blocks", self.opts.n_blocks)));
+            }
+            let (s, d) = (s as usize * size, d as usize * size);
+            for layer in self.keys.iter_mut().chain(self.values.iter_mut()) {
+                layer.copy_within(s..s + size, d);
+            }
+        }
+        Ok(())
+    }
+
     fn last_step_counters(&self) -> StepCounters {
         StepCounters::default()
     }

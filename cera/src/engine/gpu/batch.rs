@@ -272,6 +272,27 @@ impl BatchState for GpuBatch {
         Ok(order.iter().map(|&j| outs[j].take().expect("a permutation")).collect())
     }
 
+    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), EngineError> {
+        if let Some(&(s, d)) = pairs.iter().find(|&&(s, d)| s.max(d) as usize >= self.opts.n_blocks) {
+            return Err(EngineError::Usage(format!("a copy of block {s} into {d} in a cache of {} blocks", self.opts.n_blocks)));
+        }
+        // Through the context's stream, which goes out before the next step's recording.
+        let cache = &self._cache;
+        let mut failed = None;
+        self.ctx
+            .with_stream(|rec| {
+                for &(s, d) in pairs {
+                    if let Err(e) = cache.copy_block(rec, s, d) {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+                Ok(())
+            })
+            .map_err(|e| self.err(e))?;
+        failed.map_or(Ok(()), |e| Err(ops_err(e)))
+    }
+
     fn last_step_counters(&self) -> StepCounters {
         self.counters
     }
