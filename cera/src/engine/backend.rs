@@ -211,6 +211,20 @@ pub trait BackendState: Send {
     /// (generation with `ignore_eos` masks the end-of-generation ids; empty: none). Applies to
     /// steps submitted after the call.
     fn set_argmax_mask(&mut self, ids: &[u32]) -> Result<(), EngineError>;
+    /// Whether [`Self::set_step_bits`] is implemented (false: a constrained generation reads
+    /// whole logits rows and masks them on the host).
+    fn applies_step_bits(&self) -> bool {
+        false
+    }
+    /// An allowed-id bitmask (`ceil(vocab / 32)` words; bit `id % 32` of word `id / 32` set where
+    /// `id` may be chosen) for the next submitted step that wants an output: every id it does
+    /// not allow gets `-f32::MAX` before that step's argmax, top-k or logits (a constraint's
+    /// mask, applied on the device so that an id or candidates are all that comes back). Used
+    /// by that one step.
+    fn set_step_bits(&mut self, bits: &[u32]) -> Result<(), EngineError> {
+        let _ = bits;
+        Err(EngineError::Unsupported { what: "allowed-id masks on this executor".into() })
+    }
     /// [`Self::step`] with device timestamps around every kernel: GPU time per kernel label.
     /// Devices without timestamps (and the CPU) give [`EngineError::Unsupported`].
     fn profile_step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<(StepOutput, Vec<KernelTime>), EngineError> {

@@ -14,7 +14,11 @@
 //! - `ignore_eos`: the end-of-generation ids are masked out, never chosen: greedy masks them on
 //!   the device before the argmax ([`BackendState::set_argmax_mask`]), top-k sampling reads
 //!   `top_k + n_eog` candidates;
-//! - anything else (penalties, `top_k` 0 or over 128, `top_logprobs`): the whole
+//! - a constraint (`GenerateOpts::constraint`) on an executor that applies masks
+//!   ([`BackendState::applies_step_bits`]: the CPU and the GPU): each step's allowed-id mask goes
+//!   with the step ([`BackendState::set_step_bits`]) and the step reads back as above (greedy
+//!   steps then wait for the token before, never pipelined);
+//! - anything else (penalties, `top_k` 0 or over 128, `top_logprobs`, `logit_bias`): the whole
 //!   [`Want::Logits`] row. `top_logprobs` are a log-softmax over the raw row, before penalties,
 //!   the mask and every sampling transform.
 
@@ -432,6 +436,16 @@ impl Chooser {
     }
 }
 
+/// Before a step that chooses a token: the constraint's mask for it, to the executor when it
+/// applies masks itself ([`Chooser::prepare_step`]; nothing otherwise).
+fn set_bits(state: &mut dyn BackendState, chooser: &mut Chooser, vocab: usize) -> Result<(), EngineError> {
+    chooser.prepare_step(vocab);
+    match chooser.step_bits() {
+        Some(bits) => state.set_step_bits(bits),
+        None => Ok(()),
+    }
+}
+
 /// Streams text: detokenizes, holds back possible stop strings, and delivers events. Its text
 /// buffers are reused from token to token (a step allocates nothing here).
 pub(crate) struct Stream<'t, K: DerefMut<Target: Sink>> {
@@ -630,7 +644,7 @@ impl Session {
         if prompt_tokens == 0 {
             return Err(EngineError::Usage("the session has no tokens to generate from (append a prompt first)".into()));
         }
-        let mut chooser = Chooser::new(opts, &inner.eog, inner.backend.device_name(), true, false);
+        let mut chooser = Chooser::new(opts, &inner.eog, inner.backend.device_name(), true, self.state.applies_step_bits());
         let mut res = Generation {
             ids: Vec::new(),
             text: String::new(),
@@ -668,7 +682,9 @@ impl Session {
         self.state.set_argmax_mask(if chooser.is_argmax() { &chooser.masked } else { &[] })?;
         // Speculative decoding runs its own steps (never pipelined).
         let spec = opts.speculative.filter(|_| chooser.drafts()).zip(drafter);
-        let pipelined = opts.pipeline && chooser.is_argmax() && spec.is_none();
+        // A constraint's mask depends on the token before: a constrained step waits for it.
+        let pipelined = opts.pipeline && chooser.is_argmax() && spec.is_none() && !chooser.device_bits;
+        let vocab = inner.config.vocab;
         if spec.is_some() {
             // Counted in the prefill: the first token waits for it as it does for the prompt.
             self.state.prepare_verify()?;
@@ -685,6 +701,9 @@ impl Session {
             }
             let end = (pos + ubatch).min(prompt_tokens);
             let want = if end == prompt_tokens { first_want } else { Want::Nothing };
+            if want != Want::Nothing {
+                set_bits(self.state.as_mut(), &mut chooser, vocab)?;
+            }
             self.state.submit(StepInput::Tokens(&self.seq[pos..end]), pos, want)?;
             // The first generated token's step, submitted before the prompt's argmax is read.
             if end == prompt_tokens && pipelined && may_run(1, end) {
@@ -746,7 +765,7 @@ impl Session {
                 let pos = self.seq.len() - 1;
                 if self.state.in_flight() == 0 {
                     let input = if chooser.is_argmax() { StepInput::LastArgmax } else { StepInput::Tokens(&self.seq[pos..]) };
-                    if let Err(e) = self.state.submit(input, pos, chooser.want()) {
+                    if let Err(e) = set_bits(self.state.as_mut(), &mut chooser, vocab).and_then(|()| self.state.submit(input, pos, chooser.want())) {
                         break Err(e);
                     }
                 }

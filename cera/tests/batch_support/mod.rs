@@ -104,6 +104,12 @@ impl cera::engine::TokenConstraint for Thirds {
     }
 }
 
+/// A constraint allowing, at its `i`-th token, the ids `id % 3 == (i + phase) % 3`, complete
+/// after `len` tokens.
+pub fn thirds(phase: u32, len: usize) -> cera::engine::Constraint {
+    cera::engine::Constraint::new(move || Ok(Box::new(Thirds { phase, len, at: 0, mask: Vec::new() })))
+}
+
 /// Constrained requests through the batcher, where the executor applies each step's allowed-id
 /// mask to the sequence's logits row before its argmax or top-k (no row read back), beside an
 /// unconstrained one in the same steps: the ids are those of the same requests with
@@ -111,7 +117,7 @@ impl cera::engine::TokenConstraint for Thirds {
 /// every id is allowed, and the constraint ends each generation.
 pub fn constrained_requests_mask_on_the_device(e: &Engine, len: usize) {
     let ps = prompts(e, 3);
-    let thirds = |phase: u32| cera::engine::Constraint::new(move || Ok(Box::new(Thirds { phase, len, at: 0, mask: Vec::new() })));
+    let thirds = |phase: u32| thirds(phase, len);
     let opts = vec![
         GenerateOpts { constraint: Some(thirds(0)), ..GenerateOpts::greedy(len + 4) },
         GenerateOpts { constraint: Some(thirds(1)), ..GenerateOpts::default().with_seed(7).with_temperature(0.9) },

@@ -109,6 +109,8 @@ pub(super) struct CpuState {
     last_argmax: Option<u32>,
     /// Ids argmax never chooses (sorted).
     mask: Vec<u32>,
+    /// The next output step's allowed-id mask (`set_step_bits`).
+    bits: Option<Vec<u32>>,
     /// Outputs of submitted steps (run at submission), oldest first.
     done: std::collections::VecDeque<StepOutput>,
 }
@@ -144,7 +146,21 @@ impl CpuState {
         }
         let conv = (0..c.conv_layers()).map(|_| vec![0.0; CONV_RING * c.dim]).collect();
         let window = RecurrentWindow::new(c.conv_kernel);
-        Ok(CpuState { model, opts: *opts, kv, slots, keys, values, conv, window, len: 0, last_argmax: None, mask: Vec::new(), done: Default::default() })
+        Ok(CpuState {
+            model,
+            opts: *opts,
+            kv,
+            slots,
+            keys,
+            values,
+            conv,
+            window,
+            len: 0,
+            last_argmax: None,
+            mask: Vec::new(),
+            bits: None,
+            done: Default::default(),
+        })
     }
 
     fn check(&self, ids: &[u32], pos: usize, want: Want) -> Result<(), EngineError> {
@@ -307,6 +323,14 @@ impl CpuState {
         self.len = pos + ids.len();
         self.window.ran(pos, ids.len());
         let vocab = model.cfg.vocab;
+        if want != Want::Nothing
+            && let Some(bits) = self.bits.take()
+        {
+            let all = std::sync::Arc::make_mut(&mut self.slots[slot_index(Slot::Logits)]);
+            for r in 0..rows {
+                boostr::sampling::mask_bits_ref(&mut all[r * vocab..(r + 1) * vocab], &bits);
+            }
+        }
         let all = &self.slots[slot_index(Slot::Logits)];
         Ok((0..rows)
             .map(|r| {
@@ -341,6 +365,19 @@ impl BackendState for CpuState {
 
     fn in_flight(&self) -> usize {
         self.done.len()
+    }
+
+    fn applies_step_bits(&self) -> bool {
+        true
+    }
+
+    fn set_step_bits(&mut self, bits: &[u32]) -> Result<(), EngineError> {
+        let words = self.model.cfg.vocab.div_ceil(32);
+        if bits.len() != words {
+            return Err(EngineError::Usage(format!("an allowed-id mask of {} words ({words} for a vocabulary of {})", bits.len(), self.model.cfg.vocab)));
+        }
+        self.bits = Some(bits.to_vec());
+        Ok(())
     }
 
     fn set_argmax_mask(&mut self, ids: &[u32]) -> Result<(), EngineError> {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use boostr::kv_cache::{KvCache, KvCacheConfig};
 use boostr::ops_common::{GpuView, OpPlan};
-use boostr::sampling::{ArgmaxPlan, MaskPlan, TopKPlan};
+use boostr::sampling::{ArgmaxPlan, MaskBitsPlan, MaskPlan, TopKPlan};
 use numr::gpu::{Binding, BufferKind, GpuBuffer, GpuContext, PendingRead, Plan, ReadTarget, Recorder, StepValues};
 
 use super::super::EngineError;
@@ -62,6 +62,9 @@ pub(crate) struct GpuState {
     topk: TopKPlan,
     /// The ids argmax never chooses, the buffer holding them and the plan masking them.
     mask: Option<(Vec<u32>, Arc<GpuBuffer>, MaskPlan)>,
+    /// A constraint's allowed-id mask for the next output step (`set_step_bits`): its buffer,
+    /// the plan applying it to the decode slots' logits row, and whether it is pending.
+    bits: (Arc<GpuBuffer>, MaskBitsPlan, bool),
     /// An argmax step was submitted last: its id is in the argmax slot.
     has_last: bool,
     /// Submitted steps' readbacks, oldest first.
@@ -161,6 +164,10 @@ impl GpuState {
             r.map_err(|e| dev_err(ctx, e))?.wait().map_err(|e| dev_err(ctx, e))?;
         }
         let argmax_reads = (0..MAX_IN_FLIGHT).map(|_| ctx.read_target(4)).collect::<Result<Vec<_>, _>>().map_err(|e| dev_err(ctx, e))?;
+        let bits_buf = ctx.alloc(4 * c.vocab.div_ceil(32) as u64, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
+        let bits_row = ctx.upload(bytemuck::cast_slice(&[0u32])).map_err(|e| dev_err(ctx, e))?;
+        let bits_plan =
+            MaskBitsPlan::new(ctx, &dec_slots.view(Slot::Logits), c.vocab, 1, &GpuView::whole(&bits_buf), &GpuView::whole(&bits_row), 1).map_err(ops_err)?;
         Ok(GpuState {
             ctx: ctx.clone(),
             graph: g.clone(),
@@ -181,6 +188,7 @@ impl GpuState {
             argmax,
             topk,
             mask: None,
+            bits: (bits_buf, bits_plan, false),
             has_last: false,
             pending: VecDeque::with_capacity(MAX_IN_FLIGHT),
             rec: Some(ctx.recorder()),
@@ -268,6 +276,10 @@ impl GpuState {
                 return Ok(Reads::Nothing);
             }
         }
+        // A constraint's mask on the logits row, before anything reads it.
+        if std::mem::take(&mut self.bits.2) {
+            self.bits.1.record(rec, &StepValues::chunk(0, 1)).map_err(ops_err)?;
+        }
         Ok(match want {
             Want::Argmax => {
                 if let Some((_, _, mask)) = &self.mask {
@@ -339,6 +351,20 @@ impl BackendState for GpuState {
 
     fn in_flight(&self) -> usize {
         self.pending.len()
+    }
+
+    fn applies_step_bits(&self) -> bool {
+        true
+    }
+
+    fn set_step_bits(&mut self, bits: &[u32]) -> Result<(), EngineError> {
+        let words = self.graph.cfg.vocab.div_ceil(32);
+        if bits.len() != words {
+            return Err(EngineError::Usage(format!("an allowed-id mask of {} words ({words} for a vocabulary of {})", bits.len(), self.graph.cfg.vocab)));
+        }
+        self.ctx.write(&self.bits.0, 0, bytemuck::cast_slice(bits)).map_err(|e| self.err(e))?;
+        self.bits.2 = true;
+        Ok(())
     }
 
     fn set_argmax_mask(&mut self, ids: &[u32]) -> Result<(), EngineError> {
