@@ -17,6 +17,7 @@ pub const TUNING_KEYS: &[(&str, &str)] = &[
     ("batch_gemv", "rows,group,threads,f16 of the batched steps' f32 decode-row GEMV (integers; f16 0 or 1)"),
     ("batch_gemv_max_seqs", "sequences (an integer): batch states of at most this many run decode rows through the GEMV"),
     ("batch_q8", "`off` (the f32 GEMV) or rows,group,threads,unroll of the batched steps' integer-dot decode-row GEMV"),
+    ("verify_q8", "`off` (the f32 GEMV) or rows,group,threads,unroll of a verification step's integer-dot rows GEMV"),
     ("q8_min_rows", "rows per workgroup (an integer)"),
     ("q8_tall_above", "rows (an integer)"),
     ("q8_tall_min_rows", "rows per workgroup (an integer)"),
@@ -174,12 +175,17 @@ impl GpuTuning {
                 self.batch_gemv = BatchGemv { rows: p[0], group: p[1], threads: p[2], f16: p[3] == 1 };
             }
             "batch_gemv_max_seqs" => self.batch_gemv_max_seqs = v.int()?,
-            "batch_q8" => {
-                self.batch_q8 = if v.lower() == "off" {
+            "batch_q8" | "verify_q8" => {
+                let shape = if v.lower() == "off" {
                     None
                 } else {
                     let p = v.ints::<u32>(4)?;
                     Some(BatchQ8 { rows: p[0], group: p[1], threads: p[2], unroll: p[3] })
+                };
+                if v.key == "batch_q8" {
+                    self.batch_q8 = shape;
+                } else {
+                    self.verify_q8 = shape;
                 }
             }
             "q8_min_rows" => self.q8_min_rows = v.int()?,

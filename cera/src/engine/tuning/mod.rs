@@ -155,6 +155,14 @@ pub struct GpuTuning {
     /// The f32 GEMV it replaces took 3 ms a step for one row, this one 1 ms; at 64 rows a step
     /// went from 52 ms to 11 ms.
     pub batch_q8: Option<BatchQ8>,
+    /// The same GEMV's shape in a session's speculative verification step (`verify_q8`; `None`:
+    /// the f32 one): 2 rows, groups of 3 activation rows, 64 invocations, unroll 1, the best
+    /// of seven shapes on the H100 (2026-12-06, `cera bench --spec-oracle 0.9 --spec-k 2,8
+    /// --tune batch_q8=...`): a step of 2 / 8 drafts took 4.51 / 6.98 ms on llama-8b Q4_0
+    /// against 4.62 / 7.88 with groups of 4 (9 rows then run as 4 + 4 + 1 padded to 4), 1.62 /
+    /// 2.16 ms against 1.68 / 2.38 on llama-1b; more threads, unroll 2 or more rows a workgroup
+    /// were slower.
+    pub verify_q8: Option<BatchQ8>,
 
     /// Rows per workgroup of the int8 decode GEMVs, at least. Two (boostr's default takes one
     /// for most shapes) measured 331 -> 340 tok/s on llama-8b and 848 -> 860 on llama-1b (tg128,
@@ -293,6 +301,8 @@ pub struct BatchQ8 {
 impl BatchQ8 {
     /// The default shape.
     pub const DEFAULT: BatchQ8 = BatchQ8 { rows: 2, group: 4, threads: 64, unroll: 1 };
+    /// The default shape of a verification step's rows (`GpuTuning::verify_q8`).
+    pub const VERIFY: BatchQ8 = BatchQ8 { rows: 2, group: 3, threads: 64, unroll: 1 };
 }
 
 impl Default for GpuTuning {
@@ -308,6 +318,7 @@ impl Default for GpuTuning {
             batch_gemv: BatchGemv::DEFAULT,
             batch_gemv_max_seqs: 64,
             batch_q8: Some(BatchQ8::DEFAULT),
+            verify_q8: Some(BatchQ8::VERIFY),
             q8_min_rows: 2,
             q8_tall_above: 8192,
             q8_tall_min_rows: 4,

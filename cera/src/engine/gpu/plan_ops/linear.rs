@@ -236,12 +236,12 @@ struct DecodeRows<'a> {
 
 /// The step's decode rows (`StepValues::decode_rows`) through the multi-row GEMV, which reads
 /// the weights once per group of rows: integer-dot where the rows were quantized
-/// ([`GpuTuning::batch_q8`](super::super::super::tuning::GpuTuning::batch_q8)), else f32
+/// ([`GpuTuning::batch_q8`](super::super::super::tuning::GpuTuning::batch_q8), `verify_q8`), else f32
 /// (`batch_gemv`).
 fn decode_rows_gemv(cx: &PlanCx, plan: &mut Plan, d: DecodeRows) -> Result<(), EngineError> {
     let (ctx, env, inp) = (cx.ctx, cx.env, cx.inp);
     let kind = WeightKind::of(d.w.format);
-    match (d.xa, inp.tuning.batch_q8) {
+    match (d.xa, rows_q8(inp)) {
         (Some(xa), Some(t)) => {
             let base = QuantGemvQ8::new(kind, env, t.group);
             let cfg = QuantGemvQ8 {
@@ -305,12 +305,18 @@ pub(in super::super) fn rope_fusable(ctx: &GpuContext, env: &KernelEnv, inp: &Pl
     }
 }
 
+/// The shape of the plan's integer-dot multi-row GEMV: a verification step's
+/// (`GpuTuning::verify_q8`) or a batched step's (`GpuTuning::batch_q8`); `None`: the f32 one.
+fn rows_q8(inp: &PlanInputs) -> Option<super::super::super::tuning::BatchQ8> {
+    if inp.prefill_gemv { inp.tuning.verify_q8 } else { inp.tuning.batch_q8 }
+}
+
 /// Whether the multi-row GEMV of linear op `op` (a batched step's decode rows, a verification
 /// step's rows) is an integer-dot one: the int8 decode path on, its rows GEMV not turned off
-/// (`GpuTuning::batch_q8`), every part a quantized format.
+/// ([`rows_q8`]), every part a quantized format.
 pub(in super::super) fn rows_int8(inp: &PlanInputs, op: usize) -> bool {
     let Some(parts) = inp.weights.linear.get(&op) else { return false };
-    inp.tuning.batch_q8.is_some() && inp.decode_gemv.int8_for(inp.graph.cfg.dim) && parts.iter().all(|p| QuantGemvQ8::supports(WeightKind::of(p.w.format)))
+    rows_q8(inp).is_some() && inp.decode_gemv.int8_for(inp.graph.cfg.dim) && parts.iter().all(|p| QuantGemvQ8::supports(WeightKind::of(p.w.format)))
 }
 
 /// Whether linear op `op` runs as integer-dot GEMVs (decode, the int8 path, every part a
