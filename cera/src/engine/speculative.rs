@@ -113,10 +113,10 @@ pub struct VerifyCost {
 }
 
 impl VerifyCost {
-    /// The GPU's, measured on the H100 (2026-12-06 14:00 UTC, `cera bench --spec-oracle`, the
-    /// fused verification plan with early submits): a verification step of 2 / 4 / 8 drafts
-    /// took 2.1 / 2.8 / 3.5 decode steps on llama-8b Q4_0 and 2.5 / 3.1 / 3.6 on llama-1b.
-    pub const GPU: VerifyCost = VerifyCost { base: 2.0, per_draft: 0.2 };
+    /// The GPU's, measured on the H100 (2026-12-06 14:30 UTC, `cera bench --spec-oracle`, the
+    /// fused verification plan with early submits and rows in groups of 3): a verification step
+    /// of 2 / 8 drafts took 1.9 / 2.9 decode steps on llama-8b Q4_0 and 2.2 / 2.9 on llama-1b.
+    pub const GPU: VerifyCost = VerifyCost { base: 1.8, per_draft: 0.14 };
     /// The GPU's for models of fewer than 300M parameters, whose steps are bound by dispatches
     /// rather than weight reads: on smol-135m (SmolLM2-135M's shapes, the same run) 2.3 / 3.4 /
     /// 4.4 decode steps for 2 / 4 / 8 drafts.
