@@ -310,6 +310,8 @@ impl CpuState {
 
     /// Runs `ids` at `pos ..` and returns `want` after each of the last `rows` of them.
     fn run_rows(&mut self, ids: &[u32], pos: usize, want: Want, rows: usize) -> Result<Vec<StepOutput>, EngineError> {
+        // A pending allowed-id mask belongs to this step, whatever becomes of it.
+        let bits = self.bits.take();
         self.check(ids, pos, want)?;
         self.len = pos;
         self.last_argmax = None;
@@ -324,7 +326,7 @@ impl CpuState {
         self.window.ran(pos, ids.len());
         let vocab = model.cfg.vocab;
         if want != Want::Nothing
-            && let Some(bits) = self.bits.take()
+            && let Some(bits) = bits
         {
             let all = std::sync::Arc::make_mut(&mut self.slots[slot_index(Slot::Logits)]);
             for r in 0..rows {

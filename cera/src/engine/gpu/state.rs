@@ -219,6 +219,9 @@ impl GpuState {
     /// Records a step into `rec` and returns its readbacks; with `early`, a prefill chunk's first dispatches are submitted
     /// on the way (see the module docs) and counted there.
     fn record(&mut self, rec: &mut Recorder, input: StepInput<'_>, pos: usize, want: Want, early: &mut Option<StepCounters>) -> Result<Reads, EngineError> {
+        // A pending allowed-id mask belongs to this step, whatever becomes of it (a step that
+        // fails must not leave it to a later one).
+        let bits = std::mem::take(&mut self.bits.2);
         let vocab = self.graph.cfg.vocab;
         let n = match input {
             StepInput::Tokens(t) => t.len(),
@@ -277,7 +280,7 @@ impl GpuState {
             }
         }
         // A constraint's mask on the logits row, before anything reads it.
-        if std::mem::take(&mut self.bits.2) {
+        if bits {
             self.bits.1.record(rec, &StepValues::chunk(0, 1)).map_err(ops_err)?;
         }
         Ok(match want {
