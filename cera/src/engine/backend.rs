@@ -270,3 +270,13 @@ pub struct LoadProgress {
 
 /// A load-progress callback.
 pub type ProgressFn<'a> = &'a (dyn Fn(LoadProgress) + Sync);
+
+/// [`EngineError::Usage`] unless `bits` is an allowed-id mask for a vocabulary of `vocab`
+/// (`ceil(vocab / 32)` words; [`BackendState::set_step_bits`]).
+pub(crate) fn check_mask_words(vocab: usize, bits: &[u32]) -> Result<(), EngineError> {
+    let words = vocab.div_ceil(32);
+    if bits.len() != words {
+        return Err(EngineError::Usage(format!("an allowed-id mask of {} words ({words} for a vocabulary of {vocab})", bits.len())));
+    }
+    Ok(())
+}

@@ -374,10 +374,7 @@ impl BackendState for CpuState {
     }
 
     fn set_step_bits(&mut self, bits: &[u32]) -> Result<(), EngineError> {
-        let words = self.model.cfg.vocab.div_ceil(32);
-        if bits.len() != words {
-            return Err(EngineError::Usage(format!("an allowed-id mask of {} words ({words} for a vocabulary of {})", bits.len(), self.model.cfg.vocab)));
-        }
+        super::super::backend::check_mask_words(self.model.cfg.vocab, bits)?;
         self.bits = Some(bits.to_vec());
         Ok(())
     }

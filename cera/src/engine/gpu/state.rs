@@ -361,10 +361,7 @@ impl BackendState for GpuState {
     }
 
     fn set_step_bits(&mut self, bits: &[u32]) -> Result<(), EngineError> {
-        let words = self.graph.cfg.vocab.div_ceil(32);
-        if bits.len() != words {
-            return Err(EngineError::Usage(format!("an allowed-id mask of {} words ({words} for a vocabulary of {})", bits.len(), self.graph.cfg.vocab)));
-        }
+        super::super::backend::check_mask_words(self.graph.cfg.vocab, bits)?;
         self.ctx.write(&self.bits.0, 0, bytemuck::cast_slice(bits)).map_err(|e| self.err(e))?;
         self.bits.2 = true;
         Ok(())
