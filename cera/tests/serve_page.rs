@@ -70,6 +70,24 @@ impl Browser {
     fn js(&self, script: &str) -> Value {
         self.call("POST", &self.s("/execute/sync"), Some(json!({"script": script, "args": []})))
     }
+
+    /// Polls `cond` (a script returning true when it holds) for at most a minute; fails at once
+    /// when the page shows an error, and on a timeout says what the page shows.
+    fn wait(&self, what: &str, cond: &str) {
+        let start = Instant::now();
+        loop {
+            if self.js(cond) == true {
+                return;
+            }
+            let error = self.js("const e = document.querySelector('.msg.error'); return e ? e.textContent : ''");
+            assert_eq!(error, "", "the page shows an error while waiting for {what}");
+            if start.elapsed() > Duration::from_secs(60) {
+                let shown = self.js("return Array.from(document.querySelectorAll('.msg')).map((m) => m.className + ': ' + m.textContent.slice(0, 200))");
+                panic!("timed out waiting for {what}; the page shows {shown}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 impl Drop for Browser {
@@ -125,15 +143,23 @@ fn the_chat_page_streams_a_reply_and_stops_one() {
     let b = Browser::start();
     b.call("POST", &b.s("/url"), Some(json!({"url": s.url})));
     // The model's name comes from /v1/models.
-    wait_for("the model's name", || b.js("return document.getElementById('model').textContent") == "smol");
+    b.wait("the model's name", "return document.getElementById('model').textContent == 'smol'");
 
+    // Greedy, so that the replies (and the second prompt's length) are the same on every run.
+    let temp = b.element("#temp");
+    b.call("POST", &b.s(&format!("/element/{temp}/value")), Some(json!({"text": "0"})));
     let input = b.element("#input");
-    b.call("POST", &b.s(&format!("/element/{input}/value")), Some(json!({"text": "Write one sentence about the sea."})));
+    let question = "Write one sentence about the sea.";
+    b.call("POST", &b.s(&format!("/element/{input}/value")), Some(json!({"text": question})));
     let send = b.element("#send");
     b.call("POST", &b.s(&format!("/element/{send}/click")), None);
-    wait_for("the streamed reply", || b.js("return document.body.dataset.turns || ''") == "2");
+    b.wait("the streamed reply", "return document.body.dataset.turns == '2'");
     let reply = b.js("const m = document.querySelectorAll('.msg.assistant'); return m.length ? m[m.length - 1].textContent : ''");
     assert!(reply.as_str().is_some_and(|t| !t.trim().is_empty()), "no reply: {reply}");
+    // The page sent the temperature: its reply is the API's greedy one.
+    let (status, api) = s.post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": question}], "temperature": 0}));
+    assert_eq!(status, 200, "{api}");
+    assert_eq!(b.js("return history[1].content"), api["choices"][0]["message"]["content"]);
     assert_eq!(b.js("return document.querySelectorAll('.msg.user').length"), 1);
     assert_eq!(b.js("return document.querySelectorAll('.msg.error').length"), 0);
 
@@ -150,12 +176,10 @@ fn the_chat_page_streams_a_reply_and_stops_one() {
     let cancelled = s.metric("cera_requests_cancelled_total");
     b.call("POST", &b.s(&format!("/element/{input}/value")), Some(json!({"text": "Write a very long story about a lighthouse."})));
     b.call("POST", &b.s(&format!("/element/{send}/click")), None);
-    wait_for("the reply to start", || {
-        b.js("const m = document.querySelectorAll('.msg.assistant'); return m.length == 2 && m[1].textContent.length > 0") == true
-    });
+    b.wait("the reply to start", "const m = document.querySelectorAll('.msg.assistant'); return m.length == 2 && m[1].textContent.length > 0");
     let stop = b.element("#stop");
     b.call("POST", &b.s(&format!("/element/{stop}/click")), None);
-    wait_for("the page to be idle", || b.js("return document.body.dataset.busy || ''") == "");
+    b.wait("the page to be idle", "return (document.body.dataset.busy || '') == ''");
     wait_for("the server to cancel the sequence", || s.metric("cera_requests_cancelled_total") > cancelled && s.metric("cera_active_sequences") == 0.0);
     // The conversation keeps both turns (the stopped reply's text included).
     assert_eq!(b.js("return document.body.dataset.turns"), "4");
