@@ -148,7 +148,10 @@ fn batcher(e: &Engine, model: &str, exact: bool) {
     // same greedy ids, so rejected drafts leave no trace in the KV blocks or LFM2's conv rings.
     let spec: Vec<GenerateOpts> = greedy
         .iter()
-        .map(|o| GenerateOpts { speculative: Some(Speculative { draft_max: cera::engine::MAX_DRAFT, draft_min: 1, ngram: 1, adaptive: false }), ..o.clone() })
+        .map(|o| GenerateOpts {
+            speculative: Some(Speculative { draft_max: cera::engine::MAX_DRAFT, draft_min: 1, ngram: 1, adaptive: false, ..Default::default() }),
+            ..o.clone()
+        })
         .collect();
     let before = b.metrics();
     let fast = run_staggered(&b, &prompts, &spec);

@@ -29,7 +29,7 @@ fn copy_prompt(e: &Engine) -> Vec<u32> {
 }
 
 fn spec(o: GenerateOpts) -> GenerateOpts {
-    GenerateOpts { speculative: Some(Speculative { draft_max: 6, draft_min: 1, ngram: 3, adaptive: false }), ..o }
+    GenerateOpts { speculative: Some(Speculative { draft_max: 6, draft_min: 1, ngram: 3, adaptive: false, ..Default::default() }), ..o }
 }
 
 /// `full`: also stop strings, max tokens and other sequences (the CPU; lavapipe runs a step in
@@ -162,7 +162,8 @@ fn sampled_tokens_keep_their_distribution() {
         let o = GenerateOpts { max_tokens: 3, ignore_eos: true, ..GenerateOpts::default().with_seed(seed).with_temperature(1.0) };
         GenerateOpts { sampler: cera::engine::SamplerOpts { top_k: 3, top_p: 1.0, min_p: 0.0, ..o.sampler.clone() }, ..o }
     };
-    let one_token_drafts = |o: GenerateOpts| GenerateOpts { speculative: Some(Speculative { draft_max: 2, draft_min: 1, ngram: 1, adaptive: false }), ..o };
+    let one_token_drafts =
+        |o: GenerateOpts| GenerateOpts { speculative: Some(Speculative { draft_max: 2, draft_min: 1, ngram: 1, adaptive: false, ..Default::default() }), ..o };
     let draws = |spec_on: bool, seeds: std::ops::Range<u64>| -> Vec<Vec<u32>> {
         let hs: Vec<_> = seeds.map(|s| b.submit(prompt.clone(), &if spec_on { one_token_drafts(sampled(s)) } else { sampled(s) }, None).unwrap()).collect();
         hs.into_iter().map(|h| h.wait().unwrap().ids).collect()

@@ -116,6 +116,37 @@ fn greedy_answers_equal_cera_run_streamed_or_not() {
 
 /// The official `openai` Python client (installed by `.ci/run`): chat and completions, streamed
 /// and not, logprobs, usage and errors, the greedy text equal to `cera run --temp 0`.
+/// `cera serve --model-draft`: SmolLM2 drafting for itself. Every request drafts from it by
+/// default (paced by what drafts save), `{"type": "draft"}` asks for it, `{"type": "none"}`
+/// turns it off; the greedy text is the same, and /metrics counts the draft model's steps and
+/// the kept drafts.
+#[test]
+fn a_draft_model_drafts_for_the_requests_and_keeps_their_text() {
+    let model = cli_support::smollm2();
+    let s = Server::start(&["--model-draft", &model, "--draft-max", "4"]);
+    let prompt = "Name the planets of the solar system in order.";
+    let (status, plain) = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 20, "temperature": 0, "speculative": {"type": "none"}}),
+    );
+    assert_eq!(status, 200, "{plain}");
+    assert_eq!(s.metric("cera_spec_draft_model_steps_total"), 0.0);
+    for spec in [json!({"type": "draft", "draft_max": 3}), json!({})] {
+        let (status, v) = s
+            .post("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 20, "temperature": 0, "speculative": spec}));
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["choices"][0]["message"]["content"], plain["choices"][0]["message"]["content"], "{spec}");
+    }
+    // The server's default (no `speculative` field) drafts too, streamed.
+    let (events, done) =
+        s.stream("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 20, "temperature": 0, "stream": true}));
+    assert!(done);
+    assert_eq!(streamed_text(&events, true), plain["choices"][0]["message"]["content"].as_str().unwrap());
+    assert!(s.metric("cera_spec_draft_model_steps_total") > 0.0);
+    assert!(s.metric("cera_spec_accepted_tokens_total") > 0.0);
+    assert_eq!(s.metric("cera_spec_draft_model_errors_total"), 0.0);
+}
+
 #[test]
 fn the_openai_python_client_gets_what_cera_run_gives() {
     let s = Server::start(&[]);
@@ -213,6 +244,7 @@ fn bad_requests_get_their_status_and_an_openai_error() {
         ("/v1/chat/completions", json!({"messages": user, "logit_bias": {"15": 500}}).to_string(), 400, Some("logit_bias")),
         ("/v1/chat/completions", json!({"messages": user, "speculative": {"type": "eagle"}}).to_string(), 400, Some("speculative")),
         ("/v1/chat/completions", json!({"messages": user, "speculative": {"draft_max": 40}}).to_string(), 400, Some("speculative")),
+        ("/v1/chat/completions", json!({"messages": user, "speculative": {"type": "draft"}}).to_string(), 400, Some("speculative")),
         ("/v1/chat/completions", json!({"messages": user, "logit_bias": {"49152": 1}}).to_string(), 400, Some("logit_bias")),
         ("/v1/chat/completions", json!({"messages": user, "logit_bias": {"x": 1}}).to_string(), 400, Some("logit_bias")),
         ("/v1/chat/completions", json!({"messages": user, "logit_bias": {"15": "up"}}).to_string(), 400, Some("logit_bias")),

@@ -31,12 +31,12 @@ fn smol(device: DeviceChoice) -> Option<Engine> {
 }
 
 fn spec(o: GenerateOpts, draft_max: usize, ngram: usize) -> GenerateOpts {
-    GenerateOpts { speculative: Some(Speculative { draft_max, draft_min: 1, ngram, adaptive: true }), ..o }
+    GenerateOpts { speculative: Some(Speculative { draft_max, draft_min: 1, ngram, adaptive: true, ..Default::default() }), ..o }
 }
 
 /// [`spec`] drafting whatever it finds at every step (no pacing).
 fn spec_every_step(o: GenerateOpts, draft_max: usize, ngram: usize) -> GenerateOpts {
-    GenerateOpts { speculative: Some(Speculative { draft_max, draft_min: 1, ngram, adaptive: false }), ..o }
+    GenerateOpts { speculative: Some(Speculative { draft_max, draft_min: 1, ngram, adaptive: false, ..Default::default() }), ..o }
 }
 
 /// Greedy ids of `prompt` in a fresh session, with `opts`.

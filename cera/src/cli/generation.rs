@@ -120,7 +120,8 @@ pub struct SpecArgs {
     #[arg(long = "draft-min", default_value_t = 1, value_name = "N")]
     pub draft_min: usize,
     /// Speculative decoding with drafts from this smaller model (same vocabulary), loaded
-    /// like the main one on the same device (`cera run` and `cera chat`).
+    /// like the main one on the same device (`cera serve`: every request's default drafter,
+    /// `{"speculative": {"type": "draft"}}` asks for it).
     #[arg(long = "model-draft", visible_alias = "md", value_name = "MODEL")]
     pub model_draft: Option<String>,
     /// With `--model-draft`: drafts stop at the first token the draft model gives a
@@ -137,7 +138,8 @@ impl SpecArgs {
             return Err(CliError::Message("--spec-type ngram and --model-draft: choose one drafter".into()));
         }
         let on = self.spec_type == "ngram" || self.model_draft.is_some();
-        let s = on.then_some(crate::engine::Speculative { draft_max: self.draft_max, draft_min: self.draft_min, ..Default::default() });
+        let source = if self.model_draft.is_some() { crate::engine::DraftSource::Model } else { crate::engine::DraftSource::Ngram };
+        let s = on.then_some(crate::engine::Speculative { draft_max: self.draft_max, draft_min: self.draft_min, source, ..Default::default() });
         if let Some(s) = s {
             GenerateOpts { speculative: Some(s), ..Default::default() }.check().map_err(|e| CliError::Message(format!("--draft-max / --draft-min: {e}")))?;
         }

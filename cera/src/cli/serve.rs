@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use super::generation::{ModelArgs, load, note};
 use super::{CliError, Output};
-use crate::server::{ServeOpts, serve};
+use crate::server::{Models, ServeOpts, serve};
 
 /// `cera serve` options.
 #[derive(Debug, clap::Args)]
@@ -77,11 +77,6 @@ pub fn run(a: Args, _out: &mut Output) -> Result<(), CliError> {
     if a.max_step_tokens == 0 {
         return Err(CliError::Message("--max-step-tokens must be at least 1".into()));
     }
-    if let Some(m) = &a.spec.model_draft {
-        return Err(CliError::Message(format!(
-            "--model-draft {m}: draft models run in `cera run` and `cera chat`; the server drafts by n-gram lookup (--spec-type ngram)"
-        )));
-    }
     let speculative = a.spec.speculative()?;
     let opts = ServeOpts {
         host: a.host.clone(),
@@ -99,8 +94,21 @@ pub fn run(a: Args, _out: &mut Output) -> Result<(), CliError> {
             ..Default::default()
         },
         speculative,
+        draft_p_min: a.spec.draft_p_min,
     };
     let mut model = a.model.clone();
     model.model = path.display().to_string();
-    serve(opts, move || load(&model).map_err(|e| e.to_string()), &mut |line| note(line)).map_err(CliError::from_err)
+    let draft = a.spec.model_draft.clone();
+    let load_all = move || -> Result<Models, String> {
+        let target = load(&model).map_err(|e| e.to_string())?;
+        let draft = match draft {
+            None => None,
+            Some(d) => {
+                let args = ModelArgs { model: d.clone(), ctx_size: Some(target.n_ctx()), load: model.load.clone() };
+                Some(load(&args).map_err(|e| format!("--model-draft {d}: {e}"))?)
+            }
+        };
+        Ok(Models { target, draft })
+    };
+    serve(opts, load_all, &mut |line| note(line)).map_err(CliError::from_err)
 }

@@ -615,6 +615,9 @@ impl Session {
     /// The same options (seed included) on the same device give the same output. Options out of
     /// their ranges ([`GenerateOpts::check`]) are [`EngineError::Sampler`] before anything runs.
     pub fn generate<S: Sink + ?Sized>(&mut self, opts: &GenerateOpts, sink: &mut S) -> Result<Generation, EngineError> {
+        if opts.speculative.is_some_and(|s| s.source == super::DraftSource::Model) {
+            return Err(EngineError::Usage("speculative drafts from a draft model: a session takes them through generate_drafted with a ModelDrafter".into()));
+        }
         let mut ngram = opts.speculative.map(|s| NgramDrafter { ngram: s.ngram });
         self.run_generation(opts, sink, ngram.as_mut().map(|d| d as &mut dyn Drafter))
     }

@@ -208,9 +208,11 @@ pub struct GenerateOpts {
     pub speculative: Option<Speculative>,
 }
 
-/// Speculative decoding with n-gram drafts (prompt lookup): at each decode step the batcher
-/// looks for the last `ngram` (down to 1) generated-or-prompt tokens earlier in the sequence
-/// and proposes the tokens that followed them, up to `draft_max`; the model runs the last token
+/// Speculative decoding in the batcher. The drafts come from prompt lookup
+/// ([`DraftSource::Ngram`]: at each decode step the batcher looks for the last `ngram`, down to
+/// one, generated-or-prompt tokens earlier in the sequence and proposes the tokens that followed
+/// them, up to `draft_max`) or from the batcher's draft model ([`DraftSource::Model`], see
+/// [`Engine::batcher_with_draft`](super::Engine::batcher_with_draft)); the model runs the last token
 /// and the drafts as one entry of the step with an output at every row, and keeps the drafts
 /// up to the first one its own choice disagrees with, plus its choice there. Greedy output is
 /// the same token for token as without it (the rows run through the decode rows' kernels).
@@ -234,14 +236,30 @@ pub struct Speculative {
     /// ([`DraftPacer`](super::speculative::DraftPacer)): the number of drafts that gives the
     /// most tokens per unit of time, none while decoding plainly is faster (with a probe now
     /// and then). Off: every step verifies what the drafter finds, up to `draft_max`. A session
-    /// only; the batcher drafts what it finds.
+    /// only for n-gram drafts (the batcher verifies what lookup finds, which costs nothing to
+    /// find); the batcher paces a draft model's drafts, whose every token costs a step of the
+    /// draft model.
     pub adaptive: bool,
+    /// Where the drafts come from.
+    pub source: DraftSource,
 }
 
 impl Default for Speculative {
     fn default() -> Self {
-        Speculative { draft_max: 8, draft_min: 1, ngram: 3, adaptive: true }
+        Speculative { draft_max: 8, draft_min: 1, ngram: 3, adaptive: true, source: DraftSource::Ngram }
     }
+}
+
+/// Where a [`Speculative`] request's drafts come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DraftSource {
+    /// Prompt lookup: no model, a scan of the sequence per step.
+    #[default]
+    Ngram,
+    /// The batcher's draft model ([`Engine::batcher_with_draft`](super::Engine::batcher_with_draft)),
+    /// decoding greedily; a request for it on a batcher without one is a
+    /// [`EngineError::Usage`] at submission.
+    Model,
 }
 
 /// At most 256 tokens, sampled with [`SamplerOpts::default`] (llama.cpp's defaults), pipelined.

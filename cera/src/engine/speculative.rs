@@ -48,12 +48,7 @@ impl ModelDrafter {
     /// A drafter running `draft` for `target`; [`super::EngineError::Usage`] when their
     /// vocabularies differ in size (the ids would mean other tokens).
     pub fn new(draft: &super::Engine, target: &super::Engine) -> Result<ModelDrafter, super::EngineError> {
-        let (d, t) = (draft.config().vocab, target.config().vocab);
-        if d != t {
-            return Err(super::EngineError::Usage(format!(
-                "the draft model's vocabulary of {d} tokens differs from the target's {t}: drafts need the same token ids"
-            )));
-        }
+        check_draft_vocab(draft, target)?;
         Ok(ModelDrafter { session: draft.session()?, error: None, p_min: 0.0 })
     }
 
@@ -101,6 +96,18 @@ impl Drafter for ModelDrafter {
             }
         }
     }
+}
+
+/// [`super::EngineError::Usage`] when a draft model's vocabulary differs in size from its
+/// target's (its ids would mean other tokens).
+pub(crate) fn check_draft_vocab(draft: &super::Engine, target: &super::Engine) -> Result<(), super::EngineError> {
+    let (d, t) = (draft.config().vocab, target.config().vocab);
+    if d != t {
+        return Err(super::EngineError::Usage(format!(
+            "the draft model's vocabulary of {d} tokens differs from the target's {t}: drafts need the same token ids"
+        )));
+    }
+    Ok(())
 }
 
 /// What a verification step of `k` drafts costs, in decode steps: `base + per_draft * k`.

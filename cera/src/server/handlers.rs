@@ -97,7 +97,7 @@ async fn generate(state: &Shared, b: Result<Bytes, BytesRejection>, kind: Kind) 
     let seed = state.next_id.load(Ordering::Relaxed) ^ unix_now().rotate_left(17) ^ 0x9e37_79b9_7f4a_7c15;
     let mut opts = req.generate_opts(chat, seed, n_ctx - tokens.len())?;
     opts.logit_bias = req.logit_bias(engine.config().vocab)?;
-    opts.speculative = req.speculative(state.opts.speculative)?;
+    opts.speculative = req.speculative(state.opts.speculative, batcher.draft_engine().is_some())?;
     let structure = match forced {
         Some(g) => Some(request::Structure::Lark(g)),
         None => req.structure()?,

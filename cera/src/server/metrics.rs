@@ -48,6 +48,8 @@ pub async fn metrics(State(state): State<Shared>) -> Response {
         put("preemptions_total", "counter", "Sequences preempted for KV memory.", m.preemptions as f64);
         put("spec_drafted_tokens_total", "counter", "Speculative draft tokens verified.", m.drafted_tokens as f64);
         put("spec_accepted_tokens_total", "counter", "Speculative draft tokens accepted.", m.accepted_tokens as f64);
+        put("spec_draft_model_steps_total", "counter", "Steps the draft model ran (0 without one).", m.draft_steps as f64);
+        put("spec_draft_model_errors_total", "counter", "Draft passes an error stopped (those steps decoded plainly).", m.draft_errors as f64);
         put(
             "spec_acceptance_rate",
             "gauge",

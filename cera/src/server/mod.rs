@@ -78,6 +78,25 @@ pub struct ServeOpts {
     /// Speculative decoding for requests that do not say (`None`: off); a request's
     /// `speculative` field overrides it.
     pub speculative: Option<crate::engine::Speculative>,
+    /// With a draft model ([`Models::draft`]): its drafts stop at the first token it gives a
+    /// probability below this (0: never).
+    pub draft_p_min: f32,
+}
+
+/// What the server's loader gives: the model, and a draft model for speculative requests
+/// (`{"speculative": {"type": "draft"}}`, or every request when
+/// [`ServeOpts::speculative`] draws from it). An [`Engine`] alone converts into it.
+pub struct Models {
+    /// The model that answers.
+    pub target: Engine,
+    /// Its draft model (the same vocabulary), if any.
+    pub draft: Option<Engine>,
+}
+
+impl From<Engine> for Models {
+    fn from(target: Engine) -> Models {
+        Models { target, draft: None }
+    }
 }
 
 impl ServeOpts {
@@ -95,6 +114,7 @@ impl ServeOpts {
             max_body: 16 << 20,
             batcher: BatcherOpts::default(),
             speculative: None,
+            draft_p_min: 0.0,
         }
     }
 }
@@ -294,7 +314,11 @@ async fn shutdown_signal(state: Shared, note: tokio::sync::mpsc::UnboundedSender
 /// Runs the server until SIGTERM or Ctrl-C: binds first (so `/health` answers 503 while the
 /// model loads), then loads the model with `load` on another thread. `note` gets the lines for
 /// the operator (the address, the model, the stop).
-pub fn serve(opts: ServeOpts, load: impl FnOnce() -> Result<Engine, String> + Send + 'static, note: &mut dyn FnMut(&str)) -> Result<(), ServeError> {
+pub fn serve<M: Into<Models>>(
+    opts: ServeOpts,
+    load: impl FnOnce() -> Result<M, String> + Send + 'static,
+    note: &mut dyn FnMut(&str),
+) -> Result<(), ServeError> {
     if opts.parallel == 0 {
         return Err(ServeError::Usage("--parallel must be at least 1".into()));
     }
@@ -318,10 +342,19 @@ pub fn serve(opts: ServeOpts, load: impl FnOnce() -> Result<Engine, String> + Se
         note(&format!("listening on http://{local}"));
         let (st, tx_load) = (state.clone(), tx.clone());
         tokio::task::spawn_blocking(move || {
-            let loaded = load().and_then(|engine| engine.batcher(batcher_opts).map_err(|e| e.to_string()));
+            let p_min = st.opts.draft_p_min;
+            let loaded = load().and_then(|m| {
+                let m: Models = m.into();
+                match &m.draft {
+                    None => m.target.batcher(batcher_opts),
+                    Some(d) => m.target.batcher_with_draft(batcher_opts, d, p_min),
+                }
+                .map_err(|e| e.to_string())
+            });
             match loaded {
                 Ok(batcher) => {
-                    let msg = format!("ready: {} on {}, {} parallel sequences", st.opts.model_id, batcher.engine().device_name(), st.opts.parallel);
+                    let draft = batcher.draft_engine().map_or(String::new(), |d| format!(", drafts from {}", d.config().arch));
+                    let msg = format!("ready: {} on {}, {} parallel sequences{draft}", st.opts.model_id, batcher.engine().device_name(), st.opts.parallel);
                     let _ = st.ready.set(Ready { batcher, created: unix_now(), grammars: OnceLock::new() });
                     let _ = tx_load.send(msg);
                 }

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use crate::chat_template::ChatMessage;
-use crate::engine::{GenerateOpts, SamplerOpts, Speculative};
+use crate::engine::{DraftSource, GenerateOpts, SamplerOpts, Speculative};
 
 /// The most stop strings a request may give.
 pub const MAX_STOP: usize = 16;
@@ -242,19 +242,26 @@ impl GenRequest {
         Ok(opts)
     }
 
-    /// Speculative decoding for this request: `{"type": "ngram" | "none", "draft_max": N,
-    /// "draft_min": N, "ngram": N}` (fields left out: the server's default, else
-    /// [`Speculative::default`]); absent: the server's default.
-    pub fn speculative(&self, default: Option<Speculative>) -> Result<Option<Speculative>, ApiError> {
+    /// Speculative decoding for this request: `{"type": "ngram" | "draft" | "none",
+    /// "draft_max": N, "draft_min": N, "ngram": N}` (`draft`: the server's draft model, a 400
+    /// when it has none; type left out: the server's default drafter, else n-gram; other
+    /// fields left out: the server's default, else [`Speculative::default`]); absent: the
+    /// server's default.
+    pub fn speculative(&self, default: Option<Speculative>, has_draft: bool) -> Result<Option<Speculative>, ApiError> {
         let Some(v) = &self.speculative else { return Ok(default) };
         let bad = |what: String| ApiError::bad_request(Some("speculative"), what);
         let o = v.as_object().ok_or_else(|| bad(format!("speculative must be an object, not {v}")))?;
-        match o.get("type").and_then(Value::as_str) {
-            Some("none") => return Ok(None),
-            Some("ngram") | None => {}
-            Some(t) => return Err(bad(format!("speculative type {t:?}: \"ngram\" or \"none\""))),
-        }
         let mut s = default.unwrap_or_default();
+        match o.get("type") {
+            None => {}
+            Some(Value::String(t)) if t == "none" => return Ok(None),
+            Some(Value::String(t)) if t == "ngram" => s.source = DraftSource::Ngram,
+            Some(Value::String(t)) if t == "draft" && has_draft => s.source = DraftSource::Model,
+            Some(Value::String(t)) if t == "draft" => {
+                return Err(bad("speculative type \"draft\": the server has no draft model (cera serve --model-draft)".into()));
+            }
+            Some(t) => return Err(bad(format!("speculative type {t}: \"ngram\", \"draft\" or \"none\""))),
+        }
         for (key, field) in [("draft_max", &mut s.draft_max), ("draft_min", &mut s.draft_min), ("ngram", &mut s.ngram)] {
             if let Some(x) = o.get(key) {
                 *field = x.as_u64().ok_or_else(|| bad(format!("speculative.{key} must be a whole number, not {x}")))? as usize;

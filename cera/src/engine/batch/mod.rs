@@ -41,13 +41,14 @@ use super::model::Engine;
 use super::options::GenerateOpts;
 use crate::tokenizer::EncodeOptions;
 use request::Reply;
-use scheduler::{Msg, Pending};
+use scheduler::{BatchDraft, Msg, Pending};
 
 /// Requests run together on one engine (see the [module docs](self)). `Send + Sync`: share it
 /// (in an `Arc`) between the threads that submit. Dropping it ends the requests still running
 /// with [`FinishReason::Cancelled`](super::FinishReason::Cancelled) and stops its thread.
 pub struct Batcher {
     engine: Engine,
+    draft: Option<Engine>,
     opts: BatcherOpts,
     batch: BatchOpts,
     tx: Mutex<mpsc::Sender<Msg>>,
@@ -79,6 +80,29 @@ impl Engine {
     /// buffers are allocated here, so an adapter without the memory fails now, with a typed
     /// error. Sequences reach the engine's context length ([`Engine::n_ctx`]) at most.
     pub fn batcher(&self, opts: BatcherOpts) -> Result<Batcher, EngineError> {
+        self.start_batcher(opts, None)
+    }
+
+    /// [`Self::batcher`] with a draft model for speculative requests whose drafts come from it
+    /// ([`DraftSource::Model`](super::DraftSource::Model)): `draft` shares this engine's
+    /// vocabulary ([`EngineError::Usage`] otherwise) and may run on any device. It keeps a paged
+    /// KV cache of its own with as many blocks as this engine's (of its own, usually smaller,
+    /// size), and before each step it drafts, greedily and for all such sequences at once,
+    /// from their last token: a step of the tokens it has not seen yet, then one step per
+    /// further draft. Drafts stop at the first token it gives a probability below `p_min`
+    /// (0: never; llama.cpp's `--draft-p-min`), and with [`Speculative::adaptive`](super::Speculative::adaptive)
+    /// each sequence drafts as many as pay for their cost. When the draft model cannot draft
+    /// (its blocks run out, an error), sequences decode plainly; the output never depends on
+    /// the drafts.
+    pub fn batcher_with_draft(&self, opts: BatcherOpts, draft: &Engine, p_min: f32) -> Result<Batcher, EngineError> {
+        super::speculative::check_draft_vocab(draft, self)?;
+        if !(0.0..=1.0).contains(&p_min) {
+            return Err(EngineError::Usage(format!("a draft model's p_min of {p_min} (0 to 1)")));
+        }
+        self.start_batcher(opts, Some((draft, p_min)))
+    }
+
+    fn start_batcher(&self, opts: BatcherOpts, draft: Option<(&Engine, f32)>) -> Result<Batcher, EngineError> {
         if opts.max_seqs == 0 || opts.max_step_tokens == 0 || opts.block_len == 0 {
             return Err(EngineError::Usage(format!(
                 "a batcher of {} sequences, {} tokens per step and blocks of {} positions (all must be positive)",
@@ -93,6 +117,14 @@ impl Engine {
         let n_blocks = (budget / per_block).max(1) as usize;
         let batch = BatchOpts { kv: self.kv_type(), block_len: opts.block_len, n_blocks, max_tokens: opts.max_step_tokens, max_seqs: opts.max_seqs, n_ctx };
         let state = self.inner.backend.new_batch(&batch)?;
+        let draft = match draft {
+            None => None,
+            Some((d, p_min)) => {
+                let o = BatchOpts { kv: d.kv_type(), n_ctx: n_ctx.min(d.n_ctx()), ..batch };
+                Some(BatchDraft::new(d.clone(), d.inner.backend.new_batch(&o)?, p_min))
+            }
+        };
+        let draft_engine = draft.as_ref().map(|d| d.engine.clone());
         // Recurrent state (LFM2's conv rings) is not in the KV blocks: no prefix sharing there.
         let prefix = opts.prefix_cache && self.config().conv_layers() == 0;
         let (tx, rx) = mpsc::channel();
@@ -100,9 +132,9 @@ impl Engine {
         let (engine, shared) = (self.clone(), metrics.clone());
         let thread = std::thread::Builder::new()
             .name("cera-batcher".into())
-            .spawn(move || scheduler::run(engine, state, rx, shared, prefix))
+            .spawn(move || scheduler::run(engine, state, rx, shared, prefix, draft))
             .map_err(|e| EngineError::Usage(format!("cannot start the batcher's thread: {e}")))?;
-        Ok(Batcher { engine: self.clone(), opts, batch, tx: Mutex::new(tx), metrics, next_id: AtomicU64::new(0), thread: Some(thread) })
+        Ok(Batcher { engine: self.clone(), draft: draft_engine, opts, batch, tx: Mutex::new(tx), metrics, next_id: AtomicU64::new(0), thread: Some(thread) })
     }
 }
 
@@ -113,6 +145,9 @@ impl Batcher {
     /// a prompt longer than the context.
     pub fn submit(&self, prompt: impl Into<Prompt>, opts: &GenerateOpts, sink: Option<BoxSink>) -> Result<RequestHandle, EngineError> {
         opts.check()?;
+        if opts.speculative.is_some_and(|s| s.source == super::DraftSource::Model) && self.draft.is_none() {
+            return Err(EngineError::Usage("speculative drafts from a draft model on a batcher without one (Engine::batcher_with_draft)".into()));
+        }
         let tokens = self.prompt_tokens(prompt)?;
         let (done, rx) = mpsc::sync_channel(1);
         let cancel = Arc::new(AtomicBool::new(false));
@@ -175,6 +210,11 @@ impl Batcher {
     /// The engine it runs on.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Its draft model, if it has one.
+    pub fn draft_engine(&self) -> Option<&Engine> {
+        self.draft.as_ref()
     }
 }
 

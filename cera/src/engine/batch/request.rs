@@ -164,4 +164,10 @@ pub struct BatcherMetrics {
     /// Verification entries run (a sequence's last token and its drafts in one step); each
     /// gives `1 +` its kept drafts tokens.
     pub verifications: u64,
+    /// Steps the draft model ran (a batcher with a draft model), its catch-up steps and one
+    /// per further draft.
+    pub draft_steps: u64,
+    /// Draft passes an error stopped (the sequences decoded plainly that step and the draft
+    /// model started them afresh).
+    pub draft_errors: u64,
 }

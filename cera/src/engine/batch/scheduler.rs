@@ -40,9 +40,13 @@ use super::super::{EngineError, TokenEvent};
 use super::request::{BatcherMetrics, BoxSink, Reply};
 use super::step::{BatchEntry, BatchOpts, BatchState};
 
+#[path = "draft_model.rs"]
+mod draft_model;
 #[path = "speculate.rs"]
 mod speculate;
 use crate::tokenizer::{DecodeOptions, StreamDecoder};
+pub(crate) use draft_model::BatchDraft;
+use draft_model::DraftSeq;
 
 /// A request on its way to the batcher's thread.
 pub(crate) struct Pending {
@@ -82,6 +86,8 @@ struct Seq<'t> {
     first_token: Option<Instant>,
     /// The entry of a speculative step: the last token, then the drafts.
     verify: Vec<u32>,
+    /// Its side of the draft model (blocks, what it has seen, this step's drafts).
+    dm: DraftSeq,
 }
 
 /// The tokens of `s` its next entry runs under `budget`: all it has left, within the budget,
@@ -144,6 +150,8 @@ struct Loop<'t> {
     recent: VecDeque<(Instant, u64)>,
     /// Results of the sequences that ended this turn.
     outbox: Vec<(std::sync::mpsc::SyncSender<Outcome>, Outcome)>,
+    /// The draft model, when the batcher has one.
+    draft: Option<BatchDraft>,
 }
 
 impl<'t> Loop<'t> {
@@ -174,6 +182,7 @@ impl<'t> Loop<'t> {
             admitted: None,
             first_token: None,
             verify: Vec::new(),
+            dm: DraftSeq::default(),
         }
     }
 
@@ -212,6 +221,9 @@ impl<'t> Loop<'t> {
         if let Some(c) = s.copy.take() {
             let released = self.cache.copied(c);
             debug_assert!(released.is_ok(), "{released:?}");
+        }
+        if let Some(d) = &mut self.draft {
+            d.release(&mut s.dm);
         }
     }
 
@@ -560,7 +572,14 @@ impl<'t> Loop<'t> {
 
 /// The batcher's thread: runs until [`Msg::Shutdown`] or every sender is gone, then ends the
 /// requests left with [`FinishReason::Cancelled`].
-pub(crate) fn run(engine: Engine, mut state: Box<dyn BatchState>, rx: Receiver<Msg>, shared: Arc<Mutex<BatcherMetrics>>, prefix: bool) {
+pub(crate) fn run(
+    engine: Engine,
+    mut state: Box<dyn BatchState>,
+    rx: Receiver<Msg>,
+    shared: Arc<Mutex<BatcherMetrics>>,
+    prefix: bool,
+    draft: Option<BatchDraft>,
+) {
     let o = *state.opts();
     let mut lp = Loop {
         engine: &engine,
@@ -574,6 +593,7 @@ pub(crate) fn run(engine: Engine, mut state: Box<dyn BatchState>, rx: Receiver<M
         metrics: BatcherMetrics::default(),
         recent: VecDeque::new(),
         outbox: Vec::new(),
+        draft,
     };
     let mut open = true;
     while open {
@@ -606,6 +626,7 @@ pub(crate) fn run(engine: Engine, mut state: Box<dyn BatchState>, rx: Receiver<M
         lp.reap_cancelled();
         let mut plan = Vec::new();
         let mut budget = o.max_tokens;
+        lp.draft_with_model();
         lp.plan_running(&mut plan, &mut budget);
         lp.admit(&mut plan, &mut budget);
         if !plan.is_empty() {

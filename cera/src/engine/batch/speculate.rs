@@ -12,7 +12,7 @@
 
 use super::super::super::backend::StepOutput;
 use super::super::super::speculative::{max_drafts, ngram_draft};
-use super::super::super::{EngineError, FinishReason};
+use super::super::super::{DraftSource, EngineError, FinishReason};
 use super::super::step::MAX_DRAFT;
 use super::{Loop, Planned, engine_err};
 
@@ -32,7 +32,10 @@ impl Loop<'_> {
         let room = self.o.n_ctx.saturating_sub(s.tokens.len());
         let max =
             spec.draft_max.min(max_drafts(&self.engine.inner.config)).min(budget.saturating_sub(1)).min(MAX_DRAFT - drafted.min(MAX_DRAFT)).min(left).min(room);
-        let d = ngram_draft(&s.tokens, spec.ngram, max);
+        let d = match spec.source {
+            DraftSource::Ngram => ngram_draft(&s.tokens, spec.ngram, max),
+            DraftSource::Model => s.dm.drafts[..s.dm.drafts.len().min(max)].to_vec(),
+        };
         if d.len() < spec.draft_min { Vec::new() } else { d }
     }
 
@@ -56,6 +59,10 @@ impl Loop<'_> {
             s.computed += 1;
             s.res.timings.accepted_tokens += 1;
             self.metrics.accepted_tokens += 1;
+        }
+        let s = &mut self.running[i];
+        if let Some(pacer) = &mut s.dm.pacer {
+            pacer.record(drafts.len(), s.computed - (p.pos + 1));
         }
         let (bl, s) = (self.o.block_len, &mut self.running[i]);
         if self.prefix && s.computed / bl > s.registered {
