@@ -144,6 +144,11 @@ fn preemption_under_a_tiny_kv_budget_changes_nothing() {
 }
 
 #[test]
+fn an_entry_past_its_blocks_is_a_typed_error() {
+    batch_support::an_entry_past_its_blocks_is_a_typed_error(engine());
+}
+
+#[test]
 fn bad_requests_get_typed_errors() {
     let e = engine();
     let b = e.batcher(BatcherOpts::default()).unwrap();

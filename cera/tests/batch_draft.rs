@@ -153,6 +153,24 @@ fn tiny_models_drafted_by_other_architectures_cpu() {
     tiny_pairs(DeviceChoice::Cpu);
 }
 
+/// LFM2 (conv rings) and Gemma 3 (sliding windows) drafting for themselves: every draft the
+/// draft model makes from its cache is the target's own greedy choice, so nearly all are kept;
+/// a draft cache out of step with the sequence (a position off, a stale conv row) would not be.
+#[test]
+fn tiny_models_drafting_for_themselves_keep_their_drafts_cpu() {
+    for model in ["lfm2-tiny", "gemma3-tiny", "qwen3-tiny"] {
+        let e = tiny(model, DeviceChoice::Cpu);
+        let b = e.batcher_with_draft(opts(4), &e, 0.0).unwrap();
+        let p = hf_prompt(model);
+        let o = GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(40) };
+        let plain = b.generate(p.clone(), &o).unwrap();
+        let fast = b.generate(p.clone(), &drafted(o, 5)).unwrap();
+        assert_eq!(fast.ids, plain.ids, "{model}");
+        let (d, k) = (fast.timings.draft_tokens, fast.timings.accepted_tokens);
+        assert!(d > 0 && k * 10 >= d * 9, "{model}: {k} of {d} self-drafts kept");
+    }
+}
+
 #[test]
 fn tiny_models_drafted_by_other_architectures_gpu() {
     if numr::testing::test_gpu().is_none() {

@@ -60,6 +60,12 @@ fn a_q8_0_cache_gives_the_session_ids() {
 }
 
 #[test]
+fn an_entry_past_its_blocks_is_a_typed_error() {
+    let Some(e) = engine() else { return };
+    batch_support::an_entry_past_its_blocks_is_a_typed_error(&e);
+}
+
+#[test]
 fn a_batched_step_is_a_few_submits_of_a_fixed_dispatch_count() {
     let Some(e) = engine() else { return };
     let o = BatchOpts { kv: KvType::F16, block_len: 16, n_blocks: 64, max_tokens: 64, max_seqs: 8, n_ctx: 128 };

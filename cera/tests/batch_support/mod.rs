@@ -138,3 +138,27 @@ pub fn constrained_requests_mask_on_the_device(e: &Engine, len: usize) {
         }
     }
 }
+
+/// An entry whose positions run past the blocks its table holds, or whose table names a block
+/// past the cache, is a typed error before anything runs (the executors index blocks by
+/// position); the same entry within its block runs.
+pub fn an_entry_past_its_blocks_is_a_typed_error(e: &Engine) {
+    use boostr::paged::{BlockAllocator, BlockTable};
+    use cera::engine::{BatchEntry, BatchOpts, EngineError, Want};
+    let o = BatchOpts { kv: e.kv_type(), block_len: 16, n_blocks: 8, max_tokens: 64, max_seqs: 2, n_ctx: 256 };
+    let mut st = e.backend().new_batch(&o).unwrap();
+    let mut alloc = BlockAllocator::new(o.n_blocks);
+    let mut t = BlockTable::new();
+    t.grow(&mut alloc, 16, 16).unwrap();
+    let toks = [1u32, 2, 3, 4];
+    // Positions 14..18 reach a second block the table does not hold.
+    let past = BatchEntry { slot: 0, tokens: &toks, pos: 14, table: &t, want: Want::Argmax, out_rows: 1, decode: false, mask: None };
+    let err = st.step(&[past]).unwrap_err();
+    assert!(matches!(&err, EngineError::Usage(m) if m.contains("1 blocks of 16")), "{err}");
+    let mut big = BlockAllocator::new(64);
+    let mut far = BlockTable::new();
+    far.grow(&mut big, 16, 16 * 9).unwrap();
+    let err = st.step(&[BatchEntry { table: &far, pos: 16 * 8, ..past }]).unwrap_err();
+    assert!(matches!(&err, EngineError::Usage(m) if m.contains("block 8 in a cache of 8")), "{err}");
+    assert!(matches!(st.step(&[BatchEntry { pos: 0, ..past }]).unwrap()[0], cera::engine::StepOutput::Argmax(_)));
+}

@@ -6,9 +6,10 @@
 //! the target's, its own [`BlockAllocator`], no prefix cache) and each sequence a
 //! [`DraftSeq`]: its blocks there and how many of its positions the draft model has computed.
 //! A draft pass runs
-//! 1. one step of every drafting sequence's tokens the draft model has not seen (a new
-//!    sequence's whole prompt, in chunks under the step's token budget; after a verification,
-//!    the target's token that replaced a rejected draft), whose last row gives the first draft;
+//! 1. one step of every drafting sequence's tokens the draft model has not seen (after a
+//!    verification, the target's token that replaced a rejected draft; a new sequence's prompt,
+//!    in chunks under the step's token budget over as many passes as it takes, the fewest
+//!    tokens first), whose last row gives the first draft;
 //! 2. then one step per further draft, each sequence's last draft in, the next one out, until
 //!    each has its most drafts, an end-of-generation token, or a draft the model is less sure
 //!    of than `p_min`.
@@ -154,44 +155,48 @@ impl Loop<'_> {
 
     fn draft_pass(&mut self, dm: &mut BatchDraft) -> Result<(), EngineError> {
         let mut work = self.drafting(dm);
+        if work.is_empty() {
+            return Ok(());
+        }
         let want = dm.want();
-        // 1. What the draft model has not seen, in chunks (never across a prompt's end); the
-        // chunk ending at the last token gives the first draft.
-        loop {
-            let mut budget = self.o.max_tokens;
-            let mut plan = Vec::new();
-            for (w, x) in work.iter().enumerate() {
-                let s = &self.running[x.seq];
-                let (from, end, prompt) = (s.dm.computed, s.tokens.len(), s.res.prompt_tokens);
-                if from >= end || budget == 0 {
-                    continue;
-                }
-                let mut n = (end - from).min(budget);
-                if from < prompt {
-                    n = n.min(prompt - from);
-                }
-                budget -= n;
-                plan.push((w, from, n, if from + n == end { want } else { Want::Nothing }));
-            }
-            if plan.is_empty() {
+        // 1. One step of what the draft model has not seen (the fewest tokens first; a chunk
+        // may cross a prompt's end, as the draft's numbers need not equal its numbers alone);
+        // the chunk ending at the last token gives the first draft. A sequence left with more
+        // (a long prompt) catches up over the next passes and drafts once it has.
+        let mut order: Vec<usize> = (0..work.len()).collect();
+        order.sort_by_key(|&w| {
+            let s = &self.running[work[w].seq];
+            s.tokens.len() - s.dm.computed
+        });
+        let mut budget = self.o.max_tokens;
+        let mut plan = Vec::new();
+        for w in order {
+            let s = &self.running[work[w].seq];
+            let (from, end) = (s.dm.computed, s.tokens.len());
+            if budget == 0 {
                 break;
             }
-            let entries: Vec<BatchEntry<'_>> = plan
-                .iter()
-                .map(|&(w, pos, n, want)| {
-                    let s = &self.running[work[w].seq];
-                    entry(s.slot, &s.tokens[pos..pos + n], pos, &s.dm.table, want, pos >= s.res.prompt_tokens)
-                })
-                .collect();
-            let outs = dm.state.step(&entries)?;
-            drop(entries);
-            self.metrics.draft_steps += 1;
-            for (&(w, pos, n, want), out) in plan.iter().zip(outs) {
-                let s = &mut self.running[work[w].seq];
-                s.dm.computed = pos + n;
-                if want != Want::Nothing {
-                    self.push_draft(dm, &mut work[w], out)?;
-                }
+            let n = (end - from).min(budget);
+            budget -= n;
+            plan.push((w, from, n, if from + n == end { want } else { Want::Nothing }));
+        }
+        let entries: Vec<BatchEntry<'_>> = plan
+            .iter()
+            .map(|&(w, pos, n, want)| {
+                let s = &self.running[work[w].seq];
+                entry(s.slot, &s.tokens[pos..pos + n], pos, &s.dm.table, want, pos >= s.res.prompt_tokens)
+            })
+            .collect();
+        let outs = dm.state.step(&entries)?;
+        drop(entries);
+        self.metrics.draft_steps += 1;
+        for w in work.iter_mut() {
+            w.open = false;
+        }
+        for (&(w, pos, n, want), out) in plan.iter().zip(outs) {
+            self.running[work[w].seq].dm.computed = pos + n;
+            if want != Want::Nothing {
+                self.push_draft(dm, &mut work[w], out)?;
             }
         }
         // 2. One step per further draft.

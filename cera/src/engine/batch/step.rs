@@ -143,8 +143,16 @@ pub(crate) fn check_entries(o: &BatchOpts, vocab: usize, entries: &[BatchEntry<'
         if end > o.n_ctx {
             return Err(EngineError::ContextOverflow { tokens: end, n_ctx: o.n_ctx });
         }
-        if end > e.table.len() * o.block_len {
-            return Err(EngineError::Usage(format!("entry {i}: positions {}..{end} with {} blocks of {} positions", e.pos, e.table.len(), o.block_len)));
+        if end > e.table.blocks().len() * o.block_len {
+            return Err(EngineError::Usage(format!(
+                "entry {i}: positions {}..{end} with {} blocks of {} positions",
+                e.pos,
+                e.table.blocks().len(),
+                o.block_len
+            )));
+        }
+        if let Some(&b) = e.table.blocks().iter().find(|&&b| b as usize >= o.n_blocks) {
+            return Err(EngineError::Usage(format!("entry {i}: block {b} in a cache of {} blocks", o.n_blocks)));
         }
         if e.out_rows == 0 || e.out_rows > e.tokens.len() {
             return Err(EngineError::Usage(format!("entry {i}: outputs of {} rows of its {}", e.out_rows, e.tokens.len())));
