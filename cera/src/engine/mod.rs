@@ -48,7 +48,7 @@ pub mod tuning;
 pub mod weights;
 
 pub use backend::{
-    Backend, BackendState, KernelTime, KvType, LoadProgress, MAX_IN_FLIGHT, MAX_VERIFY_ROWS, StateOpts, StepCounters, StepInput, StepOutput, Want,
+    Backend, BackendState, KernelTime, KvType, LoadProgress, MAX_IN_FLIGHT, MAX_TOP_K, MAX_VERIFY_ROWS, StateOpts, StepCounters, StepInput, StepOutput, Want,
 };
 pub use batch::{BatchEntry, BatchOpts, BatchState, Batcher, BatcherMetrics, BatcherOpts, BoxSink, Canceller, MAX_DRAFT, Prompt, RequestHandle};
 pub use config::{Arch, GateAct, LayerKind, LayerRope, ModelConfig};
