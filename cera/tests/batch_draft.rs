@@ -8,6 +8,7 @@
 //!   included, rolls back every step): the same greedy ids;
 //! - sampled with a draft model's drafts, a tiny model's tokens keep their distribution
 //!   (chi-square over 600 seeds);
+//! - preemption under a tight KV budget and cancellation mid-draft change no other sequence;
 //! - a vocabulary mismatch, a `p_min` out of range and a request for drafts from a batcher
 //!   without a draft model are typed errors.
 
@@ -98,6 +99,58 @@ fn smollm2_drafting_for_itself_cpu() {
 fn smollm2_drafting_for_itself_gpu() {
     let Some(e) = smol(DeviceChoice::Gpu) else { return };
     self_drafting(&e, 10, false);
+}
+
+/// Six drafting sequences under a KV budget for about two at a time: preempted ones (their
+/// draft blocks freed with their blocks) come back with the ids they give alone; cancelling
+/// one mid-draft leaves the others unchanged and frees every block it held.
+#[test]
+fn preemption_and_cancellation_under_model_drafts_change_nothing() {
+    let e = smol(DeviceChoice::Cpu).unwrap();
+    let ps = prompts(&e, 6);
+    let each: Vec<GenerateOpts> = (0..6).map(|_| drafted(GenerateOpts::greedy(40), 3)).collect();
+    let large = e.batcher(opts_plain(6)).unwrap();
+    let want: Vec<Vec<u32>> = ps.iter().map(|p| large.generate(p.clone(), &GenerateOpts::greedy(40)).unwrap().ids).collect();
+    let longest = ps.iter().map(Vec::len).max().unwrap() + 41;
+    let blocks = 2 * longest.div_ceil(16) + 1;
+    let bytes_per_block = 2 * 30 * 3 * 16 * 64 * 4;
+    let tiny = e.batcher_with_draft(BatcherOpts { kv_budget: Some((blocks * bytes_per_block) as u64), prefix_cache: false, ..opts(6) }, &e, 0.0).unwrap();
+    let got = run_staggered(&tiny, &ps, &each);
+    for i in 0..6 {
+        assert_eq!(got[i].ids, want[i], "sequence {i}");
+    }
+    let m = tiny.metrics();
+    assert!(m.preemptions > 0 && m.accepted_tokens > 0, "{m:?}");
+
+    // Cancel the second of three drafting sequences after its third token.
+    let b = e.batcher_with_draft(opts(4), &e, 0.0).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut handles = Vec::new();
+    for (i, p) in ps[..3].iter().enumerate() {
+        let tx = tx.clone();
+        let sink: cera::engine::BoxSink = Box::new(move |_: &cera::engine::TokenEvent| {
+            let _ = tx.send(i);
+        });
+        handles.push(b.submit(p.clone(), &drafted(GenerateOpts::greedy(24), 3), Some(sink)).unwrap());
+    }
+    let mut seen = 0;
+    while seen < 3 {
+        if rx.recv().unwrap() == 1 {
+            seen += 1;
+        }
+    }
+    handles[1].cancel();
+    let out: Vec<_> = handles.into_iter().map(|h| h.wait().unwrap()).collect();
+    assert_eq!(out[1].finish, cera::engine::FinishReason::Cancelled);
+    for i in [0, 2] {
+        assert_eq!(out[i].ids, large.generate(ps[i].clone(), &GenerateOpts::greedy(24)).unwrap().ids, "sequence {i}");
+    }
+    let m = b.metrics();
+    assert_eq!(m.blocks_used, m.blocks_cached, "every block left is a cached one no sequence holds");
+}
+
+fn opts_plain(max_seqs: usize) -> BatcherOpts {
+    BatcherOpts { max_seqs, ..BatcherOpts::default() }
 }
 
 fn hf_dir(model: &str) -> PathBuf {
