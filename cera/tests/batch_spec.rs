@@ -181,3 +181,39 @@ fn sampled_tokens_keep_their_distribution() {
         assert_same_distribution(&plain, &fast, at);
     }
 }
+
+/// Adaptive pacing (the default) in the batcher: where n-gram drafts are mostly wrong (the tiny
+/// random Qwen2 sampled near-uniformly from its top 100, one-token suffixes), it verifies far
+/// fewer of them than drafting whatever lookup finds; where they are right (its greedy output
+/// repeats), it keeps drafting, with the same ids.
+#[test]
+fn paced_ngram_drafts_back_off_where_they_are_wrong() {
+    let (e, prompt) = tiny();
+    let b = e.batcher(BatcherOpts { max_seqs: 4, ..BatcherOpts::default() }).unwrap();
+    let with = |o: &GenerateOpts, adaptive: bool| GenerateOpts {
+        speculative: Some(Speculative { draft_max: 8, draft_min: 1, ngram: 1, adaptive, ..Default::default() }),
+        ..o.clone()
+    };
+    let o = GenerateOpts { max_tokens: 60, ignore_eos: true, ..GenerateOpts::default().with_seed(3).with_temperature(5.0) };
+    let hot = GenerateOpts { sampler: cera::engine::SamplerOpts { top_k: 100, top_p: 1.0, min_p: 0.0, ..o.sampler.clone() }, ..o };
+    let every = b.generate(prompt.clone(), &with(&hot, false)).unwrap();
+    let paced = b.generate(prompt.clone(), &with(&hot, true)).unwrap();
+    let rate = |g: &cera::engine::Generation| g.timings.accepted_tokens as f64 / g.timings.draft_tokens.max(1) as f64;
+    println!(
+        "wrong drafts: every step {} of {} kept, paced {} of {}",
+        every.timings.accepted_tokens, every.timings.draft_tokens, paced.timings.accepted_tokens, paced.timings.draft_tokens
+    );
+    assert!(rate(&every) < 0.2, "the drafts should be mostly wrong here: {}", rate(&every));
+    assert!(paced.timings.draft_tokens * 3 < every.timings.draft_tokens, "{} paced drafts, {} unpaced", paced.timings.draft_tokens, every.timings.draft_tokens);
+    assert_eq!((every.ids.len(), paced.ids.len()), (60, 60));
+    // Right drafts: pacing keeps nearly all of them, and greedy keeps its ids.
+    let greedy = GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(60) };
+    let plain = b.generate(prompt.clone(), &greedy).unwrap();
+    let (every, paced) = (b.generate(prompt.clone(), &with(&greedy, false)).unwrap(), b.generate(prompt.clone(), &with(&greedy, true)).unwrap());
+    assert_eq!((&every.ids, &paced.ids), (&plain.ids, &plain.ids));
+    println!(
+        "right drafts: every step {} of {} kept, paced {} of {}",
+        every.timings.accepted_tokens, every.timings.draft_tokens, paced.timings.accepted_tokens, paced.timings.draft_tokens
+    );
+    assert!(paced.timings.accepted_tokens * 10 >= every.timings.accepted_tokens * 8, "pacing dropped right drafts");
+}

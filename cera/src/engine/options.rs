@@ -235,10 +235,10 @@ pub struct Speculative {
     /// Pace the drafts by how often they are kept and what verifying them costs
     /// ([`DraftPacer`](super::speculative::DraftPacer)): the number of drafts that gives the
     /// most tokens per unit of time, none while decoding plainly is faster (with a probe now
-    /// and then). Off: every step verifies what the drafter finds, up to `draft_max`. A session
-    /// only for n-gram drafts (the batcher verifies what lookup finds, which costs nothing to
-    /// find); the batcher paces a draft model's drafts, whose every token costs a step of the
-    /// draft model.
+    /// and then). Off: every step verifies what the drafter finds, up to `draft_max`. Sessions
+    /// cost a verification step as measured ([`VerifyCost::for_model`](super::VerifyCost::for_model));
+    /// the batcher costs a verification entry's rows in its step
+    /// ([`VerifyCost::for_batch`](super::VerifyCost::for_batch)) and a draft model's steps.
     pub adaptive: bool,
     /// Where the drafts come from.
     pub source: DraftSource,

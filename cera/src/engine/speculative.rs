@@ -130,6 +130,16 @@ impl VerifyCost {
     pub const SMALL_GPU: VerifyCost = VerifyCost { base: 1.9, per_draft: 0.32 };
     /// The CPU's, where each row adds its own matrix products.
     pub const CPU: VerifyCost = VerifyCost { base: 1.0, per_draft: 0.5 };
+    /// A verification entry in the batcher's step on a GPU, against the step without it: its
+    /// drafts are rows of the step's multi-row GEMV, which reads the weights once per group of
+    /// up to 4 rows (estimated from that, not measured).
+    pub const BATCH_GPU: VerifyCost = VerifyCost { base: 1.0, per_draft: 0.25 };
+
+    /// The cost model of a verification entry in the batcher's step ([`Self::BATCH_GPU`], or
+    /// [`Self::CPU`]).
+    pub fn for_batch(gpu: bool) -> VerifyCost {
+        if gpu { VerifyCost::BATCH_GPU } else { VerifyCost::CPU }
+    }
 
     /// The cost model for a model of this configuration on a GPU or the CPU (by its size: about
     /// `12 * dim^2` weights a layer).

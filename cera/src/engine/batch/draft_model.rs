@@ -46,7 +46,7 @@ impl BatchDraft {
         // Releasing fails only on a bookkeeping bug (a block released twice).
         let released = d.table.release(&mut self.alloc);
         debug_assert!(released.is_ok(), "{released:?}");
-        *d = DraftSeq { pacer: d.pacer, ..DraftSeq::default() };
+        *d = DraftSeq::default();
     }
 
     /// What a step asks for: the argmax, or the whole row when `p_min` needs its probability.
@@ -80,8 +80,6 @@ pub(crate) struct DraftSeq {
     written: Vec<u32>,
     /// This step's drafts (empty: none).
     pub(crate) drafts: Vec<u32>,
-    /// How many drafts pay (adaptive requests).
-    pub(crate) pacer: Option<DraftPacer>,
 }
 
 impl DraftSeq {
@@ -137,7 +135,7 @@ impl Loop<'_> {
             let room = n_ctx.saturating_sub(s.tokens.len());
             let mut max = spec.draft_max.min(cap).min(left).min(room);
             if spec.adaptive {
-                max = max.min(s.dm.pacer.get_or_insert_with(|| DraftPacer::new(spec.draft_max.min(cap), cost)).next_drafts());
+                max = max.min(s.pacer.get_or_insert_with(|| DraftPacer::new(spec.draft_max.min(cap), cost)).next_drafts());
             }
             if max == 0 || max < spec.draft_min {
                 continue;
@@ -244,7 +242,7 @@ fn entry<'a>(slot: Option<usize>, tokens: &'a [u32], pos: usize, table: &'a Bloc
     BatchEntry { slot: slot.expect("running sequences hold a slot"), tokens, pos, table, want, out_rows: 1, decode, mask: None }
 }
 
-/// A verification step's cost with a draft model's steps added: each draft costs one step of
+/// A verification entry's cost with a draft model's steps added: each draft costs one step of
 /// the draft model, estimated from the two models' sizes (at least a twentieth of a target's
 /// step: small models' steps are bound by dispatches, not weights).
 fn model_draft_cost(target: &Engine, draft: &Engine, gpu: bool) -> VerifyCost {
@@ -252,6 +250,6 @@ fn model_draft_cost(target: &Engine, draft: &Engine, gpu: bool) -> VerifyCost {
         let c = e.config();
         12.0 * (c.dim as f64).powi(2) * c.n_layers as f64
     };
-    let c = VerifyCost::for_model(&target.inner.config, gpu);
+    let c = VerifyCost::for_batch(gpu);
     VerifyCost { per_draft: c.per_draft + (size(draft) / size(target)).max(0.05), ..c }
 }

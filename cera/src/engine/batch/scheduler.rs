@@ -35,6 +35,7 @@ use super::super::backend::{StepOutput, Want};
 use super::super::generate::{Chooser, Generation, Stream, TEXT_RESERVE_MAX, TEXT_RESERVE_PER_TOKEN, Timings};
 use super::super::model::Engine;
 use super::super::options::{FinishReason, GenerateOpts};
+use super::super::speculative::DraftPacer;
 use super::super::stop::StopMatcher;
 use super::super::{EngineError, TokenEvent};
 use super::request::{BatcherMetrics, BoxSink, Reply};
@@ -88,6 +89,8 @@ struct Seq<'t> {
     verify: Vec<u32>,
     /// Its side of the draft model (blocks, what it has seen, this step's drafts).
     dm: DraftSeq,
+    /// How many drafts pay for their verification (adaptive speculative requests).
+    pacer: Option<DraftPacer>,
 }
 
 /// The tokens of `s` its next entry runs under `budget`: all it has left, within the budget,
@@ -183,6 +186,7 @@ impl<'t> Loop<'t> {
             first_token: None,
             verify: Vec::new(),
             dm: DraftSeq::default(),
+            pacer: None,
         }
     }
 

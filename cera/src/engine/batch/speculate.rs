@@ -11,7 +11,7 @@
 //! LFM2's conv rings are indexed by position, so the same holds for them.
 
 use super::super::super::backend::StepOutput;
-use super::super::super::speculative::{max_drafts, ngram_draft};
+use super::super::super::speculative::{DraftPacer, VerifyCost, max_drafts, ngram_draft};
 use super::super::super::{DraftSource, EngineError, FinishReason};
 use super::super::step::MAX_DRAFT;
 use super::{Loop, Planned, engine_err};
@@ -22,17 +22,23 @@ impl Loop<'_> {
     /// [`max_drafts`], the step's
     /// budget after its own token, what is left of [`MAX_DRAFT`] after the `drafted` ones
     /// already planned, its tokens still to generate and its room in the context.
-    pub(super) fn draft(&self, i: usize, budget: usize, drafted: usize) -> Vec<u32> {
-        let s = &self.running[i];
+    pub(super) fn draft(&mut self, i: usize, budget: usize, drafted: usize) -> Vec<u32> {
+        let gpu = self.engine.is_gpu();
+        let most = max_drafts(&self.engine.inner.config);
+        let s = &mut self.running[i];
         let Some(spec) = s.opts.speculative else { return Vec::new() };
         if !s.chooser.drafts() {
             return Vec::new();
         }
         let left = s.opts.max_tokens.saturating_sub(s.res.ids.len() + 1);
         let room = self.o.n_ctx.saturating_sub(s.tokens.len());
-        let max =
-            spec.draft_max.min(max_drafts(&self.engine.inner.config)).min(budget.saturating_sub(1)).min(MAX_DRAFT - drafted.min(MAX_DRAFT)).min(left).min(room);
+        let max = spec.draft_max.min(most).min(budget.saturating_sub(1)).min(MAX_DRAFT - drafted.min(MAX_DRAFT)).min(left).min(room);
         let d = match spec.source {
+            // Paced (adaptive): as many drafts as their verification rows pay for.
+            DraftSource::Ngram if spec.adaptive && max > 0 => {
+                let pacer = s.pacer.get_or_insert_with(|| DraftPacer::new(spec.draft_max.min(most), VerifyCost::for_batch(gpu)));
+                ngram_draft(&s.tokens, spec.ngram, max.min(pacer.next_drafts()))
+            }
             DraftSource::Ngram => ngram_draft(&s.tokens, spec.ngram, max),
             DraftSource::Model => s.dm.drafts[..s.dm.drafts.len().min(max)].to_vec(),
         };
@@ -61,7 +67,7 @@ impl Loop<'_> {
             self.metrics.accepted_tokens += 1;
         }
         let s = &mut self.running[i];
-        if let Some(pacer) = &mut s.dm.pacer {
+        if let Some(pacer) = &mut s.pacer {
             pacer.record(drafts.len(), s.computed - (p.pos + 1));
         }
         let (bl, s) = (self.o.block_len, &mut self.running[i]);
