@@ -15,11 +15,10 @@
 mod batch_support;
 mod spec_support;
 
-use std::path::PathBuf;
-
 use batch_support::{prompts, run_staggered};
 use cera::engine::{BatcherOpts, DeviceChoice, DraftSource, Engine, GenerateOpts, LoadOptions, SamplerOpts, Speculative};
 use cera::fetch::{ModelId, ensure_model};
+use spec_support::{hf_prompt, tiny};
 
 fn smol(device: DeviceChoice) -> Option<Engine> {
     if device == DeviceChoice::Gpu {
@@ -151,22 +150,6 @@ fn preemption_and_cancellation_under_model_drafts_change_nothing() {
 
 fn opts_plain(max_seqs: usize) -> BatcherOpts {
     BatcherOpts { max_seqs, ..BatcherOpts::default() }
-}
-
-fn hf_dir(model: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/hf").join(model)
-}
-
-/// The longest golden prompt of a tiny checkpoint followed by transformers' continuation.
-fn hf_prompt(model: &str) -> Vec<u32> {
-    let g: serde_json::Value = serde_json::from_slice(&std::fs::read(hf_dir(model).join("golden.json")).unwrap()).unwrap();
-    let ids = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<u32>>();
-    let case = g["cases"].as_array().unwrap().iter().max_by_key(|c| c["ids"].as_array().unwrap().len()).unwrap();
-    [ids(&case["ids"]), ids(&case["generated"])].concat()
-}
-
-fn tiny(model: &str, device: DeviceChoice) -> Engine {
-    Engine::load(hf_dir(model), &LoadOptions { device, n_ctx: Some(128), threads: Some(2), ..Default::default() }, None).unwrap()
 }
 
 /// Each architecture as the target, drafted by another (every checkpoint has the same 320-token

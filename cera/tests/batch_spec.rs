@@ -138,17 +138,11 @@ fn drafts_never_preempt_another_sequence() {
     assert!(m.accepted_tokens > before.accepted_tokens, "drafts ran once B finished: {m:?}");
 }
 
-/// The tiny random Qwen2 checkpoint (`tests/golden/hf/qwen2-tiny`) and a prompt: its longest
-/// golden prompt followed by transformers' greedy continuation of it (so the model's likely
-/// tokens recur in the prompt and n-gram drafts find them).
+/// The tiny random Qwen2 checkpoint on the CPU and its longest golden prompt followed by
+/// transformers' greedy continuation (so the model's likely tokens recur and n-gram drafts find
+/// them).
 fn tiny() -> (Engine, Vec<u32>) {
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/hf/qwen2-tiny");
-    let g: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
-    let ids = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<u32>>();
-    let case = g["cases"].as_array().unwrap().iter().max_by_key(|c| c["ids"].as_array().unwrap().len()).unwrap();
-    let prompt = [ids(&case["ids"]), ids(&case["generated"])].concat();
-    let e = Engine::load(dir, &LoadOptions { device: DeviceChoice::Cpu, n_ctx: Some(128), threads: Some(2), ..Default::default() }, None).unwrap();
-    (e, prompt)
+    (spec_support::tiny("qwen2-tiny", DeviceChoice::Cpu), spec_support::hf_prompt("qwen2-tiny"))
 }
 
 #[test]

@@ -1,30 +1,19 @@
-//! `BatchState::step` under random steps, valid or with one thing broken, on the CPU executor (the tiny Llama, LFM2 with its
-//! conv slots, Gemma 3 with its windows) and the GPU executor (lavapipe in CI, fewer steps):
-//! slots out of range or repeated, empty or oversized token runs, ids past the vocabulary,
-//! positions past the context or the table's blocks, blocks past the cache, every `Want`
-//! (top-k out of range included), output rows past the tokens, masks of the wrong size, a step
-//! over its token budget. A valid step returns one well-formed output per entry, a broken one
-//! a typed error; none panics, and a good step after a refused one still runs. `CERA_FUZZ_ITERS` raises the count.
+//! `BatchState::step` under random steps, valid or with one thing broken, on the CPU executor
+//! (the tiny Llama, LFM2 with its conv slots, Gemma 3 with its windows) and the GPU executor
+//! (lavapipe in CI, fewer steps): slots out of range or repeated, empty token runs, ids past
+//! the vocabulary, positions past the context or the table's blocks, blocks past the cache,
+//! top-k out of range, output rows past the tokens, masks of the wrong size, a step over its
+//! token budget. A valid step returns one well-formed output per entry, a broken one a typed
+//! error; none panics, and a good step after a refused one still runs. `CERA_FUZZ_ITERS`
+//! raises the count.
+
+mod rng_support;
 
 use std::path::PathBuf;
 
 use boostr::paged::{BlockAllocator, BlockTable};
 use cera::engine::{BatchEntry, BatchOpts, DeviceChoice, Engine, LoadOptions, StepOutput, Want};
-
-/// xorshift64*: small, seeded, reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use rng_support::Rng;
 
 fn tiny(model: &str, device: DeviceChoice) -> Engine {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/hf").join(model);

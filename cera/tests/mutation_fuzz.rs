@@ -2,22 +2,10 @@
 //! PRNG tens of thousands of times and fed to the readers, which must never panic. The same
 //! entry points back the cargo-fuzz targets in `fuzz/`. `CERA_FUZZ_ITERS` raises the count.
 
+mod rng_support;
+
 use cera::fuzz_targets;
-
-/// xorshift64*: small, seeded, reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use rng_support::Rng;
 
 const INTERESTING: [u64; 10] = [0, 1, 2, 7, 0xff, 0xffff, 0xffff_ffff, 1 << 60, i64::MAX as u64, u64::MAX];
 

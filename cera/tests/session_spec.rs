@@ -13,14 +13,12 @@
 
 mod spec_support;
 
-use std::path::PathBuf;
-
 use cera::engine::speculative::max_drafts;
 use cera::engine::{
     BackendState, DecodeGemv, DeviceChoice, Engine, GenerateOpts, LoadOptions, ModelDrafter, Speculative, StateOpts, StepInput, StepOutput, Want,
 };
 use cera::fetch::{ModelId, ensure_model};
-use spec_support::assert_same_distribution;
+use spec_support::{assert_same_distribution, hf_dir, hf_prompt};
 
 fn smol(device: DeviceChoice) -> Option<Engine> {
     if device == DeviceChoice::Gpu {
@@ -100,19 +98,6 @@ fn smollm2_greedy_ids_equal_without_speculation_cpu() {
 fn smollm2_greedy_ids_equal_without_speculation_gpu() {
     let Some(e) = smol(DeviceChoice::Gpu) else { return };
     copy_heavy(&e, 12, false);
-}
-
-fn hf_dir(model: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/hf").join(model)
-}
-
-/// The longest golden prompt of a tiny checkpoint followed by transformers' continuation, so
-/// that the model's own tokens recur and n-gram drafts find some.
-fn hf_prompt(model: &str) -> Vec<u32> {
-    let g: serde_json::Value = serde_json::from_slice(&std::fs::read(hf_dir(model).join("golden.json")).unwrap()).unwrap();
-    let ids = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<u32>>();
-    let case = g["cases"].as_array().unwrap().iter().max_by_key(|c| c["ids"].as_array().unwrap().len()).unwrap();
-    [ids(&case["ids"]), ids(&case["generated"])].concat()
 }
 
 const MODELS: [&str; 6] = ["llama-tiny", "qwen2-tiny", "qwen3-tiny", "lfm2-tiny", "gemma3-tiny", "llama-tiny-awq"];

@@ -1,7 +1,32 @@
-//! The speculative-decoding tests' distribution check: a two-sample chi-square test of sampled
-//! tokens with and without drafts.
+//! What the speculative-decoding tests share: the tiny random checkpoints and their prompts, and
+//! the distribution check (a two-sample chi-square test of sampled tokens with and without
+//! drafts).
 
 #![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use cera::engine::{DeviceChoice, Engine, LoadOptions};
+
+/// A tiny random checkpoint's folder (`tests/golden/hf/MODEL`; all share one 320-token
+/// vocabulary).
+pub fn hf_dir(model: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/hf").join(model)
+}
+
+/// The longest golden prompt of a tiny checkpoint followed by transformers' greedy continuation
+/// of it, so that the model's own tokens recur and n-gram drafts find some.
+pub fn hf_prompt(model: &str) -> Vec<u32> {
+    let g: serde_json::Value = serde_json::from_slice(&std::fs::read(hf_dir(model).join("golden.json")).unwrap()).unwrap();
+    let ids = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<u32>>();
+    let case = g["cases"].as_array().unwrap().iter().max_by_key(|c| c["ids"].as_array().unwrap().len()).unwrap();
+    [ids(&case["ids"]), ids(&case["generated"])].concat()
+}
+
+/// A tiny checkpoint on `device` with a context of 128 and two CPU threads.
+pub fn tiny(model: &str, device: DeviceChoice) -> Engine {
+    Engine::load(hf_dir(model), &LoadOptions { device, n_ctx: Some(128), threads: Some(2), ..Default::default() }, None).unwrap()
+}
 
 /// The upper 0.1% point of the chi-square distribution with `df` degrees of freedom
 /// (Wilson-Hilferty).
