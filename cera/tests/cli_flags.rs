@@ -363,3 +363,22 @@ fn bench_grammar_constrains_the_concurrency_workload() {
     let err = refused(&["bench", "-m", &m, "--grammar", "start: /a/"]);
     assert!(err.contains("--grammar constrains the --concurrency workload"), "{err}");
 }
+
+/// `cera bench --concurrency` with speculative decoding: n-gram drafts, and SmolLM2 drafting for
+/// itself through the batcher's draft model; the drafts kept are reported under the table.
+#[test]
+fn bench_speculative_concurrency_workload() {
+    let m = smollm2();
+    let base = ["bench", "-m", &m, "--device", "cpu", "--threads", "2", "--concurrency", "1", "--requests", "1", "--ctx-size", "160"];
+    for extra in [&["--spec-type", "ngram"][..], &["--model-draft", &m, "--draft-max", "3"][..]] {
+        let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
+        let (ok, out, err) = cera(&args);
+        assert!(ok, "{extra:?}: {err}");
+        assert!(out.contains("| 1 | 1 |"), "{out}");
+        if extra[0] == "--model-draft" {
+            assert!(out.contains("1 streams: ") && out.contains(" drafts kept ("), "{extra:?}: {out}");
+        }
+    }
+    let err = refused(&["bench", "-m", &m, "--spec-type", "ngram"]);
+    assert!(err.contains("apply to the --concurrency workload"), "{err}");
+}

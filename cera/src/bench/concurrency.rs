@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::BenchError;
-use crate::engine::{BatcherOpts, BoxSink, Constraint, Engine, GenerateOpts, TokenEvent};
+use crate::engine::{BatcherOpts, BoxSink, Constraint, Engine, GenerateOpts, Speculative, TokenEvent};
 
 /// One request of the workload: its prompt and output lengths.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +62,21 @@ pub struct ConcurrencyRow {
     pub prefill_tokens: u64,
     /// Sequences preempted for KV memory.
     pub preemptions: u64,
+    /// Speculative draft tokens verified (0 without speculation).
+    pub drafted_tokens: u64,
+    /// Of those, the ones kept.
+    pub accepted_tokens: u64,
+}
+
+/// What each request of the workload asks for besides its tokens.
+#[derive(Clone, Copy, Default)]
+pub struct Requests<'a> {
+    /// A constraint on every request (structured output's cost).
+    pub constraint: Option<&'a Constraint>,
+    /// Speculative decoding on every request (n-gram drafts, or the draft model's).
+    pub speculative: Option<Speculative>,
+    /// A draft model for the batcher, with its `p_min`.
+    pub draft: Option<(&'a Engine, f32)>,
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -111,18 +126,20 @@ fn row(
         itl_p99_ms: pct(&mut itl, 0.99),
         prefill_tokens,
         preemptions,
+        drafted_tokens: 0,
+        accepted_tokens: 0,
     }
 }
 
 /// Runs the workload at each concurrency on `engine`: `requests` requests, or (`None`) twice
-/// the concurrency and at least 16 (the first requests of the same fixed list), each under
-/// `constraint` when one is given.
+/// the concurrency and at least 16 (the first requests of the same fixed list), each as `each`
+/// says (a constraint, speculative decoding, a draft model).
 pub fn run(
     engine: &Engine,
     concurrency: &[usize],
     requests: Option<usize>,
     opts: BatcherOpts,
-    constraint: Option<&Constraint>,
+    each: Requests<'_>,
     note: &mut dyn FnMut(&str),
 ) -> Result<Vec<ConcurrencyRow>, BenchError> {
     let vocab = engine.config().vocab as u32;
@@ -137,7 +154,11 @@ pub fn run(
         }
         let requests = requests.unwrap_or((2 * c).max(16));
         let work = workload(requests, engine.n_ctx());
-        let b = engine.batcher(BatcherOpts { max_seqs: opts.max_seqs.max(c), ..opts })?;
+        let bo = BatcherOpts { max_seqs: opts.max_seqs.max(c), ..opts };
+        let b = match each.draft {
+            Some((d, p_min)) => engine.batcher_with_draft(bo, d, p_min)?,
+            None => engine.batcher(bo)?,
+        };
         note(&format!("concurrency {c}: {requests} requests, {} KV blocks", b.batch_opts().n_blocks));
         let start = Instant::now();
         let mut in_flight = std::collections::VecDeque::new();
@@ -152,7 +173,8 @@ pub fn run(
                 let stamps = Arc::new(Mutex::new(Vec::with_capacity(r.output)));
                 let s2 = stamps.clone();
                 let sink: BoxSink = Box::new(move |_: &TokenEvent| s2.lock().unwrap_or_else(|p| p.into_inner()).push(Instant::now()));
-                let g = GenerateOpts { ignore_eos: true, constraint: constraint.cloned(), ..GenerateOpts::greedy(r.output) };
+                let g =
+                    GenerateOpts { ignore_eos: true, constraint: each.constraint.cloned(), speculative: each.speculative, ..GenerateOpts::greedy(r.output) };
                 in_flight.push_back(b.submit(prompt, &g, Some(sink))?);
                 times.push((Instant::now(), stamps));
                 next += 1;
@@ -172,7 +194,9 @@ pub fn run(
         let m = b.metrics();
         let times: Vec<(Instant, Vec<Instant>)> =
             times.into_iter().map(|(sub, s)| (sub, std::mem::take(&mut *s.lock().unwrap_or_else(|p| p.into_inner())))).collect();
-        rows.push(row(c, requests, seconds, generated, &times, m.prefill_tokens, m.preemptions));
+        let mut r = row(c, requests, seconds, generated, &times, m.prefill_tokens, m.preemptions);
+        (r.drafted_tokens, r.accepted_tokens) = (m.drafted_tokens, m.accepted_tokens);
+        rows.push(r);
     }
     Ok(rows)
 }
@@ -255,6 +279,18 @@ pub fn print_rows(model: &str, device: &str, rows: &[ConcurrencyRow]) -> String 
             "| {} | {} | {:.0} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {} |\n",
             r.concurrency, r.requests, r.total_tok_s, r.per_seq_tok_s, r.ttft_p50_ms, r.ttft_p99_ms, r.itl_p50_ms, r.itl_p99_ms, r.preemptions
         );
+    }
+    for r in rows.iter().filter(|r| r.drafted_tokens > 0) {
+        s += &format!(
+            "\n{} streams: {} of {} drafts kept ({:.0}%)",
+            r.concurrency,
+            r.accepted_tokens,
+            r.drafted_tokens,
+            100.0 * r.accepted_tokens as f64 / r.drafted_tokens as f64
+        );
+    }
+    if rows.iter().any(|r| r.drafted_tokens > 0) {
+        s.push('\n');
     }
     s
 }

@@ -87,6 +87,10 @@ pub struct Args {
     /// lengths. Needs the `server` feature.
     #[arg(long = "grammar", value_name = "LARK")]
     pub grammar: Option<String>,
+    /// With `--concurrency`: speculative decoding on every request (n-gram drafts, or a draft
+    /// model's), paced per request as `cera serve` paces it.
+    #[command(flatten)]
+    pub spec: super::generation::SpecArgs,
 }
 
 /// Runs `cera bench`.
@@ -94,6 +98,9 @@ pub fn run(a: Args, out: &mut Output) -> Result<(), CliError> {
     let models = a.models.iter().map(|m| resolve_model(m)).collect::<Result<Vec<_>, _>>()?;
     if a.grammar.is_some() && a.concurrency.is_empty() {
         return Err(CliError::Message("--grammar constrains the --concurrency workload: give --concurrency too".into()));
+    }
+    if a.spec.speculative()?.is_some() && a.concurrency.is_empty() {
+        return Err(CliError::Message("--spec-type / --model-draft apply to the --concurrency workload (for one sequence: cera run, or --spec-oracle)".into()));
     }
     if !a.concurrency.is_empty() {
         return run_concurrency(&a, &models, out);
@@ -177,8 +184,19 @@ fn run_concurrency(a: &Args, models: &[PathBuf], out: &mut Output) -> Result<(),
             Some(g) => Some(grammar_constraint(&engine, g)?),
             None => None,
         };
-        let constraint = grammar.as_ref().map(|g| &g.0);
-        let rows = bench::concurrency::run(&engine, &a.concurrency, a.requests, opts, constraint, note).map_err(CliError::from_err)?;
+        let draft = match &a.spec.model_draft {
+            Some(d) => Some(
+                crate::engine::Engine::load(resolve_model(d)?, &a.load.options(Some(engine.n_ctx()))?, None)
+                    .map_err(|e| CliError::Message(format!("--model-draft {d}: {e}")))?,
+            ),
+            None => None,
+        };
+        let each = bench::concurrency::Requests {
+            constraint: grammar.as_ref().map(|g| &g.0),
+            speculative: a.spec.speculative()?,
+            draft: draft.as_ref().map(|d| (d, a.spec.draft_p_min)),
+        };
+        let rows = bench::concurrency::run(&engine, &a.concurrency, a.requests, opts, each, note).map_err(CliError::from_err)?;
         if let Some((_, cost)) = &grammar {
             let (masks, nanos) = cost();
             note(&format!("the grammar's masks: {masks}, {:.1} µs each on the host", nanos as f64 / 1e3 / masks.max(1) as f64));
@@ -196,7 +214,7 @@ fn run_concurrency(a: &Args, models: &[PathBuf], out: &mut Output) -> Result<(),
         // llama.cpp's server on the same file and workload, after cera's engine is gone.
         let (n_ctx, vocab, device) = (engine.n_ctx(), engine.config().vocab as u32, engine.device_name());
         let ban = bench::concurrency::not_utf8(engine.tokenizer());
-        drop(engine);
+        drop((engine, draft));
         if !a.json {
             // cera's rows first: llama.cpp's side may fail or take long.
             out.write_str(&bench::concurrency::print_rows(&name, &device, &rows))?;
