@@ -10,7 +10,7 @@ mod batch_support;
 
 use batch_support::{alone, prompts, run_staggered};
 use boostr::paged::{BlockAllocator, BlockTable};
-use cera::engine::{BatchEntry, BatchOpts, BatcherOpts, DeviceChoice, Engine, GenerateOpts, KvType, LoadOptions, TokenEvent, Want};
+use cera::engine::{BatchEntry, BatchOpts, BatcherOpts, DecodeGemv, DeviceChoice, Engine, GenerateOpts, KvType, LoadOptions, TokenEvent, Want};
 use cera::fetch::{ModelId, ensure_model};
 
 fn engine() -> Option<Engine> {
@@ -40,6 +40,38 @@ fn sequences_equal_each_alone_and_the_session() {
     s.append_tokens(&ps[0]).unwrap();
     let want = s.generate(&opts[0], &mut |_: &TokenEvent| {}).unwrap();
     assert_eq!(got[0].ids, want.ids);
+}
+
+/// The int8 decode path (`--decode-gemv int8`, the default for models of hidden size 2048 or
+/// more): decode rows run in the decode lane through the integer-dot rows GEMV, whose quantizer
+/// takes the RMSNorm or the GLU and whose output takes the residual add; each sequence gives
+/// the ids it gives alone.
+#[test]
+fn int8_decode_rows_give_each_sequence_its_ids_alone() {
+    if numr::testing::test_gpu().is_none() {
+        return;
+    }
+    let path = ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2");
+    let o = LoadOptions { device: DeviceChoice::Gpu, n_ctx: Some(512), decode_gemv: DecodeGemv::Int8, ..Default::default() };
+    let e = Engine::load(path, &o, None).unwrap();
+    let ps = prompts(&e, 2);
+    let opts = vec![GenerateOpts::greedy(4), GenerateOpts::default().with_seed(9)];
+    let opts: Vec<GenerateOpts> = opts.into_iter().map(|o| GenerateOpts { max_tokens: 4, ..o }).collect();
+    let b = e.batcher(BatcherOpts { max_seqs: 2, kv_budget: Some(32 << 20), ..BatcherOpts::default() }).unwrap();
+    let got = run_staggered(&b, &ps, &opts);
+    for i in 0..2 {
+        assert_eq!(got[i].ids, alone(&e, &ps[i], &opts[i]).ids, "sequence {i}");
+    }
+    let mut s = e.session().unwrap();
+    s.append_tokens(&ps[0]).unwrap();
+    let want = s.generate(&opts[0], &mut |_: &TokenEvent| {}).unwrap();
+    assert_eq!(got[0].ids, want.ids, "the int8 session's greedy continuation");
+    // `--tune batch_lanes=off`: every row in one unfused plan, the same greedy ids here.
+    let mut tuning = cera::engine::GpuTuning::default();
+    tuning.set("batch_lanes", "off").unwrap();
+    let one_plan = Engine::load(ensure_model(ModelId::SmolLM2_135M).unwrap(), &LoadOptions { tuning, ..o }, None).unwrap();
+    let b = one_plan.batcher(BatcherOpts { max_seqs: 2, kv_budget: Some(32 << 20), ..BatcherOpts::default() }).unwrap();
+    assert_eq!(b.generate(ps[0].clone(), &opts[0]).unwrap().ids, got[0].ids);
 }
 
 /// A q8_0 KV cache: the paged q8_0 blocks give each sequence the greedy ids of the session's
@@ -97,8 +129,20 @@ fn a_batched_step_is_a_few_submits_of_a_fixed_dispatch_count() {
         .collect();
     st.step(&entries).unwrap();
     let decode = st.last_step_counters();
-    assert_eq!((decode.submits, decode.dispatches), (one.submits, one.dispatches));
-    println!("SmolLM2 batched step: {} dispatches, {} passes (mixed), {} passes (decode rows)", eight.dispatches, eight.passes, decode.passes);
+    // Decode rows run in their own lane, fused as a verification plan (the norms and the GLU in
+    // the GEMVs' prologues, the residual adds in the GEMVs): at least 3 dispatches a layer fewer
+    // than the prompt rows' plan, and as many for one row as for eight.
+    let layers = e.config().n_layers;
+    assert!(decode.dispatches + 3 * layers <= one.dispatches, "decode rows {decode:?}, a prompt step {one:?}");
+    assert!(decode.submits >= 2 && decode.submits <= 1 + (decode.dispatches / 16 + 1).ilog2() as usize, "{decode:?}");
+    st.step(&entries[..1]).unwrap();
+    assert_eq!(st.last_step_counters().dispatches, decode.dispatches, "decode dispatches do not grow with the sequences");
+    // A step of both: both lanes.
+    let mixed = [entries[0], BatchEntry { slot: 1, tokens: &toks[1], pos: 0, table: &tables[1], want: Want::Argmax, decode: false, out_rows: 1, mask: None }];
+    st.step(&mixed).unwrap();
+    let both = st.last_step_counters();
+    assert!(both.dispatches >= decode.dispatches + one.dispatches - 8, "{both:?}");
+    println!("SmolLM2 batched step: {} dispatches (prompt rows), {} (decode rows), {} (both)", one.dispatches, decode.dispatches, both.dispatches);
 }
 
 /// A constraint's allowed-id mask applied on the GPU before argmax / top-k (`MaskBitsPlan`)

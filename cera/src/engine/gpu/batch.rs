@@ -46,14 +46,15 @@ pub(crate) struct GpuBatch {
     opts: BatchOpts,
     _weights: Arc<GpuWeights>,
     _cache: PagedKvCache,
-    batch: PagedBatch,
     _freqs: Vec<Arc<GpuBuffer>>,
-    /// Per conv layer, every slot's ring `[max_seqs][CONV_RING][dim]`; the step's runs.
+    /// Per conv layer, every slot's ring `[max_seqs][CONV_RING][dim]`.
     _conv: Vec<Arc<GpuBuffer>>,
-    conv_seqs: Option<ConvSeqs>,
-    ids: Arc<GpuBuffer>,
-    slots: Slots,
-    plan: Plan,
+    /// The decode entries' lane (a batch state whose decode rows take the multi-row GEMV): every
+    /// row a decode row, fused as a verification plan is ([`Lane`]).
+    decode: Option<Lane>,
+    /// The other entries' lane (prompt chunks; every entry where there is no decode lane). Its
+    /// slots hold the head's logits.
+    main: Lane,
     /// The head's input rows when they are gathered.
     head_in: Arc<GpuBuffer>,
     /// The LM head over the `Normed` rows / over `head_in`.
@@ -80,6 +81,82 @@ pub(crate) struct GpuBatch {
 /// An entry's first head row and count (`None`: it wants nothing).
 type HeadRows = Option<(usize, usize)>;
 
+/// One lane of a batched step: the rows of one kind through a plan of their own, with their
+/// own ids, batch (positions, tables), conv runs and activation slots, over the shared paged
+/// cache. A decode row always runs through the decode lane's fused plan and a prompt row
+/// through the main lane's, so a row's numbers never depend on what else is in the step.
+struct Lane {
+    batch: PagedBatch,
+    ids: Arc<GpuBuffer>,
+    conv_seqs: Option<ConvSeqs>,
+    slots: Slots,
+    plan: Plan,
+}
+
+/// What a lane's plans read besides its own buffers.
+struct Shared<'a> {
+    b: &'a GpuBackend,
+    opts: &'a BatchOpts,
+    cache: &'a PagedKvCache,
+    freqs: &'a [Arc<GpuBuffer>],
+    conv: &'a [Arc<GpuBuffer>],
+}
+
+impl Lane {
+    /// A lane of up to `opts.max_tokens` rows: `rows_only` (every row a decode row, fused) or
+    /// mixed (prompt rows through the GEMM, decode rows, if `decode_gemv`, through the
+    /// multi-row GEMV); `logit_rows` rows of logits in its slots.
+    fn new(sh: &Shared<'_>, rows_only: bool, decode_gemv: bool, logit_rows: usize) -> Result<Lane, EngineError> {
+        let (ctx, g, opts) = (&sh.b.ctx, &sh.b.graph, sh.opts);
+        let entries = opts.max_seqs.saturating_mul(opts.blocks_per_seq()).max(1);
+        let batch = PagedBatch::new(ctx, opts.max_tokens, entries, opts.block_len).map_err(ops_err)?;
+        let ids = ctx.alloc(4 * opts.max_tokens as u64, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
+        let conv_seqs = if sh.conv.is_empty() { None } else { Some(ConvSeqs::new(ctx, opts.max_tokens, opts.max_seqs).map_err(ops_err)?) };
+        let slots = Slots::with_logit_rows(ctx, g, opts.max_tokens, 1, logit_rows)?;
+        let mut lane = Lane { batch, ids, conv_seqs, slots, plan: Plan::new() };
+        let inp = lane.inputs(sh, rows_only, decode_gemv);
+        lane.plan = build(ctx, &inp, &lane.slots, Mode::Batch { max_tok: opts.max_tokens })?;
+        Ok(lane)
+    }
+
+    fn inputs<'a>(&'a self, sh: &Shared<'a>, rows_only: bool, decode_gemv: bool) -> PlanInputs<'a> {
+        PlanInputs {
+            graph: &sh.b.graph,
+            weights: &sh.b.weights,
+            cache: None,
+            paged: Some((sh.cache, &self.batch)),
+            paged_ctx: sh.opts.n_ctx,
+            ids: &self.ids,
+            freqs: sh.freqs,
+            conv: sh.conv,
+            conv_seqs: self.conv_seqs.as_ref(),
+            decode_gemv: sh.b.decode_gemv,
+            tuning: &sh.b.tuning,
+            batch_decode_gemv: decode_gemv,
+            prefill_gemv: false,
+            rows_only,
+        }
+    }
+
+    /// Writes the step's ids, batch and conv runs for `entries`; the values its plan runs with.
+    fn set(&self, ctx: &GpuContext, entries: &[BatchEntry<'_>], scratch: &mut Vec<u32>) -> Result<StepValues, EngineError> {
+        scratch.clear();
+        let mut seqs = Vec::with_capacity(entries.len());
+        for e in entries {
+            seqs.push(BatchSeq { table: e.table, pos: e.pos, n_tok: e.tokens.len() });
+            scratch.extend_from_slice(e.tokens);
+        }
+        ctx.write(&self.ids, 0, bytemuck::cast_slice(scratch)).map_err(|e| dev_err(ctx, e))?;
+        let decode_rows: usize = entries.iter().take_while(|e| e.decode).map(|e| e.tokens.len()).sum();
+        let step = self.batch.set(ctx, &seqs).map_err(ops_err)?.with_decode_rows(decode_rows as u32);
+        if let Some(cs) = &self.conv_seqs {
+            let runs: Vec<ConvSeq> = entries.iter().map(|e| ConvSeq { slot: e.slot, pos: e.pos, n_tok: e.tokens.len() }).collect();
+            cs.set(ctx, &runs).map_err(ops_err)?;
+        }
+        Ok(step)
+    }
+}
+
 impl GpuBatch {
     pub(crate) fn new(b: &GpuBackend, opts: &BatchOpts) -> Result<GpuBatch, EngineError> {
         opts.check()?;
@@ -101,9 +178,6 @@ impl GpuBatch {
             max_buffer_bytes: None,
         };
         let cache = PagedKvCache::new(ctx, cfg).map_err(ops_err)?;
-        let entries = opts.max_seqs.saturating_mul(opts.blocks_per_seq()).max(1);
-        let batch = PagedBatch::new(ctx, opts.max_tokens, entries, opts.block_len).map_err(ops_err)?;
-        let ids = ctx.alloc(4 * opts.max_tokens as u64, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
         let dummy = ctx.alloc(16, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
         let mut freqs = vec![dummy.clone(); c.n_layers];
         for op in &g.ops {
@@ -119,31 +193,24 @@ impl GpuBatch {
             ctx.with_stream(|rec| rec.clear(&ring)).map_err(|e| dev_err(ctx, e))?;
             conv.push(ring);
         }
-        let conv_seqs = if conv.is_empty() { None } else { Some(ConvSeqs::new(ctx, opts.max_tokens, opts.max_seqs).map_err(ops_err)?) };
-        let inp = PlanInputs {
-            graph: g,
-            weights: &b.weights,
-            cache: None,
-            paged: Some((&cache, &batch)),
-            paged_ctx: opts.n_ctx,
-            ids: &ids,
-            freqs: &freqs,
-            conv: &conv,
-            conv_seqs: conv_seqs.as_ref(),
-            decode_gemv: b.decode_gemv,
-            tuning: &b.tuning,
-            batch_decode_gemv: opts.max_seqs <= b.tuning.batch_gemv_max_seqs,
-            prefill_gemv: false,
-        };
         let heads = opts.head_rows();
-        let slots = Slots::with_logit_rows(ctx, g, opts.max_tokens, 1, heads)?;
-        let plan = build(ctx, &inp, &slots, Mode::Batch { max_tok: opts.max_tokens })?;
+        let sh = Shared { b, opts, cache: &cache, freqs: &freqs, conv: &conv };
+        // Decode rows through the multi-row GEMV in a lane of their own (a batch state of few
+        // sequences, `GpuTuning::batch_gemv_max_seqs`; `batch_lanes` off: in the main lane, unfused),
+        // else every row through the GEMM.
+        let gemv_rows = opts.max_seqs <= b.tuning.batch_gemv_max_seqs;
+        let lanes = gemv_rows && b.tuning.batch_lanes;
+        let decode = if lanes { Some(Lane::new(&sh, true, true, 1)?) } else { None };
+        let main = Lane::new(&sh, false, gemv_rows && !lanes, heads)?;
+        let inp = main.inputs(&sh, false, gemv_rows);
         let dim = g.width(Slot::Normed);
         let head_in = ctx.alloc((4 * dim * heads) as u64, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
-        let logits = slots.bind(Slot::Logits);
+        let logits = main.slots.bind(Slot::Logits);
         let direct_rows = heads.min(opts.max_tokens);
-        let head_direct = build_head_rows(ctx, &inp, &slots, slots.bind(Slot::Normed), logits.clone(), direct_rows)?;
-        let head_gather = build_head_rows(ctx, &inp, &slots, Binding::whole(&head_in), logits, heads)?;
+        let first = decode.as_ref().unwrap_or(&main);
+        let head_direct = build_head_rows(ctx, &inp, &main.slots, first.slots.bind(Slot::Normed), logits.clone(), direct_rows)?;
+        let head_gather = build_head_rows(ctx, &inp, &main.slots, Binding::whole(&head_in), logits, heads)?;
+        let slots = &main.slots;
         let argmax = ArgmaxPlan::rows(ctx, &slots.view(Slot::Logits), c.vocab, heads, None).map_err(ops_err)?;
         let topk = TopKPlan::rows(ctx, &slots.view(Slot::Logits), c.vocab, MAX_TOP_K.min(c.vocab), heads).map_err(ops_err)?;
         let max_masks = opts.max_seqs.min(heads).max(1);
@@ -159,13 +226,10 @@ impl GpuBatch {
             opts: *opts,
             _weights: b.weights.clone(),
             _cache: cache,
-            batch,
             _freqs: freqs,
             _conv: conv,
-            conv_seqs,
-            ids,
-            slots,
-            plan,
+            decode,
+            main,
             head_in,
             head_direct,
             head_gather,
@@ -191,45 +255,55 @@ impl GpuBatch {
     /// (`lead`: the first one's size, 0 for none; [`super::lead`]). `entries` hold their decode
     /// entries first ([`decode_first`]).
     fn record(&mut self, rec: &mut Recorder, entries: &[BatchEntry<'_>], lead: usize) -> Result<(Vec<HeadRows>, StepCounters), EngineError> {
-        let decode_rows: usize = entries.iter().take_while(|e| e.decode).map(|e| e.tokens.len()).sum();
-        self.scratch.clear();
-        let mut seqs = Vec::with_capacity(entries.len());
+        // The decode entries to the decode lane (where there is one), the rest to the main lane;
+        // each lane's rows start at 0 in its own buffers.
+        let n_dec = if self.decode.is_some() { entries.iter().take_while(|e| e.decode).count() } else { 0 };
+        let (dec, rest) = entries.split_at(n_dec);
+        let mut early = StepCounters::default();
+        let mut lead = lead;
+        // Each entry's lane (0: decode, 1: main) and last row there.
         let mut last_rows = Vec::with_capacity(entries.len());
-        for e in entries {
-            seqs.push(BatchSeq { table: e.table, pos: e.pos, n_tok: e.tokens.len() });
-            self.scratch.extend_from_slice(e.tokens);
-            last_rows.push(self.scratch.len() - 1);
+        for (k, group) in [dec, rest].into_iter().enumerate() {
+            if group.is_empty() {
+                continue;
+            }
+            let lane = if k == 0 { self.decode.as_ref().expect("decode entries go to the decode lane") } else { &self.main };
+            let step = lane.set(&self.ctx, group, &mut self.scratch)?;
+            let mut row = 0;
+            for e in group {
+                row += e.tokens.len();
+                last_rows.push((k, row - 1));
+            }
+            let e = record_with_lead(rec, lane.plan.dispatches(), &step, lead).map_err(|e| self.err(e))?;
+            (early.dispatches, early.passes, early.submits) = (early.dispatches + e.dispatches, early.passes + e.passes, early.submits + e.submits);
+            lead = 0;
         }
-        self.ctx.write(&self.ids, 0, bytemuck::cast_slice(&self.scratch)).map_err(|e| self.err(e))?;
-        let step = self.batch.set(&self.ctx, &seqs).map_err(ops_err)?.with_decode_rows(decode_rows as u32);
-        if let Some(cs) = &self.conv_seqs {
-            let runs: Vec<ConvSeq> = entries.iter().map(|e| ConvSeq { slot: e.slot, pos: e.pos, n_tok: e.tokens.len() }).collect();
-            cs.set(&self.ctx, &runs).map_err(ops_err)?;
-        }
-        let early = record_with_lead(rec, self.plan.dispatches(), &step, lead).map_err(|e| self.err(e))?;
         let mut head = Vec::with_capacity(entries.len());
         let mut wanted = Vec::new();
-        for (e, &row) in entries.iter().zip(&last_rows) {
+        for (e, &(lane, row)) in entries.iter().zip(&last_rows) {
             if e.want == Want::Nothing {
                 head.push(None);
             } else {
                 head.push(Some((wanted.len(), e.out_rows)));
-                wanted.extend(row + 1 - e.out_rows..=row);
+                wanted.extend((row + 1 - e.out_rows..=row).map(|r| (lane, r)));
             }
         }
         let m = wanted.len();
         if m == 0 {
             return Ok((head, early));
         }
-        // Every head row through the decode-row GEMV (the head has no prompt rows).
+        // Every head row through the decode-row GEMV (the head has no prompt rows). The rows are
+        // read in place when they are the first lane's first rows in order (a step of decode
+        // rows), else gathered.
         let rows = StepValues::chunk(0, m as u32).with_decode_rows(m as u32);
-        if wanted.iter().enumerate().all(|(j, &r)| r == j) && m <= self.opts.max_tokens.min(self.opts.head_rows()) {
+        let first = if self.decode.is_some() { 0 } else { 1 };
+        if wanted.iter().enumerate().all(|(j, &r)| r == (first, j)) && m <= self.opts.max_tokens.min(self.opts.head_rows()) {
             self.head_direct.record(rec, &rows).map_err(|e| self.err(e))?;
         } else {
             let row = 4 * self.graph.width(Slot::Normed) as u64;
-            let src = self.slots.buf(Slot::Normed).clone();
-            for (j, &r) in wanted.iter().enumerate() {
-                rec.copy(&src, r as u64 * row, &self.head_in, j as u64 * row, row).map_err(|e| self.err(e))?;
+            for (j, &(lane, r)) in wanted.iter().enumerate() {
+                let src = if lane == 0 { self.decode.as_ref().expect("a decode lane row") } else { &self.main }.slots.buf(Slot::Normed);
+                rec.copy(src, r as u64 * row, &self.head_in, j as u64 * row, row).map_err(|e| self.err(e))?;
             }
             self.head_gather.record(rec, &rows).map_err(|e| self.err(e))?;
         }
@@ -360,7 +434,7 @@ impl GpuBatch {
         for (e, h) in entries.iter().zip(&head) {
             row_reads.push(match (e.want, h) {
                 (Want::Logits, Some((j, n))) => {
-                    Some(rec.read(self.slots.buf(Slot::Logits), *j as u64 * 4 * vocab, *n as u64 * 4 * vocab).map_err(|e| self.err(e))?)
+                    Some(rec.read(self.main.slots.buf(Slot::Logits), *j as u64 * 4 * vocab, *n as u64 * 4 * vocab).map_err(|e| self.err(e))?)
                 }
                 _ => None,
             });

@@ -147,6 +147,10 @@ pub(crate) struct PlanInputs<'a> {
     /// GEMV (reading the weights once for all of them) and whose LM head runs over every row:
     /// a speculative verification step ([`super::state`]'s `verify`).
     pub(crate) prefill_gemv: bool,
+    /// A batched plan whose every row is a decode row (the decode lane of a batched step,
+    /// [`super::batch`]): the projections take the verification plan's fusions
+    /// ([`fuse_rows`]), with no GEMM for prompt rows; the LM head is not in it.
+    pub(crate) rows_only: bool,
 }
 
 impl<'a> PlanInputs<'a> {
@@ -217,9 +221,11 @@ pub(crate) fn build_head_rows(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots,
 /// dispatches instead of 14 on the int8 path, 6 instead of 10 on the f32 path.
 fn fuse_rows(inp: &PlanInputs, allow: Allow) -> Fusions {
     let g = inp.graph;
+    // A batched plan's head runs after it, from the `Normed` rows: nothing fuses into it.
+    let head = !inp.rows_only;
     let k_of = |i: usize| match &g.ops[i] {
         Op::Linear { ws, .. } => Some(ws.first().map_or(0, |w| w.cols)),
-        Op::LmHead { w, .. } => Some(w.cols),
+        Op::LmHead { w, .. } if head => Some(w.cols),
         _ => None,
     };
     // The norm has no limit on the features (`--tune decode_fusion` still turns each fusion
@@ -243,6 +249,7 @@ pub(crate) fn build_layers(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mo
     let fused = match mode {
         Mode::Decode => fuse_decode(&g.ops, allow, &k_of, &rope_ok),
         Mode::Prefill { .. } if inp.prefill_gemv => fuse_rows(inp, allow),
+        Mode::Batch { .. } if inp.rows_only => fuse_rows(inp, allow),
         _ => Fusions::none(g.ops.len()),
     };
     let links = if mode == Mode::Decode { epilogue_links(ctx, &env, inp, &fused, epilogues)? } else { Links::default() };

@@ -135,6 +135,7 @@ impl GpuState {
             tuning: &b.tuning,
             batch_decode_gemv: false,
             prefill_gemv: false,
+            rows_only: false,
         };
         let dec_slots = Slots::new(ctx, g, 1, 1)?;
         let pre_slots = Slots::new(ctx, g, ubatch, prefill_qkv_splits(ctx, &inp, ubatch))?;

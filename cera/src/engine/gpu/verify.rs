@@ -53,6 +53,7 @@ impl GpuState {
             tuning: &self.tuning,
             batch_decode_gemv: false,
             prefill_gemv: true,
+            rows_only: false,
         };
         let rows = MAX_VERIFY_ROWS.min(self.ubatch);
         let slots = Slots::with_logit_rows(ctx, g, rows, 1, rows)?;

@@ -148,6 +148,13 @@ pub struct GpuTuning {
     /// The integer-dot GEMV loses 6% to the GEMM at 64 busy streams and wins 1.2-2.6x below, so
     /// batch states of up to 64 sequences take it.
     pub batch_gemv_max_seqs: usize,
+    /// Such a batch state runs its decode rows in a lane of their own (`batch_lanes`), whose
+    /// plan takes a verification plan's fusions (the RMSNorm and the GLU in the rows'
+    /// quantizer or the f32 GEMV's prologue, the residual add in the GEMV): 10 dispatches a
+    /// llama layer on the int8 path instead of 15, and a prompt chunk's rows in another lane
+    /// through the GEMM. Off: every row in one plan, unfused. On by default from the dispatch
+    /// counts and the verification plan's gain from the same fusions; not yet timed here.
+    pub batch_lanes: bool,
     /// The shape of the batched steps' integer-dot decode-row GEMV (`batch_q8`; `None`: the
     /// f32 one), where the int8 decode path is on. The default is the best of a sweep of six
     /// shapes on the H100 (`scripts/batch-sweep.sh`; summed one-step tok/s at 1, 8 and 64
@@ -317,6 +324,7 @@ impl Default for GpuTuning {
             gemv_threads: None,
             batch_gemv: BatchGemv::DEFAULT,
             batch_gemv_max_seqs: 64,
+            batch_lanes: true,
             batch_q8: Some(BatchQ8::DEFAULT),
             verify_q8: Some(BatchQ8::VERIFY),
             q8_min_rows: 2,

@@ -36,7 +36,7 @@ fn every_key_is_documented_and_sets_something() {
         "chain" => "quant_gemv_q8",
         "chain_poll" => "first",
         "batch_gemv" => "4,2,128,1",
-        "batch_q8" | "verify_q8" => "off",
+        "batch_q8" | "verify_q8" | "batch_lanes" => "off",
         _ => "3",
     };
     for (k, doc) in TUNING_KEYS {
@@ -70,6 +70,7 @@ fn settings_parse_into_their_fields() {
         "batch_q8=4,8,128,2",
         "verify_q8=1,2,32,2",
         "batch_gemv_max_seqs=4",
+        "batch_lanes=off",
         "norm_local=16,512,1,1",
         "norm_local_small=off",
         "attn_tuning=2,4,264",
@@ -98,7 +99,8 @@ fn settings_parse_into_their_fields() {
     assert_eq!(t.batch_gemv, super::BatchGemv { rows: 8, group: 2, threads: 256, f16: true });
     assert_eq!((t.batch_q8, t.batch_gemv_max_seqs), (Some(super::BatchQ8 { rows: 4, group: 8, threads: 128, unroll: 2 }), 4));
     assert_eq!(t.verify_q8, Some(super::BatchQ8 { rows: 1, group: 2, threads: 32, unroll: 2 }));
-    for s in ["batch_gemv=2,4,128,0", "batch_q8=2,4,64,1", "verify_q8=2,3,64,1", "batch_gemv_max_seqs=64"] {
+    assert!(!t.batch_lanes);
+    for s in ["batch_gemv=2,4,128,0", "batch_q8=2,4,64,1", "verify_q8=2,3,64,1", "batch_gemv_max_seqs=64", "batch_lanes=on"] {
         t.set_pair(s).unwrap();
     }
     // `auto` returns an override to the default, `all` / `off` the chains' mode.

@@ -178,6 +178,18 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
                 };
                 plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
             }
+            (Mode::Prefill { max_tok } | Mode::Batch { max_tok }, _) if inp.prefill_gemv || inp.rows_only => {
+                // Every row is a decode row (a verification step's few rows, a batched step's
+                // decode lane); the f32 GEMV takes a fused norm or GLU as its prologue (the int8
+                // one's quantizer took it).
+                let accumulate = f.accumulate;
+                let prologue = match (&f.norm, f.glu) {
+                    (Some(n), _) => Some((Prologue::RmsNorm { gemma: false, stage_k: 0 }, Some(inp.weights.vec(n)?.binding.clone()))),
+                    (None, Some(act)) => Some((Prologue::Glu { act }, None)),
+                    (None, None) => None,
+                };
+                decode_rows_gemv(cx, plan, DecodeRows { xa: xa_batch.as_ref(), w, x: &x, output, eps, max_tok, accumulate, prologue })?;
+            }
             (Mode::Batch { max_tok }, _) if !inp.batch_decode_gemv => {
                 // Every row through the GEMM (a batch state of many sequences, where one GEMM
                 // pass over the weights beats the GEMV's pass per group of decode rows).
@@ -193,17 +205,6 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
                 let gemm = GemmPlan::beside_decode_rows(ctx, &cfg, w, &x, &output, max_tok);
                 plan.append(gemm.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
                 decode_rows_gemv(cx, plan, DecodeRows { xa: xa_batch.as_ref(), w, x: &x, output, eps, max_tok, accumulate: false, prologue: None })?;
-            }
-            (Mode::Prefill { max_tok }, _) if inp.prefill_gemv => {
-                // Every row is a decode row (a verification step's few rows); the f32 GEMV takes
-                // a fused norm or GLU as its prologue (the int8 one's quantizer took it).
-                let accumulate = f.accumulate;
-                let prologue = match (&f.norm, f.glu) {
-                    (Some(n), _) => Some((Prologue::RmsNorm { gemma: false, stage_k: 0 }, Some(inp.weights.vec(n)?.binding.clone()))),
-                    (None, Some(act)) => Some((Prologue::Glu { act }, None)),
-                    (None, None) => None,
-                };
-                decode_rows_gemv(cx, plan, DecodeRows { xa: xa_batch.as_ref(), w, x: &x, output, eps, max_tok, accumulate, prologue })?;
             }
             (Mode::Prefill { max_tok }, _) => {
                 let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
