@@ -6,14 +6,19 @@
 //! 1. the step's token ids and its batch (each row's table offset and position, the tables;
 //!    for conv layers each sequence's slot) are written to buffers made once
 //!    ([`PagedBatch::set`], [`ConvSeqs::set`]);
-//! 2. the batched plan ([`Mode::Batch`]) runs the graph over every row: the GEMM kernels
-//!    (cooperative-matrix where the adapter has them) as one product over the step's rows,
-//!    QK-norm + RoPE at each row's position, the paged KV write, and paged attention with a
-//!    split count fixed at build (so a row's numbers never depend on the other rows); LFM2's
-//!    short conv runs every sequence's tokens against its slot's ring in one dispatch;
+//! 2. the batched plans ([`Mode::Batch`]) run the graph over the rows, one [`Lane`] of rows
+//!    each: in a batch state of few sequences the decode rows in a lane of their own whose
+//!    plan is fused as a verification plan (the multi-row GEMV reading the weights once per
+//!    group of rows, the RMSNorm and the GLU in its quantizer or prologue, the residual add
+//!    in its output), the prompt rows in the main lane through the GEMM kernels
+//!    (cooperative-matrix where the adapter has them) as one product; in a large one every row
+//!    in the main lane through the GEMM. Each plan runs QK-norm + RoPE at each row's position,
+//!    the paged KV write, and paged attention with a split count fixed at build (so a row's
+//!    numbers never depend on the other rows); LFM2's short conv runs every sequence's tokens
+//!    against its slot's ring in one dispatch;
 //! 3. the LM head (one matrix product) over the last row of every sequence that wants logits,
-//!    read from the `Normed` rows directly when they are the step's first rows (a step of decode
-//!    rows), else gathered by buffer copies;
+//!    read from the first lane's `Normed` rows directly when they are its first rows (a step of
+//!    decode rows), else gathered by buffer copies;
 //! 4. constrained sequences' allowed-id masks ([`BatchEntry::mask`]) applied to their head
 //!    rows in one dispatch ([`MaskBitsPlan`]), then
 //!    argmax over every head row in two dispatches and top-k (the `MAX_TOP_K` best raw logits)
