@@ -152,8 +152,10 @@ pub struct GpuTuning {
     /// plan takes a verification plan's fusions (the RMSNorm and the GLU in the rows'
     /// quantizer or the f32 GEMV's prologue, the residual add in the GEMV): 10 dispatches a
     /// llama layer on the int8 path instead of 15, and a prompt chunk's rows in another lane
-    /// through the GEMM. Off: every row in one plan, unfused. On by default from the dispatch
-    /// counts and the verification plan's gain from the same fusions; not yet timed here.
+    /// through the GEMM. The lane has activation buffers of its own, as many rows as the
+    /// step's token budget (about 74 MB for llama-1b at 512 tokens, 143 MB for llama-8b). Off:
+    /// every row in one plan, unfused. On by default from the dispatch counts and the
+    /// verification plan's gain from the same fusions; not yet timed here.
     pub batch_lanes: bool,
     /// The shape of the batched steps' integer-dot decode-row GEMV (`batch_q8`; `None`: the
     /// f32 one), where the int8 decode path is on. The default is the best of a sweep of six
