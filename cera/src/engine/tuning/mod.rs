@@ -153,7 +153,7 @@ pub struct GpuTuning {
     /// quantizer or the f32 GEMV's prologue, the residual add in the GEMV): 10 dispatches a
     /// llama layer on the int8 path instead of 15, and a prompt chunk's rows in another lane
     /// through the GEMM. The lane has activation buffers of its own, as many rows as the
-    /// step's token budget (about 74 MB for llama-1b at 512 tokens, 143 MB for llama-8b). Off:
+    /// step's token budget (as much again as the main lane's). Off:
     /// every row in one plan, unfused. On by default from the dispatch counts and the
     /// verification plan's gain from the same fusions; not yet timed here.
     pub batch_lanes: bool,
