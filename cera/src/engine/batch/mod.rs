@@ -18,9 +18,10 @@
 //! ```
 //!
 //! The pieces: [`step`] is the executor's side (one step over several sequences, [`BatchState`]);
-//! `scheduler.rs` the loop (planning steps under the token budget, the prefix cache, preemption,
-//! sampling and streaming per sequence); `request.rs` the caller's side (options, handles,
-//! metrics).
+//! `scheduler.rs` the loop (sampling and streaming per sequence), with `plan.rs` (planning steps
+//! under the token budget, the prefix cache, preemption), `speculate.rs` (drafts and their
+//! verification) and `draft_model.rs` (a draft model's side); `request.rs` the caller's side
+//! (options, handles, metrics).
 
 mod request;
 mod scheduler;
