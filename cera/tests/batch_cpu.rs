@@ -143,6 +143,31 @@ fn preemption_under_a_tiny_kv_budget_changes_nothing() {
     assert!(tiny.metrics().preemptions > 0, "the budget must have forced preemptions: {:?}", tiny.metrics());
 }
 
+/// A sequence preempted after more generated tokens than a step takes decode rows
+/// (`BatchOpts::max_decode_rows`: 2 + 16 + 64 = 82 here) recomputes them over several steps and
+/// goes on with the ids it gives alone.
+#[test]
+fn a_long_recomputed_output_runs_over_several_steps() {
+    let e = engine();
+    let ps: Vec<Vec<u32>> = prompts(e, 2).into_iter().map(|p| p[..p.len().min(12)].to_vec()).collect();
+    let opts = vec![GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(150) }; 2];
+    let want: Vec<Vec<u32>> = ps.iter().map(|p| alone(e, p, &opts[0]).ids).collect();
+    // Blocks for one sequence of 162 positions and part of another: the newer one is preempted
+    // once the older one needs its blocks, late in its output.
+    let bytes_per_block = 2 * 30 * 3 * 16 * 64 * 4;
+    let blocks = 162usize.div_ceil(16) + 6;
+    let b = e.batcher(BatcherOpts { max_seqs: 2, kv_budget: Some((blocks * bytes_per_block) as u64), prefix_cache: false, ..BatcherOpts::default() }).unwrap();
+    assert_eq!(b.batch_opts().max_decode_rows(), 82);
+    let hs: Vec<_> = ps.iter().map(|p| b.submit(p.clone(), &opts[0], None).unwrap()).collect();
+    let got: Vec<Vec<u32>> = hs.into_iter().map(|h| h.wait().unwrap().ids).collect();
+    assert_eq!(got, want);
+    let m = b.metrics();
+    assert!(m.preemptions > 0, "{m:?}");
+    // More prompt tokens ran than the prompts hold: the recomputed output.
+    let prompt_tokens: usize = ps.iter().map(Vec::len).sum();
+    assert!(m.prefill_tokens as usize > prompt_tokens + 82, "{m:?}");
+}
+
 #[test]
 fn an_entry_past_its_blocks_is_a_typed_error() {
     batch_support::an_entry_past_its_blocks_is_a_typed_error(engine());

@@ -17,7 +17,7 @@ use rng_support::Rng;
 
 fn tiny(model: &str, device: DeviceChoice) -> Engine {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/golden/hf").join(model);
-    Engine::load(dir, &LoadOptions { device, n_ctx: Some(64), threads: Some(2), ..Default::default() }, None).unwrap()
+    Engine::load(dir, &LoadOptions { device, n_ctx: Some(160), threads: Some(2), ..Default::default() }, None).unwrap()
 }
 
 /// One random entry's parts (owned; the entry borrows them).
@@ -34,7 +34,10 @@ struct Case {
 
 /// A valid entry (a distinct slot, tokens within the step's share and the context, a table
 /// holding its positions, an output shape that fits).
-fn valid_case(rng: &mut Rng, o: &BatchOpts, vocab: usize, alloc: &mut BlockAllocator, slot: usize, share: usize) -> Option<Case> {
+/// `decode_left`: decode rows the step has room for (`BatchOpts::max_decode_rows`).
+fn valid_case(rng: &mut Rng, o: &BatchOpts, vocab: usize, alloc: &mut BlockAllocator, slot: usize, share: usize, decode_left: usize) -> Option<Case> {
+    let decode = rng.below(2) == 0 && decode_left > 0;
+    let share = if decode { share.min(decode_left) } else { share };
     let n = 1 + rng.below(share.max(1));
     let pos = rng.below(o.n_ctx - n + 1);
     let mut table = BlockTable::new();
@@ -48,7 +51,7 @@ fn valid_case(rng: &mut Rng, o: &BatchOpts, vocab: usize, alloc: &mut BlockAlloc
     };
     let out_rows = if rng.below(3) == 0 { 1 + rng.below(n.min(4)) } else { 1 };
     let mask = (out_rows == 1 && rng.below(4) == 0).then(|| (0..vocab.div_ceil(32)).map(|_| rng.next() as u32 | 1).collect());
-    Some(Case { slot, tokens, pos, table, want, out_rows, decode: rng.below(2) == 0, mask })
+    Some(Case { slot, tokens, pos, table, want, out_rows, decode, mask })
 }
 
 /// Breaks one thing about the step (`cases` non-empty): a slot, the tokens, an id, the
@@ -61,16 +64,16 @@ fn corrupt(rng: &mut Rng, o: &BatchOpts, vocab: usize, cases: &mut Vec<Case>) {
         return;
     }
     if what == 9 {
-        cases.push(Case {
-            slot: 0,
-            tokens: vec![1; o.max_tokens + 1],
-            pos: 0,
-            table: BlockTable::new(),
-            want: Want::Argmax,
-            out_rows: 1,
-            decode: false,
-            mask: None,
-        });
+        if rng.below(2) == 0 {
+            let tokens = vec![1; o.max_tokens + 1];
+            cases.push(Case { slot: 0, tokens, pos: 0, table: BlockTable::new(), want: Want::Argmax, out_rows: 1, decode: false, mask: None });
+        } else {
+            // One entry of more decode rows than a step takes, in a table that holds them.
+            let n = o.max_decode_rows() + 1 + rng.below(o.max_tokens - o.max_decode_rows());
+            let mut table = BlockTable::new();
+            table.grow(&mut BlockAllocator::new(o.n_blocks), o.block_len, n).unwrap();
+            *cases = vec![Case { slot: 0, tokens: vec![1; n], pos: 0, table, want: Want::Argmax, out_rows: 1, decode: true, mask: None }];
+        }
         return;
     }
     let c = &mut cases[i];
@@ -110,7 +113,8 @@ fn random_step(rng: &mut Rng, o: &BatchOpts, vocab: usize) -> (Vec<Case>, bool) 
         if budget == 0 {
             break;
         }
-        if let Some(c) = valid_case(rng, o, vocab, &mut alloc, slot, budget.min(o.max_tokens / 2)) {
+        let decode_left = o.max_decode_rows() - cases.iter().filter(|c: &&Case| c.decode).map(|c| c.tokens.len()).sum::<usize>();
+        if let Some(c) = valid_case(rng, o, vocab, &mut alloc, slot, budget.min(o.max_tokens / 2), decode_left) {
             budget -= c.tokens.len();
             cases.push(c);
         }
@@ -141,7 +145,8 @@ fn check_output(out: &StepOutput, c: &Case, vocab: usize) {
 }
 
 fn fuzz(e: &Engine, iters: usize, seed: u64) {
-    let o = BatchOpts { kv: e.kv_type(), block_len: 8, n_blocks: 24, max_tokens: 32, max_seqs: 4, n_ctx: 64 };
+    // Decode rows up to `max_decode_rows` (4 + 16 + 64 = 84) of the step's 128 tokens.
+    let o = BatchOpts { kv: e.kv_type(), block_len: 8, n_blocks: 64, max_tokens: 128, max_seqs: 4, n_ctx: 160 };
     let vocab = e.config().vocab;
     let mut st = e.backend().new_batch(&o).unwrap();
     let mut rng = Rng(seed);

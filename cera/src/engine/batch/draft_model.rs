@@ -166,16 +166,21 @@ impl Loop<'_> {
             let s = &self.running[work[w].seq];
             s.tokens.len() - s.dm.computed
         });
-        let mut budget = self.o.max_tokens;
+        let (mut budget, mut decode_left) = (self.o.max_tokens, dm.state.opts().max_decode_rows());
         let mut plan = Vec::new();
         for w in order {
             let s = &self.running[work[w].seq];
             let (from, end) = (s.dm.computed, s.tokens.len());
-            if budget == 0 {
-                break;
+            // Generated tokens are decode rows, of which a step takes fewer.
+            let decode = from >= s.res.prompt_tokens;
+            let n = (end - from).min(budget).min(if decode { decode_left } else { usize::MAX });
+            if n == 0 {
+                continue;
             }
-            let n = (end - from).min(budget);
             budget -= n;
+            if decode {
+                decode_left -= n;
+            }
             plan.push((w, from, n, if from + n == end { want } else { Want::Nothing }));
         }
         let entries: Vec<BatchEntry<'_>> = plan

@@ -11,16 +11,24 @@ use super::super::super::EngineError;
 use super::super::super::backend::Want;
 use super::{Loop, Planned, Seq, engine_err};
 
-/// The tokens of `s` its next entry runs under `budget`: all it has left, within the budget,
-/// never crossing the prompt's end (prompt rows and generated rows run through different
-/// kernels, see [`BatchEntry::decode`]).
-fn chunk_len(s: &Seq<'_>, budget: usize) -> usize {
+/// The tokens of `s` its next entry runs under `budget` (and, for generated tokens, under
+/// `decode_left` decode rows): all it has left, within the budgets, never crossing the prompt's
+/// end (prompt rows and generated rows run through different kernels, see
+/// [`BatchEntry::decode`](super::super::step::BatchEntry::decode)).
+fn chunk_len(s: &Seq<'_>, budget: usize, decode_left: usize) -> usize {
     let (left, prompt) = (s.tokens.len() - s.computed, s.res.prompt_tokens);
     let n = left.min(budget);
-    if s.computed < prompt { n.min(prompt - s.computed) } else { n }
+    if s.computed < prompt { n.min(prompt - s.computed) } else { n.min(decode_left) }
 }
 
 impl Loop<'_> {
+    /// Decode rows (generated tokens) the step has room for beside those `plan` holds
+    /// ([`BatchOpts::max_decode_rows`](super::super::step::BatchOpts::max_decode_rows)).
+    fn decode_left(&self, plan: &[Planned]) -> usize {
+        let used: usize = plan.iter().filter(|p| p.pos >= self.running[p.seq].res.prompt_tokens).map(|p| p.n).sum();
+        self.o.max_decode_rows().saturating_sub(used)
+    }
+
     /// Preempts the newest running sequence (other than `keep`), removing its planned entry;
     /// returns false when there is none.
     fn preempt_newest(&mut self, plan: &mut Vec<Planned>, budget: &mut usize, keep: usize) -> bool {
@@ -57,14 +65,18 @@ impl Loop<'_> {
             order.sort_unstable();
             for ord in order {
                 let Some(i) = self.running.iter().position(|s| s.order == ord) else { continue };
+                let decode_left = self.decode_left(plan);
                 let s = &self.running[i];
                 let left = s.tokens.len() - s.computed;
                 if (left == 1) != decode || left == 0 || *budget == 0 || plan.iter().any(|p| p.seq == i) {
                     continue;
                 }
-                let n = chunk_len(s, *budget);
+                let n = chunk_len(s, *budget, decode_left);
+                if n == 0 {
+                    continue; // generated tokens to recompute, and no decode rows left this step
+                }
                 // A greedy decode row may carry drafts to verify.
-                let drafts = if decode && s.first_token.is_some() { self.draft(i, *budget, drafted) } else { Vec::new() };
+                let drafts = if decode && s.first_token.is_some() { self.draft(i, (*budget).min(decode_left), drafted) } else { Vec::new() };
                 let (mut n, mut out_rows) = if drafts.is_empty() { (n, 1) } else { (1 + drafts.len(), 1 + drafts.len()) };
                 let s = &mut self.running[i];
                 if !drafts.is_empty() {
@@ -152,7 +164,15 @@ impl Loop<'_> {
                     }
                 }
             }
-            let n = chunk_len(&s, *budget);
+            let n = chunk_len(&s, *budget, self.decode_left(plan));
+            if n == 0 {
+                // Its recomputed output waits for decode rows (keeping the queue's order).
+                self.release_blocks(&mut s);
+                s.computed = 0;
+                s.registered = 0;
+                self.waiting.push_front(s);
+                break;
+            }
             let end = s.computed + n;
             match self.cache.grow(&mut s.table, end) {
                 Ok(()) => {}

@@ -62,6 +62,14 @@ impl BatchOpts {
         self.max_seqs + MAX_DRAFT
     }
 
+    /// Most decode rows (entries marked [`BatchEntry::decode`]) one step runs: every sequence's
+    /// decode row, the most drafts a step verifies, and 64 rows of a preempted sequence's
+    /// recomputed output (which the scheduler chunks to what is left), within the step's tokens.
+    /// A GPU state's decode lane is this many rows.
+    pub fn max_decode_rows(&self) -> usize {
+        self.max_tokens.min(self.head_rows() + 64)
+    }
+
     /// Blocks one sequence of `n_ctx` positions can hold.
     pub fn blocks_per_seq(&self) -> usize {
         self.n_ctx.div_ceil(self.block_len.max(1))
@@ -176,6 +184,10 @@ pub(crate) fn check_entries(o: &BatchOpts, vocab: usize, entries: &[BatchEntry<'
             )));
         }
         total += e.tokens.len();
+    }
+    let decode: usize = entries.iter().filter(|e| e.decode).map(|e| e.tokens.len()).sum();
+    if decode > o.max_decode_rows() {
+        return Err(EngineError::Usage(format!("a step of {decode} decode rows (at most {})", o.max_decode_rows())));
     }
     let out: usize = entries.iter().filter(|e| e.want != Want::Nothing).map(|e| e.out_rows).sum();
     if out > o.head_rows() {

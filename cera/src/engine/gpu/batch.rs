@@ -108,19 +108,19 @@ struct Shared<'a> {
 }
 
 impl Lane {
-    /// A lane of up to `opts.max_tokens` rows: `rows_only` (every row a decode row, fused) or
-    /// mixed (prompt rows through the GEMM, decode rows, if `decode_gemv`, through the
-    /// multi-row GEMV); `logit_rows` rows of logits in its slots.
-    fn new(sh: &Shared<'_>, rows_only: bool, decode_gemv: bool, logit_rows: usize) -> Result<Lane, EngineError> {
+    /// A lane of up to `rows` rows: `rows_only` (every row a decode row, fused) or mixed
+    /// (prompt rows through the GEMM, decode rows, if `decode_gemv`, through the multi-row
+    /// GEMV); `logit_rows` rows of logits in its slots.
+    fn new(sh: &Shared<'_>, rows: usize, rows_only: bool, decode_gemv: bool, logit_rows: usize) -> Result<Lane, EngineError> {
         let (ctx, g, opts) = (&sh.b.ctx, &sh.b.graph, sh.opts);
         let entries = opts.max_seqs.saturating_mul(opts.blocks_per_seq()).max(1);
-        let batch = PagedBatch::new(ctx, opts.max_tokens, entries, opts.block_len).map_err(ops_err)?;
-        let ids = ctx.alloc(4 * opts.max_tokens as u64, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
-        let conv_seqs = if sh.conv.is_empty() { None } else { Some(ConvSeqs::new(ctx, opts.max_tokens, opts.max_seqs).map_err(ops_err)?) };
-        let slots = Slots::with_logit_rows(ctx, g, opts.max_tokens, 1, logit_rows)?;
+        let batch = PagedBatch::new(ctx, rows, entries, opts.block_len).map_err(ops_err)?;
+        let ids = ctx.alloc(4 * rows as u64, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
+        let conv_seqs = if sh.conv.is_empty() { None } else { Some(ConvSeqs::new(ctx, rows, opts.max_seqs).map_err(ops_err)?) };
+        let slots = Slots::with_logit_rows(ctx, g, rows, 1, logit_rows)?;
         let mut lane = Lane { batch, ids, conv_seqs, slots, plan: Plan::new() };
         let inp = lane.inputs(sh, rows_only, decode_gemv);
-        lane.plan = build(ctx, &inp, &lane.slots, Mode::Batch { max_tok: opts.max_tokens })?;
+        lane.plan = build(ctx, &inp, &lane.slots, Mode::Batch { max_tok: rows })?;
         Ok(lane)
     }
 
@@ -205,13 +205,13 @@ impl GpuBatch {
         // else every row through the GEMM.
         let gemv_rows = opts.max_seqs <= b.tuning.batch_gemv_max_seqs;
         let lanes = gemv_rows && b.tuning.batch_lanes;
-        let decode = if lanes { Some(Lane::new(&sh, true, true, 1)?) } else { None };
-        let main = Lane::new(&sh, false, gemv_rows && !lanes, heads)?;
+        let decode = if lanes { Some(Lane::new(&sh, opts.max_decode_rows(), true, true, 1)?) } else { None };
+        let main = Lane::new(&sh, opts.max_tokens, false, gemv_rows && !lanes, heads)?;
         let inp = main.inputs(&sh, false, gemv_rows);
         let dim = g.width(Slot::Normed);
         let head_in = ctx.alloc((4 * dim * heads) as u64, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
         let logits = main.slots.bind(Slot::Logits);
-        let direct_rows = heads.min(opts.max_tokens);
+        let direct_rows = heads.min(if lanes { opts.max_decode_rows() } else { opts.max_tokens });
         let first = decode.as_ref().unwrap_or(&main);
         let head_direct = build_head_rows(ctx, &inp, &main.slots, first.slots.bind(Slot::Normed), logits.clone(), direct_rows)?;
         let head_gather = build_head_rows(ctx, &inp, &main.slots, Binding::whole(&head_in), logits, heads)?;

@@ -152,8 +152,9 @@ pub struct GpuTuning {
     /// plan takes a verification plan's fusions (the RMSNorm and the GLU in the rows'
     /// quantizer or the f32 GEMV's prologue, the residual add in the GEMV): 10 dispatches a
     /// llama layer on the int8 path instead of 15, and a prompt chunk's rows in another lane
-    /// through the GEMM. The lane has activation buffers of its own, as many rows as the
-    /// step's token budget (as much again as the main lane's). Off:
+    /// through the GEMM. The lane has activation buffers of its own, of
+    /// `BatchOpts::max_decode_rows` rows (a decode row per sequence, the drafts and 64 more,
+    /// within the step's token budget). Off:
     /// every row in one plan, unfused. On by default from the dispatch counts and the
     /// verification plan's gain from the same fusions; not yet timed here.
     pub batch_lanes: bool,
