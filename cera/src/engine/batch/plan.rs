@@ -21,7 +21,7 @@ fn chunk_len(s: &Seq<'_>, budget: usize, decode_left: usize) -> usize {
     if s.computed < prompt { n.min(prompt - s.computed) } else { n.min(decode_left) }
 }
 
-impl Loop<'_> {
+impl<'t> Loop<'t> {
     /// Decode rows (generated tokens) the step has room for beside those `plan` holds
     /// ([`BatchOpts::max_decode_rows`](super::super::step::BatchOpts::max_decode_rows)).
     fn decode_left(&self, plan: &[Planned]) -> usize {
@@ -110,11 +110,7 @@ impl Loop<'_> {
                                 // This sequence is the newest: it waits (preempted) unless it is alone.
                                 if self.running.len() == 1 {
                                     let s = self.running.remove(idx);
-                                    let need = end.div_ceil(self.o.block_len);
-                                    let e = EngineError::Usage(format!(
-                                        "the KV budget of {} blocks of {} positions cannot hold one sequence of {end} positions ({need} blocks)",
-                                        self.o.n_blocks, self.o.block_len
-                                    ));
+                                    let e = self.too_long(end);
                                     self.finish(s, Err(e));
                                     break;
                                 }
@@ -137,6 +133,24 @@ impl Loop<'_> {
                 }
             }
         }
+    }
+
+    /// The error of a sequence of `end` positions that the whole KV budget cannot hold.
+    fn too_long(&self, end: usize) -> EngineError {
+        let need = end.div_ceil(self.o.block_len);
+        EngineError::Usage(format!(
+            "the KV budget of {} blocks of {} positions cannot hold one sequence of {end} positions ({need} blocks)",
+            self.o.n_blocks, self.o.block_len
+        ))
+    }
+
+    /// Puts a sequence that cannot run this step back at the queue's front (keeping its order),
+    /// its blocks released: it starts over from its prompt's cached prefix.
+    fn wait_at_front(&mut self, mut s: Seq<'t>) {
+        self.release_blocks(&mut s);
+        s.computed = 0;
+        s.registered = 0;
+        self.waiting.push_front(s);
     }
 
     /// What the step of sequence `i` ending at `end` asks for.
@@ -166,30 +180,20 @@ impl Loop<'_> {
             }
             let n = chunk_len(&s, *budget, self.decode_left(plan));
             if n == 0 {
-                // Its recomputed output waits for decode rows (keeping the queue's order).
-                self.release_blocks(&mut s);
-                s.computed = 0;
-                s.registered = 0;
-                self.waiting.push_front(s);
+                // Its recomputed output waits for decode rows.
+                self.wait_at_front(s);
                 break;
             }
             let end = s.computed + n;
             match self.cache.grow(&mut s.table, end) {
                 Ok(()) => {}
                 Err(OpsError::KvBlocksExhausted { .. }) if !self.running.is_empty() => {
-                    // Wait for running sequences to free blocks (keeping the queue's order).
-                    self.release_blocks(&mut s);
-                    s.computed = 0;
-                    s.registered = 0;
-                    self.waiting.push_front(s);
+                    // Wait for running sequences to free blocks.
+                    self.wait_at_front(s);
                     break;
                 }
                 Err(OpsError::KvBlocksExhausted { .. }) => {
-                    let need = end.div_ceil(self.o.block_len);
-                    let e = EngineError::Usage(format!(
-                        "the KV budget of {} blocks of {} positions cannot hold one sequence of {end} positions ({need} blocks)",
-                        self.o.n_blocks, self.o.block_len
-                    ));
+                    let e = self.too_long(end);
                     self.finish(s, Err(e));
                     continue;
                 }
