@@ -184,9 +184,6 @@ impl BatchState for CpuBatch {
 
     fn step(&mut self, entries: &[BatchEntry<'_>]) -> Result<Vec<StepOutput>, EngineError> {
         check_entries(&self.opts, self.model.cfg.vocab, entries)?;
-        if let Some(b) = entries.iter().flat_map(|e| e.table.blocks()).find(|&&b| b as usize >= self.opts.n_blocks) {
-            return Err(EngineError::Usage(format!("block {b} of a cache of {} blocks", self.opts.n_blocks)));
-        }
         let mut ids = Vec::new();
         let mut spans = Vec::with_capacity(entries.len());
         for e in entries {

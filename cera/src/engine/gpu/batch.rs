@@ -407,9 +407,6 @@ fn decode_first<'a>(entries: &[BatchEntry<'a>]) -> (Vec<usize>, Vec<BatchEntry<'
 impl GpuBatch {
     /// [`BatchState::step`] over entries already in [`decode_first`] order.
     fn step_sorted(&mut self, entries: &[BatchEntry<'_>]) -> Result<Vec<StepOutput>, EngineError> {
-        if let Some(b) = entries.iter().flat_map(|e| e.table.blocks()).find(|&&b| b as usize >= self.opts.n_blocks) {
-            return Err(EngineError::Usage(format!("block {b} of a cache of {} blocks", self.opts.n_blocks)));
-        }
         let start = std::time::Instant::now();
         let mut rec = self.rec.take().unwrap_or_else(|| self.ctx.recorder());
         // On an error the half-recorded step is dropped with its recorder; the next step makes
