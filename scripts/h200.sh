@@ -20,6 +20,8 @@
 #                   CONC overrides) on each preset (default smol-135m llama-1b llama-8b) beside one
 #                   session's tg128: total and per-sequence tok/s, TTFT, ITL; llama.cpp's server
 #                   (-np N) on the same workload when carried
+#   serve [PRESET...]  the same workload through `cera serve` over HTTP (`cera bench --http`) on each
+#                   preset (default llama-1b), llama.cpp's server beside it when carried
 #   depth [PRESET[:QTYPE]...]  the real-use table of the speed issue (default llama-1b and
 #                   llama-8b in q4_0 and q4_k): pp512/2048/8192 and tg128 at depths 0, 4096,
 #                   16384 and 32768 (DEPTHS, PROMPTS override), the cold-start line, llama.cpp
@@ -188,6 +190,13 @@ case $mode in
       f=$(model "$p")
       $B/cera bench -m "$f" -p 0 -n 128 -r 3 2>&1 | tee -a "$OUT/batch.txt"
       $B/cera bench -m "$f" --concurrency "$c" --kv-budget 24G "${LL[@]}" 2>&1 | tee -a "$OUT/batch.txt"
+    done ;;
+  serve)
+    c=${CONC:-1,8,32,64}
+    presets=("$@"); [ ${#presets[@]} -gt 0 ] || presets=(llama-1b)
+    date -u | tee -a "$OUT/serve.txt"
+    for p in "${presets[@]}"; do
+      $B/cera bench -m "$(model "$p")" --concurrency "$c" --http --kv-budget 24G "${LL[@]}" 2>&1 | tee -a "$OUT/serve.txt"
     done ;;
   depth)
     presets=("$@"); [ ${#presets[@]} -gt 0 ] || presets=(llama-1b llama-1b:q4_k llama-8b llama-8b:q4_k)

@@ -366,6 +366,31 @@ fn bench_grammar_constrains_the_concurrency_workload() {
 
 /// `cera bench --concurrency` with speculative decoding: n-gram drafts, and SmolLM2 drafting for
 /// itself through the batcher's draft model; the drafts kept are reported under the table.
+/// `cera bench --concurrency --http`: the workload through `cera serve` over HTTP, every token
+/// of every request generated (through end-of-generation tokens) and counted from the usage.
+#[cfg(feature = "server")]
+#[test]
+fn bench_http_concurrency_workload() {
+    let m = smollm2();
+    let args = ["bench", "-m", &m, "--device", "cpu", "--threads", "2", "--concurrency", "1,2", "--requests", "2", "--ctx-size", "140", "--http", "--json"];
+    let (ok, out, err) = cera(&args);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert!(v["model"].as_str().unwrap().contains("through cera serve (HTTP)"), "{v}");
+    // The workload's two requests at a context of 140: outputs of 128 and 139 tokens.
+    let want = 128 + 139;
+    let rows = v["cera"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        let generated = r["total_tok_s"].as_f64().unwrap() * r["seconds"].as_f64().unwrap();
+        assert!((generated - want as f64).abs() < 1e-6, "{r}");
+        assert!(r["ttft_p50_ms"].as_f64().unwrap() > 0.0 && r["itl_p50_ms"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert!(err.contains("cera serve ready: "), "{err}");
+    let err = refused(&["bench", "-m", &m, "--http"]);
+    assert!(err.contains("give --concurrency too"), "{err}");
+}
+
 #[test]
 fn bench_speculative_concurrency_workload() {
     let m = smollm2();

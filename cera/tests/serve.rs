@@ -104,6 +104,22 @@ fn greedy_answers_equal_cera_run_streamed_or_not() {
     // Kept drafts make a verification step give more than its one token.
     assert!(s.metric("cera_spec_tokens_per_verification") > 1.0);
 
+    // `ignore_eos` (vLLM's and llama.cpp's extension): a reply that ends after 2 tokens runs
+    // to max_tokens, starting with the same text.
+    let short = chat("Say only the word yes.", 24);
+    let (_, v) = s.post("/v1/chat/completions", &short);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    let ended = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() < 24, "{v}");
+    let mut long = short.clone();
+    long["ignore_eos"] = json!(true);
+    let (_, v) = s.post("/v1/chat/completions", &long);
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 24, "{v}");
+    assert!(v["choices"][0]["message"]["content"].as_str().unwrap().starts_with(&ended), "{v}");
+    long["ignore_eos"] = json!("yes");
+    assert_eq!(s.post("/v1/chat/completions", &long).0, 400);
+
     // Stop strings end the text before them.
     let mut body = chat(prompt, 12);
     let cut = run_text.trim_end_matches('\n');

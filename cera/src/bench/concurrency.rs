@@ -94,7 +94,7 @@ pub(super) fn prompt_ids(i: usize, len: usize, vocab: u32) -> Vec<u32> {
 }
 
 /// A row from each request's submission instant and token instants.
-fn row(
+pub(super) fn row(
     concurrency: usize,
     requests: usize,
     seconds: f64,
@@ -218,7 +218,6 @@ pub fn run_llama_cpp(
     ban: &[u32],
     note: &mut dyn FnMut(&str),
 ) -> Result<Vec<ConcurrencyRow>, BenchError> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     let mut rows = Vec::new();
     for &c in concurrency {
         if c == 0 {
@@ -228,40 +227,65 @@ pub fn run_llama_cpp(
         let work = workload(requests, n_ctx);
         let server = super::llama_cpp::LlamaServer::start_parallel(dir, model, port, n_ctx, c)?;
         note(&format!("llama.cpp, concurrency {c}: {requests} requests"));
-        let next = AtomicUsize::new(0);
-        let start = Instant::now();
-        // Per client: (submitted, token instants, tokens) of each request it ran.
-        type Client = Result<Vec<(Instant, Vec<Instant>, usize)>, BenchError>;
-        let results: Vec<Client> = std::thread::scope(|s| {
-            let workers: Vec<_> = (0..c)
-                .map(|_| {
-                    s.spawn(|| {
-                        let mut mine = Vec::new();
-                        loop {
-                            let i = next.fetch_add(1, Ordering::Relaxed);
-                            let Some(r) = work.get(i) else { return Ok(mine) };
-                            let sub = Instant::now();
-                            let (stamps, n) = server.stream_generation(&prompt_ids(i, r.prompt, vocab), r.output, ban)?;
-                            mine.push((sub, stamps, n));
-                        }
-                    })
-                })
-                .collect();
-            workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err(BenchError::LlamaCpp("a client thread panicked".into())))).collect()
-        });
-        let seconds = start.elapsed().as_secs_f64();
-        let mut times = Vec::with_capacity(requests);
-        let mut generated = 0;
-        for r in results {
-            for (sub, stamps, n) in r? {
-                generated += n;
-                times.push((sub, stamps));
-            }
-        }
+        let (seconds, generated, times) = drive(c, &work, 0, vocab, |p, n| server.stream_generation(p, n, ban))?;
         let prefill = work.iter().map(|r| r.prompt as u64).sum();
         rows.push(row(c, requests, seconds, generated, &times, prefill, 0));
     }
     Ok(rows)
+}
+
+/// What one HTTP client gets from one streamed request of `n` tokens after `prompt`: the
+/// instant of each streamed event that carried text, and the tokens generated.
+pub type Streamed = (Vec<Instant>, usize);
+
+/// What [`drive`] measured: the wall time, the tokens generated, and each request's submission
+/// instant and event instants.
+pub(super) type Driven = (f64, usize, Vec<(Instant, Vec<Instant>)>);
+
+/// Runs `work` through `c` client threads, each taking the next request as soon as its last one
+/// ended (`c` requests in flight at all times): the wall time, the tokens generated, and each
+/// request's submission instant and event instants. Request `i` sends the prompt
+/// [`prompt_ids`]`(first + i, ..)`: a server that keeps its prefix cache from one run to the
+/// next gets distinct prompts in each when `first` moves past the last run's.
+pub(super) fn drive(
+    c: usize,
+    work: &[Request],
+    first: usize,
+    vocab: u32,
+    client: impl Fn(&[u32], usize) -> Result<Streamed, BenchError> + Sync,
+) -> Result<Driven, BenchError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let start = Instant::now();
+    // Per client: (submitted, event instants, tokens) of each request it ran.
+    type Client = Result<Vec<(Instant, Vec<Instant>, usize)>, BenchError>;
+    let results: Vec<Client> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..c)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(r) = work.get(i) else { return Ok(mine) };
+                        let sub = Instant::now();
+                        let (stamps, n) = client(&prompt_ids(first + i, r.prompt, vocab), r.output)?;
+                        mine.push((sub, stamps, n));
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err(BenchError::Usage("a client thread panicked".into())))).collect()
+    });
+    let seconds = start.elapsed().as_secs_f64();
+    let mut times = Vec::with_capacity(work.len());
+    let mut generated = 0;
+    for r in results {
+        for (sub, stamps, n) in r? {
+            generated += n;
+            times.push((sub, stamps));
+        }
+    }
+    Ok((seconds, generated, times))
 }
 
 /// The ids whose piece is not valid UTF-8 on its own (byte tokens of partial characters).

@@ -20,6 +20,8 @@ pub mod concurrency;
 pub mod llama_cpp;
 mod report;
 pub mod roofline;
+#[cfg(feature = "server")]
+pub mod serve_load;
 pub mod speculative;
 mod warm;
 
@@ -47,6 +49,9 @@ pub enum BenchError {
     /// The llama.cpp side.
     #[error("llama.cpp: {0}")]
     LlamaCpp(String),
+    /// The `cera serve` side (`--http`).
+    #[error("cera serve: {0}")]
+    Serve(String),
     /// Loading the GPU before a timed run.
     #[error("warming the GPU: {0}")]
     Warm(String),

@@ -55,6 +55,11 @@ pub struct Args {
     /// 128 to 512); total and per-sequence tok/s, time to first token, inter-token latency.
     #[arg(long = "concurrency", value_delimiter = ',', value_name = "N")]
     pub concurrency: Vec<usize>,
+    /// With `--concurrency`: cera's side through `cera serve` (started in this process on a
+    /// loopback port, `--parallel` the largest concurrency) and its clients over HTTP, streamed
+    /// `/v1/completions` requests, as llama.cpp's side is driven.
+    #[arg(long = "http")]
+    pub http: bool,
     /// Requests in the `--concurrency` workload (default: twice the concurrency, at least 16; 0:
     /// none, for `--profile` alone).
     #[arg(long = "requests", value_name = "N")]
@@ -101,6 +106,12 @@ pub fn run(a: Args, out: &mut Output) -> Result<(), CliError> {
     }
     if a.spec.speculative()?.is_some() && a.concurrency.is_empty() {
         return Err(CliError::Message("--spec-type / --model-draft apply to the --concurrency workload (for one sequence: cera run, or --spec-oracle)".into()));
+    }
+    if a.http && a.concurrency.is_empty() {
+        return Err(CliError::Message("--http drives the --concurrency workload through cera serve: give --concurrency too".into()));
+    }
+    if a.http && a.profile {
+        return Err(CliError::Message("--profile times the in-process batcher's step: not with --http".into()));
     }
     if !a.concurrency.is_empty() {
         return run_concurrency(&a, &models, out);
@@ -180,15 +191,27 @@ fn run_concurrency(a: &Args, models: &[PathBuf], out: &mut Output) -> Result<(),
         let engine = crate::engine::Engine::load(path, &a.load.options(a.ctx_size)?, None).map_err(CliError::from_err)?;
         let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
         let note = &mut |what: &str| super::generation::note(&format!("bench: {what}"));
-        let grammar = match &a.grammar {
-            Some(g) => Some(grammar_constraint(&engine, g)?),
-            None => None,
-        };
         let draft = match &a.spec.model_draft {
             Some(d) => Some(
                 crate::engine::Engine::load(resolve_model(d)?, &a.load.options(Some(engine.n_ctx()))?, None)
                     .map_err(|e| CliError::Message(format!("--model-draft {d}: {e}")))?,
             ),
+            None => None,
+        };
+        if a.http {
+            let (n_ctx, vocab, device) = (engine.n_ctx(), engine.config().vocab as u32, engine.device_name());
+            let ban = bench::concurrency::not_utf8(engine.tokenizer());
+            let rows = http_rows(a, engine, draft, opts, note)?;
+            let name = format!("{name} through cera serve (HTTP)");
+            if !a.json {
+                out.write_str(&bench::concurrency::print_rows(&name, &device, &rows))?;
+            }
+            let llama = llama_rows(a, path, n_ctx, vocab, &ban, note)?;
+            print_beside(a, &name, &device, &rows, &[], llama.as_deref(), out)?;
+            continue;
+        }
+        let grammar = match &a.grammar {
+            Some(g) => Some(grammar_constraint(&engine, g)?),
             None => None,
         };
         let each = bench::concurrency::Requests {
@@ -222,28 +245,85 @@ fn run_concurrency(a: &Args, models: &[PathBuf], out: &mut Output) -> Result<(),
                 out.write_str(&bench::batch_profile::print(&name, &profiles))?;
             }
         }
-        let llama = match &a.vs_llama_cpp {
-            Some(dir) => Some(
-                bench::concurrency::run_llama_cpp(dir, path, a.llama_cpp_port, &a.concurrency, a.requests, n_ctx, vocab, &ban, note)
-                    .map_err(CliError::from_err)?,
-            ),
-            None => None,
-        };
-        let text = if a.json {
-            let v = serde_json::json!({"model": name, "device": device, "cera": rows, "llama_cpp": llama, "step_profiles": profiles});
-            serde_json::to_string_pretty(&v).map_err(|e| CliError::from_err(bench::BenchError::Usage(e.to_string())))? + "\n"
-        } else {
-            let mut t = String::new();
-            if let Some(llama) = &llama {
-                t += &format!("\n{}", bench::concurrency::print_rows(&format!("{name} through llama.cpp (-np N)"), &device, llama));
-                t += "\n| streams | cera total tok/s | llama.cpp total tok/s | ratio |\n|---|---|---|---|\n";
-                for (c, l) in rows.iter().zip(llama) {
-                    t += &format!("| {} | {:.0} | {:.0} | {:.2}x |\n", c.concurrency, c.total_tok_s, l.total_tok_s, c.total_tok_s / l.total_tok_s);
-                }
-            }
-            t
-        };
-        out.write_str(&text)?;
+        let llama = llama_rows(a, path, n_ctx, vocab, &ban, note)?;
+        print_beside(a, &name, &device, &rows, &profiles, llama.as_deref(), out)?;
     }
     Ok(())
+}
+
+/// `--http`: cera's rows through `cera serve` on `engine` (and the draft model).
+#[cfg(feature = "server")]
+fn http_rows(
+    a: &Args,
+    engine: crate::engine::Engine,
+    draft: Option<crate::engine::Engine>,
+    opts: crate::engine::BatcherOpts,
+    note: &mut dyn FnMut(&str),
+) -> Result<Vec<bench::concurrency::ConcurrencyRow>, CliError> {
+    let speculative = a.spec.speculative()?.map(|s| {
+        let kind = if draft.is_some() { "draft" } else { "ngram" };
+        serde_json::json!({"type": kind, "draft_max": s.draft_max, "draft_min": s.draft_min, "ngram": s.ngram})
+    });
+    let each = bench::serve_load::HttpRequests { grammar: a.grammar.clone(), speculative, draft_p_min: a.spec.draft_p_min };
+    let models = crate::server::Models { target: engine, draft };
+    bench::serve_load::run(models, opts, &a.concurrency, a.requests, &each, note).map_err(CliError::from_err)
+}
+
+#[cfg(not(feature = "server"))]
+fn http_rows(
+    _: &Args,
+    _: crate::engine::Engine,
+    _: Option<crate::engine::Engine>,
+    _: crate::engine::BatcherOpts,
+    _: &mut dyn FnMut(&str),
+) -> Result<Vec<bench::concurrency::ConcurrencyRow>, CliError> {
+    Err(CliError::Message("--http needs cera built with the `server` feature".into()))
+}
+
+/// `--vs-llama-cpp`: llama.cpp's server on the same file and workload.
+fn llama_rows(
+    a: &Args,
+    path: &std::path::Path,
+    n_ctx: usize,
+    vocab: u32,
+    ban: &[u32],
+    note: &mut dyn FnMut(&str),
+) -> Result<Option<Vec<bench::concurrency::ConcurrencyRow>>, CliError> {
+    let Some(dir) = &a.vs_llama_cpp else { return Ok(None) };
+    bench::concurrency::run_llama_cpp(dir, path, a.llama_cpp_port, &a.concurrency, a.requests, n_ctx, vocab, ban, note).map(Some).map_err(CliError::from_err)
+}
+
+/// After cera's rows: llama.cpp's and the ratios, or (`--json`) everything.
+fn print_beside(
+    a: &Args,
+    name: &str,
+    device: &str,
+    rows: &[bench::concurrency::ConcurrencyRow],
+    profiles: &[bench::batch_profile::BatchStepProfile],
+    llama: Option<&[bench::concurrency::ConcurrencyRow]>,
+    out: &mut Output,
+) -> Result<(), CliError> {
+    if a.json {
+        let v = serde_json::json!({"model": name, "device": device, "cera": rows, "llama_cpp": llama, "step_profiles": profiles});
+        let text = serde_json::to_string_pretty(&v).map_err(|e| CliError::from_err(bench::BenchError::Usage(e.to_string())))? + "\n";
+        return out.write_str(&text);
+    }
+    let mut t = String::new();
+    if let Some(llama) = llama {
+        let model = name.split(' ').next().unwrap_or(name);
+        t += &format!("\n{}", bench::concurrency::print_rows(&format!("{model} through llama.cpp (-np N)"), device, llama));
+        t += "\n| streams | cera total tok/s | llama.cpp total tok/s | ratio | cera TTFT p99 ms | llama.cpp TTFT p99 ms |\n|---|---|---|---|---|---|\n";
+        for (c, l) in rows.iter().zip(llama) {
+            t += &format!(
+                "| {} | {:.0} | {:.0} | {:.2}x | {:.0} | {:.0} |\n",
+                c.concurrency,
+                c.total_tok_s,
+                l.total_tok_s,
+                c.total_tok_s / l.total_tok_s,
+                c.ttft_p99_ms,
+                l.ttft_p99_ms
+            );
+        }
+    }
+    out.write_str(&t)
 }

@@ -288,7 +288,7 @@ pub(crate) fn router(state: Shared) -> Result<Router, ServeError> {
     Ok(app)
 }
 
-async fn shutdown_signal(state: Shared, note: tokio::sync::mpsc::UnboundedSender<String>) {
+async fn shutdown_signal(state: Shared, note: tokio::sync::mpsc::UnboundedSender<String>, stop: impl Future<Output = ()>) {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -306,6 +306,7 @@ async fn shutdown_signal(state: Shared, note: tokio::sync::mpsc::UnboundedSender
     tokio::select! {
         _ = ctrl_c => {},
         _ = term => {},
+        _ = stop => {},
     }
     state.stopping.store(true, Ordering::SeqCst);
     let _ = note.send(format!("stopping: {} requests in flight finish first", state.in_flight.load(Ordering::SeqCst)));
@@ -318,6 +319,19 @@ pub fn serve<M: Into<Models>>(
     opts: ServeOpts,
     load: impl FnOnce() -> Result<M, String> + Send + 'static,
     note: &mut dyn FnMut(&str),
+) -> Result<(), ServeError> {
+    serve_until(opts, load, note, std::future::pending())
+}
+
+/// [`serve`], which also stops (the same way: no new requests, those in flight finish) when
+/// `stop` completes: a server run from a program of your own, such as `cera bench --http`.
+/// `note` gets `listening on http://ADDR` first (with port 0, the port taken), then
+/// `ready: ...` or `error: ...` once the model has loaded or failed to.
+pub fn serve_until<M: Into<Models>>(
+    opts: ServeOpts,
+    load: impl FnOnce() -> Result<M, String> + Send + 'static,
+    note: &mut dyn FnMut(&str),
+    stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     if opts.parallel == 0 {
         return Err(ServeError::Usage("--parallel must be at least 1".into()));
@@ -364,7 +378,7 @@ pub fn serve<M: Into<Models>>(
                 }
             }
         });
-        let server = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal(state.clone(), tx.clone()));
+        let server = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal(state.clone(), tx.clone(), stop));
         let mut server = std::pin::pin!(server.into_future());
         loop {
             tokio::select! {

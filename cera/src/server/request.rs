@@ -104,6 +104,9 @@ pub struct GenRequest {
     pub echo: Option<bool>,
     pub suffix: Option<String>,
     pub best_of: Option<u32>,
+    /// Generate through end-of-generation tokens up to `max_tokens` (vLLM's and llama.cpp's
+    /// extension; for benchmarks).
+    pub ignore_eos: Option<bool>,
 }
 
 /// `stream_options`.
@@ -237,7 +240,8 @@ impl GenRequest {
             return Err(ApiError::bad_request(Some("stop"), "an empty stop string"));
         }
         let top_logprobs = self.logprobs(chat)?.unwrap_or(0);
-        let opts = GenerateOpts { sampler, max_tokens, stop, top_logprobs, ..GenerateOpts::default() };
+        let ignore_eos = self.ignore_eos.unwrap_or(false);
+        let opts = GenerateOpts { sampler, max_tokens, stop, top_logprobs, ignore_eos, ..GenerateOpts::default() };
         opts.check().map_err(ApiError::from)?;
         Ok(opts)
     }

@@ -1,0 +1,172 @@
+//! `cera bench --concurrency 1,8,32,64 --http`: the batcher's workload as a server's clients send
+//! it. `cera serve` runs in this process on a loopback port (its router, its batcher, its HTTP
+//! stack: [`crate::server::serve_until`]), with `--parallel` the largest concurrency, and `c`
+//! client threads drive it over HTTP, each sending its next request as soon as its last one
+//! ended: a streamed `POST /v1/completions` of the request's token ids, greedy, through
+//! end-of-generation tokens (`ignore_eos`), with `stream_options.include_usage`. TTFT and ITL
+//! come from the instants of the streamed events that carry text; tokens from the last event's
+//! usage. The server (and its prefix cache) serves every concurrency, so each run sends prompts
+//! no earlier run sent. llama.cpp's server is driven by the same clients
+//! ([`super::concurrency::run_llama_cpp`]).
+
+use std::io::BufRead;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::BenchError;
+use super::concurrency::{ConcurrencyRow, Streamed, drive, row, workload};
+use crate::engine::BatcherOpts;
+use crate::server::{Models, ServeOpts};
+
+/// What each request carries besides its tokens (the fields `cera serve` takes).
+#[derive(Clone, Debug, Default)]
+pub struct HttpRequests {
+    /// A Lark grammar (`grammar`).
+    pub grammar: Option<String>,
+    /// `speculative`: `{"type": "ngram" | "draft", ...}`.
+    pub speculative: Option<Value>,
+    /// The server's `--draft-p-min` (with a draft model).
+    pub draft_p_min: f32,
+}
+
+/// How long the server may take to load the model.
+const READY_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Runs the workload at each concurrency through a `cera serve` on `models` (the batcher built
+/// with `opts`): `requests` requests, or twice the concurrency and at least 16, as
+/// [`super::concurrency::run`] does in-process.
+pub fn run(
+    models: Models,
+    opts: BatcherOpts,
+    concurrency: &[usize],
+    requests: Option<usize>,
+    each: &HttpRequests,
+    note: &mut dyn FnMut(&str),
+) -> Result<Vec<ConcurrencyRow>, BenchError> {
+    if let Some(c) = concurrency.iter().find(|&&c| c == 0) {
+        return Err(BenchError::Usage(format!("a concurrency of {c}")));
+    }
+    let most = concurrency.iter().copied().max().unwrap_or(1);
+    let (n_ctx, vocab) = (models.target.n_ctx(), models.target.config().vocab as u32);
+    let mut so = ServeOpts::new("bench");
+    (so.host, so.port, so.parallel, so.queue, so.batcher, so.draft_p_min) = ("127.0.0.1".into(), 0, most, most, opts, each.draft_p_min);
+    let (lines, rx) = mpsc::channel::<String>();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = std::thread::Builder::new()
+        .name("cera-bench-serve".into())
+        .spawn(move || {
+            let note = &mut |l: &str| {
+                let _ = lines.send(l.to_string());
+            };
+            crate::server::serve_until(so, move || Ok::<_, String>(models), note, async {
+                let _ = stopped.await;
+            })
+            .map_err(|e| e.to_string())
+        })
+        .map_err(|e| BenchError::Serve(format!("starting the server thread: {e}")))?;
+    // Stops the server (requests in flight finish) and waits for its thread, also on an error.
+    let finish = |stop: tokio::sync::oneshot::Sender<()>, server: std::thread::JoinHandle<Result<(), String>>| {
+        let _ = stop.send(());
+        match server.join() {
+            Ok(r) => r.map_err(BenchError::Serve),
+            Err(_) => Err(BenchError::Serve("the server thread panicked".into())),
+        }
+    };
+    let url = match wait_ready(&rx, note) {
+        Ok(url) => url,
+        Err(e) => {
+            let _ = finish(stop, server);
+            return Err(e);
+        }
+    };
+    let result = (|| -> Result<Vec<ConcurrencyRow>, BenchError> {
+        let (mut rows, mut sent) = (Vec::new(), 0);
+        for &c in concurrency {
+            let requests = requests.unwrap_or((2 * c).max(16));
+            let work = workload(requests, n_ctx);
+            note(&format!("cera serve, concurrency {c}: {requests} requests over HTTP"));
+            let before = metric(&url, "cera_preemptions_total")?;
+            let (seconds, generated, times) = drive(c, &work, sent, vocab, |p, n| stream_completion(&url, p, n, each))?;
+            // The server keeps its prefix cache: the next run's prompts are others.
+            sent += requests;
+            let preempted = metric(&url, "cera_preemptions_total")? - before;
+            let prefill = work.iter().map(|r| r.prompt as u64).sum();
+            rows.push(row(c, requests, seconds, generated, &times, prefill, preempted as u64));
+        }
+        Ok(rows)
+    })();
+    let stopped = finish(stop, server);
+    let rows = result?;
+    stopped?;
+    Ok(rows)
+}
+
+/// Waits for the server's `listening on` line and then its `ready` line: the base URL.
+fn wait_ready(rx: &mpsc::Receiver<String>, note: &mut dyn FnMut(&str)) -> Result<String, BenchError> {
+    let start = Instant::now();
+    let mut url = None;
+    loop {
+        let left = READY_TIMEOUT.saturating_sub(start.elapsed());
+        let line = rx.recv_timeout(left).map_err(|_| BenchError::Serve(format!("the server was not ready within {} s", READY_TIMEOUT.as_secs())))?;
+        if let Some(u) = line.strip_prefix("listening on ") {
+            url = Some(u.trim().to_string());
+        } else if let Some(e) = line.strip_prefix("error: ") {
+            return Err(BenchError::Serve(e.to_string()));
+        } else if line.starts_with("ready: ") {
+            note(&format!("cera serve {line}"));
+            return url.ok_or_else(|| BenchError::Serve("ready before listening".into()));
+        }
+    }
+}
+
+/// The value of a counter on the server's `/metrics`.
+fn metric(url: &str, name: &str) -> Result<f64, BenchError> {
+    let text =
+        ureq::get(&format!("{url}/metrics")).call().and_then(|mut r| r.body_mut().read_to_string()).map_err(|e| BenchError::Serve(format!("/metrics: {e}")))?;
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .find_map(|v| v.trim().parse().ok())
+        .ok_or_else(|| BenchError::Serve(format!("/metrics has no {name}")))
+}
+
+/// One streamed `/v1/completions` request of `n` tokens after the ids `prompt`.
+fn stream_completion(url: &str, prompt: &[u32], n: usize, each: &HttpRequests) -> Result<Streamed, BenchError> {
+    let mut body = json!({
+        "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": true, "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    if let Some(g) = &each.grammar {
+        body["grammar"] = json!(g);
+    }
+    if let Some(s) = &each.speculative {
+        body["speculative"] = s.clone();
+    }
+    let r = ureq::post(&format!("{url}/v1/completions")).send_json(body).map_err(|e| BenchError::Serve(format!("/v1/completions: {e}")))?;
+    let mut stamps = Vec::with_capacity(n);
+    let (mut generated, mut done) = (None, false);
+    for line in std::io::BufReader::new(r.into_body().into_reader()).lines() {
+        let line = line.map_err(|e| BenchError::Serve(format!("/v1/completions stream: {e}")))?;
+        let Some(data) = line.strip_prefix("data: ") else { continue };
+        let now = Instant::now();
+        if data == "[DONE]" {
+            done = true;
+            break;
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| BenchError::Serve(format!("/v1/completions event {data:.200}: {e}")))?;
+        if let Some(e) = v.get("error") {
+            return Err(BenchError::Serve(format!("/v1/completions: {e}")));
+        }
+        if v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
+            stamps.push(now);
+        }
+        if let Some(t) = v["usage"]["completion_tokens"].as_u64() {
+            generated = Some(t as usize);
+        }
+    }
+    match generated {
+        Some(g) if done => Ok((stamps, g)),
+        _ => Err(BenchError::Serve(format!("the stream of a {}-token prompt ended without its usage or [DONE] after {} events", prompt.len(), stamps.len()))),
+    }
+}
