@@ -23,9 +23,9 @@
 #   serve [PRESET...]  the same workload through `cera serve` over HTTP (`cera bench --http`) on each
 #                   preset (default llama-1b), llama.cpp's server beside it when carried
 #   depth [PRESET[:QTYPE]...]  the real-use table of the speed issue (default llama-1b and
-#                   llama-8b in q4_0 and q4_k): pp512/2048/8192 and tg128 at depths 0, 4096,
-#                   16384 and 32768 (DEPTHS, PROMPTS override), the cold-start line, llama.cpp
-#                   beside it when carried
+#                   llama-8b in q4_0 and q4_k): pp512/2048/8192 from empty with the cold-start
+#                   line, pp512 at depth 8192, tg128 at depths 0, 4096, 16384 and 32768 (DEPTHS,
+#                   PROMPTS, REPS override), llama.cpp beside it when carried
 #   cmd 'SHELL'     any command with the models' folder in $M and the binaries in $B
 #   stage           unpacks what this call carried: the test binaries, or one piece of a model
 #                   (a model is put together, and its SHA-256 checked, when its last piece arrives)
@@ -199,11 +199,15 @@ case $mode in
       $B/cera bench -m "$(model "$p")" --concurrency "$c" --http --kv-budget 24G "${LL[@]}" 2>&1 | tee -a "$OUT/serve.txt"
     done ;;
   depth)
+    # The issue's cases only: pp512/2048/8192 from empty (with the cold-start line), pp512 at
+    # depth 8192, tg128 at each of DEPTHS.
     presets=("$@"); [ ${#presets[@]} -gt 0 ] || presets=(llama-1b llama-1b:q4_k llama-8b llama-8b:q4_k)
     date -u | tee -a "$OUT/depth.txt"
     for p in "${presets[@]}"; do
-      $B/cera bench -m "$(model "$p")" -p "${PROMPTS:-512,2048,8192}" -n 128 -d "${DEPTHS:-0,4096,16384,32768}" -r 3 \
-        --cold-start "${LL[@]}" 2>&1 | tee -a "$OUT/depth.txt"
+      f=$(model "$p")
+      $B/cera bench -m "$f" -p "${PROMPTS:-512,2048,8192}" -n 0 -r "${REPS:-3}" --cold-start "${LL[@]}" 2>&1 | tee -a "$OUT/depth.txt"
+      $B/cera bench -m "$f" -p 512 -n 0 -d 8192 -r "${REPS:-3}" "${LL[@]}" 2>&1 | tee -a "$OUT/depth.txt"
+      $B/cera bench -m "$f" -p 0 -n 128 -d "${DEPTHS:-0,4096,16384,32768}" -r "${REPS:-3}" "${LL[@]}" 2>&1 | tee -a "$OUT/depth.txt"
     done ;;
   cmd)
     for p in smol-135m llama-1b llama-8b; do model $p > /dev/null; done
