@@ -31,6 +31,7 @@ pub struct PrefillPlanBuilder<'a> {
     opts: AttnOptions,
     kind: Option<DecodeKernel>,
     coop: Option<PrefillAttnCoop>,
+    f32_only: bool,
     out: Option<(&'a Binding, usize)>,
 }
 
@@ -51,6 +52,15 @@ impl<'a> PrefillPlanBuilder<'a> {
     pub fn coop_variant(mut self, cfg: PrefillAttnCoop) -> Self {
         self.kind = Some(DecodeKernel::Coop);
         self.coop = Some(cfg);
+        self
+    }
+
+    /// With no [`kernel`](Self::kernel) chosen: the best of the kernels that compute in f32 (never
+    /// the coopmat one, which rounds Q and the softmax weights to f16), so that each row's output
+    /// equals a decode step's at its position within f32 rounding: for a few rows verified at
+    /// once (speculative decoding), whose logits must pick what decode steps pick.
+    pub fn f32_only(mut self) -> Self {
+        self.f32_only = true;
         self
     }
 
@@ -92,7 +102,7 @@ impl<'a> PrefillPlanBuilder<'a> {
             }
             (c, _) => c,
         };
-        let kind = self.kind.unwrap_or(if coop.is_some() {
+        let kind = self.kind.unwrap_or(if coop.is_some() && !self.f32_only {
             DecodeKernel::Coop
         } else if ql.n_tok <= 65535 {
             DecodeKernel::best(&env)
@@ -270,7 +280,7 @@ impl PrefillPlan {
 
     /// A builder for the other options ([`PrefillPlanBuilder`]).
     pub fn builder<'a>(ctx: &'a GpuContext, q: &'a Binding, ql: &QueryLayout, cache: &'a KvCache, layer: usize, opts: &AttnOptions) -> PrefillPlanBuilder<'a> {
-        PrefillPlanBuilder { ctx, q, ql: *ql, cache, layer, opts: *opts, kind: None, coop: None, out: None }
+        PrefillPlanBuilder { ctx, q, ql: *ql, cache, layer, opts: *opts, kind: None, coop: None, f32_only: false, out: None }
     }
 
     /// Dispatches a recording of `step` adds.

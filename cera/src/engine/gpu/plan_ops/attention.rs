@@ -71,6 +71,10 @@ pub(super) fn attention(cx: &PlanCx, plan: &mut Plan, i: usize, layer: usize, wi
             let mut b = PrefillPlan::builder(ctx, &q, &ql, cache, layer, &opts).output(&out, 0);
             if let Some(kind) = inp.tuning.prefill_attn {
                 b = b.kernel(kind);
+            } else if inp.prefill_gemv {
+                // A verification step's rows attend in f32, as decode steps do (not through f16
+                // cooperative matrices), so that they pick what decode steps pick.
+                b = b.f32_only();
             }
             plan.append(b.build().map_err(ops_err)?.plan());
         }
