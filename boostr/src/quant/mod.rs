@@ -55,7 +55,7 @@ pub use gemv_q8_plan::Q8GemvPlan;
 pub use q8_activations::{DeferredRmsQuantizeQ8, GluQuantizeQ8, Q8Activations, QuantizeQ8, RmsNormQuantizeQ8};
 pub use q8_epilogue::Q8Epilogue;
 pub use rope_kv::RopeKv;
-pub use upload::{QuantMatrix, QuantPart};
+pub use upload::{PreparedMatrix, QuantMatrix, QuantPart, binding_limit};
 
 /// The decoder a kernel needs: a GGUF type, or the int4 layout shared by AWQ and GPTQ (whose
 /// group size is a runtime parameter, so one kernel serves every group size).

@@ -152,14 +152,52 @@ impl QuantMatrix {
 
     /// Uploads `p` with the adapter's own binding limit.
     pub fn upload(ctx: &GpuContext, name: &str, p: &PackedWeights) -> Result<QuantMatrix> {
-        let limit = ctx.capabilities().max_binding_size().min(ctx.capabilities().max_buffer_size());
-        Self::upload_with_limit(ctx, name, p, limit)
+        PreparedMatrix::new(name, p, binding_limit(ctx))?.upload(ctx)
     }
 
     /// Uploads `p`, splitting it by rows so that no part exceeds `limit` bytes (tests use a small
     /// limit to exercise splitting).
     pub fn upload_with_limit(ctx: &GpuContext, name: &str, p: &PackedWeights, limit: u64) -> Result<QuantMatrix> {
-        let (rows, cols) = (p.rows(), p.cols());
+        PreparedMatrix::new(name, p, limit)?.upload(ctx)
+    }
+}
+
+/// The most bytes one part of a matrix may take on `ctx` (its binding and buffer limits).
+pub fn binding_limit(ctx: &GpuContext) -> u64 {
+    ctx.capabilities().max_binding_size().min(ctx.capabilities().max_buffer_size())
+}
+
+/// A [`QuantMatrix`] laid out on the host, each part's words ready to be written to its buffer:
+/// the host half of [`QuantMatrix::upload`], which needs no device, so that a loader can prepare
+/// many matrices on several threads and write them to the device from one.
+#[derive(Clone, Debug)]
+pub struct PreparedMatrix {
+    name: String,
+    format: PackedFormat,
+    rows: usize,
+    cols: usize,
+    /// Per part: its first row, its rows, its sections and its words.
+    parts: Vec<(usize, usize, Sections, Vec<u32>)>,
+}
+
+impl PreparedMatrix {
+    /// Lays `p` out in parts of at most `limit` bytes ([`binding_limit`] for a device's own).
+    pub fn new(name: &str, p: &PackedWeights, limit: u64) -> Result<PreparedMatrix> {
+        Self::concat(name, &[p], limit)
+    }
+
+    /// Lays the rows of `mats` (one format and column count), one matrix after the other, out as
+    /// one matrix ([`concat_rows`] without its copy: each part's words are filled from the
+    /// matrices' own arrays).
+    pub fn concat(name: &str, mats: &[&PackedWeights], limit: u64) -> Result<PreparedMatrix> {
+        let p = *mats.first().ok_or(QuantError::Shape { what: "PreparedMatrix::concat", reason: "no matrices".into() })?;
+        if let Some(m) = mats.iter().find(|m| m.format() != p.format() || m.cols() != p.cols()) {
+            return Err(QuantError::Shape {
+                what: "PreparedMatrix::concat",
+                reason: format!("{} x {} of {} vs {} x {} of {}", m.rows(), m.cols(), m.format().name(), p.rows(), p.cols(), p.format().name()),
+            });
+        }
+        let (rows, cols) = (mats.iter().map(|m| m.rows()).sum::<usize>(), p.cols());
         if cols % 32 != 0 || cols == 0 {
             return Err(QuantError::Unsupported {
                 name: name.to_string(),
@@ -175,12 +213,11 @@ impl QuantMatrix {
         // Rows per part: the largest count whose padded sections fit (linear estimate, then
         // shrink until it fits).
         let per_row = p.bytes_per_row_read() as u64 + 1;
-        let mut rows_per_part = ((limit.saturating_sub(64)) / per_row).max(1) as usize;
+        let estimate = (limit.saturating_sub(64) / per_row).max(1);
         // Keep K-quant / int4 groups whole: parts split at row boundaries, which are block
-        // boundaries, so nothing more is needed. Even part sizes keep f16 pairs aligned to rows.
-        if rows_per_part > 1 {
-            rows_per_part &= !1;
-        }
+        // boundaries, so nothing more is needed. Even part sizes keep f16 pairs aligned to rows
+        // (one part of every row needs neither).
+        let mut rows_per_part = if estimate >= rows as u64 { rows.max(1) } else { estimate as usize & !1 }.max(1);
         while rows_per_part > 1 && !sections(&geo, rows_per_part * bpr).is_ok_and(|s| s.words as u64 * 4 <= limit) {
             rows_per_part = (rows_per_part - 1).max(1) & !1;
             rows_per_part = rows_per_part.max(1);
@@ -192,38 +229,67 @@ impl QuantMatrix {
             if n == 0 {
                 break;
             }
-            parts.push(upload_part(ctx, p, row0, n)?);
+            let (s, words) = part_words(mats, row0, n)?;
+            parts.push((row0, n, s, words));
             row0 += n;
         }
-        Ok(QuantMatrix { name: name.to_string(), format: p.format(), rows, cols, parts })
+        Ok(PreparedMatrix { name: name.to_string(), format: p.format(), rows, cols, parts })
+    }
+
+    /// Bytes the parts take on the device.
+    pub fn bytes(&self) -> u64 {
+        self.parts.iter().map(|p| p.3.len() as u64 * 4).sum()
+    }
+
+    /// Writes the parts into buffers of their own on `ctx`.
+    pub fn upload(self, ctx: &GpuContext) -> Result<QuantMatrix> {
+        let parts = self
+            .parts
+            .into_iter()
+            .map(|(row0, rows, sections, words)| Ok(QuantPart { row0, rows, buffer: ctx.upload(bytemuck::cast_slice(&words))?, sections }))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(QuantMatrix { name: self.name, format: self.format, rows: self.rows, cols: self.cols, parts })
     }
 }
 
-fn upload_part(ctx: &GpuContext, p: &PackedWeights, row0: usize, rows: usize) -> Result<QuantPart> {
+/// The sections and words of rows `row0 .. row0 + rows` of the rows of `mats` one after the
+/// other (one format and column count, checked by the caller).
+fn part_words(mats: &[&PackedWeights], row0: usize, rows: usize) -> Result<(Sections, Vec<u32>)> {
+    let p = mats[0];
     let bpr = p.blocks_per_row();
-    let (b0, nb) = (row0 * bpr, rows * bpr);
+    let nb = rows * bpr;
     let s = sections(&p.geometry, nb)?;
     let mut words = vec![0u32; s.words as usize];
-    let copy = |dst: &mut [u32], at: u32, src: &[u32], per: usize| {
-        dst[at as usize..at as usize + nb * per].copy_from_slice(&src[b0 * per..(b0 + nb) * per]);
-    };
-    copy(&mut words, s.qs, p.qs(), p.qs_words_per_block());
-    copy(&mut words, s.qh, p.qh(), p.qh_words_per_block());
-    copy(&mut words, s.sc, p.scales(), p.scale_words_per_block());
-    let halves = |dst: &mut [u32], at: u32, src: &[f16]| {
-        for i in 0..nb {
-            let bits = src[b0 + i].to_bits() as u32;
-            dst[at as usize + i / 2] |= bits << (16 * (i % 2));
+    // `at`: blocks of the part written so far; `first`: the current matrix's first row.
+    let (mut at, mut first) = (0, 0);
+    for m in mats {
+        let (lo, hi) = (row0.max(first), (row0 + rows).min(first + m.rows()));
+        if lo < hi {
+            let (b0, n) = ((lo - first) * bpr, (hi - lo) * bpr);
+            let mut copy = |sec: u32, src: &[u32], per: usize| {
+                let dst = sec as usize + at * per;
+                words[dst..dst + n * per].copy_from_slice(&src[b0 * per..(b0 + n) * per]);
+            };
+            copy(s.qs, m.qs(), m.qs_words_per_block());
+            copy(s.qh, m.qh(), m.qh_words_per_block());
+            copy(s.sc, m.scales(), m.scale_words_per_block());
+            let mut halves = |sec: u32, src: &[f16]| {
+                for i in 0..n {
+                    let (bits, g) = (src[b0 + i].to_bits() as u32, at + i);
+                    words[sec as usize + g / 2] |= bits << (16 * (g % 2));
+                }
+            };
+            if m.has_d() {
+                halves(s.d, m.d());
+            }
+            if m.has_m() {
+                halves(s.m, m.m());
+            }
+            at += n;
         }
-    };
-    if p.has_d() {
-        halves(&mut words, s.d, p.d());
+        first += m.rows();
     }
-    if p.has_m() {
-        halves(&mut words, s.m, p.m());
-    }
-    let buffer = ctx.upload(bytemuck::cast_slice(&words))?;
-    Ok(QuantPart { row0, rows, buffer, sections: s })
+    Ok((s, words))
 }
 
 /// Concatenates matrices of one format and column count by rows (Q, K and V into one matrix for
@@ -259,4 +325,45 @@ pub fn concat_rows(mats: &[&PackedWeights]) -> Result<PackedWeights> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::formats::{GgmlType, repack};
+
+    fn random(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> PackedWeights {
+        let n = rows * ty.bytes_for(cols).unwrap();
+        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let bytes: Vec<u8> = (0..n)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (x >> 33) as u8
+            })
+            .collect();
+        repack(ty, &bytes, rows, cols).unwrap()
+    }
+
+    /// Laying several matrices out as one fills each part from the matrices' own arrays: the
+    /// same sections and words as laying out their concatenation, with odd row counts (f16
+    /// pairs straddling two matrices) and parts that split inside a matrix.
+    #[test]
+    fn concat_lays_out_what_concat_rows_gives() {
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q6_K, GgmlType::Q4_K] {
+            let cols = if ty.block_size() == 256 { 512 } else { 96 };
+            let mats = [random(ty, 3, cols, 1), random(ty, 5, cols, 2), random(ty, 2, cols, 3)];
+            let refs: Vec<&PackedWeights> = mats.iter().collect();
+            let cat = concat_rows(&refs).unwrap();
+            for limit in [u64::MAX, 3 * sections(&cat.geometry, cat.blocks_per_row() * 2).unwrap().words as u64 * 4 / 2] {
+                let a = PreparedMatrix::concat("m", &refs, limit).unwrap();
+                let b = PreparedMatrix::new("m", &cat, limit).unwrap();
+                assert_eq!((a.rows, a.cols, a.format), (b.rows, b.cols, b.format));
+                assert_eq!(a.parts, b.parts, "{ty:?}, limit {limit}");
+                assert_eq!(a.parts.len() > 1, limit != u64::MAX, "{ty:?}");
+            }
+        }
+        let other = random(GgmlType::Q8_0, 2, 96, 4);
+        let q4 = random(GgmlType::Q4_0, 2, 96, 5);
+        assert!(PreparedMatrix::concat("m", &[&q4, &other], u64::MAX).is_err());
+    }
 }

@@ -228,6 +228,14 @@ pub struct ColdStart {
     pub load_s: f64,
     /// The file's bytes over that time.
     pub load_gb_s: f64,
+    /// Of the load: opening the file (metadata, tokenizer, template, checks), seconds.
+    pub file_s: f64,
+    /// Opening the device, seconds.
+    pub device_s: f64,
+    /// Preparing and writing the weights, seconds.
+    pub weights_s: f64,
+    /// Of `weights_s`, writing to the device (GPU only).
+    pub device_writes_s: Option<f64>,
     /// The first request's prompt tokens (0: not measured).
     pub prompt: usize,
     /// Its time to first token (the prefill through the first token's distribution), ms.
@@ -362,8 +370,19 @@ pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> 
         llama_cpp: None,
         profile: Vec::new(),
     };
-    let mut cold =
-        ColdStart { model: model.clone(), load_s, load_gb_s: file_bytes as f64 / load_s.max(1e-9) / 1e9, prompt: 0, ttft_ms: 0.0, prefill_tok_s: 0.0 };
+    let lt = engine.load_times();
+    let mut cold = ColdStart {
+        model: model.clone(),
+        load_s,
+        load_gb_s: file_bytes as f64 / load_s.max(1e-9) / 1e9,
+        file_s: lt.file.as_secs_f64(),
+        device_s: lt.device.as_secs_f64(),
+        weights_s: lt.weights.as_secs_f64(),
+        device_writes_s: lt.device_writes.map(|d| d.as_secs_f64()),
+        prompt: 0,
+        ttft_ms: 0.0,
+        prefill_tok_s: 0.0,
+    };
     let mut s = engine.session()?;
     if opts.cold_prompt > 0 {
         // Before anything else has run: no warm-up, no clock warming.

@@ -87,7 +87,12 @@ pub fn print_table(report: &BenchReport) -> String {
         s.push('\n');
     }
     for c in &report.cold {
-        let _ = write!(s, "\nload {}: {:.2} s ({:.2} GB/s)", c.model, c.load_s, c.load_gb_s);
+        let writes = c.device_writes_s.map_or(String::new(), |w| format!(", {w:.2} s of it writing to the device"));
+        let _ = write!(
+            s,
+            "\nload {}: {:.2} s ({:.2} GB/s; the file {:.2} s, the device {:.2} s, the weights {:.2} s{writes})",
+            c.model, c.load_s, c.load_gb_s, c.file_s, c.device_s, c.weights_s
+        );
         if c.prompt > 0 {
             let warm = report.rows.iter().find(|r| r.model == c.model && r.test == format!("pp{}", c.prompt)).map(|r| r.tok_s.median);
             let ratio = warm

@@ -175,6 +175,10 @@ pub trait Backend: Send + Sync {
     fn device_name(&self) -> String;
     /// Whether this runs on a GPU.
     fn is_gpu(&self) -> bool;
+    /// The time the load spent writing weights to the device (`None`: no device writes).
+    fn weight_write_time(&self) -> Option<std::time::Duration> {
+        None
+    }
     /// A state for many sequences at once (a paged KV cache; [`super::batch`]), allocated here.
     /// Executors without batched steps give [`EngineError::Unsupported`].
     fn new_batch(&self, opts: &super::batch::BatchOpts) -> Result<Box<dyn super::batch::BatchState>, EngineError> {

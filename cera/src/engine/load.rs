@@ -7,7 +7,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use numr::gpu::GpuContext;
 
@@ -20,7 +20,7 @@ use super::cpu::CpuBackend;
 use super::gpu::GpuBackend;
 use super::graph::ModelGraph;
 use super::hf::HfModel;
-use super::model::{Engine, EngineParts, end_of_generation_ids};
+use super::model::{Engine, EngineParts, LoadTimes, end_of_generation_ids};
 use super::options::{DeviceChoice, LoadOptions};
 use super::weights::WeightSource;
 use super::{EngineError, weights};
@@ -143,15 +143,32 @@ impl Engine {
         if opts.ubatch == 0 {
             return Err(EngineError::Usage("the batch size (ubatch) must be at least 1".into()));
         }
-        let backend = match opts.device {
-            DeviceChoice::Cpu => cpu(&graph, file, opts, progress)?,
-            DeviceChoice::Gpu => gpu(gpu_context()?, &graph, file, opts, progress)?,
-            DeviceChoice::Auto => match GpuContext::new() {
-                Ok(ctx) if is_hardware_gpu(&ctx) => gpu(ctx, &graph, file, opts, progress)?,
-                _ => cpu(&graph, file, opts, progress)?,
-            },
+        let file_time = start.elapsed();
+        let t = Instant::now();
+        let (backend, device) = match opts.device {
+            DeviceChoice::Cpu => (cpu(&graph, file, opts, progress)?, Duration::ZERO),
+            DeviceChoice::Gpu => {
+                let ctx = gpu_context()?;
+                let device = t.elapsed();
+                (gpu(ctx, &graph, file, opts, progress)?, device)
+            }
+            DeviceChoice::Auto => {
+                let ctx = GpuContext::new();
+                let device = t.elapsed();
+                match ctx {
+                    Ok(ctx) if is_hardware_gpu(&ctx) => (gpu(ctx, &graph, file, opts, progress)?, device),
+                    _ => (cpu(&graph, file, opts, progress)?, device),
+                }
+            }
+        };
+        let times = LoadTimes {
+            total: start.elapsed(),
+            file: file_time,
+            device,
+            weights: t.elapsed().saturating_sub(device),
+            device_writes: backend.weight_write_time(),
         };
         let parts = EngineParts { backend, tokenizer, template, config: graph.cfg, eog, n_ctx, ubatch: opts.ubatch, kv: opts.kv };
-        Engine::assemble(parts, Some(path.to_path_buf()), name, start.elapsed()).map_err(in_file(path))
+        Engine::assemble(parts, Some(path.to_path_buf()), name, times).map_err(in_file(path))
     }
 }

@@ -57,7 +57,7 @@ pub use generate::{Generation, Sink, Timings, TokenEvent, row_top_logprobs};
 pub use graph::{DecodeTraffic, ModelGraph, Op, Slot};
 pub use hf::HfModel;
 pub use load::{DEFAULT_MAX_CTX, is_hardware_gpu};
-pub use model::{Engine, EngineParts, end_of_generation_ids};
+pub use model::{Engine, EngineParts, LoadTimes, end_of_generation_ids};
 pub use options::{Chains, DecodeGemv, DeviceChoice, DraftSource, FinishReason, GenerateOpts, LoadOptions, Speculative};
 pub use sampler::{MAX_TOP_LOGPROBS, SamplerOpts};
 pub use session::{CancelToken, Session};

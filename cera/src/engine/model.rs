@@ -26,6 +26,22 @@ use super::backend::{Backend, KvType, StateOpts};
 use super::config::ModelConfig;
 use super::session::Session;
 
+/// Where a load's time went ([`Engine::load_times`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LoadTimes {
+    /// The whole load.
+    pub total: Duration,
+    /// Opening the file: its metadata, tokenizer, chat template, graph and tensor checks.
+    pub file: Duration,
+    /// Opening the device: the GPU's adapter and context (zero on the CPU).
+    pub device: Duration,
+    /// Preparing the weights and writing them to the device.
+    pub weights: Duration,
+    /// Of `weights`, the time spent writing to the device (the rest waited for the host to
+    /// repack and lay out the matrices); `None` on the CPU.
+    pub device_writes: Option<Duration>,
+}
+
 /// What an [`Engine`] is made of: [`Engine::load`] builds these from a model file;
 /// [`Engine::from_parts`] takes them from the caller (another executor, a test double).
 pub struct EngineParts {
@@ -62,7 +78,7 @@ pub(crate) struct Inner {
     pub(crate) state: StateOpts,
     pub(crate) path: Option<PathBuf>,
     pub(crate) name: Option<String>,
-    pub(crate) load_time: Duration,
+    pub(crate) load_times: LoadTimes,
 }
 
 /// A loaded model. Cloning is cheap (the model is shared, never copied); `Engine` is `Send +
@@ -95,10 +111,10 @@ impl Engine {
     /// least 1, the tokenizer's vocabulary within the model's, the end-of-generation ids inside
     /// the vocabulary.
     pub fn from_parts(parts: EngineParts) -> Result<Engine, EngineError> {
-        Self::assemble(parts, None, None, Duration::ZERO)
+        Self::assemble(parts, None, None, LoadTimes::default())
     }
 
-    pub(crate) fn assemble(parts: EngineParts, path: Option<PathBuf>, name: Option<String>, load_time: Duration) -> Result<Engine, EngineError> {
+    pub(crate) fn assemble(parts: EngineParts, path: Option<PathBuf>, name: Option<String>, load_times: LoadTimes) -> Result<Engine, EngineError> {
         let EngineParts { backend, tokenizer, template, config, mut eog, n_ctx, ubatch, kv } = parts;
         if n_ctx == 0 {
             return Err(EngineError::Usage("the context length must be at least 1".into()));
@@ -117,7 +133,7 @@ impl Engine {
         eog.sort_unstable();
         eog.dedup();
         let state = StateOpts { n_ctx, ubatch, kv };
-        Ok(Engine { inner: Arc::new(Inner { backend, tokenizer, template, config, eog, state, path, name, load_time }) })
+        Ok(Engine { inner: Arc::new(Inner { backend, tokenizer, template, config, eog, state, path, name, load_times }) })
     }
 
     /// A new session on this model, with its own KV cache (allocated now, `n_ctx` positions).
@@ -172,7 +188,12 @@ impl Engine {
 
     /// How long [`Engine::load`] took (zero for [`Engine::from_parts`]).
     pub fn load_time(&self) -> Duration {
-        self.inner.load_time
+        self.inner.load_times.total
+    }
+
+    /// Where the load's time went: the file, the device, the weights.
+    pub fn load_times(&self) -> LoadTimes {
+        self.inner.load_times
     }
 
     /// The file the model was loaded from.

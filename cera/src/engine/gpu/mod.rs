@@ -63,8 +63,10 @@ impl GpuBackend {
     /// Uploads every weight the graph names (progress in bytes) and checks that the plans of a
     /// sequence can be built (kernels compiled here, not at the first token).
     pub fn load(ctx: Arc<GpuContext>, graph: &ModelGraph, src: &dyn WeightSource, progress: Option<ProgressFn<'_>>) -> Result<GpuBackend, EngineError> {
-        let weights = weights::GpuWeights::upload(&ctx, graph, src, progress)?;
+        let mut weights = weights::GpuWeights::upload(&ctx, graph, src, progress)?;
+        let t = std::time::Instant::now();
         ctx.flush().map_err(|e| dev_err(&ctx, e))?;
+        weights.write_time += t.elapsed();
         let device = device_name(&ctx);
         Ok(GpuBackend {
             ctx,
@@ -121,6 +123,9 @@ impl Backend for GpuBackend {
     }
     fn new_state(&self, opts: &StateOpts) -> Result<Box<dyn BackendState>, EngineError> {
         Ok(Box::new(state::GpuState::new(self, opts)?))
+    }
+    fn weight_write_time(&self) -> Option<std::time::Duration> {
+        Some(self.weights.write_time)
     }
     fn device_name(&self) -> String {
         self.device.clone()

@@ -6,14 +6,15 @@
 //! of different formats (K-quant mixes store V in another type than Q and K) stay separate and
 //! write their columns of the packed output.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
 
 use boostr::embedding::GpuEmbedding;
 use boostr::formats::{GgmlType, PackedFormat, PackedWeights, repack};
 use boostr::ops_common::GpuView;
-use boostr::quant::QuantMatrix;
-use boostr::quant::upload::concat_rows;
+use boostr::quant::{PreparedMatrix, QuantMatrix, binding_limit};
 use numr::gpu::GpuContext;
 
 use super::super::EngineError;
@@ -41,6 +42,9 @@ pub(crate) struct GpuWeights {
     pub(crate) host_vecs: HashMap<String, Vec<f32>>,
     /// Bytes uploaded.
     pub(crate) bytes: u64,
+    /// Time spent writing to the device (the rest of the upload waited for the host's
+    /// preparation).
+    pub(crate) write_time: Duration,
 }
 
 /// Total bytes the upload reads from the file (for progress).
@@ -69,6 +73,10 @@ fn widen_to_f32(p: &PackedWeights) -> Result<PackedWeights, EngineError> {
 }
 
 impl GpuWeights {
+    /// Uploads every weight of `graph`. The matrices are prepared on the host (repacked,
+    /// concatenated, laid out in their GPU sections: [`PreparedMatrix`]) by worker threads, at
+    /// most a few ahead, while this thread writes the prepared ones to the device in the order
+    /// they come; vectors and conv taps follow.
     pub(crate) fn upload(ctx: &GpuContext, graph: &ModelGraph, src: &dyn WeightSource, progress: Option<ProgressFn<'_>>) -> Result<GpuWeights, EngineError> {
         let total = total_bytes(graph, src)?;
         let mut done = 0u64;
@@ -78,56 +86,79 @@ impl GpuWeights {
                 p(LoadProgress { done, total });
             }
         };
-        let mut w = GpuWeights { linear: HashMap::new(), embed: HashMap::new(), vecs: HashMap::new(), host_vecs: HashMap::new(), bytes: 0 };
-        // The tied LM head and the embedding share one host repack.
-        let mut packed_cache: HashMap<String, Arc<PackedWeights>> = HashMap::new();
-        let mut packed = |m: &MatRef, tick: &mut dyn FnMut(u64)| -> Result<Arc<PackedWeights>, EngineError> {
-            if let Some(p) = packed_cache.get(&m.name) {
-                return Ok(p.clone());
+        let mut w =
+            GpuWeights { linear: HashMap::new(), embed: HashMap::new(), vecs: HashMap::new(), host_vecs: HashMap::new(), bytes: 0, write_time: Duration::ZERO };
+        let jobs: Vec<usize> = (0..graph.ops.len()).filter(|&i| matches!(graph.ops[i], Op::Embed { .. } | Op::Linear { .. } | Op::LmHead { .. })).collect();
+        let limit = binding_limit(ctx);
+        // A tensor more than one op reads (the tied LM head and the embedding) is repacked once
+        // and kept until the load ends (two workers may both make it at worst); every other
+        // host copy goes as soon as its matrix is written.
+        let mut uses: HashMap<&str, usize> = HashMap::new();
+        for &op in &jobs {
+            for m in graph.ops[op].mats() {
+                *uses.entry(m.name.as_str()).or_default() += 1;
             }
-            let p = Arc::new(src.packed(m)?);
-            tick(src.stored(m)?.bytes);
-            packed_cache.insert(m.name.clone(), p.clone());
-            Ok(p)
-        };
-        for (i, op) in graph.ops.iter().enumerate() {
-            match op {
-                Op::Embed { table, .. } => {
-                    let p = packed(table, &mut tick)?;
-                    let t = if embeddable(&p) { GpuEmbedding::new(ctx, &p, None) } else { GpuEmbedding::new(ctx, &widen_to_f32(&p)?, None) };
-                    let t = t.map_err(|e| EngineError::Unsupported { what: format!("tensor {}: {e}", table.name) })?;
-                    w.bytes += p.total_bytes() as u64;
-                    w.embed.insert(i, Arc::new(t));
-                }
-                Op::Linear { .. } | Op::LmHead { .. } => {
-                    let mats = op.mats();
-                    let ps = mats.iter().map(|m| packed(m, &mut tick).and_then(narrow_f32)).collect::<Result<Vec<_>, _>>()?;
-                    let same = ps.windows(2).all(|p| p[0].format() == p[1].format());
-                    let mut parts = Vec::new();
-                    if same && ps.len() > 1 {
-                        let refs: Vec<&PackedWeights> = ps.iter().map(|p| p.as_ref()).collect();
-                        let cat = concat_rows(&refs).map_err(|e| EngineError::Unsupported { what: format!("fusing {}: {e}", names(&mats)) })?;
-                        parts.push(LinearPart { w: Arc::new(upload_mat(ctx, &names(&mats), &cat)?), col0: 0 });
-                        w.bytes += cat.total_bytes() as u64;
-                    } else {
-                        let mut col0 = 0;
-                        for (m, p) in mats.iter().zip(&ps) {
-                            parts.push(LinearPart { w: Arc::new(upload_mat(ctx, &m.name, p)?), col0 });
-                            w.bytes += p.total_bytes() as u64;
-                            col0 += m.rows;
+        }
+        let shared: HashSet<&str> = uses.into_iter().filter(|&(_, n)| n > 1).map(|(name, _)| name).collect();
+        let cache = PackCache { shared: &shared, packed: Mutex::new(HashMap::new()) };
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, MAX_PREPARE_THREADS).min(jobs.len().max(1));
+        let next = AtomicUsize::new(0);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|scope| -> Result<(), EngineError> {
+            let (tx, rx) = mpsc::sync_channel::<(usize, Result<Prepared, EngineError>)>(workers);
+            for _ in 0..workers {
+                let tx = tx.clone();
+                let (jobs, next, stop, cache) = (&jobs, &next, &stop, &cache);
+                scope.spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let Some(&op) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) else { return };
+                        let r = prepare(&graph.ops[op], src, limit, cache);
+                        if tx.send((op, r)).is_err() {
+                            return;
                         }
                     }
-                    w.linear.insert(i, parts);
+                });
+            }
+            drop(tx);
+            let result = (|| {
+                for (op, r) in rx.iter() {
+                    let t = Instant::now();
+                    match r? {
+                        Prepared::Embed(p, name) => {
+                            let t = GpuEmbedding::new(ctx, &p, None).map_err(|e| EngineError::Unsupported { what: format!("tensor {name}: {e}") })?;
+                            w.bytes += p.total_bytes() as u64;
+                            w.embed.insert(op, Arc::new(t));
+                        }
+                        Prepared::Linear(parts) => {
+                            let mut up = Vec::with_capacity(parts.len());
+                            for (m, col0) in parts {
+                                w.bytes += m.bytes();
+                                up.push(LinearPart { w: Arc::new(m.upload(ctx).map_err(|e| quant_err(ctx, e))?), col0 });
+                            }
+                            w.linear.insert(op, up);
+                        }
+                    }
+                    w.write_time += t.elapsed();
+                    tick(graph.ops[op].mats().iter().map(|m| src.stored(m).map_or(0, |s| s.bytes)).sum());
                 }
-                // The conv taps as f32, stored by name like the vectors.
-                Op::ShortConv { w: m, .. } if !w.vecs.contains_key(&m.name) => {
-                    let host = src.mat_f32(m)?;
-                    let buf = ctx.upload(bytemuck::cast_slice(&host)).map_err(|e| dev_err(ctx, e))?;
-                    tick(src.stored(m)?.bytes);
-                    w.bytes += 4 * host.len() as u64;
-                    w.vecs.insert(m.name.clone(), GpuView::whole(&buf));
-                }
-                _ => {}
+                Ok(())
+            })();
+            // On an error the workers stop after their current matrix.
+            stop.store(true, Ordering::Relaxed);
+            drop(rx);
+            result
+        })?;
+        let t = Instant::now();
+        for op in &graph.ops {
+            // The conv taps as f32, stored by name like the vectors.
+            if let Op::ShortConv { w: m, .. } = op
+                && !w.vecs.contains_key(&m.name)
+            {
+                let host = src.mat_f32(m)?;
+                let buf = ctx.upload(bytemuck::cast_slice(&host)).map_err(|e| dev_err(ctx, e))?;
+                tick(src.stored(m)?.bytes);
+                w.bytes += 4 * host.len() as u64;
+                w.vecs.insert(m.name.clone(), GpuView::whole(&buf));
             }
             for v in op.vecs() {
                 if w.vecs.contains_key(&v.name) {
@@ -141,7 +172,69 @@ impl GpuWeights {
                 w.host_vecs.insert(v.name.clone(), host);
             }
         }
+        w.write_time += t.elapsed();
         Ok(w)
+    }
+}
+
+/// The most threads preparing matrices at load (each holds one matrix's host copies at a time).
+const MAX_PREPARE_THREADS: usize = 8;
+
+/// A matrix op's weights laid out on the host.
+enum Prepared {
+    /// An embedding table (widened to f32 where the kernel does not gather its format) and its
+    /// name.
+    Embed(Arc<PackedWeights>, String),
+    /// A linear op's matrices (one, where several of one format are concatenated by rows) and
+    /// the first output column of each.
+    Linear(Vec<(PreparedMatrix, usize)>),
+}
+
+/// The host repacks of the tensors several ops read.
+struct PackCache<'a> {
+    shared: &'a HashSet<&'a str>,
+    packed: Mutex<HashMap<String, Arc<PackedWeights>>>,
+}
+
+/// The host work of one matrix op (a worker thread's job).
+fn prepare(op: &Op, src: &dyn WeightSource, limit: u64, cache: &PackCache) -> Result<Prepared, EngineError> {
+    let packed = |m: &MatRef| -> Result<Arc<PackedWeights>, EngineError> {
+        if !cache.shared.contains(m.name.as_str()) {
+            return Ok(Arc::new(src.packed(m)?));
+        }
+        if let Some(p) = cache.packed.lock().unwrap_or_else(|p| p.into_inner()).get(&m.name) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(src.packed(m)?);
+        cache.packed.lock().unwrap_or_else(|p| p.into_inner()).insert(m.name.clone(), p.clone());
+        Ok(p)
+    };
+    let lay_out =
+        |name: &str, p: &PackedWeights| PreparedMatrix::new(name, p, limit).map_err(|e| EngineError::Unsupported { what: format!("tensor {name}: {e}") });
+    match op {
+        Op::Embed { table, .. } => {
+            let p = packed(table)?;
+            let p = if embeddable(&p) { p } else { Arc::new(widen_to_f32(&p)?) };
+            Ok(Prepared::Embed(p, table.name.clone()))
+        }
+        _ => {
+            let mats = op.mats();
+            let ps = mats.iter().map(|m| packed(m).and_then(narrow_f32)).collect::<Result<Vec<_>, _>>()?;
+            let same = ps.windows(2).all(|p| p[0].format() == p[1].format());
+            if same && ps.len() > 1 {
+                let refs: Vec<&PackedWeights> = ps.iter().map(|p| p.as_ref()).collect();
+                let name = names(&mats);
+                let m = PreparedMatrix::concat(&name, &refs, limit).map_err(|e| EngineError::Unsupported { what: format!("fusing {name}: {e}") })?;
+                return Ok(Prepared::Linear(vec![(m, 0)]));
+            }
+            let mut col0 = 0;
+            let mut parts = Vec::with_capacity(ps.len());
+            for (m, p) in mats.iter().zip(&ps) {
+                parts.push((lay_out(&m.name, p)?, col0));
+                col0 += m.rows;
+            }
+            Ok(Prepared::Linear(parts))
+        }
     }
 }
 
@@ -201,9 +294,9 @@ fn names(mats: &[&MatRef]) -> String {
     mats.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(" + ")
 }
 
-fn upload_mat(ctx: &GpuContext, name: &str, p: &PackedWeights) -> Result<QuantMatrix, EngineError> {
-    QuantMatrix::upload(ctx, name, p).map_err(|e| match e {
+fn quant_err(ctx: &GpuContext, e: boostr::quant::QuantError) -> EngineError {
+    match e {
         boostr::quant::QuantError::Gpu(g) => dev_err(ctx, g),
-        e => EngineError::Unsupported { what: format!("tensor {name}: {e}") },
-    })
+        e => EngineError::Unsupported { what: e.to_string() },
+    }
 }
