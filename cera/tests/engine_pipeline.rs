@@ -42,6 +42,10 @@ fn two_turns(e: &Engine, opts: &GenerateOpts) -> impl PartialEq + std::fmt::Debu
 #[test]
 fn pipelined_greedy_decoding_equals_one_token_at_a_time() {
     let Some(e) = engine() else { return };
+    // The load's parts: a GPU load opens the device and writes the weights to it.
+    let t = e.load_times();
+    let writes = t.device_writes.expect("a GPU load writes to the device");
+    assert!(t.device.as_nanos() > 0 && writes.as_nanos() > 0 && writes <= t.weights && t.file + t.device + t.weights <= t.total, "{t:?}");
     let seq = GenerateOpts { pipeline: false, ..GenerateOpts::greedy(8) };
     let mut s = e.session().unwrap();
     let (g, _) = turn(&mut s, PROMPT, &seq);

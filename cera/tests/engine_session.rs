@@ -58,6 +58,11 @@ fn load_reports_the_model() {
     assert!(!e.is_gpu());
     assert_eq!(e.eog_ids(), &[0, 2, 4], "llama.cpp's end-of-generation set for SmolLM2");
     assert!(e.load_time().as_nanos() > 0);
+    // The load's parts: the file and the weights took time, no device was opened or written.
+    let t = e.load_times();
+    assert_eq!(t.total, e.load_time());
+    assert!(t.file.as_nanos() > 0 && t.weights.as_nanos() > 0 && t.file + t.device + t.weights <= t.total, "{t:?}");
+    assert_eq!((t.device, t.device_writes), (std::time::Duration::ZERO, None), "{t:?}");
 }
 
 #[test]
