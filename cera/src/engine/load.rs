@@ -161,11 +161,13 @@ impl Engine {
                 }
             }
         };
+        // One end instant, so that the parts add up to the total.
+        let end = Instant::now();
         let times = LoadTimes {
-            total: start.elapsed(),
+            total: end - start,
             file: file_time,
             device,
-            weights: t.elapsed().saturating_sub(device),
+            weights: (end - t).saturating_sub(device),
             device_writes: backend.weight_write_time(),
         };
         let parts = EngineParts { backend, tokenizer, template, config: graph.cfg, eog, n_ctx, ubatch: opts.ubatch, kv: opts.kv };
