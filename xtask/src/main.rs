@@ -11,7 +11,7 @@
 //! - `bench --model FILE... [-p 512] [-n 128] [-r 5] [--profile] [--json] [--vs-llama-cpp DIR]
 //!   [--tune KEY=VALUE]... [--diag KEY=VALUE]...`:
 //!   the end-to-end table of `cera bench` (see `cera::bench`).
-//! - `synth --arch llama|gemma3|qwen2|qwen3|lfm2 --preset smol-135m|llama-1b|llama-8b|gemma3-270m|qwen3-0.6b|tiny
+//! - `synth --arch llama|gemma3|qwen2|qwen3|lfm2 --preset smol-135m|llama-1b|llama-8b|llama-70b|gemma3-270m|qwen3-0.6b|tiny
 //!   --qtype q4_0|q4_1|q8_0|q4_k|q6_k --out FILE [--seed N]`: a synthetic GGUF model with random
 //!   weights in a real model's shapes, quant types chosen as `llama-quantize` chooses them, and a
 //!   generated tokenizer of the exact vocabulary size, which cera and llama.cpp both load (see
@@ -91,7 +91,7 @@ enum Cmd {
         /// Tensor set, metadata keys and tokenizer: `llama`, `gemma3`, `qwen2`, `qwen3` or `lfm2`.
         #[arg(long, default_value = "llama")]
         arch: synth::Arch,
-        /// Shapes: smol-135m, llama-1b, llama-8b, gemma3-270m, qwen3-0.6b, lfm2-1.2b, tiny.
+        /// Shapes: smol-135m, llama-1b, llama-8b, llama-70b, gemma3-270m, qwen3-0.6b, lfm2-1.2b, tiny.
         #[arg(long)]
         preset: String,
         /// File type: q4_0, q4_1, q8_0, q4_k (Q4_K_M), q6_k.

@@ -73,7 +73,8 @@ impl CoopTiles {
     pub const DEFAULT: CoopTiles = CoopTiles { bm: 128, bn: 128, bk: 64, sg_m: 2, sg_n: 4, pad: 8, prefetch: true };
 
     /// Shapes worth comparing in benchmarks (all valid within 48 KiB): prefetching blocks from
-    /// 64x64 to 128x256, and the default without the prefetch.
+    /// 64x64 to 256x128 with 32x32 to 64x64 outputs per subgroup, and the default without the
+    /// prefetch.
     pub fn candidates() -> Vec<CoopTiles> {
         let pf = |bm, bn, bk, sg_m, sg_n| CoopTiles { bm, bn, bk, sg_m, sg_n, pad: 8, prefetch: true };
         vec![
@@ -89,6 +90,12 @@ impl CoopTiles {
             pf(64, 64, 64, 2, 2),
             pf(64, 64, 128, 2, 2),
             pf(128, 256, 32, 2, 8),
+            // 64x64 per subgroup (4x4 accumulators): 8 cooperative loads per 16 multiply-adds
+            // where 64x32 needs 6 per 8.
+            pf(128, 128, 32, 2, 2),
+            pf(256, 128, 32, 4, 2),
+            pf(128, 256, 32, 2, 4),
+            pf(64, 128, 32, 1, 2),
         ]
     }
 

@@ -3,7 +3,7 @@
 //! downloading anything.
 //!
 //! ```text
-//! cargo xtask synth --arch llama|gemma3|qwen2|qwen3|lfm2 --preset smol-135m|llama-1b|llama-8b|gemma3-270m|qwen3-0.6b|lfm2-1.2b|tiny \
+//! cargo xtask synth --arch llama|gemma3|qwen2|qwen3|lfm2 --preset smol-135m|llama-1b|llama-8b|llama-70b|gemma3-270m|qwen3-0.6b|lfm2-1.2b|tiny \
 //!     --qtype q4_0|q4_1|q8_0|q4_k|q6_k --out FILE [--seed N]
 //! ```
 //!

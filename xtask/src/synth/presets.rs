@@ -45,7 +45,7 @@ pub struct Preset {
 }
 
 /// Every preset name, for messages.
-pub const NAMES: &[&str] = &["smol-135m", "llama-1b", "llama-8b", "gemma3-270m", "qwen3-0.6b", "lfm2-1.2b", "tiny"];
+pub const NAMES: &[&str] = &["smol-135m", "llama-1b", "llama-8b", "llama-70b", "gemma3-270m", "qwen3-0.6b", "lfm2-1.2b", "tiny"];
 
 impl Preset {
     /// The preset called `name`.
@@ -105,6 +105,22 @@ impl Preset {
                 n_layers: 32,
                 ffn: 14336,
                 n_heads: 32,
+                n_kv_heads: 8,
+                head_dim: 128,
+                vocab: 128_256,
+                rope_theta: 500_000.0,
+                ctx: 131_072,
+                tied: false,
+                ..base
+            },
+            // Llama-3.1-70B's shapes (the context capped as llama-8b's), untied output: about
+            // 40 GB in Q4_0, the model of the several-GPU split.
+            "llama-70b" => Preset {
+                name: "llama-70b",
+                dim: 8192,
+                n_layers: 80,
+                ffn: 28672,
+                n_heads: 64,
                 n_kv_heads: 8,
                 head_dim: 128,
                 vocab: 128_256,
@@ -193,5 +209,17 @@ mod tests {
             assert!(p.n_heads.is_multiple_of(p.n_kv_heads) && p.dim.is_multiple_of(32) && p.ffn.is_multiple_of(32), "{n}");
         }
         assert!(Preset::by_name("huge").is_err());
+    }
+
+    #[test]
+    fn llama_presets_have_the_published_parameter_counts() {
+        // Embedding (and an untied output) plus per layer Q, K, V, O and the three FFN matrices.
+        let params = |p: &Preset| {
+            let layer = 2 * p.dim * p.q_dim() + 2 * p.dim * p.kv_dim() + 3 * p.dim * p.ffn;
+            p.vocab * p.dim * if p.tied { 1 } else { 2 } + p.n_layers * layer
+        };
+        let billions = |n: &str| params(&Preset::by_name(n).unwrap()) as f64 / 1e9;
+        assert!((billions("llama-8b") - 8.03).abs() < 0.01, "{}", billions("llama-8b"));
+        assert!((billions("llama-70b") - 70.55).abs() < 0.01, "{}", billions("llama-70b"));
     }
 }
