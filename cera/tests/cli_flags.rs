@@ -283,11 +283,12 @@ fn a_model_without_a_chat_template_warns() {
 }
 
 /// `-d`: every test at each depth, named as llama-bench names them; the JSON carries the depth.
-/// `--cold-start N`: the load and the process's first request of `N` prompt tokens.
+/// `--cold-start N`: the load and the process's first request of `N` prompt tokens, which sizes
+/// the context when it is longer than every test.
 #[test]
 fn bench_runs_every_test_at_each_depth() {
     let m = smollm2();
-    let (ok, out, err) = cera(&["bench", "-m", &m, "-p", "8", "-n", "2", "-d", "0,24", "-r", "1", "--device", "cpu", "--cold-start", "16", "--json"]);
+    let (ok, out, err) = cera(&["bench", "-m", &m, "-p", "8", "-n", "2", "-d", "0,24", "-r", "1", "--device", "cpu", "--cold-start", "48", "--json"]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     let rows: Vec<(String, u64)> =
@@ -296,7 +297,7 @@ fn bench_runs_every_test_at_each_depth() {
     assert_eq!(rows, want);
     assert!(v["rows"].as_array().unwrap().iter().all(|r| r["tok_s"]["median"].as_f64().unwrap() > 0.0), "{out}");
     let cold = &v["cold"][0];
-    assert_eq!(cold["prompt"], 16, "{out}");
+    assert_eq!(cold["prompt"], 48, "{out}");
     assert!(cold["load_s"].as_f64().unwrap() > 0.0 && cold["load_gb_s"].as_f64().unwrap() > 0.0, "{out}");
     assert!(cold["ttft_ms"].as_f64().unwrap() > 0.0 && cold["prefill_tok_s"].as_f64().unwrap() > 0.0, "{out}");
     let (ok, out, err) = cera(&["bench", "-m", &m, "-p", "16", "-n", "0", "-r", "1", "--device", "cpu", "--cold-start", "16"]);

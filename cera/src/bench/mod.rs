@@ -309,9 +309,10 @@ fn test_ctx(kind: &str, n: usize, depth: usize) -> usize {
     if kind == "tg" { depth.max(if depth == 0 { TG_PROMPT } else { 0 }) + n + 1 } else { depth + n + 1 }
 }
 
-/// The longest context any of `opts`'s tests needs.
+/// The longest context any of `opts`'s tests needs, the cold-start prompt (and its one
+/// generated token) included.
 pub fn longest_test(opts: &BenchOpts) -> usize {
-    let mut longest = 0;
+    let mut longest = if opts.cold_prompt > 0 { opts.cold_prompt + 1 } else { 0 };
     for &d in &opts.depths {
         for &p in opts.prompts.iter().filter(|&&p| p > 0) {
             longest = longest.max(test_ctx("pp", p, d));
