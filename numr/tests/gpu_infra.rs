@@ -290,3 +290,34 @@ fn threads_sharing_a_context_see_their_own_stream_work_in_order() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     flusher.join().unwrap();
 }
+
+/// A bulk upload: writes of odd lengths across many small staging chunks and batches (so the
+/// ring is reused and batches wait for each other) land where they were written, after what the
+/// context wrote before it; a misaligned or oversized write is a typed error.
+#[test]
+fn bulk_upload_lands_every_write_through_a_reused_ring() {
+    let Some(ctx) = test_gpu() else { return };
+    let bytes = |n: usize, seed: usize| -> Vec<u8> { (0..n).map(|i| ((i * 31 + seed * 7) % 251) as u8).collect() };
+    let before = ctx.upload(&vec![0xAAu8; 4096]).unwrap();
+    let mut bulk = ctx.bulk_upload_sized(64 << 10, 256 << 10).unwrap();
+    let sizes = [1, 3, 4, 4097, 64 << 10, (64 << 10) + 5, 300_001, 1 << 20];
+    let mut bufs = Vec::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        let d = bytes(n, i);
+        bufs.push((bulk.upload(&d).unwrap(), d));
+    }
+    let patch = bytes(1000, 99);
+    bulk.write(&before, 2048, &patch).unwrap();
+    assert!(matches!(bulk.write(&before, 2, &patch), Err(NumrError::Validation { .. })));
+    assert!(matches!(bulk.write(&before, 4000, &patch), Err(NumrError::Validation { .. })));
+    let written: u64 = sizes.iter().map(|n| n.next_multiple_of(4) as u64).sum::<u64>() + 1000;
+    assert_eq!(bulk.bytes(), written);
+    bulk.finish().unwrap();
+    for (b, d) in &bufs {
+        assert_eq!(&ctx.read_bytes(b, 0, d.len() as u64).unwrap(), d);
+    }
+    let got = ctx.read_bytes(&before, 0, 4096).unwrap();
+    assert!(got[..2048].iter().all(|&b| b == 0xAA) && got[3048..].iter().all(|&b| b == 0xAA));
+    assert_eq!(&got[2048..3048], &patch[..]);
+    assert!(matches!(ctx.bulk_upload_sized(6, 1 << 20), Err(NumrError::Validation { .. })));
+}

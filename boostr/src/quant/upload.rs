@@ -19,7 +19,7 @@
 use std::sync::Arc;
 
 use half::f16;
-use numr::gpu::{Binding, GpuBuffer, GpuContext};
+use numr::gpu::{Binding, BulkUpload, GpuBuffer, GpuContext};
 
 use super::validate::{mul, to_u32};
 use super::{QuantError, Result, WeightKind};
@@ -243,10 +243,20 @@ impl PreparedMatrix {
 
     /// Writes the parts into buffers of their own on `ctx`.
     pub fn upload(self, ctx: &GpuContext) -> Result<QuantMatrix> {
+        self.upload_with(|words| ctx.upload(words))
+    }
+
+    /// [`Self::upload`] through a bulk upload (a loader writing many matrices: its staging
+    /// ring, batched submits); the data is on the device once the bulk upload is finished.
+    pub fn upload_bulk(self, bulk: &mut BulkUpload) -> Result<QuantMatrix> {
+        self.upload_with(|words| bulk.upload(words))
+    }
+
+    fn upload_with(self, mut upload: impl FnMut(&[u8]) -> numr::Result<Arc<GpuBuffer>>) -> Result<QuantMatrix> {
         let parts = self
             .parts
             .into_iter()
-            .map(|(row0, rows, sections, words)| Ok(QuantPart { row0, rows, buffer: ctx.upload(bytemuck::cast_slice(&words))?, sections }))
+            .map(|(row0, rows, sections, words)| Ok(QuantPart { row0, rows, buffer: upload(bytemuck::cast_slice(&words))?, sections }))
             .collect::<Result<Vec<_>>>()?;
         Ok(QuantMatrix { name: self.name, format: self.format, rows: self.rows, cols: self.cols, parts })
     }

@@ -1,6 +1,7 @@
 //! The wgpu side of numr: context, capabilities, buffer pool, kernels and pipeline cache,
 //! recorder, profiler and transfers.
 
+pub mod bulk;
 pub mod capabilities;
 pub mod chain;
 pub mod context;
@@ -14,6 +15,7 @@ pub mod submission;
 pub mod transfer;
 mod wgsl_names;
 
+pub use bulk::BulkUpload;
 pub use capabilities::{Capabilities, CoopMatShape, ParamMode};
 pub use chain::{ChainOptions, Poll, chain, chain_bindings, chain_plan, chain_source, chain_with, chainable, chains_run_on};
 pub use context::{GpuContext, GpuOptions, RuntimeChecks};

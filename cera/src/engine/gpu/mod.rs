@@ -65,7 +65,9 @@ impl GpuBackend {
     pub fn load(ctx: Arc<GpuContext>, graph: &ModelGraph, src: &dyn WeightSource, progress: Option<ProgressFn<'_>>) -> Result<GpuBackend, EngineError> {
         let mut weights = weights::GpuWeights::upload(&ctx, graph, src, progress)?;
         let t = std::time::Instant::now();
-        ctx.flush().map_err(|e| dev_err(&ctx, e))?;
+        // Writes outside the bulk upload (the embedding table) are on the device before the
+        // load returns too.
+        ctx.flush().and_then(|s| s.wait()).map_err(|e| dev_err(&ctx, e))?;
         weights.write_time += t.elapsed();
         let device = device_name(&ctx);
         Ok(GpuBackend {

@@ -101,6 +101,7 @@ impl GpuWeights {
         }
         let shared: HashSet<&str> = uses.into_iter().filter(|&(_, n)| n > 1).map(|(name, _)| name).collect();
         let cache = PackCache { shared: &shared, packed: Mutex::new(HashMap::new()) };
+        let mut bulk = ctx.bulk_upload().map_err(|e| dev_err(ctx, e))?;
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, MAX_PREPARE_THREADS).min(jobs.len().max(1));
         let next = AtomicUsize::new(0);
         let stop = AtomicBool::new(false);
@@ -133,7 +134,7 @@ impl GpuWeights {
                             let mut up = Vec::with_capacity(parts.len());
                             for (m, col0) in parts {
                                 w.bytes += m.bytes();
-                                up.push(LinearPart { w: Arc::new(m.upload(ctx).map_err(|e| quant_err(ctx, e))?), col0 });
+                                up.push(LinearPart { w: Arc::new(m.upload_bulk(&mut bulk).map_err(|e| quant_err(ctx, e))?), col0 });
                             }
                             w.linear.insert(op, up);
                         }
@@ -155,7 +156,7 @@ impl GpuWeights {
                 && !w.vecs.contains_key(&m.name)
             {
                 let host = src.mat_f32(m)?;
-                let buf = ctx.upload(bytemuck::cast_slice(&host)).map_err(|e| dev_err(ctx, e))?;
+                let buf = bulk.upload(bytemuck::cast_slice(&host)).map_err(|e| dev_err(ctx, e))?;
                 tick(src.stored(m)?.bytes);
                 w.bytes += 4 * host.len() as u64;
                 w.vecs.insert(m.name.clone(), GpuView::whole(&buf));
@@ -165,13 +166,16 @@ impl GpuWeights {
                     continue;
                 }
                 let host = src.vec(v)?;
-                let buf = ctx.upload(bytemuck::cast_slice(&host)).map_err(|e| dev_err(ctx, e))?;
+                let buf = bulk.upload(bytemuck::cast_slice(&host)).map_err(|e| dev_err(ctx, e))?;
                 tick(4 * v.len as u64);
                 w.bytes += 4 * v.len as u64;
                 w.vecs.insert(v.name.clone(), GpuView::whole(&buf));
                 w.host_vecs.insert(v.name.clone(), host);
             }
         }
+        // The last batches: when this returns the weights are on the device, so the first
+        // step waits for no upload.
+        bulk.finish().map_err(|e| dev_err(ctx, e))?;
         w.write_time += t.elapsed();
         Ok(w)
     }
