@@ -113,22 +113,9 @@ impl Preset {
                 tied: false,
                 ..base
             },
-            // Llama-3.1-70B's shapes (the context capped as llama-8b's), untied output: about
-            // 40 GB in Q4_0, the model of the several-GPU split.
-            "llama-70b" => Preset {
-                name: "llama-70b",
-                dim: 8192,
-                n_layers: 80,
-                ffn: 28672,
-                n_heads: 64,
-                n_kv_heads: 8,
-                head_dim: 128,
-                vocab: 128_256,
-                rope_theta: 500_000.0,
-                ctx: 131_072,
-                tied: false,
-                ..base
-            },
+            // Llama-3.1-70B's shapes (llama-8b's KV heads, head size, vocabulary, RoPE base and
+            // context), untied output: about 40 GB in Q4_0, the model of the several-GPU split.
+            "llama-70b" => Preset { name: "llama-70b", dim: 8192, n_layers: 80, ffn: 28672, n_heads: 64, ..Preset::by_name("llama-8b")? },
             // Gemma 3 270M.
             "gemma3-270m" => Preset {
                 name: "gemma3-270m",
