@@ -62,7 +62,7 @@ fn load_reports_the_model() {
     let t = e.load_times();
     assert_eq!(t.total, e.load_time());
     assert!(t.file.as_nanos() > 0 && t.weights.as_nanos() > 0 && t.file + t.device + t.weights <= t.total, "{t:?}");
-    assert_eq!((t.device, t.device_writes), (std::time::Duration::ZERO, None), "{t:?}");
+    assert_eq!((t.device, t.device_writes, t.host_wait), (std::time::Duration::ZERO, None, None), "{t:?}");
 }
 
 #[test]

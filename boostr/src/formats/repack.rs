@@ -40,15 +40,49 @@ fn fields(ty: GgmlType) -> Fields {
     }
 }
 
-/// Packs bytes into little-endian u32 words (`dst.len() * 4 == bytes.len()`).
+/// Packs bytes into little-endian u32 words (`dst.len() * 4 == bytes.len()`): a plain copy on
+/// little-endian hosts.
 pub(crate) fn bytes_to_words(bytes: &[u8], dst: &mut [u32]) {
+    #[cfg(target_endian = "little")]
+    bytemuck::cast_slice_mut::<u32, u8>(dst).copy_from_slice(bytes);
+    #[cfg(not(target_endian = "little"))]
     for (w, c) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
         *w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
     }
 }
 
-fn read_f16(b: &[u8], at: usize) -> f16 {
-    f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]]))
+/// Splits whole blocks of the block type `ty` (`bytes`, as a GGUF file stores them) into their
+/// fields: block `i`'s quant, bit-plane and scale words go to `qs`, `qh` and `scales` at `i`
+/// times the format's words per block, and its f16 `d` and `m` (as bits) to `d(i, ..)` and
+/// `m(i, ..)`. The caller checks the type (a supported block type, not F32/F16/BF16) and sizes
+/// the slices; this is the one copy of every field, shared by [`repack`] and the GPU layout.
+pub(crate) fn split_blocks(
+    ty: GgmlType,
+    bytes: &[u8],
+    qs: &mut [u32],
+    qh: &mut [u32],
+    scales: &mut [u32],
+    mut d: impl FnMut(usize, u16),
+    mut m: impl FnMut(usize, u16),
+) {
+    let f = fields(ty);
+    let ts = ty.type_size();
+    let (nqs, nqh, nsc) = (f.qs.1 / 4, f.qh.1 / 4, f.scales.1 / 4);
+    for (i, block) in bytes.chunks_exact(ts).enumerate() {
+        bytes_to_words(&block[f.qs.0..f.qs.0 + f.qs.1], &mut qs[i * nqs..(i + 1) * nqs]);
+        if nqh > 0 {
+            bytes_to_words(&block[f.qh.0..f.qh.0 + f.qh.1], &mut qh[i * nqh..(i + 1) * nqh]);
+        }
+        if nsc > 0 {
+            bytes_to_words(&block[f.scales.0..f.scales.0 + f.scales.1], &mut scales[i * nsc..(i + 1) * nsc]);
+        }
+        if let Some(at) = f.d {
+            d(i, u16::from_le_bytes([block[at], block[at + 1]]));
+        }
+        if let Some(at) = f.m {
+            m(i, u16::from_le_bytes([block[at], block[at + 1]]));
+        }
+    }
 }
 
 /// Repacks a GGUF tensor of `rows x cols` elements (`cols` contiguous, as ggml stores a weight
@@ -81,23 +115,9 @@ pub fn repack(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Result<Pa
             }
         }
         _ => {
-            let f = fields(ty);
-            let geo = p.geometry;
-            debug_assert_eq!(4 * geo.qs_words, f.qs.1);
-            for (g, block) in bytes.chunks_exact(ty.type_size()).enumerate() {
-                let copy = |(at, len): (usize, usize), dst: &mut [u32]| {
-                    bytes_to_words(&block[at..at + len], &mut dst[g * len / 4..(g + 1) * len / 4]);
-                };
-                copy(f.qs, &mut p.qs);
-                copy(f.qh, &mut p.qh);
-                copy(f.scales, &mut p.scales);
-                if let Some(at) = f.d {
-                    p.d[g] = read_f16(block, at);
-                }
-                if let Some(at) = f.m {
-                    p.m[g] = read_f16(block, at);
-                }
-            }
+            debug_assert_eq!(4 * p.geometry.qs_words, fields(ty).qs.1);
+            let PackedWeights { qs, qh, scales, d, m, .. } = &mut p;
+            split_blocks(ty, bytes, qs, qh, scales, |i, b| d[i] = f16::from_bits(b), |i, b| m[i] = f16::from_bits(b));
         }
     }
     Ok(p)

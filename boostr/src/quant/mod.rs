@@ -40,6 +40,7 @@ mod gemv_output;
 pub mod gemv_q8;
 mod gemv_q8_plan;
 mod part_plan;
+pub mod prepared;
 pub mod q8_activations;
 pub mod q8_epilogue;
 pub mod rope_kv;
@@ -52,10 +53,11 @@ pub use gemm::{GemmPlan, QuantGemm};
 pub use gemv::{GemvIo, GemvOutput, GemvPlan, Prologue, QuantGemv};
 pub use gemv_q8::QuantGemvQ8;
 pub use gemv_q8_plan::Q8GemvPlan;
+pub use prepared::{BlockRows, MatrixRows, PreparedMatrix, WordPool};
 pub use q8_activations::{DeferredRmsQuantizeQ8, GluQuantizeQ8, Q8Activations, QuantizeQ8, RmsNormQuantizeQ8};
 pub use q8_epilogue::Q8Epilogue;
 pub use rope_kv::RopeKv;
-pub use upload::{PreparedMatrix, QuantMatrix, QuantPart, binding_limit};
+pub use upload::{QuantMatrix, QuantPart, binding_limit};
 
 /// The decoder a kernel needs: a GGUF type, or the int4 layout shared by AWQ and GPTQ (whose
 /// group size is a runtime parameter, so one kernel serves every group size).

@@ -236,6 +236,8 @@ pub struct ColdStart {
     pub weights_s: f64,
     /// Of `weights_s`, writing to the device (GPU only).
     pub device_writes_s: Option<f64>,
+    /// Of `weights_s`, waiting for the host to lay out the next matrix (GPU only).
+    pub host_wait_s: Option<f64>,
     /// The first request's prompt tokens (0: not measured).
     pub prompt: usize,
     /// Its time to first token (the prefill through the first token's distribution), ms.
@@ -380,6 +382,7 @@ pub fn bench_model(path: &Path, opts: &BenchOpts, roofline_bps: Option<f64>) -> 
         device_s: lt.device.as_secs_f64(),
         weights_s: lt.weights.as_secs_f64(),
         device_writes_s: lt.device_writes.map(|d| d.as_secs_f64()),
+        host_wait_s: lt.host_wait.map(|d| d.as_secs_f64()),
         prompt: 0,
         ttft_ms: 0.0,
         prefill_tok_s: 0.0,

@@ -88,6 +88,7 @@ pub fn print_table(report: &BenchReport) -> String {
     }
     for c in &report.cold {
         let writes = c.device_writes_s.map_or(String::new(), |w| format!(", {w:.2} s of it writing to the device"));
+        let writes = writes + &c.host_wait_s.map_or(String::new(), |w| format!(" and {w:.2} s waiting for the host's layout"));
         let _ = write!(
             s,
             "\nload {}: {:.2} s ({:.2} GB/s; the file {:.2} s, the device {:.2} s, the weights {:.2} s{writes})",

@@ -179,6 +179,11 @@ pub trait Backend: Send + Sync {
     fn weight_write_time(&self) -> Option<std::time::Duration> {
         None
     }
+    /// The time the load's writing thread waited for the host to lay out the next matrix
+    /// (`None`: no device writes).
+    fn weight_wait_time(&self) -> Option<std::time::Duration> {
+        None
+    }
     /// A state for many sequences at once (a paged KV cache; [`super::batch`]), allocated here.
     /// Executors without batched steps give [`EngineError::Unsupported`].
     fn new_batch(&self, opts: &super::batch::BatchOpts) -> Result<Box<dyn super::batch::BatchState>, EngineError> {

@@ -40,7 +40,7 @@ use super::EngineError;
 use super::arch::{FileFacts, build};
 use super::config::{Arch, LayerRope, ModelConfig};
 use super::graph::{MatRef, ModelGraph, VecRef};
-use super::weights::{StoredMat, WeightSource, f32_vec};
+use super::weights::{RawMat, StoredMat, WeightSource, f32_vec};
 use crate::gguf::PerLayer;
 use crate::model_file::{ModelError, TensorMeta, TensorSource};
 use crate::safetensors::{QuantLinear, QuantMethod, SafeDType, SafetensorsModel};
@@ -241,6 +241,13 @@ impl WeightSource for HfModel {
         match self.int4_linear(m)? {
             Some((q, scheme, group)) => self.int4_packed(m, &q, scheme, group),
             None => self.mat(m)?.packed(),
+        }
+    }
+
+    fn file_rows<'a>(&'a self, m: &'a MatRef) -> Result<Option<RawMat<'a>>, EngineError> {
+        match self.int4_linear(m)? {
+            Some(_) => Ok(None),
+            None => self.mat(m).map(Some),
         }
     }
 

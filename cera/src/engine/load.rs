@@ -163,8 +163,14 @@ impl Engine {
         };
         // One end instant, so that the parts add up to the total.
         let end = Instant::now();
-        let times =
-            LoadTimes { total: end - start, file: file_time, device, weights: (end - t).saturating_sub(device), device_writes: backend.weight_write_time() };
+        let times = LoadTimes {
+            total: end - start,
+            file: file_time,
+            device,
+            weights: (end - t).saturating_sub(device),
+            device_writes: backend.weight_write_time(),
+            host_wait: backend.weight_wait_time(),
+        };
         let parts = EngineParts { backend, tokenizer, template, config: graph.cfg, eog, n_ctx, ubatch: opts.ubatch, kv: opts.kv };
         Engine::assemble(parts, Some(path.to_path_buf()), name, times).map_err(in_file(path))
     }

@@ -40,6 +40,9 @@ pub struct LoadTimes {
     /// Of `weights`, the time spent writing to the device (the rest waited for the host to
     /// repack and lay out the matrices); `None` on the CPU.
     pub device_writes: Option<Duration>,
+    /// Of `weights`, the time the writing thread waited for the host to lay out the next
+    /// matrix (the threads preparing matrices were behind); `None` on the CPU.
+    pub host_wait: Option<Duration>,
 }
 
 /// What an [`Engine`] is made of: [`Engine::load`] builds these from a model file;

@@ -63,6 +63,12 @@ pub trait WeightSource: TensorSource + Send + Sync {
     fn packed(&self, m: &MatRef) -> Result<PackedWeights, EngineError> {
         self.mat(m)?.packed()
     }
+    /// The matrix `m` as the file stores it, checked as [`Self::mat`] checks it, where that is
+    /// a ggml block type; `None` where the source builds it otherwise (AWQ/GPTQ int4, served by
+    /// [`Self::packed`]). A loader lays the GPU sections out straight from these bytes.
+    fn file_rows<'a>(&'a self, m: &'a MatRef) -> Result<Option<RawMat<'a>>, EngineError> {
+        self.mat(m).map(Some)
+    }
     /// How the matrix `m` is stored, checked as [`Self::packed`] checks it but not unpacked.
     fn stored(&self, m: &MatRef) -> Result<StoredMat, EngineError> {
         let raw = self.mat(m)?;

@@ -129,6 +129,10 @@ impl Backend for GpuBackend {
     fn weight_write_time(&self) -> Option<std::time::Duration> {
         Some(self.weights.write_time)
     }
+
+    fn weight_wait_time(&self) -> Option<std::time::Duration> {
+        Some(self.weights.wait_time)
+    }
     fn device_name(&self) -> String {
         self.device.clone()
     }

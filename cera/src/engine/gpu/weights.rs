@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 use boostr::embedding::GpuEmbedding;
 use boostr::formats::{GgmlType, PackedFormat, PackedWeights, repack};
 use boostr::ops_common::GpuView;
-use boostr::quant::{PreparedMatrix, QuantMatrix, binding_limit};
+use boostr::quant::{BlockRows, MatrixRows, PreparedMatrix, QuantMatrix, WordPool, binding_limit};
 use numr::gpu::GpuContext;
 
 use super::super::EngineError;
 use super::super::backend::{LoadProgress, ProgressFn};
 use super::super::graph::{MatRef, ModelGraph, Op};
-use super::super::weights::WeightSource;
+use super::super::weights::{RawMat, WeightSource};
 use super::dev_err;
 
 /// One matrix of a linear op and the first output column it writes.
@@ -42,9 +42,10 @@ pub(crate) struct GpuWeights {
     pub(crate) host_vecs: HashMap<String, Vec<f32>>,
     /// Bytes uploaded.
     pub(crate) bytes: u64,
-    /// Time spent writing to the device (the rest of the upload waited for the host's
-    /// preparation).
+    /// Time spent writing to the device.
     pub(crate) write_time: Duration,
+    /// Time the writing thread waited for the host's preparation of the next matrix.
+    pub(crate) wait_time: Duration,
 }
 
 /// Total bytes the upload reads from the file (for progress).
@@ -86,8 +87,15 @@ impl GpuWeights {
                 p(LoadProgress { done, total });
             }
         };
-        let mut w =
-            GpuWeights { linear: HashMap::new(), embed: HashMap::new(), vecs: HashMap::new(), host_vecs: HashMap::new(), bytes: 0, write_time: Duration::ZERO };
+        let mut w = GpuWeights {
+            linear: HashMap::new(),
+            embed: HashMap::new(),
+            vecs: HashMap::new(),
+            host_vecs: HashMap::new(),
+            bytes: 0,
+            write_time: Duration::ZERO,
+            wait_time: Duration::ZERO,
+        };
         let jobs: Vec<usize> = (0..graph.ops.len()).filter(|&i| matches!(graph.ops[i], Op::Embed { .. } | Op::Linear { .. } | Op::LmHead { .. })).collect();
         let limit = binding_limit(ctx);
         // A tensor more than one op reads (the tied LM head and the embedding) is repacked once
@@ -103,17 +111,20 @@ impl GpuWeights {
         let cache = PackCache { shared: &shared, packed: Mutex::new(HashMap::new()) };
         let mut bulk = ctx.bulk_upload().map_err(|e| dev_err(ctx, e))?;
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, MAX_PREPARE_THREADS).min(jobs.len().max(1));
+        // The parts' words go back here once written: at most one matrix per worker and per
+        // queued result is out at a time, so the spares cover the next ones.
+        let pool = WordPool::new(2 * workers + 2);
         let next = AtomicUsize::new(0);
         let stop = AtomicBool::new(false);
         std::thread::scope(|scope| -> Result<(), EngineError> {
             let (tx, rx) = mpsc::sync_channel::<(usize, Result<Prepared, EngineError>)>(workers);
             for _ in 0..workers {
                 let tx = tx.clone();
-                let (jobs, next, stop, cache) = (&jobs, &next, &stop, &cache);
+                let (jobs, next, stop, cache, pool) = (&jobs, &next, &stop, &cache, &pool);
                 scope.spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
                         let Some(&op) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) else { return };
-                        let r = prepare(&graph.ops[op], src, limit, cache);
+                        let r = prepare(&graph.ops[op], src, limit, cache, pool);
                         if tx.send((op, r)).is_err() {
                             return;
                         }
@@ -122,8 +133,10 @@ impl GpuWeights {
             }
             drop(tx);
             let result = (|| {
+                let mut waited = Instant::now();
                 for (op, r) in rx.iter() {
                     let t = Instant::now();
+                    w.wait_time += t - waited;
                     match r? {
                         Prepared::Embed(p, name) => {
                             let t = GpuEmbedding::new(ctx, &p, None).map_err(|e| EngineError::Unsupported { what: format!("tensor {name}: {e}") })?;
@@ -134,13 +147,14 @@ impl GpuWeights {
                             let mut up = Vec::with_capacity(parts.len());
                             for (m, col0) in parts {
                                 w.bytes += m.bytes();
-                                up.push(LinearPart { w: Arc::new(m.upload_bulk(&mut bulk).map_err(|e| quant_err(ctx, e))?), col0 });
+                                up.push(LinearPart { w: Arc::new(m.upload_bulk(&mut bulk, Some(&pool)).map_err(|e| quant_err(ctx, e))?), col0 });
                             }
                             w.linear.insert(op, up);
                         }
                     }
                     w.write_time += t.elapsed();
                     tick(graph.ops[op].mats().iter().map(|m| src.stored(m).map_or(0, |s| s.bytes)).sum());
+                    waited = Instant::now();
                 }
                 Ok(())
             })();
@@ -200,8 +214,10 @@ struct PackCache<'a> {
     packed: Mutex<HashMap<String, Arc<PackedWeights>>>,
 }
 
-/// The host work of one matrix op (a worker thread's job).
-fn prepare(op: &Op, src: &dyn WeightSource, limit: u64, cache: &PackCache) -> Result<Prepared, EngineError> {
+/// The host work of one matrix op (a worker thread's job). A matrix the file stores in a block
+/// type the kernels read is laid out from the file's bytes (one copy); others (AWQ/GPTQ, F32
+/// narrowed to F16) are repacked first.
+fn prepare(op: &Op, src: &dyn WeightSource, limit: u64, cache: &PackCache, pool: &WordPool) -> Result<Prepared, EngineError> {
     let packed = |m: &MatRef| -> Result<Arc<PackedWeights>, EngineError> {
         if !cache.shared.contains(m.name.as_str()) {
             return Ok(Arc::new(src.packed(m)?));
@@ -213,8 +229,6 @@ fn prepare(op: &Op, src: &dyn WeightSource, limit: u64, cache: &PackCache) -> Re
         cache.packed.lock().unwrap_or_else(|p| p.into_inner()).insert(m.name.clone(), p.clone());
         Ok(p)
     };
-    let lay_out =
-        |name: &str, p: &PackedWeights| PreparedMatrix::new(name, p, limit).map_err(|e| EngineError::Unsupported { what: format!("tensor {name}: {e}") });
     match op {
         Op::Embed { table, .. } => {
             let p = packed(table)?;
@@ -223,23 +237,46 @@ fn prepare(op: &Op, src: &dyn WeightSource, limit: u64, cache: &PackCache) -> Re
         }
         _ => {
             let mats = op.mats();
-            let ps = mats.iter().map(|m| packed(m).and_then(narrow_f32)).collect::<Result<Vec<_>, _>>()?;
-            let same = ps.windows(2).all(|p| p[0].format() == p[1].format());
-            if same && ps.len() > 1 {
-                let refs: Vec<&PackedWeights> = ps.iter().map(|p| p.as_ref()).collect();
+            let mut sources = Vec::with_capacity(mats.len());
+            for m in &mats {
+                sources.push(match src.file_rows(m)?.filter(|r| r.ty != GgmlType::F32) {
+                    Some(raw) => Source::File(raw),
+                    None => Source::Packed(narrow_f32(packed(m)?)?),
+                });
+            }
+            let rows = sources
+                .iter()
+                .map(|s| match s {
+                    Source::File(r) => BlockRows::new(r.ty, r.bytes, r.rows, r.cols)
+                        .map(MatrixRows::Blocks)
+                        .map_err(|e| EngineError::Unsupported { what: format!("tensor {} of type {}: {e}", r.name, r.ty.name()) }),
+                    Source::Packed(p) => Ok(MatrixRows::Packed(p)),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let same = rows.windows(2).all(|p| (p[0].format(), p[0].cols()) == (p[1].format(), p[1].cols()));
+            if same && rows.len() > 1 {
                 let name = names(&mats);
-                let m = PreparedMatrix::concat(&name, &refs, limit).map_err(|e| EngineError::Unsupported { what: format!("fusing {name}: {e}") })?;
+                let m =
+                    PreparedMatrix::lay_out(&name, &rows, limit, Some(pool)).map_err(|e| EngineError::Unsupported { what: format!("fusing {name}: {e}") })?;
                 return Ok(Prepared::Linear(vec![(m, 0)]));
             }
             let mut col0 = 0;
-            let mut parts = Vec::with_capacity(ps.len());
-            for (m, p) in mats.iter().zip(&ps) {
-                parts.push((lay_out(&m.name, p)?, col0));
+            let mut parts = Vec::with_capacity(rows.len());
+            for (m, r) in mats.iter().zip(&rows) {
+                let prepared = PreparedMatrix::lay_out(&m.name, std::slice::from_ref(r), limit, Some(pool))
+                    .map_err(|e| EngineError::Unsupported { what: format!("tensor {}: {e}", m.name) })?;
+                parts.push((prepared, col0));
                 col0 += m.rows;
             }
             Ok(Prepared::Linear(parts))
         }
     }
+}
+
+/// Where a matrix's rows come from: the file's blocks, or a repack.
+enum Source<'a> {
+    File(RawMat<'a>),
+    Packed(Arc<PackedWeights>),
 }
 
 impl GpuWeights {
