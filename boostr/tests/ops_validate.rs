@@ -4,7 +4,7 @@
 use boostr::act::Act;
 use boostr::attention::{AttnCombine, DecodeAttn, DecodeAttnSg, DecodeKernel, PrefillAttn, PrefillAttnCoop};
 use boostr::conv::{ShortConv, ShortConvBatch};
-use boostr::embedding::Embedding;
+use boostr::embedding::{Embedding, MatrixGather};
 use boostr::norm::Norm;
 use boostr::paged::{PagedAttn, PagedKvWrite};
 use boostr::rope::QkvRope;
@@ -33,6 +33,7 @@ fn sources(env: &KernelEnv) -> Vec<KernelSource> {
     v.extend(ShortConv::all().iter().map(|c| c.source(env)));
     v.extend(ShortConvBatch::all().iter().map(|c| c.source(env)));
     v.extend(Embedding::all().iter().map(|c| c.source(env)));
+    v.extend(MatrixGather::all().iter().map(|c| c.source(env)));
     v.extend([true, false].map(|first| Argmax { first }.source(env)));
     v.extend([true, false].map(|first| TopK { first }.source(env)));
     v.push(Penalty.source(env));

@@ -318,3 +318,67 @@ fn kernel_profile_of_a_prompt_step() {
         println!("--");
     }
 }
+
+/// A tied table in a format the embedding's array gather lacks (SmolLM2's Q8_0 table rewritten
+/// as BF16) is one matrix on the device, read by the embedding gather and by the LM head: the GPU
+/// holds the file's bytes once (no f32 widening, no second copy), and its logits match the CPU
+/// executor's on the same file.
+#[test]
+fn a_tied_bf16_table_is_one_matrix_for_the_embedding_and_the_lm_head() {
+    let Some(ctx) = test_gpu() else { return };
+    let src = GgufFile::open(ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2")).unwrap();
+    let path = std::env::temp_dir().join(format!("cera-smollm2-bf16-table-{}.gguf", std::process::id()));
+    {
+        let kvs: Vec<(String, cera::gguf::MetadataValue)> = src.metadata().iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        let bf16 = |t: &cera::gguf::TensorInfo| t.name == "token_embd.weight";
+        let descs: Vec<cera::gguf::TensorDesc> = src
+            .tensors()
+            .iter()
+            .map(|t| cera::gguf::TensorDesc::new(t.name.clone(), &t.dims, if bf16(t) { boostr::formats::GgmlType::BF16 } else { t.ty }))
+            .collect();
+        let out = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        let mut w = cera::gguf::GgufWriter::new(out, src.version(), &kvs, &descs).unwrap();
+        for t in src.tensors() {
+            let raw = src.tensor_data_raw(&t.name).unwrap();
+            if bf16(t) {
+                let x = boostr::formats::dequantize(t.ty, raw, t.n_elements as usize).unwrap();
+                // Round to nearest even.
+                let b: Vec<u8> = x.iter().flat_map(|v| (((v.to_bits() + 0x7fff + ((v.to_bits() >> 16) & 1)) >> 16) as u16).to_le_bytes()).collect();
+                w.write_tensor_data(&b).unwrap();
+            } else {
+                w.write_tensor_data(raw).unwrap();
+            }
+        }
+        w.finish().unwrap();
+    }
+    let file = GgufFile::open(&path).unwrap();
+    assert_eq!(file.tensor("token_embd.weight").unwrap().ty, boostr::formats::GgmlType::BF16);
+    assert!(file.tensor("output.weight").is_none(), "SmolLM2's LM head is tied");
+    let g = graph(&file);
+    let gpu = GpuBackend::load(Arc::new(ctx), &g, &file, None).unwrap();
+    let file_bytes: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
+    let table = file.tensor("token_embd.weight").unwrap().n_bytes;
+    // Section padding is a few bytes a matrix; a second copy of the table would be 56 MB.
+    assert!(gpu.weight_bytes() <= file_bytes + (1 << 20), "{} bytes on the GPU for a file of {file_bytes} (the table: {table})", gpu.weight_bytes());
+    let cpu = cera::engine::cpu::CpuBackend::load(&g, &file, 2, None).unwrap();
+    let prompt: Vec<u32> = ids(&json("smollm2-135m.json")["cases"][3]["prompt_ids"]).into_iter().take(12).collect();
+    let opts = StateOpts { n_ctx: 64, ubatch: 512, kv: KvType::F16 };
+    let mut gs = gpu.new_state(&opts).unwrap();
+    let mut cs = cpu.new_state(&opts).unwrap();
+    // The prompt, then two decode steps (the decode plan's embedding and LM head).
+    let (mut got, mut want) = (prefill(gs.as_mut(), &prompt, 512), prefill(cs.as_mut(), &prompt, 512));
+    for i in 0..3 {
+        let (lg, lc) = (log_softmax(&got), log_softmax(&want));
+        let top = argmax(&lc);
+        assert_eq!(argmax(&lg), top, "step {i}: the GPU's argmax");
+        let mut order: Vec<usize> = (0..lc.len()).collect();
+        order.sort_by(|&a, &b| lc[b].total_cmp(&lc[a]));
+        let d = order[..5].iter().map(|&t| (lg[t] - lc[t]).abs()).fold(0.0, f64::max);
+        assert!(d < F64_TOL, "step {i}: top-5 log-probabilities differ by {d}");
+        let pos = prompt.len() + i;
+        got = logits(gs.step(StepInput::Tokens(&[top as u32]), pos, Want::Logits).unwrap());
+        want = logits(cs.step(StepInput::Tokens(&[top as u32]), pos, Want::Logits).unwrap());
+    }
+    drop(file);
+    let _ = std::fs::remove_file(&path);
+}

@@ -1,9 +1,15 @@
-//! Token embedding gather from a quantized table (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, F32) in
-//! [`PackedWeights`]' layout (the CPU decoder [`PackedWeights::dequantize_row`] is the reference;
-//! the WGSL below mirrors [`crate::formats::packed_decode`] element by element).
+//! Token embedding gather from a quantized table. Two layouts:
+//! - Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16 and F32 tables ([`EMBEDDING_FORMATS`]) in
+//!   [`PackedWeights`]' arrays, gathered by [`Embedding`], whose WGSL mirrors
+//!   [`crate::formats::packed_decode`] element by element (the CPU decoder
+//!   [`PackedWeights::dequantize_row`] is the reference). A table larger than one binding is
+//!   split by rows into chunks, each with its own buffers.
+//! - Any other format the matrix kernels decode (the K-quants, BF16, AWQ/GPTQ int4) as a
+//!   [`QuantMatrix`], gathered by [`MatrixGather`] through the shared block decoders: no table is
+//!   widened to f32 on the host, and a tied model's LM head and embedding can be one matrix
+//!   ([`GpuEmbedding::from_matrix`]).
 //!
-//! A table larger than one binding is split by rows into chunks, each with its own buffers; every
-//! chunk's dispatch writes only the tokens whose id falls inside it.
+//! Every chunk's (or part's) dispatch writes only the tokens whose id falls inside it.
 //!
 //! [`EmbeddingPlan`] gathers from a GPU buffer of u32 ids (`ids[step.token .. step.token +
 //! step.n_tok]`), so a decode loop can feed argmax's output to the next token's embedding with no
@@ -12,8 +18,10 @@
 //! bounds. The eager [`GpuEmbedding::embed`] checks ids on the host
 //! ([`OpsError::TokenOutOfRange`]) and runs the same plan.
 
+mod matrix;
 mod plan;
 
+pub use matrix::MatrixGather;
 pub use plan::EmbeddingPlan;
 
 use crate::ops_common::OpPlan;
@@ -25,6 +33,7 @@ use numr::{DType, Tensor};
 
 use crate::formats::{GgmlType, PackedFormat, PackedWeights};
 use crate::ops_common::{GpuView, OpsError, Result, tensor_view, to_u32, upload_u32};
+use crate::quant::{QuantError, QuantMatrix, binding_limit};
 
 /// The gather kernel's variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -108,13 +117,28 @@ struct Chunk {
     m: Arc<GpuBuffer>,
 }
 
+/// How a [`GpuEmbedding`] holds its rows.
+enum Table {
+    /// [`Embedding`]'s arrays, split by rows into chunks.
+    Chunks { format: GgmlType, bpr: usize, chunks: Vec<Chunk> },
+    /// A matrix in the matrix kernels' layout, read by [`MatrixGather`].
+    Matrix(Arc<QuantMatrix>),
+}
+
 /// An embedding table on the GPU, split by rows where one binding cannot hold it.
 pub struct GpuEmbedding {
-    format: GgmlType,
     vocab: usize,
     cols: usize,
-    bpr: usize,
-    chunks: Vec<Chunk>,
+    table: Table,
+}
+
+/// A matrix error as the embedding's.
+fn quant_err(e: QuantError) -> OpsError {
+    match e {
+        QuantError::Gpu(e) => OpsError::Numr(e),
+        QuantError::Format(e) => OpsError::Format(e),
+        e => OpsError::Unsupported { what: "embedding table", reason: e.to_string() },
+    }
 }
 
 fn f16_words(v: &[f16]) -> Vec<u32> {
@@ -122,12 +146,18 @@ fn f16_words(v: &[f16]) -> Vec<u32> {
 }
 
 impl GpuEmbedding {
-    /// Uploads `table` (rows = vocabulary). `max_chunk_bytes` caps each array of a chunk
-    /// (defaults to the adapter's binding limit; tests lower it to exercise the split).
+    /// Uploads `table` (rows = vocabulary): the formats of [`EMBEDDING_FORMATS`] in chunks of
+    /// their own arrays, any other as a [`QuantMatrix`]. `max_chunk_bytes` caps each array of a
+    /// chunk, or each part of the matrix (defaults to the adapter's binding limit; tests lower it
+    /// to exercise the split).
     pub fn new(ctx: &GpuContext, table: &PackedWeights, max_chunk_bytes: Option<u64>) -> Result<GpuEmbedding> {
         let format = match table.format() {
             PackedFormat::Ggml(t) if EMBEDDING_FORMATS.contains(&t) => t,
-            f => return Err(OpsError::Unsupported { what: "embedding format", reason: f.name().to_string() }),
+            _ => {
+                let limit = max_chunk_bytes.unwrap_or(u64::MAX).min(binding_limit(ctx));
+                let w = QuantMatrix::upload_with_limit(ctx, "embedding", table, limit).map_err(quant_err)?;
+                return Self::from_matrix(Arc::new(w));
+            }
         };
         let limits = &ctx.capabilities().limits;
         let max = max_chunk_bytes.unwrap_or(u64::MAX).min(limits.max_storage_buffer_binding_size).min(limits.max_buffer_size);
@@ -152,12 +182,32 @@ impl GpuEmbedding {
             });
             row0 += rows;
         }
-        Ok(GpuEmbedding { format, vocab: table.rows(), cols: table.cols(), bpr, chunks })
+        Ok(GpuEmbedding { vocab: table.rows(), cols: table.cols(), table: Table::Chunks { format, bpr, chunks } })
+    }
+
+    /// A table that is already on the device as a matrix (rows = vocabulary; a tied model's LM
+    /// head), gathered through the matrix kernels' decoders; checked with
+    /// [`QuantMatrix::validate`].
+    pub fn from_matrix(w: Arc<QuantMatrix>) -> Result<GpuEmbedding> {
+        w.validate().map_err(quant_err)?;
+        Ok(GpuEmbedding { vocab: w.rows, cols: w.cols, table: Table::Matrix(w) })
+    }
+
+    /// The matrix holding the table, where it is one ([`Self::from_matrix`], or a format outside
+    /// [`EMBEDDING_FORMATS`]).
+    pub fn matrix(&self) -> Option<&Arc<QuantMatrix>> {
+        match &self.table {
+            Table::Matrix(w) => Some(w),
+            Table::Chunks { .. } => None,
+        }
     }
 
     /// Row chunks (one dispatch each).
     pub fn n_chunks(&self) -> usize {
-        self.chunks.len()
+        match &self.table {
+            Table::Chunks { chunks, .. } => chunks.len(),
+            Table::Matrix(w) => w.parts.len(),
+        }
     }
 
     /// Rows of the table (the vocabulary).

@@ -3,7 +3,8 @@
 use crate::ops_common::OpPlan;
 use numr::gpu::{Binding, GpuContext, Plan, PlanDispatch, StepValues};
 
-use super::{Embedding, GpuEmbedding};
+use super::matrix::{GatherArgs, matrix_plan};
+use super::{Embedding, GpuEmbedding, Table};
 use crate::ops_common::{GpuView, Result, bad, check_n_tok, env_of, mul, out_or_owned, step_grid, to_u32};
 
 const OP: &str = "embedding plan";
@@ -38,15 +39,22 @@ impl EmbeddingPlan {
         to_u32(OP, "max_tok x cols", total)?;
         let id_off = ids.offset_u32(OP)?;
         let id_end = to_u32(OP, "end of the id buffer", ids.offset + ids.words())?;
-        let kernel = ctx.kernel(&Embedding { format: table.format }.source(&env_of(ctx)))?;
+        let (format, bpr, chunks) = match &table.table {
+            Table::Chunks { format, bpr, chunks } => (*format, *bpr, chunks),
+            Table::Matrix(w) => {
+                let plan = matrix_plan(ctx, w, GatherArgs { ids, id_end, out: &out, max_tok: max32, scale }, &env_of(ctx))?;
+                return Ok(EmbeddingPlan { plan, out, max_tok: max32, id_slots: ids.words() });
+            }
+        };
+        let kernel = ctx.kernel(&Embedding { format }.source(&env_of(ctx)))?;
         let mut plan = Plan::new();
-        for (i, c) in table.chunks.iter().enumerate() {
+        for (i, c) in chunks.iter().enumerate() {
             let b = [ids.binding.clone(), Binding::whole(&c.qs), Binding::whole(&c.qh), Binding::whole(&c.d), Binding::whole(&c.m), out.binding.clone()];
             let group = ctx.bind(&kernel, &b)?;
             let grid = step_grid(ctx, total as u64, 256, move |s| s.n_tok.min(max32) as u64 * cols as u64)?;
             let d = PlanDispatch::new(&kernel, group, [1, 1, 1])?
                 .set("cols", cols)?
-                .set_usize("bpr", table.bpr)?
+                .set_usize("bpr", bpr)?
                 .set_usize("row0", c.row0)?
                 .set_usize("rows", c.rows)?
                 .set_f32("scale", scale)?

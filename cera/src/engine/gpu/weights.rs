@@ -1,7 +1,8 @@
 //! The model's weights on the GPU, uploaded once at load into boostr's repacked layouts (F32
 //! projection matrices narrowed to F16, or BF16 where f16's range is too small):
 //! mat-vec matrices ([`QuantMatrix`], split by rows over the binding limit), the embedding table
-//! ([`GpuEmbedding`], split likewise), and f32 vectors. A [`Op::Linear`] over several matrices of
+//! ([`GpuEmbedding`]: its own arrays, or a [`QuantMatrix`] in the formats its array gather
+//! lacks, one matrix with a tied LM head), and f32 vectors. A [`Op::Linear`] over several matrices of
 //! one format is uploaded as ONE matrix (rows concatenated: fused Q/K/V, fused gate/up); matrices
 //! of different formats (K-quant mixes store V in another type than Q and K) stay separate and
 //! write their columns of the packed output.
@@ -11,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use boostr::embedding::GpuEmbedding;
+use boostr::embedding::{EMBEDDING_FORMATS, GpuEmbedding};
 use boostr::formats::{GgmlType, PackedFormat, PackedWeights, repack};
 use boostr::ops_common::GpuView;
 use boostr::quant::{BlockRows, MatrixRows, PreparedMatrix, QuantMatrix, WordPool, binding_limit};
@@ -62,17 +63,6 @@ fn total_bytes(graph: &ModelGraph, src: &dyn WeightSource) -> Result<u64, Engine
     Ok(t)
 }
 
-/// The embedding kernel gathers these formats; other tables are widened to f32 on the host.
-fn embeddable(p: &PackedWeights) -> bool {
-    use GgmlType::*;
-    matches!(p.format(), PackedFormat::Ggml(F32 | F16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0))
-}
-
-fn widen_to_f32(p: &PackedWeights) -> Result<PackedWeights, EngineError> {
-    let v = p.dequantize();
-    repack(GgmlType::F32, bytemuck::cast_slice(&v), p.rows(), p.cols()).map_err(|e| EngineError::Unsupported { what: format!("embedding table: {e}") })
-}
-
 impl GpuWeights {
     /// Uploads every weight of `graph`. The matrices are prepared on the host (repacked,
     /// concatenated, laid out in their GPU sections: [`PreparedMatrix`]) by worker threads, at
@@ -108,7 +98,11 @@ impl GpuWeights {
             }
         }
         let shared: HashSet<&str> = uses.into_iter().filter(|&(_, n)| n > 1).map(|(name, _)| name).collect();
-        let cache = PackCache { shared: &shared, packed: Mutex::new(HashMap::new()) };
+        let cache = PackCache { shared: &shared, packed: Mutex::new(HashMap::new()), claimed: Mutex::new(HashSet::new()) };
+        // Matrices more than one op reads, uploaded once (a tied LM head and its embedding table
+        // gathered as a matrix), and the ops that wait for one of them.
+        let mut by_name: HashMap<String, Arc<QuantMatrix>> = HashMap::new();
+        let mut aliases: Vec<(usize, String)> = Vec::new();
         let mut bulk = ctx.bulk_upload().map_err(|e| dev_err(ctx, e))?;
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, MAX_PREPARE_THREADS).min(jobs.len().max(1));
         // The parts' words go back here once written: at most one matrix per worker and per
@@ -137,11 +131,25 @@ impl GpuWeights {
                 for (op, r) in rx.iter() {
                     let t = Instant::now();
                     w.wait_time += t - waited;
+                    // The one tensor of a single-matrix op that another op reads too.
+                    let shared_name = match graph.ops[op].mats().as_slice() {
+                        [m] if shared.contains(m.name.as_str()) => Some(m.name.clone()),
+                        _ => None,
+                    };
                     match r? {
                         Prepared::Embed(p, name) => {
                             let t = GpuEmbedding::new(ctx, &p, None).map_err(|e| EngineError::Unsupported { what: format!("tensor {name}: {e}") })?;
                             w.bytes += p.total_bytes() as u64;
                             w.embed.insert(op, Arc::new(t));
+                        }
+                        Prepared::EmbedMatrix(m, name) => {
+                            w.bytes += m.bytes();
+                            let m = Arc::new(m.upload_bulk(&mut bulk, Some(&pool)).map_err(|e| quant_err(ctx, e))?);
+                            let t = GpuEmbedding::from_matrix(m.clone()).map_err(|e| EngineError::Unsupported { what: format!("tensor {name}: {e}") })?;
+                            w.embed.insert(op, Arc::new(t));
+                            if let Some(name) = shared_name {
+                                by_name.insert(name, m);
+                            }
                         }
                         Prepared::Linear(parts) => {
                             let mut up = Vec::with_capacity(parts.len());
@@ -149,8 +157,12 @@ impl GpuWeights {
                                 w.bytes += m.bytes();
                                 up.push(LinearPart { w: Arc::new(m.upload_bulk(&mut bulk, Some(&pool)).map_err(|e| quant_err(ctx, e))?), col0 });
                             }
+                            if let (Some(name), [one]) = (shared_name, up.as_slice()) {
+                                by_name.insert(name, one.w.clone());
+                            }
                             w.linear.insert(op, up);
                         }
+                        Prepared::Alias(name) => aliases.push((op, name)),
                     }
                     w.write_time += t.elapsed();
                     tick(graph.ops[op].mats().iter().map(|m| src.stored(m).map_or(0, |s| s.bytes)).sum());
@@ -163,6 +175,15 @@ impl GpuWeights {
             drop(rx);
             result
         })?;
+        for (op, name) in aliases {
+            let m = by_name.get(&name).cloned().ok_or_else(|| EngineError::MissingTensor { name: name.clone() })?;
+            if matches!(graph.ops[op], Op::Embed { .. }) {
+                let t = GpuEmbedding::from_matrix(m).map_err(|e| EngineError::Unsupported { what: format!("tensor {name}: {e}") })?;
+                w.embed.insert(op, Arc::new(t));
+            } else {
+                w.linear.insert(op, vec![LinearPart { w: m, col0: 0 }]);
+            }
+        }
         let t = Instant::now();
         for op in &graph.ops {
             // The conv taps as f32, stored by name like the vectors.
@@ -200,9 +221,15 @@ const MAX_PREPARE_THREADS: usize = 8;
 
 /// A matrix op's weights laid out on the host.
 enum Prepared {
-    /// An embedding table (widened to f32 where the kernel does not gather its format) and its
-    /// name.
+    /// An embedding table in the array gather's layout (or repacked, where the file does not
+    /// store it as blocks) and its name.
     Embed(Arc<PackedWeights>, String),
+    /// An embedding table in a format the array gather lacks (the K-quants, BF16), laid out as
+    /// a matrix, and its name.
+    EmbedMatrix(PreparedMatrix, String),
+    /// A single-matrix op whose matrix another op prepares and uploads (a tied LM head and its
+    /// embedding table): the tensor's name.
+    Alias(String),
     /// A linear op's matrices (one, where several of one format are concatenated by rows) and
     /// the first output column of each.
     Linear(Vec<(PreparedMatrix, usize)>),
@@ -212,6 +239,8 @@ enum Prepared {
 struct PackCache<'a> {
     shared: &'a HashSet<&'a str>,
     packed: Mutex<HashMap<String, Arc<PackedWeights>>>,
+    /// The shared tensors an op has taken on to upload as a matrix for every op that reads it.
+    claimed: Mutex<HashSet<String>>,
 }
 
 /// The host work of one matrix op (a worker thread's job). A matrix the file stores in a block
@@ -229,14 +258,30 @@ fn prepare(op: &Op, src: &dyn WeightSource, limit: u64, cache: &PackCache, pool:
         cache.packed.lock().unwrap_or_else(|p| p.into_inner()).insert(m.name.clone(), p.clone());
         Ok(p)
     };
+    // A table the array gather lacks is a matrix, which a tied LM head shares: the first op to
+    // claim it prepares it, the other waits for it.
+    let mats = op.mats();
+    if let [m] = mats.as_slice()
+        && cache.shared.contains(m.name.as_str())
+        && matrix_table(src, m)?.is_some()
+        && !cache.claimed.lock().unwrap_or_else(|p| p.into_inner()).insert(m.name.clone())
+    {
+        return Ok(Prepared::Alias(m.name.clone()));
+    }
     match op {
-        Op::Embed { table, .. } => {
-            let p = packed(table)?;
-            let p = if embeddable(&p) { p } else { Arc::new(widen_to_f32(&p)?) };
-            Ok(Prepared::Embed(p, table.name.clone()))
-        }
+        Op::Embed { table, .. } => match matrix_table(src, table)? {
+            Some(raw) => {
+                let rows = BlockRows::new(raw.ty, raw.bytes, raw.rows, raw.cols)
+                    .map_err(|e| EngineError::Unsupported { what: format!("tensor {} of type {}: {e}", raw.name, raw.ty.name()) })?;
+                let m = PreparedMatrix::lay_out(&table.name, &[MatrixRows::Blocks(rows)], limit, Some(pool))
+                    .map_err(|e| EngineError::Unsupported { what: format!("tensor {}: {e}", table.name) })?;
+                Ok(Prepared::EmbedMatrix(m, table.name.clone()))
+            }
+            // An array-gather format, or a table the source builds (uploaded as a matrix by
+            // `GpuEmbedding::new` where the array gather lacks its format).
+            None => Ok(Prepared::Embed(packed(table)?, table.name.clone())),
+        },
         _ => {
-            let mats = op.mats();
             let mut sources = Vec::with_capacity(mats.len());
             for m in &mats {
                 sources.push(match src.file_rows(m)?.filter(|r| r.ty != GgmlType::F32) {
@@ -271,6 +316,12 @@ fn prepare(op: &Op, src: &dyn WeightSource, limit: u64, cache: &PackCache, pool:
             Ok(Prepared::Linear(parts))
         }
     }
+}
+
+/// The embedding table `m` as the file's blocks where the array gather lacks its format (it is
+/// then gathered as a matrix, which a tied LM head shares).
+fn matrix_table<'a>(src: &'a dyn WeightSource, m: &'a MatRef) -> Result<Option<RawMat<'a>>, EngineError> {
+    Ok(src.file_rows(m)?.filter(|r| !EMBEDDING_FORMATS.contains(&r.ty)))
 }
 
 /// Where a matrix's rows come from: the file's blocks, or a repack.
