@@ -4,7 +4,7 @@
 use boostr::act::Act;
 use boostr::attention::{AttnCombine, DecodeAttn, DecodeAttnSg, DecodeKernel, PrefillAttn, PrefillAttnCoop};
 use boostr::conv::{ShortConv, ShortConvBatch};
-use boostr::embedding::{Embedding, MatrixGather};
+use boostr::embedding::MatrixGather;
 use boostr::norm::Norm;
 use boostr::paged::{PagedAttn, PagedKvWrite};
 use boostr::rope::QkvRope;
@@ -32,7 +32,6 @@ fn sources(env: &KernelEnv) -> Vec<KernelSource> {
     v.extend([8, 16, 80, 96].map(|head_dim| AttnCombine { head_dim }.source(env).unwrap()));
     v.extend(ShortConv::all().iter().map(|c| c.source(env)));
     v.extend(ShortConvBatch::all().iter().map(|c| c.source(env)));
-    v.extend(Embedding::all().iter().map(|c| c.source(env)));
     v.extend(MatrixGather::all().iter().map(|c| c.source(env)));
     v.extend([true, false].map(|first| Argmax { first }.source(env)));
     v.extend([true, false].map(|first| TopK { first }.source(env)));

@@ -1,8 +1,7 @@
-//! The gather from a [`QuantMatrix`]: an embedding table in any format the matrix kernels
-//! decode (the K-quants, BF16, AWQ/GPTQ int4, as well as the formats of [`super::Embedding`]),
-//! read through the shared block decoders ([`crate::quant::decode`]). The table keeps the
-//! matrix kernels' layout, so a tied model's embedding and LM head are one matrix on the device,
-//! uploaded once.
+//! The gather kernel: an embedding table in any format the matrix kernels decode, read from a
+//! [`QuantMatrix`] through the shared block decoders ([`crate::quant::decode`]). The table keeps
+//! the matrix kernels' layout, so a tied model's embedding and LM head are one matrix on the
+//! device, uploaded once.
 //!
 //! One thread decodes one chunk of 32 elements of one token's row (`dqf`), scales it and writes
 //! it; one dispatch per part of the matrix, each writing only the tokens whose id falls inside
@@ -32,8 +31,10 @@ impl MatrixGather {
 
     /// WGSL. Bindings `ids`, `wv` and `ws` (one part's buffer, as the matrix kernels bind it),
     /// `out` (rw); params: the part's (`rows`, `row0`, `cpr`, the section offsets, `cpg`) and
-    /// `n_tok, scale, id0, id_end, vocab, zero_oob, out_off` as [`super::Embedding::source`]
-    /// takes them. Thread `i < n_tok * cpr` writes chunk `i % cpr` of token `i / cpr`:
+    /// `n_tok, scale, id0, id_end, vocab, zero_oob, out_off`: token `t < n_tok` takes the id at
+    /// `ids[id0 + t]` when `id0 + t < id_end` (else an out-of-range id); an id in `row0 .. row0 +
+    /// rows` reads row `id - row0` of this part, an id at or past `vocab` writes zeros where
+    /// `zero_oob = 1` (the first part's dispatch), any other id is another part's. Thread `i < n_tok * cpr` writes chunk `i % cpr` of token `i / cpr`:
     /// `out[out_off + t * cpr * 32 ..][kc * 32 .. + 32]`.
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let body = "    let i = wg_linear * 64u + lidx;

@@ -1,17 +1,17 @@
 //! [`EmbeddingPlan`]: the gather built once over a GPU id buffer, recorded per step.
 
 use crate::ops_common::OpPlan;
-use numr::gpu::{Binding, GpuContext, Plan, PlanDispatch, StepValues};
+use numr::gpu::{GpuContext, Plan, StepValues};
 
+use super::GpuEmbedding;
 use super::matrix::{GatherArgs, matrix_plan};
-use super::{Embedding, GpuEmbedding, Table};
-use crate::ops_common::{GpuView, Result, bad, check_n_tok, env_of, mul, out_or_owned, step_grid, to_u32};
+use crate::ops_common::{GpuView, Result, bad, check_n_tok, env_of, mul, out_or_owned, to_u32};
 
 const OP: &str = "embedding plan";
 
 /// Gathers `step.n_tok` rows (at most `max_tok`) of a [`GpuEmbedding`] whose ids are
 /// `ids[step.token .. step.token + step.n_tok]` of a GPU buffer of u32, times `scale`, into rows
-/// `0 .. n_tok` of the output. One dispatch per table chunk. A row whose id is at or past the
+/// `0 .. n_tok` of the output. One dispatch per part of the table. A row whose id is at or past the
 /// vocabulary, or whose slot lies past the end of `ids`, becomes zeros (see the module docs).
 #[derive(Clone, Debug)]
 pub struct EmbeddingPlan {
@@ -33,41 +33,12 @@ impl EmbeddingPlan {
             return Err(bad(OP, "an empty id buffer"));
         }
         ids.need(OP, "the id buffer", ids.words())?;
-        let total = mul(OP, "max_tok x cols", max_tok, table.cols)?;
+        let total = mul(OP, "max_tok x cols", max_tok, table.cols())?;
         let out = out_or_owned(ctx, OP, out.as_ref(), total)?;
-        let (cols, max32) = (to_u32(OP, "cols", table.cols)?, to_u32(OP, "max_tok", max_tok)?);
+        let max32 = to_u32(OP, "max_tok", max_tok)?;
         to_u32(OP, "max_tok x cols", total)?;
-        let id_off = ids.offset_u32(OP)?;
         let id_end = to_u32(OP, "end of the id buffer", ids.offset + ids.words())?;
-        let (format, bpr, chunks) = match &table.table {
-            Table::Chunks { format, bpr, chunks } => (*format, *bpr, chunks),
-            Table::Matrix(w) => {
-                let plan = matrix_plan(ctx, w, GatherArgs { ids, id_end, out: &out, max_tok: max32, scale }, &env_of(ctx))?;
-                return Ok(EmbeddingPlan { plan, out, max_tok: max32, id_slots: ids.words() });
-            }
-        };
-        let kernel = ctx.kernel(&Embedding { format }.source(&env_of(ctx)))?;
-        let mut plan = Plan::new();
-        for (i, c) in chunks.iter().enumerate() {
-            let b = [ids.binding.clone(), Binding::whole(&c.qs), Binding::whole(&c.qh), Binding::whole(&c.d), Binding::whole(&c.m), out.binding.clone()];
-            let group = ctx.bind(&kernel, &b)?;
-            let grid = step_grid(ctx, total as u64, 256, move |s| s.n_tok.min(max32) as u64 * cols as u64)?;
-            let d = PlanDispatch::new(&kernel, group, [1, 1, 1])?
-                .set("cols", cols)?
-                .set_usize("bpr", bpr)?
-                .set_usize("row0", c.row0)?
-                .set_usize("rows", c.rows)?
-                .set_f32("scale", scale)?
-                .set("id_end", id_end)?
-                .set_usize("vocab", table.vocab)?
-                .set("zero_oob", (i == 0) as u32)?
-                .set("out_off", out.offset_u32(OP)?)?
-                .per_step("n_tok", move |s| s.n_tok.min(max32))?
-                // Saturates: a slot past the buffer reads as an out-of-range id (zeros).
-                .per_step("id0", move |s| id_off.saturating_add(s.token))?
-                .grid_per_step(grid);
-            plan.push(d);
-        }
+        let plan = matrix_plan(ctx, table.matrix(), GatherArgs { ids, id_end, out: &out, max_tok: max32, scale }, &env_of(ctx))?;
         Ok(EmbeddingPlan { plan, out, max_tok: max32, id_slots: ids.words() })
     }
 

@@ -63,12 +63,8 @@ impl GpuBackend {
     /// Uploads every weight the graph names (progress in bytes) and checks that the plans of a
     /// sequence can be built (kernels compiled here, not at the first token).
     pub fn load(ctx: Arc<GpuContext>, graph: &ModelGraph, src: &dyn WeightSource, progress: Option<ProgressFn<'_>>) -> Result<GpuBackend, EngineError> {
-        let mut weights = weights::GpuWeights::upload(&ctx, graph, src, progress)?;
-        let t = std::time::Instant::now();
-        // Writes outside the bulk upload (the embedding table) are on the device before the
-        // load returns too.
-        ctx.flush().and_then(|s| s.wait()).map_err(|e| dev_err(&ctx, e))?;
-        weights.write_time += t.elapsed();
+        // Every write goes through the upload's bulk writer, whose last batch it waits for.
+        let weights = weights::GpuWeights::upload(&ctx, graph, src, progress)?;
         let device = device_name(&ctx);
         Ok(GpuBackend {
             ctx,

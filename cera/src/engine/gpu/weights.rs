@@ -1,8 +1,7 @@
 //! The model's weights on the GPU, uploaded once at load into boostr's repacked layouts (F32
 //! projection matrices narrowed to F16, or BF16 where f16's range is too small):
 //! mat-vec matrices ([`QuantMatrix`], split by rows over the binding limit), the embedding table
-//! ([`GpuEmbedding`]: its own arrays, or a [`QuantMatrix`] in the formats its array gather
-//! lacks, one matrix with a tied LM head), and f32 vectors. A [`Op::Linear`] over several matrices of
+//! ([`GpuEmbedding`]: a [`QuantMatrix`] too, one matrix with a tied LM head), and f32 vectors. A [`Op::Linear`] over several matrices of
 //! one format is uploaded as ONE matrix (rows concatenated: fused Q/K/V, fused gate/up); matrices
 //! of different formats (K-quant mixes store V in another type than Q and K) stay separate and
 //! write their columns of the packed output.
@@ -12,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use boostr::embedding::{EMBEDDING_FORMATS, GpuEmbedding};
+use boostr::embedding::GpuEmbedding;
 use boostr::formats::{GgmlType, PackedFormat, PackedWeights, repack};
 use boostr::ops_common::GpuView;
 use boostr::quant::{BlockRows, MatrixRows, PreparedMatrix, QuantMatrix, WordPool, binding_limit};
@@ -137,11 +136,6 @@ impl GpuWeights {
                         _ => None,
                     };
                     match r? {
-                        Prepared::Embed(p, name) => {
-                            let t = GpuEmbedding::new(ctx, &p, None).map_err(|e| EngineError::Unsupported { what: format!("tensor {name}: {e}") })?;
-                            w.bytes += p.total_bytes() as u64;
-                            w.embed.insert(op, Arc::new(t));
-                        }
                         Prepared::EmbedMatrix(m, name) => {
                             w.bytes += m.bytes();
                             let m = Arc::new(m.upload_bulk(&mut bulk, Some(&pool)).map_err(|e| quant_err(ctx, e))?);
@@ -221,11 +215,7 @@ const MAX_PREPARE_THREADS: usize = 8;
 
 /// A matrix op's weights laid out on the host.
 enum Prepared {
-    /// An embedding table in the array gather's layout (or repacked, where the file does not
-    /// store it as blocks) and its name.
-    Embed(Arc<PackedWeights>, String),
-    /// An embedding table in a format the array gather lacks (the K-quants, BF16), laid out as
-    /// a matrix, and its name.
+    /// An embedding table laid out as a matrix, and its name.
     EmbedMatrix(PreparedMatrix, String),
     /// A single-matrix op whose matrix another op prepares and uploads (a tied LM head and its
     /// embedding table): the tensor's name.
@@ -258,7 +248,7 @@ fn prepare(op: &Op, src: &dyn WeightSource, limit: u64, cache: &PackCache, pool:
         cache.packed.lock().unwrap_or_else(|p| p.into_inner()).insert(m.name.clone(), p.clone());
         Ok(p)
     };
-    // A table the array gather lacks is a matrix, which a tied LM head shares: the first op to
+    // A table in the file's blocks is one matrix with a tied LM head: the first op to
     // claim it prepares it, the other waits for it.
     let mats = op.mats();
     if let [m] = mats.as_slice()
@@ -269,18 +259,23 @@ fn prepare(op: &Op, src: &dyn WeightSource, limit: u64, cache: &PackCache, pool:
         return Ok(Prepared::Alias(m.name.clone()));
     }
     match op {
-        Op::Embed { table, .. } => match matrix_table(src, table)? {
-            Some(raw) => {
-                let rows = BlockRows::new(raw.ty, raw.bytes, raw.rows, raw.cols)
-                    .map_err(|e| EngineError::Unsupported { what: format!("tensor {} of type {}: {e}", raw.name, raw.ty.name()) })?;
-                let m = PreparedMatrix::lay_out(&table.name, &[MatrixRows::Blocks(rows)], limit, Some(pool))
-                    .map_err(|e| EngineError::Unsupported { what: format!("tensor {}: {e}", table.name) })?;
-                Ok(Prepared::EmbedMatrix(m, table.name.clone()))
-            }
-            // An array-gather format, or a table the source builds (uploaded as a matrix by
-            // `GpuEmbedding::new` where the array gather lacks its format).
-            None => Ok(Prepared::Embed(packed(table)?, table.name.clone())),
-        },
+        Op::Embed { table, .. } => {
+            // From the file's blocks, or repacked (an F32 table, one the source builds).
+            let packed_table;
+            let rows = match matrix_table(src, table)? {
+                Some(raw) => MatrixRows::Blocks(
+                    BlockRows::new(raw.ty, raw.bytes, raw.rows, raw.cols)
+                        .map_err(|e| EngineError::Unsupported { what: format!("tensor {} of type {}: {e}", raw.name, raw.ty.name()) })?,
+                ),
+                None => {
+                    packed_table = packed(table)?;
+                    MatrixRows::Packed(&packed_table)
+                }
+            };
+            let m = PreparedMatrix::lay_out(&table.name, &[rows], limit, Some(pool))
+                .map_err(|e| EngineError::Unsupported { what: format!("tensor {}: {e}", table.name) })?;
+            Ok(Prepared::EmbedMatrix(m, table.name.clone()))
+        }
         _ => {
             let mut sources = Vec::with_capacity(mats.len());
             for m in &mats {
@@ -318,10 +313,10 @@ fn prepare(op: &Op, src: &dyn WeightSource, limit: u64, cache: &PackCache, pool:
     }
 }
 
-/// The embedding table `m` as the file's blocks where the array gather lacks its format (it is
-/// then gathered as a matrix, which a tied LM head shares).
+/// The embedding table `m` as the file's blocks, which a tied LM head shares as one matrix; not
+/// an F32 table, which the LM head narrows to F16 while the embedding keeps it exact.
 fn matrix_table<'a>(src: &'a dyn WeightSource, m: &'a MatRef) -> Result<Option<RawMat<'a>>, EngineError> {
-    Ok(src.file_rows(m)?.filter(|r| !EMBEDDING_FORMATS.contains(&r.ty)))
+    Ok(src.file_rows(m)?.filter(|r| r.ty != GgmlType::F32))
 }
 
 /// Where a matrix's rows come from: the file's blocks, or a repack.
