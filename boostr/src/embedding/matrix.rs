@@ -11,6 +11,7 @@ use numr::gpu::{Access, Binding, GpuContext, KernelBuilder, KernelEnv, KernelSou
 
 use crate::ops_common::{GpuView, Result, step_grid};
 use crate::quant::decode::decoder;
+use crate::quant::gemv::set_part;
 use crate::quant::{QuantMatrix, WeightKind};
 
 /// Threads per workgroup of the gather.
@@ -30,7 +31,8 @@ impl MatrixGather {
     }
 
     /// WGSL. Bindings `ids`, `wv` and `ws` (one part's buffer, as the matrix kernels bind it),
-    /// `out` (rw); params: the part's (`rows`, `row0`, `cpr`, the section offsets, `cpg`) and
+    /// `out` (rw); params: the part's, as the matrix kernels take them (`rows`, `row0`, `n_out`,
+    /// `cpr`, `k4`, the section offsets, `cpg`), and
     /// `n_tok, scale, id0, id_end, vocab, zero_oob, out_off`: token `t < n_tok` takes the id at
     /// `ids[id0 + t]` when `id0 + t < id_end` (else an out-of-range id); an id in `row0 .. row0 +
     /// rows` reads row `id - row0` of this part, an id at or past `vocab` writes zeros where
@@ -67,7 +69,10 @@ impl MatrixGather {
             .storage("wv", Access::Read, "array<vec4<u32>>")
             .storage("ws", Access::Read, "array<u32>")
             .storage("out", Access::ReadWrite, "array<f32>")
-            .params(&["rows", "row0", "cpr", "qs4", "qh", "qh4", "sc", "dof", "mof", "cpg", "n_tok", "scale", "id0", "id_end", "vocab", "zero_oob", "out_off"])
+            .params(&[
+                "rows", "row0", "n_out", "cpr", "k4", "qs4", "qh", "qh4", "sc", "dof", "mof", "cpg", "n_tok", "scale", "id0", "id_end", "vocab", "zero_oob",
+                "out_off",
+            ])
             .prelude(&decoder(self.kind))
             .body(body)
             .build()
@@ -93,27 +98,14 @@ pub(super) fn matrix_plan(ctx: &GpuContext, w: &QuantMatrix, a: GatherArgs<'_>, 
     crate::ops_common::to_u32(OP, "max_tok x chunks", total)?;
     let id_off = a.ids.offset_u32(OP)?;
     let out_off = a.out.offset_u32(OP)?;
-    let cpg = match w.format {
-        crate::formats::PackedFormat::Int4 { group_size, .. } => group_size / 32,
-        _ => 1,
-    };
     let mut plan = Plan::new();
     for (i, part) in w.parts.iter().enumerate() {
         let b: [Binding; 4] = [a.ids.binding.clone(), part.binding(), part.binding(), a.out.binding.clone()];
         let group = ctx.bind(&kernel, &b)?;
         let grid = step_grid(ctx, total as u64, WG as u64, move |s| s.n_tok.min(max_tok) as u64 * cpr32 as u64)?;
-        let s = part.sections;
-        let d = PlanDispatch::new(&kernel, group, [1, 1, 1])?
-            .set_usize("rows", part.rows)?
-            .set_usize("row0", part.row0)?
-            .set("cpr", cpr32)?
-            .set("qs4", s.qs / 4)?
-            .set("qh", s.qh)?
-            .set("qh4", s.qh / 4)?
-            .set("sc", s.sc)?
-            .set("dof", s.d)?
-            .set("mof", s.m)?
-            .set_usize("cpg", cpg)?
+        // The part's parameters, as every matrix kernel gets them.
+        let d = set_part(PlanDispatch::new(&kernel, group, [1, 1, 1])?, w, part)
+            .map_err(super::quant_err)?
             .set_f32("scale", a.scale)?
             .set("id_end", a.id_end)?
             .set_usize("vocab", w.rows)?

@@ -38,7 +38,7 @@ pub struct GpuEmbedding {
 }
 
 /// A matrix error as the embedding's.
-fn quant_err(e: QuantError) -> OpsError {
+pub(super) fn quant_err(e: QuantError) -> OpsError {
     match e {
         QuantError::Gpu(e) => OpsError::Numr(e),
         QuantError::Format(e) => OpsError::Format(e),
