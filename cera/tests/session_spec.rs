@@ -311,6 +311,18 @@ fn verification_rows_match_decode_steps_on_both_paths_gpu() {
                 assert_eq!(argmax(&got), top[0] as u32, "{gemv:?} row {r}: another greedy choice");
             }
         }
+        // The same step profiled: the dispatches of an argmax verification step, each timed,
+        // and the cache as it was (the step after it gives the same logits as before it).
+        let pos = p.len() - 1;
+        let before = v.verify(&fed[..9], pos, Want::Logits).unwrap().pop().map(logits).unwrap();
+        v.verify(&fed[..9], pos, Want::Argmax).unwrap();
+        let plain = v.last_step_counters().dispatches;
+        let times = v.profile_verify(&fed[..9], pos).unwrap();
+        assert_eq!(times.iter().map(|t| t.count).sum::<usize>(), plain, "{gemv:?}: {times:?}");
+        assert!(times.iter().all(|t| t.ns >= 0.0 && !t.label.is_empty()) && times.iter().map(|t| t.ns).sum::<f64>() > 0.0, "{times:?}");
+        let after = v.verify(&fed[..9], pos, Want::Logits).unwrap().pop().map(logits).unwrap();
+        let d = before.iter().zip(&after).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(d < 1e-4, "{gemv:?}: a verification step after a profiled one differs by {d}");
     }
 }
 

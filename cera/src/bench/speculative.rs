@@ -14,7 +14,7 @@
 
 use serde::Serialize;
 
-use super::{BenchError, Spread, TG_PROMPT, prompt_ids};
+use super::{BenchError, KernelShare, Spread, TG_PROMPT, mean_profile, prompt_ids, shares};
 use crate::engine::{Drafter, Engine, GenerateOpts, Speculative};
 
 /// One (k, p) cell of the table.
@@ -167,4 +167,65 @@ pub fn print(model: &str, device: &str, n: usize, rows: &[OracleRow]) -> String 
         }
     }
     t
+}
+
+/// The GPU time of one step (`--spec-oracle ... --profile`): a decode step (`rows` 1, `k` 0) or a
+/// verification step of `k` drafts (`rows` = `k + 1`), after the oracle's prompt.
+#[derive(Clone, Debug, Serialize)]
+pub struct VerifyProfile {
+    /// Drafts (0: the decode step).
+    pub k: usize,
+    /// GPU time of the step's dispatches (timestamps, mean of 5), milliseconds.
+    pub gpu_ms: f64,
+    /// Dispatches in the step.
+    pub dispatches: usize,
+    /// The top kernels (`us_per_token` is per step).
+    pub kernels: Vec<KernelShare>,
+}
+
+/// Profiles a decode step and a verification step of each of `ks` drafts at the oracle's
+/// prompt depth, listing the `top` kernels of each.
+pub fn profile(engine: &Engine, ks: &[usize], top: usize) -> Result<Vec<VerifyProfile>, BenchError> {
+    if !engine.is_gpu() {
+        return Err(BenchError::Usage("--profile times the GPU's kernels: it needs a GPU run (not --device cpu)".into()));
+    }
+    let vocab = engine.config().vocab;
+    let max_k = ks.iter().copied().max().unwrap_or(0);
+    let ids = prompt_ids(TG_PROMPT + max_k + 1, vocab, 7);
+    let mut s = engine.session()?;
+    s.append_tokens(&ids)?;
+    // The prompt runs (and one token is generated), so the profiled steps rerun cached tokens.
+    s.generate(&GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(1) }, &mut |_: &crate::engine::TokenEvent| {})?;
+    let summarize = |k: usize, runs: Vec<Vec<crate::engine::KernelTime>>| {
+        let mean = mean_profile(runs);
+        let ns: f64 = mean.iter().map(|t| t.ns).sum();
+        VerifyProfile { k, gpu_ms: ns / 1e6, dispatches: mean.iter().map(|t| t.count).sum(), kernels: shares(&mean, 1.0, top) }
+    };
+    let decode = (0..5).map(|_| s.profile_step(1)).collect::<Result<Vec<_>, _>>()?;
+    let mut out = vec![summarize(0, decode)];
+    for &k in ks {
+        s.profile_verify(k + 1)?;
+        let runs = (0..5).map(|_| s.profile_verify(k + 1)).collect::<Result<Vec<_>, _>>()?;
+        out.push(summarize(k, runs));
+    }
+    Ok(out)
+}
+
+/// The profiles as markdown: a step's GPU time against the decode step's, then the kernels.
+pub fn print_profile(profiles: &[VerifyProfile]) -> String {
+    use std::fmt::Write;
+    let base = profiles.first().map_or(1.0, |p| p.gpu_ms.max(f64::MIN_POSITIVE));
+    let mut s =
+        String::from("\nGPU time of a step (timestamps around every dispatch)\n\n| step | GPU ms | in decode steps | dispatches |\n|---|---|---|---|\n");
+    let name = |k: usize| if k == 0 { "decode".to_string() } else { format!("verify {k} drafts") };
+    for p in profiles {
+        let _ = writeln!(s, "| {} | {:.3} | {:.2} | {} |", name(p.k), p.gpu_ms, p.gpu_ms / base, p.dispatches);
+    }
+    for p in profiles {
+        let _ = writeln!(s, "\n{}:\n\n| kernel | µs a step | dispatches | share |\n|---|---|---|---|", name(p.k));
+        for k in &p.kernels {
+            let _ = writeln!(s, "| {} | {:.1} | {} | {:.1}% |", k.kernel, k.us_per_token, k.dispatches, 100.0 * k.fraction);
+        }
+    }
+    s
 }

@@ -38,7 +38,8 @@ pub struct Args {
     /// Decode one token at a time (no pipelining), to see what pipelining gives.
     #[arg(long = "no-pipeline")]
     pub no_pipeline: bool,
-    /// GPU time per kernel of a decode step and of a prompt step (the top 15), from timestamps.
+    /// GPU time per kernel of a decode step and of a prompt step (the top 15), from timestamps;
+    /// with `--spec-oracle`, of a decode step and a verification step of each `--spec-k`.
     #[arg(long)]
     pub profile: bool,
     /// Print the results as JSON.
@@ -155,11 +156,16 @@ fn run_spec_oracle(a: &Args, models: &[PathBuf], out: &mut Output) -> Result<(),
         let engine = crate::engine::Engine::load(path, &a.load.options(Some(bench::TG_PROMPT + n + 32))?, None).map_err(CliError::from_err)?;
         let name = path.file_name().map_or_else(|| path.display().to_string(), |f| f.to_string_lossy().into_owned());
         let rows = bench::speculative::oracle(&engine, n, &a.spec_k, &a.spec_oracle, a.reps).map_err(CliError::from_err)?;
+        let profiles = if a.profile { bench::speculative::profile(&engine, &a.spec_k, 12).map_err(CliError::from_err)? } else { Vec::new() };
         let text = if a.json {
-            let v = serde_json::json!({"model": name, "device": engine.device_name(), "n_gen": n, "rows": rows});
+            let v = serde_json::json!({"model": name, "device": engine.device_name(), "n_gen": n, "rows": rows, "step_profiles": profiles});
             serde_json::to_string_pretty(&v).map_err(|e| CliError::from_err(bench::BenchError::Usage(e.to_string())))? + "\n"
         } else {
-            bench::speculative::print(&name, &engine.device_name(), n, &rows)
+            let mut t = bench::speculative::print(&name, &engine.device_name(), n, &rows);
+            if !profiles.is_empty() {
+                t += &bench::speculative::print_profile(&profiles);
+            }
+            t
         };
         out.write_str(&text)?;
     }

@@ -256,6 +256,13 @@ pub trait BackendState: Send {
         let _ = (tokens, pos, want);
         Err(EngineError::Unsupported { what: "speculative verification on this device".into() })
     }
+    /// [`Self::verify`] of `tokens` at `pos` in one submit with device timestamps around every
+    /// kernel: GPU time per kernel label (the outputs are dropped). Executors without
+    /// verification or timestamps give [`EngineError::Unsupported`].
+    fn profile_verify(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<KernelTime>, EngineError> {
+        let _ = (tokens, pos);
+        Err(EngineError::Unsupported { what: "profiling a verification step on this device".into() })
+    }
     /// Makes what [`Self::verify`] needs now (a GPU compiles its plan), so that the first
     /// verification step does not pay for it; a no-op where nothing is made.
     fn prepare_verify(&mut self) -> Result<(), EngineError> {

@@ -165,6 +165,20 @@ impl Session {
         Ok(times)
     }
 
+    /// Runs the last `n` cached tokens again as one speculative verification step (the first as
+    /// the accepted token, the rest as its drafts) with device timestamps around every kernel,
+    /// and returns the GPU time per kernel label. The cache's contents do not change.
+    /// [`EngineError::Unsupported`] on executors without verification or timestamps.
+    pub fn profile_verify(&mut self, n: usize) -> Result<Vec<KernelTime>, EngineError> {
+        let cached = self.cached_tokens();
+        if n == 0 || n > cached {
+            return Err(EngineError::Usage(format!("profiling a verification step of {n} tokens with {cached} cached")));
+        }
+        let pos = cached - n;
+        let tokens = self.seq[pos..cached].to_vec();
+        self.state.profile_verify(&tokens, pos)
+    }
+
     /// The executor's counters of the last decode step.
     pub fn last_step_counters(&self) -> StepCounters {
         self.state.last_step_counters()

@@ -403,6 +403,10 @@ impl BackendState for GpuState {
         self.verify_step(tokens, pos, want)
     }
 
+    fn profile_verify(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<KernelTime>, EngineError> {
+        self.profile_verify_step(tokens, pos)
+    }
+
     fn prepare_verify(&mut self) -> Result<(), EngineError> {
         if self.verify.is_none() {
             self.verify = Some(self.build_verify()?);

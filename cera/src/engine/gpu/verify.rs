@@ -18,7 +18,7 @@ use boostr::sampling::{ArgmaxPlan, MaskPlan, TopKPlan};
 use numr::gpu::{Binding, Plan, StepValues};
 
 use super::super::super::EngineError;
-use super::super::super::backend::{MAX_TOP_K, MAX_VERIFY_ROWS, StepOutput, Want};
+use super::super::super::backend::{KernelTime, MAX_TOP_K, MAX_VERIFY_ROWS, StepOutput, Want};
 use super::super::super::graph::Slot;
 use super::super::lead::record_with_lead;
 use super::super::ops_err;
@@ -66,6 +66,18 @@ impl GpuState {
 
     /// [`BackendState::verify`](super::super::super::backend::BackendState::verify).
     pub(super) fn verify_step(&mut self, tokens: &[u32], pos: usize, want: Want) -> Result<Vec<StepOutput>, EngineError> {
+        Ok(self.verify_inner(tokens, pos, want, false)?.0)
+    }
+
+    /// [`BackendState::profile_verify`](super::super::super::backend::BackendState::profile_verify):
+    /// the step in one submit with timestamps around every dispatch.
+    pub(super) fn profile_verify_step(&mut self, tokens: &[u32], pos: usize) -> Result<Vec<KernelTime>, EngineError> {
+        Ok(self.verify_inner(tokens, pos, Want::Argmax, true)?.1.unwrap_or_default())
+    }
+
+    /// A verification step; `profile`: one submit (no early parts) with device timestamps, whose
+    /// GPU time per kernel label comes back too.
+    fn verify_inner(&mut self, tokens: &[u32], pos: usize, want: Want, profile: bool) -> Result<(Vec<StepOutput>, Option<Vec<KernelTime>>), EngineError> {
         let (n, vocab) = (tokens.len(), self.graph.cfg.vocab);
         if !self.pending.is_empty() {
             return Err(EngineError::Usage(format!("a verification step with {} steps not collected", self.pending.len())));
@@ -112,11 +124,12 @@ impl GpuState {
         let start = std::time::Instant::now();
         // The state's recorder (kept, so that a step allocates nothing); on an error the
         // half-recorded step is dropped with it and the next step makes another.
-        let mut rec = self.rec.take().unwrap_or_else(|| self.ctx.recorder());
+        let mut rec = if profile { self.ctx.recorder() } else { self.rec.take().unwrap_or_else(|| self.ctx.recorder()) };
+        let lead = if profile { 0 } else { self.prefill_lead };
         let chunk = StepValues::chunk(word("position", pos)?, word("tokens", n)?).with_token(0).with_decode_rows(n as u32);
         // The plan's first dispatches go out while the host encodes the rest: the host waits for
         // this step, so its encoding would otherwise add to the GPU's time.
-        let early = record_with_lead(&mut rec, v.plan.dispatches(), &chunk, self.prefill_lead).map_err(err)?;
+        let early = record_with_lead(&mut rec, v.plan.dispatches(), &chunk, lead).map_err(err)?;
         let rows = StepValues::chunk(0, n as u32).with_decode_rows(n as u32);
         let kk = v.topk.k() as u64;
         let reads = match want {
@@ -142,13 +155,19 @@ impl GpuState {
             Want::Logits => Some((rec.read(v.slots.buf(Slot::Logits), 0, 4 * (n * vocab) as u64).map_err(err)?, None)),
         };
         let (dispatches, passes) = (early.dispatches + rec.dispatch_count(), early.passes + rec.pass_count());
-        let submitted = rec.submit_and_clear();
-        self.rec = Some(rec);
-        submitted.map_err(err)?;
+        let mut times = None;
+        if profile {
+            let p = rec.submit_profiled().map_err(err)?;
+            times = Some(p.by_label().into_iter().map(|(label, (ns, count))| KernelTime { label, ns, count }).collect());
+        } else {
+            let submitted = rec.submit_and_clear();
+            self.rec = Some(rec);
+            submitted.map_err(err)?;
+        }
         self.counters =
             super::super::super::backend::StepCounters { dispatches, passes, submits: early.submits + 1, host_ns: start.elapsed().as_nanos() as u64 };
-        let Some((first, second)) = reads else { return Ok(vec![StepOutput::Nothing; n]) };
-        Ok(match want {
+        let Some((first, second)) = reads else { return Ok((vec![StepOutput::Nothing; n], times)) };
+        let out = match want {
             Want::Argmax => first.wait_u32().map_err(err)?.into_iter().map(StepOutput::Argmax).collect(),
             Want::TopK(k) => {
                 let ids = first.wait_u32().map_err(err)?;
@@ -163,6 +182,7 @@ impl GpuState {
                 all.chunks(vocab).map(|row| StepOutput::Logits(row.to_vec())).collect()
             }
             Want::Nothing => unreachable!("returned above"),
-        })
+        };
+        Ok((out, times))
     }
 }
