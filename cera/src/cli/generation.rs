@@ -57,6 +57,15 @@ pub struct LoadArgs {
     /// several times.
     #[arg(long = "diag", value_name = "KEY=VALUE", value_parser = diag_setting)]
     pub diag: Vec<String>,
+    /// Split the model's layers across these GPUs: adapter indices as `cera devices` lists them,
+    /// or parts of their names, comma-separated (`0,1`; the same adapter twice makes two devices
+    /// of it). One entry: just that adapter.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub devices: Vec<String>,
+    /// Each device's share of the layers with `--devices` (`1,3`: a quarter of them on the
+    /// first) [default: equal shares].
+    #[arg(long = "tensor-split", value_delimiter = ',', value_name = "R1,R2,...")]
+    pub tensor_split: Vec<f64>,
 }
 
 /// The keys of `table` with what each takes, one a line.
@@ -101,6 +110,8 @@ impl LoadArgs {
             decode_gemv: self.decode_gemv,
             tuning,
             measuring_only,
+            devices: self.devices.clone(),
+            tensor_split: self.tensor_split.clone(),
         })
     }
 }

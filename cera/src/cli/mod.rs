@@ -131,6 +131,8 @@ pub enum Command {
     Template(template::Args),
     /// Download a test model into the model cache and print its path.
     Fetch(fetch::Args),
+    /// List the GPU adapters wgpu sees, as `--devices` and `NUMR_ADAPTER` name them by index.
+    Devices,
     /// Serve the model over HTTP: OpenAI-compatible chat and completions on the batcher.
     #[cfg(feature = "server")]
     Serve(serve::Args),
@@ -141,6 +143,13 @@ pub enum Command {
 pub fn dispatch(cli: Cli, matches: &ArgMatches, out: &mut Output) -> Result<(), CliError> {
     match cli.command {
         Command::Run(a) => run::run(a, out),
+        Command::Devices => {
+            let list = numr::gpu::GpuContext::list_adapters();
+            if list.is_empty() {
+                return Err(CliError::Message("no GPU adapter found (is a Vulkan, Metal or DX12 driver installed?)".into()));
+            }
+            list.iter().try_for_each(|l| out.write_str(&format!("{l}\n")))
+        }
         Command::Chat(a) => chat::run(a, out),
         Command::Bench(a) => bench::run(a, out),
         #[cfg(feature = "server")]

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use numr::gpu::GpuContext;
+use numr::gpu::{GpuContext, GpuOptions};
 
 use crate::chat_template::ChatTemplate;
 use crate::model_file::{ModelError, ModelFile};
@@ -17,7 +17,7 @@ use crate::tokenizer::Tokenizer;
 
 use super::backend::{Backend, ProgressFn};
 use super::cpu::CpuBackend;
-use super::gpu::GpuBackend;
+use super::gpu::{GpuBackend, SplitBackend};
 use super::graph::ModelGraph;
 use super::hf::HfModel;
 use super::model::{Engine, EngineParts, LoadTimes, end_of_generation_ids};
@@ -98,6 +98,32 @@ fn cpu(graph: &ModelGraph, file: &dyn WeightSource, opts: &LoadOptions, progress
     Ok(Arc::new(CpuBackend::load_with_activations(graph, file, threads, int8, progress)?))
 }
 
+/// The GPUs of `opts.devices` with the model's layers split across them ([`SplitBackend`]); one
+/// device: a plain [`GpuBackend`] on that adapter.
+fn split(graph: &ModelGraph, file: &dyn WeightSource, opts: &LoadOptions, progress: Option<ProgressFn<'_>>) -> Result<Arc<dyn Backend>, EngineError> {
+    if opts.devices.is_empty() {
+        return Err(EngineError::Usage("--tensor-split needs --devices (the GPUs to split the layers across)".into()));
+    }
+    if opts.device == DeviceChoice::Cpu {
+        return Err(EngineError::Usage("--devices names GPUs: not with --device cpu".into()));
+    }
+    let ranges = super::split::split_layers(graph.cfg.n_layers, opts.devices.len(), &opts.tensor_split)?;
+    let ctxs = opts
+        .devices
+        .iter()
+        .map(|d| {
+            let o = GpuOptions { adapter: Some(d.trim().to_string()), ..GpuOptions::from_env() };
+            GpuContext::with_options(o).map(Arc::new).map_err(|e| EngineError::Device { device: format!("adapter `{d}`"), reason: e.to_string() })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if let [ctx] = &ctxs[..] {
+        return gpu(ctx.as_ref().clone(), graph, file, opts, progress);
+    }
+    let configure =
+        |b: GpuBackend| b.with_decode_gemv(opts.decode_gemv).with_tuning(opts.tuning.clone()).with_measuring_only_diagnostics(opts.measuring_only.clone());
+    Ok(Arc::new(SplitBackend::load(ctxs, graph, &ranges, file, progress, &configure)?))
+}
+
 fn gpu(
     ctx: GpuContext,
     graph: &ModelGraph,
@@ -146,6 +172,7 @@ impl Engine {
         let file_time = start.elapsed();
         let t = Instant::now();
         let (backend, device) = match opts.device {
+            _ if !opts.devices.is_empty() || !opts.tensor_split.is_empty() => (split(&graph, file, opts, progress)?, Duration::ZERO),
             DeviceChoice::Cpu => (cpu(&graph, file, opts, progress)?, Duration::ZERO),
             DeviceChoice::Gpu => {
                 let ctx = gpu_context()?;

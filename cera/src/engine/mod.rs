@@ -43,6 +43,7 @@ pub mod sampler;
 mod session;
 mod session_spec;
 pub mod speculative;
+pub mod split;
 pub mod stop;
 pub mod tuning;
 pub mod weights;

@@ -126,7 +126,7 @@ impl std::str::FromStr for Chains {
 }
 
 /// How to load a model.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct LoadOptions {
     /// The device.
     pub device: DeviceChoice,
@@ -145,6 +145,13 @@ pub struct LoadOptions {
     /// For measuring only: ablation makes the output wrong, the traces print to standard
     /// error ([`Diagnostics`]). Default: all off. Leave it so outside a measurement.
     pub measuring_only: Diagnostics,
+    /// The GPUs to split the model's layers across (adapter indices as `cera devices` lists
+    /// them, or parts of their names; one entry: just that adapter); empty: the one adapter
+    /// [`Self::device`] picks. The same adapter may be named twice (two devices of one adapter).
+    pub devices: Vec<String>,
+    /// Each device's share of the layers with [`Self::devices`] (`[1.0, 3.0]`: a quarter on the
+    /// first); empty: the same share each.
+    pub tensor_split: Vec<f64>,
 }
 
 impl Default for LoadOptions {
@@ -158,6 +165,8 @@ impl Default for LoadOptions {
             decode_gemv: DecodeGemv::Auto,
             tuning: GpuTuning::default(),
             measuring_only: Diagnostics::default(),
+            devices: Vec::new(),
+            tensor_split: Vec::new(),
         }
     }
 }

@@ -168,12 +168,12 @@ pub(crate) fn fuse_decode(ops: &[Op], allow: Allow, k_of: &dyn Fn(usize) -> Opti
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::engine::arch::{FileFacts, build};
     use crate::engine::config::{Arch, LayerKind, LayerRope, ModelConfig};
 
-    pub(in crate::engine::gpu) fn config(arch: Arch, n_layers: usize) -> ModelConfig {
+    pub(crate) fn config(arch: Arch, n_layers: usize) -> ModelConfig {
         ModelConfig {
             arch,
             n_layers,

@@ -10,6 +10,7 @@ mod lead;
 mod links;
 mod plan_ops;
 mod plans;
+mod split;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -17,9 +18,14 @@ mod trace;
 mod tuning;
 mod weights;
 
+#[cfg(test)]
+pub(crate) use fuse::tests::config as test_config;
+
 use std::sync::Arc;
 
 use numr::gpu::GpuContext;
+
+pub use split::SplitBackend;
 
 use super::EngineError;
 use super::backend::{Backend, BackendState, ProgressFn, StateOpts};

@@ -206,6 +206,37 @@ impl GpuState {
     fn err(&self, e: numr::NumrError) -> EngineError {
         EngineError::Device { device: self.device.clone(), reason: e.to_string() }
     }
+
+    /// The activation buffers a step of `n` tokens runs through (the decode plan's for one).
+    fn step_slots(&self, n: usize) -> &Slots {
+        if n == 1 { &self.dec_slots } else { &self.pre_slots }
+    }
+
+    /// Writes `rows` (`n` rows of the slot's width, f32) into `slot` for the next step of `n`
+    /// tokens: a stage of a split model receiving what the previous stage handed on.
+    pub(super) fn write_rows(&self, slot: Slot, n: usize, rows: &[f32]) -> Result<(), EngineError> {
+        let want = n * self.graph.width(slot);
+        if rows.len() != want || n == 0 || n > self.ubatch {
+            return Err(EngineError::Usage(format!("{} values for {n} rows of {slot:?} ({want})", rows.len())));
+        }
+        self.ctx.write(self.step_slots(n).buf(slot), 0, bytemuck::cast_slice(rows)).map_err(|e| self.err(e))
+    }
+
+    /// Reads the first `n` rows of each of `slots` after the steps submitted so far (one submit,
+    /// one wait): what a stage of a split model hands to the next.
+    pub(super) fn read_rows(&mut self, slots: &[Slot], n: usize) -> Result<Vec<Vec<f32>>, EngineError> {
+        if n == 0 || n > self.ubatch {
+            return Err(EngineError::Usage(format!("reading {n} rows (1 ..= ubatch {})", self.ubatch)));
+        }
+        let mut rec = self.ctx.recorder();
+        let reads = slots
+            .iter()
+            .map(|&s| rec.read(self.step_slots(n).buf(s), 0, 4 * (n * self.graph.width(s)) as u64))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.err(e))?;
+        rec.submit().map_err(|e| self.err(e))?;
+        reads.into_iter().map(|r| Ok(bytemuck::pod_collect_to_vec(&r.wait().map_err(|e| self.err(e))?))).collect()
+    }
 }
 
 /// What a recorded step reads back.

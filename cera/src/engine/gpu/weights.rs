@@ -49,7 +49,7 @@ pub(crate) struct GpuWeights {
 }
 
 /// Total bytes the upload reads from the file (for progress).
-fn total_bytes(graph: &ModelGraph, src: &dyn WeightSource) -> Result<u64, EngineError> {
+pub(super) fn total_bytes(graph: &ModelGraph, src: &dyn WeightSource) -> Result<u64, EngineError> {
     let mut t = 0u64;
     for op in &graph.ops {
         for m in op.mats() {

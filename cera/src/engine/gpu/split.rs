@@ -1,0 +1,214 @@
+//! A model's layers split across GPUs ([`SplitBackend`]): each device holds the weights, plans
+//! and KV cache of its own [`Stage`] of the graph (its layers; the embedding on the first, the
+//! final norm and the LM head on the last) and runs it as one [`GpuBackend`] does.
+//!
+//! A step runs the stages in order. wgpu has no copy between devices, so what crosses a
+//! boundary ([`Stage::live_out`]: the residual stream and the block output not yet added to it,
+//! `n x dim` f32 each) is read back into host memory through a mapped staging buffer and written
+//! into the next device's slots before its step is submitted. The token id comes back from the
+//! last device with the step's output, and the next step sends it to the first: a step waits
+//! for every device in turn, so [`BackendState::submit`] runs the step at once and keeps its
+//! output for [`BackendState::collect`], as the CPU executor does.
+//!
+//! Not here yet: batched steps (the batcher and `cera serve`), speculative verification and
+//! profiling refuse a split model with [`EngineError::Unsupported`].
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use numr::gpu::GpuContext;
+
+use super::super::EngineError;
+use super::super::backend::{Backend, BackendState, LoadProgress, MAX_IN_FLIGHT, ProgressFn, StateOpts, StepCounters, StepInput, StepOutput, Want};
+use super::super::graph::ModelGraph;
+use super::super::split::Stage;
+use super::super::weights::WeightSource;
+use super::GpuBackend;
+use super::state::GpuState;
+use super::weights::total_bytes;
+
+/// A model whose layers are split across several GPUs.
+pub struct SplitBackend {
+    stages: Vec<(GpuBackend, Stage)>,
+}
+
+impl SplitBackend {
+    /// Loads each stage of `graph` over `ranges` (one per context, consecutive layers:
+    /// [`super::super::split::split_layers`]) onto its device, in order; `configure` sets each
+    /// device's options (GEMV activations, tuning). Progress counts the bytes of every device.
+    pub fn load(
+        ctxs: Vec<Arc<GpuContext>>,
+        graph: &ModelGraph,
+        ranges: &[Range<usize>],
+        src: &dyn WeightSource,
+        progress: Option<ProgressFn<'_>>,
+        configure: &dyn Fn(GpuBackend) -> GpuBackend,
+    ) -> Result<SplitBackend, EngineError> {
+        if ctxs.len() != ranges.len() {
+            return Err(EngineError::Usage(format!("{} devices for {} layer ranges", ctxs.len(), ranges.len())));
+        }
+        let stages = graph.stages(ranges)?;
+        let totals = stages.iter().map(|s| total_bytes(&s.graph, src)).collect::<Result<Vec<_>, _>>()?;
+        let total: u64 = totals.iter().sum();
+        let mut out = Vec::with_capacity(stages.len());
+        let mut offset = 0;
+        for ((ctx, stage), t) in ctxs.into_iter().zip(stages).zip(totals) {
+            let each = |p: LoadProgress| {
+                if let Some(f) = progress {
+                    f(LoadProgress { done: offset + p.done, total });
+                }
+            };
+            let backend = configure(GpuBackend::load(ctx, &stage.graph, src, Some(&each))?);
+            out.push((backend, stage));
+            offset += t;
+        }
+        Ok(SplitBackend { stages: out })
+    }
+
+    /// Each device's backend and stage, first layers first.
+    pub fn stages(&self) -> impl Iterator<Item = (&GpuBackend, &Stage)> {
+        self.stages.iter().map(|(b, s)| (b, s))
+    }
+}
+
+impl Backend for SplitBackend {
+    fn new_state(&self, opts: &StateOpts) -> Result<Box<dyn BackendState>, EngineError> {
+        let states = self.stages.iter().map(|(b, _)| GpuState::new(b, opts)).collect::<Result<Vec<_>, _>>()?;
+        let stages = self.stages.iter().map(|(_, s)| s.clone()).collect();
+        Ok(Box::new(SplitState { states, stages, outputs: VecDeque::new(), last: None, counters: StepCounters::default() }))
+    }
+
+    fn device_name(&self) -> String {
+        let parts: Vec<String> = self.stages.iter().map(|(b, s)| format!("{} (layers {}-{})", b.device_name(), s.layers.start, s.layers.end - 1)).collect();
+        parts.join(" + ")
+    }
+
+    fn is_gpu(&self) -> bool {
+        true
+    }
+
+    fn weight_write_time(&self) -> Option<Duration> {
+        Some(self.stages.iter().filter_map(|(b, _)| b.weight_write_time()).sum())
+    }
+
+    fn weight_wait_time(&self) -> Option<Duration> {
+        Some(self.stages.iter().filter_map(|(b, _)| b.weight_wait_time()).sum())
+    }
+
+    fn new_batch(&self, _: &super::super::batch::BatchOpts) -> Result<Box<dyn super::super::batch::BatchState>, EngineError> {
+        Err(EngineError::Unsupported { what: "batched steps (the batcher, cera serve) on a model split across devices".into() })
+    }
+}
+
+/// One sequence of a split model: a state per device.
+struct SplitState {
+    states: Vec<GpuState>,
+    stages: Vec<Stage>,
+    /// Outputs of the steps submitted and not yet collected.
+    outputs: VecDeque<StepOutput>,
+    /// The id the last step's argmax chose ([`StepInput::LastArgmax`]).
+    last: Option<u32>,
+    counters: StepCounters,
+}
+
+impl SplitState {
+    fn run(&mut self, tokens: &[u32], pos: usize, want: Want) -> Result<StepOutput, EngineError> {
+        let n = tokens.len();
+        let start = std::time::Instant::now();
+        let mut counters = StepCounters::default();
+        let mut carried: Vec<Vec<f32>> = Vec::new();
+        let last = self.states.len() - 1;
+        let mut out = StepOutput::Nothing;
+        for (i, (st, stage)) in self.states.iter_mut().zip(&self.stages).enumerate() {
+            for (slot, rows) in stage.live_in.iter().zip(&carried) {
+                st.write_rows(*slot, n, rows)?;
+            }
+            out = st.step(StepInput::Tokens(tokens), pos, if i == last { want } else { Want::Nothing })?;
+            let c = st.last_step_counters();
+            (counters.dispatches, counters.passes, counters.submits) =
+                (counters.dispatches + c.dispatches, counters.passes + c.passes, counters.submits + c.submits);
+            if i < last {
+                carried = st.read_rows(&stage.live_out, n)?;
+                counters.submits += 1;
+            }
+        }
+        counters.host_ns = start.elapsed().as_nanos() as u64;
+        self.counters = counters;
+        Ok(out)
+    }
+
+    fn last_state(&mut self) -> &mut GpuState {
+        self.states.last_mut().expect("a split has at least one device")
+    }
+}
+
+impl BackendState for SplitState {
+    fn submit(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<(), EngineError> {
+        if self.outputs.len() >= MAX_IN_FLIGHT {
+            return Err(EngineError::Usage(format!("a step submitted with {MAX_IN_FLIGHT} outstanding (collect one first)")));
+        }
+        let one;
+        let tokens = match input {
+            StepInput::Tokens(t) => t,
+            StepInput::LastArgmax => {
+                one = [self.last.ok_or_else(|| EngineError::Usage("StepInput::LastArgmax without a previous argmax".into()))?];
+                &one[..]
+            }
+        };
+        // Whatever happens to this step, its id is no longer the last argmax.
+        self.last = None;
+        let out = self.run(tokens, pos, want)?;
+        if let StepOutput::Argmax(id) = out {
+            self.last = Some(id);
+        }
+        self.outputs.push_back(out);
+        Ok(())
+    }
+
+    fn collect(&mut self) -> Result<StepOutput, EngineError> {
+        self.outputs.pop_front().ok_or_else(|| EngineError::Usage("collecting a step that was not submitted".into()))
+    }
+
+    fn in_flight(&self) -> usize {
+        self.outputs.len()
+    }
+
+    fn set_argmax_mask(&mut self, ids: &[u32]) -> Result<(), EngineError> {
+        self.last_state().set_argmax_mask(ids)
+    }
+
+    fn applies_step_bits(&self) -> bool {
+        true
+    }
+
+    fn set_step_bits(&mut self, bits: &[u32]) -> Result<(), EngineError> {
+        self.last_state().set_step_bits(bits)
+    }
+
+    fn resume_floor(&self) -> usize {
+        self.states.iter().map(|s| s.resume_floor()).max().unwrap_or(0)
+    }
+
+    fn verify(&mut self, _: &[u32], _: usize, _: Want) -> Result<Vec<StepOutput>, EngineError> {
+        Err(EngineError::Unsupported { what: "speculative verification on a model split across devices".into() })
+    }
+
+    fn prepare_verify(&mut self) -> Result<(), EngineError> {
+        Err(EngineError::Unsupported { what: "speculative verification on a model split across devices".into() })
+    }
+
+    fn reset(&mut self) -> Result<(), EngineError> {
+        self.outputs.clear();
+        self.last = None;
+        for s in &mut self.states {
+            s.reset()?;
+        }
+        Ok(())
+    }
+
+    fn last_step_counters(&self) -> StepCounters {
+        self.counters
+    }
+}

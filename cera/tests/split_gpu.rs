@@ -1,0 +1,103 @@
+//! A model's layers split across two devices made from the test adapter (`LoadOptions::devices`,
+//! `tensor_split`; lavapipe in CI): the same logits and the same greedy ids as one device, for
+//! llama (SmolLM2-135M, 30 layers) and LFM2 (the tiny checkpoint: conv and attention layers on
+//! both sides of the cut), at splits 1:1 and 1:3; and the typed errors of a bad split.
+
+mod spec_support;
+
+use cera::engine::{DeviceChoice, Engine, EngineError, GenerateOpts, LoadOptions, Speculative, StateOpts, StepInput, StepOutput, Want};
+use cera::fetch::{ModelId, ensure_model};
+use spec_support::{hf_dir, hf_prompt};
+
+/// The test adapter's name (a part of it picks it in `LoadOptions::devices`), or `None` when
+/// GPU tests are explicitly skipped.
+fn adapter() -> Option<String> {
+    Some(numr::testing::test_gpu()?.capabilities().adapter_name.clone())
+}
+
+fn opts(devices: Vec<String>, split: Vec<f64>) -> LoadOptions {
+    LoadOptions { device: DeviceChoice::Gpu, n_ctx: Some(256), devices, tensor_split: split, ..Default::default() }
+}
+
+fn logits(e: &Engine, prompt: &[u32]) -> Vec<f32> {
+    let mut st = e.backend().new_state(&StateOpts { n_ctx: 256, ubatch: 64, kv: e.kv_type() }).unwrap();
+    // A prompt chunk, then a decode step: both plans cross the cut.
+    st.step(StepInput::Tokens(&prompt[..prompt.len() - 1]), 0, Want::Nothing).unwrap();
+    match st.step(StepInput::Tokens(&prompt[prompt.len() - 1..]), prompt.len() - 1, Want::Logits).unwrap() {
+        StepOutput::Logits(l) => l,
+        o => panic!("{o:?}"),
+    }
+}
+
+fn greedy(e: &Engine, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut s = e.session().unwrap();
+    s.append_tokens(prompt).unwrap();
+    s.generate(&GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(n) }, &mut |_: &cera::engine::TokenEvent| {}).unwrap().ids
+}
+
+/// Loads `path` on one device and split two ways; asserts the same logits (within `tol` of their
+/// scale) and greedy ids.
+fn same_as_one_device(path: &std::path::Path, prompt: &[u32], name: &str) {
+    let Some(a) = adapter() else { return };
+    let one = Engine::load(path, &opts(vec![], vec![]), None).unwrap();
+    let want_logits = logits(&one, prompt);
+    let want_ids = greedy(&one, prompt, 24);
+    let scale = want_logits.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for split in [vec![], vec![1.0, 3.0]] {
+        let two = Engine::load(path, &opts(vec![a.clone(), a.clone()], split.clone()), None).unwrap();
+        let dev = two.device_name();
+        assert_eq!(dev.matches(" + ").count(), 1, "{name} {split:?}: {dev}");
+        let got = logits(&two, prompt);
+        let d = got.iter().zip(&want_logits).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        println!("{name} split {split:?} ({dev}): logits within {d} (scale {scale})");
+        assert!(d <= 1e-4 * scale.max(1.0), "{name} split {split:?}: logits differ by {d} (scale {scale})");
+        assert_eq!(greedy(&two, prompt, 24), want_ids, "{name} split {split:?}: greedy ids");
+    }
+}
+
+#[test]
+fn smollm2_split_two_ways_gives_one_devices_logits_and_ids() {
+    let path = ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2");
+    let e = Engine::load(&path, &LoadOptions { device: DeviceChoice::Cpu, n_ctx: Some(64), ..Default::default() }, None).unwrap();
+    let prompt = e.tokenizer().encode("The three primary colours are red, yellow and", Default::default()).unwrap();
+    same_as_one_device(&path, &prompt, "SmolLM2");
+}
+
+#[test]
+fn lfm2_split_two_ways_gives_one_devices_logits_and_ids() {
+    same_as_one_device(&hf_dir("lfm2-tiny"), &hf_prompt("lfm2-tiny"), "lfm2-tiny");
+}
+
+#[test]
+fn a_bad_split_is_a_typed_error() {
+    let Some(a) = adapter() else { return };
+    let path = hf_dir("lfm2-tiny");
+    let usage = |o: LoadOptions, what: &str| match Engine::load(&path, &o, None) {
+        Err(EngineError::Usage(m)) => assert!(m.contains(what), "{m}"),
+        Err(e) => panic!("{what}: {e:?}"),
+        Ok(_) => panic!("{what}: loaded"),
+    };
+    // A device with no layers (the model has 3), more devices than layers, ratios that do not
+    // fit the devices, a split without devices, and GPUs with the CPU executor.
+    usage(opts(vec![a.clone(), a.clone()], vec![0.0, 1.0]), "leaves device 0 with no layers");
+    usage(opts(vec![a.clone(); 4], vec![]), "with no layers");
+    usage(opts(vec![a.clone(), a.clone()], vec![1.0, 2.0, 3.0]), "3 ratios for 2 devices");
+    usage(opts(vec![], vec![1.0, 1.0]), "needs --devices");
+    usage(LoadOptions { device: DeviceChoice::Cpu, ..opts(vec![a.clone(), a.clone()], vec![]) }, "not with --device cpu");
+    // An adapter that does not exist.
+    match Engine::load(&path, &opts(vec![a.clone(), "no such adapter 7".into()], vec![]), None) {
+        Err(EngineError::Device { device, reason }) => assert!(device.contains("no such adapter 7") && !reason.is_empty(), "{device}: {reason}"),
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("loaded on an adapter that does not exist"),
+    }
+    // What a split model does not run yet says so.
+    let e = Engine::load(&path, &opts(vec![a.clone(), a], vec![]), None).unwrap();
+    assert!(matches!(e.batcher(Default::default()), Err(EngineError::Unsupported { .. })));
+    let mut s = e.session().unwrap();
+    s.append_tokens(&hf_prompt("lfm2-tiny")).unwrap();
+    let spec = GenerateOpts { speculative: Some(Speculative::default()), ..GenerateOpts::greedy(8) };
+    match s.generate(&spec, &mut |_: &cera::engine::TokenEvent| {}) {
+        Err(EngineError::Unsupported { what }) => assert!(what.contains("split"), "{what}"),
+        r => panic!("speculative decoding on a split model: {:?}", r.map(|g| g.ids)),
+    }
+}
