@@ -1,11 +1,13 @@
 //! A model's layers split across two devices made from the test adapter (`LoadOptions::devices`,
 //! `tensor_split`; lavapipe in CI): the same logits and the same greedy ids as one device, for
 //! llama (SmolLM2-135M, 30 layers) and LFM2 (the tiny checkpoint: conv and attention layers on
-//! both sides of the cut), at splits 1:1 and 1:3; and the typed errors of a bad split.
+//! both sides of the cut), at splits 1:1 and 1:3; the batcher on a split model (requests joining
+//! at different steps) gives one device's ids; and the typed errors of a bad split.
 
+mod batch_support;
 mod spec_support;
 
-use cera::engine::{DeviceChoice, Engine, EngineError, GenerateOpts, LoadOptions, Speculative, StateOpts, StepInput, StepOutput, Want};
+use cera::engine::{BatcherOpts, DeviceChoice, Engine, EngineError, GenerateOpts, LoadOptions, Speculative, StateOpts, StepInput, StepOutput, Want};
 use cera::fetch::{ModelId, ensure_model};
 use spec_support::{hf_dir, hf_prompt};
 
@@ -92,7 +94,6 @@ fn a_bad_split_is_a_typed_error() {
     }
     // What a split model does not run yet says so.
     let e = Engine::load(&path, &opts(vec![a.clone(), a], vec![]), None).unwrap();
-    assert!(matches!(e.batcher(Default::default()), Err(EngineError::Unsupported { .. })));
     let mut s = e.session().unwrap();
     s.append_tokens(&hf_prompt("lfm2-tiny")).unwrap();
     let spec = GenerateOpts { speculative: Some(Speculative::default()), ..GenerateOpts::greedy(8) };
@@ -100,4 +101,27 @@ fn a_bad_split_is_a_typed_error() {
         Err(EngineError::Unsupported { what }) => assert!(what.contains("split"), "{what}"),
         r => panic!("speculative decoding on a split model: {:?}", r.map(|g| g.ids)),
     }
+}
+
+/// Five requests joining a batcher at different steps, on one device and split two ways: the
+/// same greedy ids (the paged caches of both devices share the block tables, and LFM2's conv
+/// rings are per sequence on each device).
+fn batched_same_as_one_device(path: &std::path::Path, name: &str) {
+    let Some(a) = adapter() else { return };
+    let one = Engine::load(path, &opts(vec![], vec![]), None).unwrap();
+    let prompts = batch_support::prompts(&one, 5);
+    let o = vec![GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(10) }; prompts.len()];
+    let bo = BatcherOpts { max_seqs: 4, max_step_tokens: 64, ..BatcherOpts::default() };
+    let ids = |e: &Engine| batch_support::run_staggered(&e.batcher(bo.clone()).unwrap(), &prompts, &o).into_iter().map(|g| g.ids).collect::<Vec<_>>();
+    let want = ids(&one);
+    for split in [vec![], vec![1.0, 3.0]] {
+        let two = Engine::load(path, &opts(vec![a.clone(), a.clone()], split.clone()), None).unwrap();
+        assert_eq!(ids(&two), want, "{name} split {split:?}: the batcher's ids");
+    }
+}
+
+#[test]
+fn the_batcher_on_a_split_model_gives_one_devices_ids() {
+    batched_same_as_one_device(&hf_dir("lfm2-tiny"), "lfm2-tiny");
+    batched_same_as_one_device(&hf_dir("qwen3-tiny"), "qwen3-tiny");
 }

@@ -62,9 +62,10 @@ pub(crate) struct GpuBatch {
     main: Lane,
     /// The head's input rows when they are gathered.
     head_in: Arc<GpuBuffer>,
-    /// The LM head over the `Normed` rows / over `head_in`.
-    head_direct: Plan,
-    head_gather: Plan,
+    /// The LM head over the `Normed` rows / over `head_in` (`None`: a stage of a split model
+    /// without the LM head, whose steps want nothing).
+    head_direct: Option<Plan>,
+    head_gather: Option<Plan>,
     argmax: ArgmaxPlan,
     /// The `MAX_TOP_K` best raw logits of every head row (the sampling rows' candidates).
     topk: TopKPlan,
@@ -213,8 +214,15 @@ impl GpuBatch {
         let logits = main.slots.bind(Slot::Logits);
         let direct_rows = heads.min(if lanes { opts.max_decode_rows() } else { opts.max_tokens });
         let first = decode.as_ref().unwrap_or(&main);
-        let head_direct = build_head_rows(ctx, &inp, &main.slots, first.slots.bind(Slot::Normed), logits.clone(), direct_rows)?;
-        let head_gather = build_head_rows(ctx, &inp, &main.slots, Binding::whole(&head_in), logits, heads)?;
+        let has_head = g.ops.iter().any(|op| matches!(op, Op::LmHead { .. }));
+        let (head_direct, head_gather) = if has_head {
+            (
+                Some(build_head_rows(ctx, &inp, &main.slots, first.slots.bind(Slot::Normed), logits.clone(), direct_rows)?),
+                Some(build_head_rows(ctx, &inp, &main.slots, Binding::whole(&head_in), logits, heads)?),
+            )
+        } else {
+            (None, None)
+        };
         let slots = &main.slots;
         let argmax = ArgmaxPlan::rows(ctx, &slots.view(Slot::Logits), c.vocab, heads, None).map_err(ops_err)?;
         let topk = TopKPlan::rows(ctx, &slots.view(Slot::Logits), c.vocab, MAX_TOP_K.min(c.vocab), heads).map_err(ops_err)?;
@@ -297,20 +305,23 @@ impl GpuBatch {
         if m == 0 {
             return Ok((head, early));
         }
+        let (Some(head_direct), Some(head_gather)) = (&self.head_direct, &self.head_gather) else {
+            return Err(EngineError::Usage("an output from a stage of a split model without the LM head".into()));
+        };
         // Every head row through the decode-row GEMV (the head has no prompt rows). The rows are
         // read in place when they are the first lane's first rows in order (a step of decode
         // rows), else gathered.
         let rows = StepValues::chunk(0, m as u32).with_decode_rows(m as u32);
         let first = if self.decode.is_some() { 0 } else { 1 };
         if wanted.iter().enumerate().all(|(j, &r)| r == (first, j)) && m <= self.opts.max_tokens.min(self.opts.head_rows()) {
-            self.head_direct.record(rec, &rows).map_err(|e| self.err(e))?;
+            head_direct.record(rec, &rows).map_err(|e| self.err(e))?;
         } else {
             let row = 4 * self.graph.width(Slot::Normed) as u64;
             for (j, &(lane, r)) in wanted.iter().enumerate() {
                 let src = if lane == 0 { self.decode.as_ref().expect("a decode lane row") } else { &self.main }.slots.buf(Slot::Normed);
                 rec.copy(src, r as u64 * row, &self.head_in, j as u64 * row, row).map_err(|e| self.err(e))?;
             }
-            self.head_gather.record(rec, &rows).map_err(|e| self.err(e))?;
+            head_gather.record(rec, &rows).map_err(|e| self.err(e))?;
         }
         // Constrained sequences' masks on their head rows, before anything reads them.
         self.mask_scratch.clear();
@@ -389,7 +400,7 @@ impl BatchState for GpuBatch {
 
 /// The entries with the decode entries first (each group in its order), and for each original
 /// entry its index in that order.
-fn decode_first<'a>(entries: &[BatchEntry<'a>]) -> (Vec<usize>, Vec<BatchEntry<'a>>) {
+pub(super) fn decode_first<'a>(entries: &[BatchEntry<'a>]) -> (Vec<usize>, Vec<BatchEntry<'a>>) {
     let sorted: Vec<BatchEntry<'a>> = entries.iter().filter(|e| e.decode).chain(entries.iter().filter(|e| !e.decode)).copied().collect();
     let n_dec = entries.iter().filter(|e| e.decode).count();
     let (mut d, mut p) = (0, n_dec);
@@ -406,7 +417,7 @@ fn decode_first<'a>(entries: &[BatchEntry<'a>]) -> (Vec<usize>, Vec<BatchEntry<'
 
 impl GpuBatch {
     /// [`BatchState::step`] over entries already in [`decode_first`] order.
-    fn step_sorted(&mut self, entries: &[BatchEntry<'_>]) -> Result<Vec<StepOutput>, EngineError> {
+    pub(super) fn step_sorted(&mut self, entries: &[BatchEntry<'_>]) -> Result<Vec<StepOutput>, EngineError> {
         let start = std::time::Instant::now();
         let mut rec = self.rec.take().unwrap_or_else(|| self.ctx.recorder());
         // On an error the half-recorded step is dropped with its recorder; the next step makes
@@ -477,6 +488,65 @@ impl GpuBatch {
                 Want::Nothing => StepOutput::Nothing,
             };
             out.push(if n == 1 { row(j0) } else { StepOutput::Rows((j0..j0 + n).map(row).collect()) });
+        }
+        Ok(out)
+    }
+}
+
+impl GpuBatch {
+    /// The rows of each lane (decode, main) of a step of `entries` in [`decode_first`] order.
+    fn lane_rows(&self, entries: &[BatchEntry<'_>]) -> [usize; 2] {
+        let n_dec = if self.decode.is_some() { entries.iter().take_while(|e| e.decode).count() } else { 0 };
+        let rows = |es: &[BatchEntry<'_>]| es.iter().map(|e| e.tokens.len()).sum::<usize>();
+        [rows(&entries[..n_dec]), rows(&entries[n_dec..])]
+    }
+
+    fn lane(&self, k: usize) -> &Lane {
+        if k == 0 { self.decode.as_ref().expect("rows of the decode lane") } else { &self.main }
+    }
+
+    /// Writes each lane's rows of `slot` (decode lane, main lane; `n` rows of the slot's width
+    /// each) for the next step of `entries` ([`decode_first`] order): a stage of a split model
+    /// receiving what the stage before handed on.
+    pub(super) fn write_rows(&self, slot: Slot, entries: &[BatchEntry<'_>], rows: &[Vec<f32>; 2]) -> Result<(), EngineError> {
+        let w = self.graph.width(slot);
+        for (k, n) in self.lane_rows(entries).into_iter().enumerate() {
+            if rows[k].len() != n * w {
+                return Err(EngineError::Usage(format!("{} values for {n} rows of {slot:?} in lane {k}", rows[k].len())));
+            }
+            if n > 0 {
+                self.ctx.write(self.lane(k).slots.buf(slot), 0, bytemuck::cast_slice(&rows[k])).map_err(|e| self.err(e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads each lane's rows of `slots` after the last step of `entries` (one submit, one
+    /// wait): what a stage of a split model hands to the next.
+    pub(super) fn read_rows(&mut self, slots: &[Slot], entries: &[BatchEntry<'_>]) -> Result<Vec<[Vec<f32>; 2]>, EngineError> {
+        let lanes = self.lane_rows(entries);
+        let mut rec = self.ctx.recorder();
+        let mut reads = Vec::with_capacity(slots.len());
+        for &s in slots {
+            let w = 4 * self.graph.width(s) as u64;
+            let mut pair = [None, None];
+            for (k, n) in lanes.into_iter().enumerate() {
+                if n > 0 {
+                    pair[k] = Some(rec.read(self.lane(k).slots.buf(s), 0, n as u64 * w).map_err(|e| self.err(e))?);
+                }
+            }
+            reads.push(pair);
+        }
+        rec.submit().map_err(|e| self.err(e))?;
+        let mut out = Vec::with_capacity(reads.len());
+        for pair in reads {
+            let mut rows = [Vec::new(), Vec::new()];
+            for (k, r) in pair.into_iter().enumerate() {
+                if let Some(r) = r {
+                    rows[k] = bytemuck::pod_collect_to_vec(&r.wait().map_err(|e| self.err(e))?);
+                }
+            }
+            out.push(rows);
         }
         Ok(out)
     }
