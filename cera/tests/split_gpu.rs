@@ -112,7 +112,7 @@ fn batched_same_as_one_device(path: &std::path::Path, name: &str) {
     let prompts = batch_support::prompts(&one, 5);
     let o = vec![GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(10) }; prompts.len()];
     let bo = BatcherOpts { max_seqs: 4, max_step_tokens: 64, ..BatcherOpts::default() };
-    let ids = |e: &Engine| batch_support::run_staggered(&e.batcher(bo.clone()).unwrap(), &prompts, &o).into_iter().map(|g| g.ids).collect::<Vec<_>>();
+    let ids = |e: &Engine| batch_support::run_staggered(&e.batcher(bo).unwrap(), &prompts, &o).into_iter().map(|g| g.ids).collect::<Vec<_>>();
     let want = ids(&one);
     for split in [vec![], vec![1.0, 3.0]] {
         let two = Engine::load(path, &opts(vec![a.clone(), a.clone()], split.clone()), None).unwrap();
