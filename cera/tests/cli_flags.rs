@@ -408,3 +408,35 @@ fn bench_speculative_concurrency_workload() {
     let err = refused(&["bench", "-m", &m, "--spec-type", "ngram"]);
     assert!(err.contains("apply to the --concurrency workload"), "{err}");
 }
+
+/// `cera devices` lists what `--devices` picks by index; a bad split is refused with its reason
+/// before anything is uploaded, and two devices of the test adapter generate what one does.
+#[test]
+fn devices_are_listed_and_a_split_is_checked() {
+    let (ok, out, err) = cera(&["devices"]);
+    assert!(ok && !err.contains("panicked"), "{err}");
+    assert_eq!(out.lines().map(str::to_string).collect::<Vec<_>>(), numr::GpuContext::list_adapters());
+    let m = smollm2();
+    let err = refused(&["run", "-m", &m, "--devices", "0,0", "--tensor-split", "0,1", "-n", "1", "hi"]);
+    assert!(err.contains("--tensor-split 0,1 leaves device 0 with no layers (the model has 30"), "{err}");
+    let err = refused(&["run", "-m", &m, "--tensor-split", "1,1", "-n", "1", "hi"]);
+    assert!(err.contains("--tensor-split needs --devices"), "{err}");
+    let err = refused(&["run", "-m", &m, "--devices", "no-such-adapter,0", "-n", "1", "hi"]);
+    assert!(err.contains("adapter `no-such-adapter`"), "{err}");
+    let Some(ctx) = numr::testing::test_gpu() else { return };
+    // A part of the adapter's name without the list's commas (`llvmpipe (LLVM 15.0.6, 256 bits)`).
+    let name = ctx.capabilities().adapter_name.split([',', '(']).next().unwrap_or_default().trim().to_string();
+    let generate = |extra: &[&str]| {
+        let mut args = vec!["run", "-m", &m, "--device", "gpu", "--temp", "0", "-n", "6", "--json", "The capital of France is"];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = cera(&args);
+        assert!(ok, "{args:?}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        (v["generated_ids"].clone(), v["device"].as_str().unwrap_or_default().to_string())
+    };
+    let (one, _) = generate(&[]);
+    let two_devices = format!("{name},{name}");
+    let (two, device) = generate(&["--devices", &two_devices, "--tensor-split", "1,3"]);
+    assert_eq!(two, one);
+    assert!(device.contains("(layers 0-7) + ") && device.contains("(layers 8-29)"), "{device}");
+}
