@@ -92,14 +92,29 @@ fn a_bad_split_is_a_typed_error() {
         Err(e) => panic!("{e:?}"),
         Ok(_) => panic!("loaded on an adapter that does not exist"),
     }
-    // What a split model does not run yet says so.
-    let e = Engine::load(&path, &opts(vec![a.clone(), a], vec![]), None).unwrap();
-    let mut s = e.session().unwrap();
-    s.append_tokens(&hf_prompt("lfm2-tiny")).unwrap();
-    let spec = GenerateOpts { speculative: Some(Speculative::default()), ..GenerateOpts::greedy(8) };
-    match s.generate(&spec, &mut |_: &cera::engine::TokenEvent| {}) {
-        Err(EngineError::Unsupported { what }) => assert!(what.contains("split"), "{what}"),
-        r => panic!("speculative decoding on a split model: {:?}", r.map(|g| g.ids)),
+}
+
+/// Speculative decoding on a split model: each device runs its verification plan, and the greedy
+/// ids equal plain decoding's on one device, with drafts verified.
+#[test]
+fn speculative_decoding_on_a_split_model_keeps_the_ids() {
+    let Some(a) = adapter() else { return };
+    for model in ["lfm2-tiny", "llama-tiny"] {
+        let path = hf_dir(model);
+        let prompt = hf_prompt(model);
+        let one = Engine::load(&path, &opts(vec![], vec![]), None).unwrap();
+        let two = Engine::load(&path, &opts(vec![a.clone(), a.clone()], vec![]), None).unwrap();
+        let plain = GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(24) };
+        let spec = GenerateOpts { speculative: Some(Speculative { draft_max: 4, adaptive: false, ..Default::default() }), ..plain.clone() };
+        let run = |e: &Engine, o: &GenerateOpts| {
+            let mut s = e.session().unwrap();
+            s.append_tokens(&prompt).unwrap();
+            s.generate(o, &mut |_: &cera::engine::TokenEvent| {}).unwrap()
+        };
+        let want = run(&one, &plain).ids;
+        let g = run(&two, &spec);
+        assert_eq!(g.ids, want, "{model}: speculative decoding on two devices");
+        assert!(g.timings.draft_tokens > 0, "{model}: no drafts verified ({:?})", g.timings);
     }
 }
 

@@ -15,8 +15,8 @@
 //! every device, and a step's rows cross each boundary lane by lane. Each device waits for the
 //! one before it: micro-batches that keep every device busy at once are not here yet.
 //!
-//! Not here yet: speculative verification and profiling refuse a split model with
-//! [`EngineError::Unsupported`].
+//! A speculative verification step runs each device's verification plan the same way. Not here
+//! yet: profiling refuses a split model with [`EngineError::Unsupported`].
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -123,23 +123,29 @@ struct SplitState {
 }
 
 impl SplitState {
-    fn run(&mut self, tokens: &[u32], pos: usize, want: Want) -> Result<StepOutput, EngineError> {
+    /// Runs a step (or, with `verify`, a verification step) on every device in turn and returns
+    /// the last device's outputs.
+    fn run(&mut self, tokens: &[u32], pos: usize, want: Want, verify: bool) -> Result<Vec<StepOutput>, EngineError> {
         let n = tokens.len();
         let start = std::time::Instant::now();
         let mut counters = StepCounters::default();
         let mut carried: Vec<Vec<f32>> = Vec::new();
         let last = self.states.len() - 1;
-        let mut out = StepOutput::Nothing;
+        let mut out = Vec::new();
         for (i, (st, stage)) in self.states.iter_mut().zip(&self.stages).enumerate() {
-            for (slot, rows) in stage.live_in.iter().zip(&carried) {
-                st.write_rows(*slot, n, rows)?;
+            if verify {
+                st.prepare_verify()?;
             }
-            out = st.step(StepInput::Tokens(tokens), pos, if i == last { want } else { Want::Nothing })?;
+            for (slot, rows) in stage.live_in.iter().zip(&carried) {
+                st.write_rows(*slot, n, rows, verify)?;
+            }
+            let w = if i == last { want } else { Want::Nothing };
+            out = if verify { st.verify(tokens, pos, w)? } else { vec![st.step(StepInput::Tokens(tokens), pos, w)?] };
             let c = st.last_step_counters();
             (counters.dispatches, counters.passes, counters.submits) =
                 (counters.dispatches + c.dispatches, counters.passes + c.passes, counters.submits + c.submits);
             if i < last {
-                carried = st.read_rows(&stage.live_out, n)?;
+                carried = st.read_rows(&stage.live_out, n, verify)?;
                 counters.submits += 1;
             }
         }
@@ -168,7 +174,7 @@ impl BackendState for SplitState {
         };
         // Whatever happens to this step, its id is no longer the last argmax.
         self.last = None;
-        let out = self.run(tokens, pos, want)?;
+        let out = self.run(tokens, pos, want, false)?.pop().unwrap_or(StepOutput::Nothing);
         if let StepOutput::Argmax(id) = out {
             self.last = Some(id);
         }
@@ -200,12 +206,16 @@ impl BackendState for SplitState {
         self.states.iter().map(|s| s.resume_floor()).max().unwrap_or(0)
     }
 
-    fn verify(&mut self, _: &[u32], _: usize, _: Want) -> Result<Vec<StepOutput>, EngineError> {
-        Err(EngineError::Unsupported { what: "speculative verification on a model split across devices".into() })
+    fn verify(&mut self, tokens: &[u32], pos: usize, want: Want) -> Result<Vec<StepOutput>, EngineError> {
+        if !self.outputs.is_empty() {
+            return Err(EngineError::Usage(format!("a verification step with {} steps not collected", self.outputs.len())));
+        }
+        self.last = None;
+        self.run(tokens, pos, want, true)
     }
 
     fn prepare_verify(&mut self) -> Result<(), EngineError> {
-        Err(EngineError::Unsupported { what: "speculative verification on a model split across devices".into() })
+        self.states.iter_mut().try_for_each(|s| s.prepare_verify())
     }
 
     fn reset(&mut self) -> Result<(), EngineError> {

@@ -212,28 +212,38 @@ impl GpuState {
         if n == 1 { &self.dec_slots } else { &self.pre_slots }
     }
 
+    /// The buffers of a step of `n` tokens, or of the verification step (`verify`: built by
+    /// [`BackendState::prepare_verify`] first), with a check of `n`.
+    fn io_slots(&self, n: usize, verify: bool) -> Result<&Slots, EngineError> {
+        let max = if verify { super::super::backend::MAX_VERIFY_ROWS.min(self.ubatch) } else { self.ubatch };
+        if n == 0 || n > max {
+            return Err(EngineError::Usage(format!("{n} rows of a step (1 ..= {max})")));
+        }
+        if verify {
+            return self.verify_slots().ok_or_else(|| EngineError::Usage("rows of a verification step before its plan is built".into()));
+        }
+        Ok(self.step_slots(n))
+    }
+
     /// Writes `rows` (`n` rows of the slot's width, f32) into `slot` for the next step of `n`
-    /// tokens: a stage of a split model receiving what the previous stage handed on.
-    pub(super) fn write_rows(&self, slot: Slot, n: usize, rows: &[f32]) -> Result<(), EngineError> {
+    /// tokens (`verify`: the next verification step): a stage of a split model receiving what
+    /// the previous stage handed on.
+    pub(super) fn write_rows(&self, slot: Slot, n: usize, rows: &[f32], verify: bool) -> Result<(), EngineError> {
         let want = n * self.graph.width(slot);
-        if rows.len() != want || n == 0 || n > self.ubatch {
+        if rows.len() != want {
             return Err(EngineError::Usage(format!("{} values for {n} rows of {slot:?} ({want})", rows.len())));
         }
-        self.ctx.write(self.step_slots(n).buf(slot), 0, bytemuck::cast_slice(rows)).map_err(|e| self.err(e))
+        self.ctx.write(self.io_slots(n, verify)?.buf(slot), 0, bytemuck::cast_slice(rows)).map_err(|e| self.err(e))
     }
 
     /// Reads the first `n` rows of each of `slots` after the steps submitted so far (one submit,
-    /// one wait): what a stage of a split model hands to the next.
-    pub(super) fn read_rows(&mut self, slots: &[Slot], n: usize) -> Result<Vec<Vec<f32>>, EngineError> {
-        if n == 0 || n > self.ubatch {
-            return Err(EngineError::Usage(format!("reading {n} rows (1 ..= ubatch {})", self.ubatch)));
-        }
+    /// one wait; `verify`: of the verification step's buffers): what a stage of a split model
+    /// hands to the next.
+    pub(super) fn read_rows(&mut self, slots: &[Slot], n: usize, verify: bool) -> Result<Vec<Vec<f32>>, EngineError> {
+        let bufs = self.io_slots(n, verify)?;
         let mut rec = self.ctx.recorder();
-        let reads = slots
-            .iter()
-            .map(|&s| rec.read(self.step_slots(n).buf(s), 0, 4 * (n * self.graph.width(s)) as u64))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.err(e))?;
+        let reads =
+            slots.iter().map(|&s| rec.read(bufs.buf(s), 0, 4 * (n * self.graph.width(s)) as u64)).collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))?;
         rec.submit().map_err(|e| self.err(e))?;
         reads.into_iter().map(|r| Ok(bytemuck::pod_collect_to_vec(&r.wait().map_err(|e| self.err(e))?))).collect()
     }

@@ -37,6 +37,11 @@ pub(super) struct VerifyPlans {
 }
 
 impl GpuState {
+    /// The verification plan's activation buffers (`None` before it is built).
+    pub(super) fn verify_slots(&self) -> Option<&Slots> {
+        self.verify.as_ref().map(|v| &v.slots)
+    }
+
     pub(super) fn build_verify(&self) -> Result<VerifyPlans, EngineError> {
         let (ctx, g) = (&*self.ctx, &*self.graph);
         let inp = PlanInputs {
