@@ -15,8 +15,8 @@
 //! every device, and a step's rows cross each boundary lane by lane. Each device waits for the
 //! one before it: micro-batches that keep every device busy at once are not here yet.
 //!
-//! A speculative verification step runs each device's verification plan the same way. Not here
-//! yet: profiling refuses a split model with [`EngineError::Unsupported`].
+//! A speculative verification step runs each device's verification plan the same way; a profiled
+//! step gives each device's kernels under its index (`dev0:`, `dev1:`, ...).
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -26,7 +26,7 @@ use std::time::Duration;
 use numr::gpu::GpuContext;
 
 use super::super::EngineError;
-use super::super::backend::{Backend, BackendState, LoadProgress, MAX_IN_FLIGHT, ProgressFn, StateOpts, StepCounters, StepInput, StepOutput, Want};
+use super::super::backend::{Backend, BackendState, KernelTime, LoadProgress, MAX_IN_FLIGHT, ProgressFn, StateOpts, StepCounters, StepInput, StepOutput, Want};
 use super::super::batch::{BatchEntry, BatchOpts, BatchState, check_entries};
 use super::super::graph::ModelGraph;
 use super::super::split::Stage;
@@ -200,6 +200,37 @@ impl BackendState for SplitState {
 
     fn set_step_bits(&mut self, bits: &[u32]) -> Result<(), EngineError> {
         self.last_state().set_step_bits(bits)
+    }
+
+    fn profile_step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<(StepOutput, Vec<KernelTime>), EngineError> {
+        if !self.outputs.is_empty() {
+            return Err(EngineError::Usage("a profiled step with steps outstanding (collect them first)".into()));
+        }
+        let one;
+        let tokens = match input {
+            StepInput::Tokens(t) => t,
+            StepInput::LastArgmax => {
+                one = [self.last.ok_or_else(|| EngineError::Usage("StepInput::LastArgmax without a previous argmax".into()))?];
+                &one[..]
+            }
+        };
+        self.last = None;
+        let n = tokens.len();
+        let last = self.states.len() - 1;
+        let (mut carried, mut times, mut out): (Vec<Vec<f32>>, _, _) = (Vec::new(), Vec::new(), StepOutput::Nothing);
+        for (i, (st, stage)) in self.states.iter_mut().zip(&self.stages).enumerate() {
+            for (slot, rows) in stage.live_in.iter().zip(&carried) {
+                st.write_rows(*slot, n, rows, false)?;
+            }
+            let (o, t) = st.profile_step(StepInput::Tokens(tokens), pos, if i == last { want } else { Want::Nothing })?;
+            // Each kernel under its device's index.
+            times.extend(t.into_iter().map(|k| KernelTime { label: format!("dev{i}:{}", k.label), ..k }));
+            out = o;
+            if i < last {
+                carried = st.read_rows(&stage.live_out, n, false)?;
+            }
+        }
+        Ok((out, times))
     }
 
     fn resume_floor(&self) -> usize {
