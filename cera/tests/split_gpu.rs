@@ -2,7 +2,8 @@
 //! `tensor_split`; lavapipe in CI): the same logits and the same greedy ids as one device, for
 //! llama (SmolLM2-135M, 30 layers) and LFM2 (the tiny checkpoint: conv and attention layers on
 //! both sides of the cut), at splits 1:1 and 1:3; the batcher on a split model (requests joining
-//! at different steps) gives one device's ids; and the typed errors of a bad split.
+//! at different steps) gives one device's ids; speculative decoding keeps the ids; a profiled
+//! step names each device's kernels; and the typed errors of a bad split.
 
 mod batch_support;
 mod spec_support;
@@ -139,4 +140,21 @@ fn batched_same_as_one_device(path: &std::path::Path, name: &str) {
 fn the_batcher_on_a_split_model_gives_one_devices_ids() {
     batched_same_as_one_device(&hf_dir("lfm2-tiny"), "lfm2-tiny");
     batched_same_as_one_device(&hf_dir("qwen3-tiny"), "qwen3-tiny");
+}
+
+/// A profiled step of a split model gives each device's kernels under its index, and the output
+/// of a plain step.
+#[test]
+fn a_profiled_split_step_names_each_devices_kernels() {
+    let Some(a) = adapter() else { return };
+    let e = Engine::load(hf_dir("lfm2-tiny"), &opts(vec![a.clone(), a], vec![]), None).unwrap();
+    let so = StateOpts { n_ctx: 64, ubatch: 16, kv: e.kv_type() };
+    let p = &hf_prompt("lfm2-tiny")[..8];
+    let (out, times) = e.backend().new_state(&so).unwrap().profile_step(StepInput::Tokens(p), 0, Want::Argmax).unwrap();
+    let plain = e.backend().new_state(&so).unwrap().step(StepInput::Tokens(p), 0, Want::Argmax).unwrap();
+    assert_eq!(out, plain);
+    for d in ["dev0:", "dev1:"] {
+        assert!(times.iter().any(|t| t.label.starts_with(d) && t.count > 0), "{d}: {times:?}");
+    }
+    assert!(times.iter().all(|t| t.label.starts_with("dev0:") || t.label.starts_with("dev1:")), "{times:?}");
 }
