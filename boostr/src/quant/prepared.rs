@@ -181,12 +181,12 @@ impl WordPool {
 /// A [`QuantMatrix`] laid out on the host, each part's words ready to be written to its buffer.
 #[derive(Clone, Debug)]
 pub struct PreparedMatrix {
-    pub(super) name: String,
-    pub(super) format: PackedFormat,
-    pub(super) rows: usize,
-    pub(super) cols: usize,
+    name: String,
+    format: PackedFormat,
+    rows: usize,
+    cols: usize,
     /// Per part: its first row, its rows, its sections and its words.
-    pub(super) parts: Vec<(usize, usize, Sections, Vec<u32>)>,
+    parts: Vec<(usize, usize, Sections, Vec<u32>)>,
 }
 
 impl PreparedMatrix {

@@ -1,5 +1,5 @@
 //! A model's layers split across devices (`--devices`, `--tensor-split`): which layers each
-//! device runs ([`split_layers`]) and the part of the graph it runs ([`ModelGraph::stage`]).
+//! device runs ([`split_layers`]) and the part of the graph it runs ([`ModelGraph::stages`]).
 //!
 //! A stage is the ops of a contiguous range of layers, with the embedding on the first stage and
 //! the final norm and the LM head on the last. Its cache indices (`QkvRope`/`Attention`

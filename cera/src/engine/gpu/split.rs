@@ -122,14 +122,36 @@ struct SplitState {
     counters: StepCounters,
 }
 
+/// What [`SplitState::run`] runs on each device.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Run {
+    Step,
+    Verify,
+    /// A step with device timestamps.
+    Profile,
+}
+
+/// The step's ids: `input`'s, or the last argmax (`last`) in `one`.
+fn step_tokens<'a>(input: StepInput<'a>, last: Option<u32>, one: &'a mut [u32; 1]) -> Result<&'a [u32], EngineError> {
+    match input {
+        StepInput::Tokens(t) => Ok(t),
+        StepInput::LastArgmax => {
+            one[0] = last.ok_or_else(|| EngineError::Usage("StepInput::LastArgmax without a previous argmax".into()))?;
+            Ok(&one[..])
+        }
+    }
+}
+
 impl SplitState {
-    /// Runs a step (or, with `verify`, a verification step) on every device in turn and returns
-    /// the last device's outputs.
-    fn run(&mut self, tokens: &[u32], pos: usize, want: Want, verify: bool) -> Result<Vec<StepOutput>, EngineError> {
+    /// Runs a step, a verification step or a profiled step on every device in turn and returns
+    /// the last device's outputs, with every device's kernel times when profiled (each label
+    /// under its device's index: `dev0:`, `dev1:`, ...).
+    fn run(&mut self, tokens: &[u32], pos: usize, want: Want, run: Run) -> Result<(Vec<StepOutput>, Vec<KernelTime>), EngineError> {
         let n = tokens.len();
         let start = std::time::Instant::now();
+        let verify = run == Run::Verify;
         let mut counters = StepCounters::default();
-        let mut carried: Vec<Vec<f32>> = Vec::new();
+        let (mut carried, mut times): (Vec<Vec<f32>>, Vec<KernelTime>) = (Vec::new(), Vec::new());
         let last = self.states.len() - 1;
         let mut out = Vec::new();
         for (i, (st, stage)) in self.states.iter_mut().zip(&self.stages).enumerate() {
@@ -140,7 +162,15 @@ impl SplitState {
                 st.write_rows(*slot, n, rows, verify)?;
             }
             let w = if i == last { want } else { Want::Nothing };
-            out = if verify { st.verify(tokens, pos, w)? } else { vec![st.step(StepInput::Tokens(tokens), pos, w)?] };
+            out = match run {
+                Run::Step => vec![st.step(StepInput::Tokens(tokens), pos, w)?],
+                Run::Verify => st.verify(tokens, pos, w)?,
+                Run::Profile => {
+                    let (o, t) = st.profile_step(StepInput::Tokens(tokens), pos, w)?;
+                    times.extend(t.into_iter().map(|k| KernelTime { label: format!("dev{i}:{}", k.label), ..k }));
+                    vec![o]
+                }
+            };
             let c = st.last_step_counters();
             (counters.dispatches, counters.passes, counters.submits) =
                 (counters.dispatches + c.dispatches, counters.passes + c.passes, counters.submits + c.submits);
@@ -151,7 +181,7 @@ impl SplitState {
         }
         counters.host_ns = start.elapsed().as_nanos() as u64;
         self.counters = counters;
-        Ok(out)
+        Ok((out, times))
     }
 
     fn last_state(&mut self) -> &mut GpuState {
@@ -164,17 +194,11 @@ impl BackendState for SplitState {
         if self.outputs.len() >= MAX_IN_FLIGHT {
             return Err(EngineError::Usage(format!("a step submitted with {MAX_IN_FLIGHT} outstanding (collect one first)")));
         }
-        let one;
-        let tokens = match input {
-            StepInput::Tokens(t) => t,
-            StepInput::LastArgmax => {
-                one = [self.last.ok_or_else(|| EngineError::Usage("StepInput::LastArgmax without a previous argmax".into()))?];
-                &one[..]
-            }
-        };
+        let mut one = [0];
+        let tokens = step_tokens(input, self.last, &mut one)?;
         // Whatever happens to this step, its id is no longer the last argmax.
         self.last = None;
-        let out = self.run(tokens, pos, want, false)?.pop().unwrap_or(StepOutput::Nothing);
+        let out = self.run(tokens, pos, want, Run::Step)?.0.pop().unwrap_or(StepOutput::Nothing);
         if let StepOutput::Argmax(id) = out {
             self.last = Some(id);
         }
@@ -206,31 +230,11 @@ impl BackendState for SplitState {
         if !self.outputs.is_empty() {
             return Err(EngineError::Usage("a profiled step with steps outstanding (collect them first)".into()));
         }
-        let one;
-        let tokens = match input {
-            StepInput::Tokens(t) => t,
-            StepInput::LastArgmax => {
-                one = [self.last.ok_or_else(|| EngineError::Usage("StepInput::LastArgmax without a previous argmax".into()))?];
-                &one[..]
-            }
-        };
+        let mut one = [0];
+        let tokens = step_tokens(input, self.last, &mut one)?;
         self.last = None;
-        let n = tokens.len();
-        let last = self.states.len() - 1;
-        let (mut carried, mut times, mut out): (Vec<Vec<f32>>, _, _) = (Vec::new(), Vec::new(), StepOutput::Nothing);
-        for (i, (st, stage)) in self.states.iter_mut().zip(&self.stages).enumerate() {
-            for (slot, rows) in stage.live_in.iter().zip(&carried) {
-                st.write_rows(*slot, n, rows, false)?;
-            }
-            let (o, t) = st.profile_step(StepInput::Tokens(tokens), pos, if i == last { want } else { Want::Nothing })?;
-            // Each kernel under its device's index.
-            times.extend(t.into_iter().map(|k| KernelTime { label: format!("dev{i}:{}", k.label), ..k }));
-            out = o;
-            if i < last {
-                carried = st.read_rows(&stage.live_out, n, false)?;
-            }
-        }
-        Ok((out, times))
+        let (mut out, times) = self.run(tokens, pos, want, Run::Profile)?;
+        Ok((out.pop().unwrap_or(StepOutput::Nothing), times))
     }
 
     fn resume_floor(&self) -> usize {
@@ -242,7 +246,7 @@ impl BackendState for SplitState {
             return Err(EngineError::Usage(format!("a verification step with {} steps not collected", self.outputs.len())));
         }
         self.last = None;
-        self.run(tokens, pos, want, true)
+        Ok(self.run(tokens, pos, want, Run::Verify)?.0)
     }
 
     fn prepare_verify(&mut self) -> Result<(), EngineError> {
