@@ -5,10 +5,13 @@
 //! A step runs the stages in order. wgpu has no copy between devices, so what crosses a
 //! boundary ([`Stage::live_out`]: the residual stream and the block output not yet added to it,
 //! `n x dim` f32 each) is read back into host memory through a mapped staging buffer and written
-//! into the next device's slots before its step is submitted. The token id comes back from the
-//! last device with the step's output, and the next step sends it to the first: a step waits
-//! for every device in turn, so [`BackendState::submit`] runs the step at once and keeps its
-//! output for [`BackendState::collect`], as the CPU executor does.
+//! into the next device's slots before its step is submitted (the rows' reads go out in the
+//! same submit as the step). The host records each device's step while the device before it
+//! runs ([`GpuState::record_deferred`]), so recording is off the critical path: the first
+//! device's next step is recorded while the last device still runs this one, and a greedy
+//! step's id ([`StepInput::LastArgmax`]) is written just before that step is submitted, once
+//! the last device's argmax is back. The last device's output is collected by
+//! [`BackendState::collect`], so a session pipelines a split model as it does one device.
 //!
 //! Batched steps ([`BatchState`], the batcher and `cera serve`) run the same way: each device
 //! keeps a paged cache of its layers with the same block numbering, so one block table serves
@@ -84,7 +87,7 @@ impl Backend for SplitBackend {
     fn new_state(&self, opts: &StateOpts) -> Result<Box<dyn BackendState>, EngineError> {
         let states = self.stages.iter().map(|(b, _)| GpuState::new(b, opts)).collect::<Result<Vec<_>, _>>()?;
         let stages = self.stages.iter().map(|(_, s)| s.clone()).collect();
-        Ok(Box::new(SplitState { states, stages, outputs: VecDeque::new(), last: None, counters: StepCounters::default() }))
+        Ok(Box::new(SplitState { states, stages, outputs: VecDeque::new(), newest_argmax: false, last: None, counters: StepCounters::default() }))
     }
 
     fn device_name(&self) -> String {
@@ -117,7 +120,9 @@ struct SplitState {
     stages: Vec<Stage>,
     /// Outputs of the steps submitted and not yet collected.
     outputs: VecDeque<StepOutput>,
-    /// The id the last step's argmax chose ([`StepInput::LastArgmax`]).
+    /// The newest step submitted wants [`Want::Argmax`] (its id feeds [`StepInput::LastArgmax`]).
+    newest_argmax: bool,
+    /// That id, once it has come back.
     last: Option<u32>,
     counters: StepCounters,
 }
@@ -125,21 +130,9 @@ struct SplitState {
 /// What [`SplitState::run`] runs on each device.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Run {
-    Step,
     Verify,
     /// A step with device timestamps.
     Profile,
-}
-
-/// The step's ids: `input`'s, or the last argmax (`last`) in `one`.
-fn step_tokens<'a>(input: StepInput<'a>, last: Option<u32>, one: &'a mut [u32; 1]) -> Result<&'a [u32], EngineError> {
-    match input {
-        StepInput::Tokens(t) => Ok(t),
-        StepInput::LastArgmax => {
-            one[0] = last.ok_or_else(|| EngineError::Usage("StepInput::LastArgmax without a previous argmax".into()))?;
-            Ok(&one[..])
-        }
-    }
 }
 
 impl SplitState {
@@ -163,7 +156,6 @@ impl SplitState {
             }
             let w = if i == last { want } else { Want::Nothing };
             out = match run {
-                Run::Step => vec![st.step(StepInput::Tokens(tokens), pos, w)?],
                 Run::Verify => st.verify(tokens, pos, w)?,
                 Run::Profile => {
                     let (o, t) = st.profile_step(StepInput::Tokens(tokens), pos, w)?;
@@ -187,31 +179,95 @@ impl SplitState {
     fn last_state(&mut self) -> &mut GpuState {
         self.states.last_mut().expect("a split has at least one device")
     }
+
+    /// The last device's oldest outstanding output; the newest step's id when it was that one.
+    fn collect_last(&mut self) -> Result<StepOutput, EngineError> {
+        let o = self.last_state().collect()?;
+        if self.last_state().in_flight() == 0
+            && self.newest_argmax
+            && let StepOutput::Argmax(id) = o
+        {
+            self.last = Some(id);
+        }
+        Ok(o)
+    }
+
+    /// The id the newest step's argmax chose, waiting for it (the outputs before it are kept
+    /// for [`BackendState::collect`]).
+    fn newest_id(&mut self) -> Result<u32, EngineError> {
+        if !self.newest_argmax {
+            return Err(EngineError::Usage("StepInput::LastArgmax without a previous argmax".into()));
+        }
+        while self.last.is_none() && self.last_state().in_flight() > 0 {
+            let o = self.collect_last()?;
+            self.outputs.push_back(o);
+        }
+        self.last.ok_or_else(|| EngineError::Usage("StepInput::LastArgmax without a previous argmax".into()))
+    }
 }
 
 impl BackendState for SplitState {
+    /// Records each device's step while the device before it runs: the first device's while
+    /// the last still runs the step before (a greedy step's id is written just before the
+    /// submit), each later device's while the one before runs this step; then waits for the
+    /// rows it needs, writes them, and submits. The last device's output is collected later.
     fn submit(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<(), EngineError> {
-        if self.outputs.len() >= MAX_IN_FLIGHT {
+        if self.in_flight() >= MAX_IN_FLIGHT {
             return Err(EngineError::Usage(format!("a step submitted with {MAX_IN_FLIGHT} outstanding (collect one first)")));
         }
+        let n = match input {
+            StepInput::Tokens(t) => t.len(),
+            StepInput::LastArgmax => 1,
+        };
+        let last = self.states.len() - 1;
+        let w = |i: usize| if i == last { want } else { Want::Nothing };
+        let d0 = self.states[0].record_deferred(n, pos, w(0), &self.stages[0].live_out)?;
         let mut one = [0];
-        let tokens = step_tokens(input, self.last, &mut one)?;
-        // Whatever happens to this step, its id is no longer the last argmax.
-        self.last = None;
-        let out = self.run(tokens, pos, want, Run::Step)?.0.pop().unwrap_or(StepOutput::Nothing);
-        if let StepOutput::Argmax(id) = out {
-            self.last = Some(id);
+        let tokens = match input {
+            StepInput::Tokens(t) => t,
+            StepInput::LastArgmax => {
+                one[0] = self.newest_id()?;
+                &one[..]
+            }
+        };
+        // Whatever happens to this step, the newest id is no longer known.
+        (self.newest_argmax, self.last) = (false, None);
+        let mut counters = StepCounters::default();
+        let mut rows = self.states[0].submit_deferred(d0, tokens)?;
+        for i in 0..=last {
+            if i > 0 {
+                let d = self.states[i].record_deferred(n, pos, w(i), &self.stages[i].live_out)?;
+                for (slot, r) in self.stages[i].live_in.iter().zip(rows) {
+                    let v: Vec<f32> = bytemuck::pod_collect_to_vec(&r.wait().map_err(|e| self.states[i - 1].err(e))?);
+                    self.states[i].write_rows(*slot, n, &v, false)?;
+                }
+                rows = self.states[i].submit_deferred(d, tokens)?;
+            }
+            let c = self.states[i].last_step_counters();
+            (counters.dispatches, counters.passes, counters.submits) =
+                (counters.dispatches + c.dispatches, counters.passes + c.passes, counters.submits + c.submits);
+            if i < last {
+                // Its output is nothing: only the rows went on.
+                self.states[i].collect()?;
+            }
         }
-        self.outputs.push_back(out);
+        self.counters = counters;
+        self.newest_argmax = want == Want::Argmax;
         Ok(())
     }
 
     fn collect(&mut self) -> Result<StepOutput, EngineError> {
-        self.outputs.pop_front().ok_or_else(|| EngineError::Usage("collecting a step that was not submitted".into()))
+        if let Some(o) = self.outputs.pop_front() {
+            return Ok(o);
+        }
+        if self.last_state().in_flight() == 0 {
+            return Err(EngineError::Usage("collecting a step that was not submitted".into()));
+        }
+        self.collect_last()
     }
 
     fn in_flight(&self) -> usize {
-        self.outputs.len()
+        self.outputs.len() + self.states.last().map_or(0, |s| s.in_flight())
     }
 
     fn set_argmax_mask(&mut self, ids: &[u32]) -> Result<(), EngineError> {
@@ -227,12 +283,18 @@ impl BackendState for SplitState {
     }
 
     fn profile_step(&mut self, input: StepInput<'_>, pos: usize, want: Want) -> Result<(StepOutput, Vec<KernelTime>), EngineError> {
-        if !self.outputs.is_empty() {
+        if self.in_flight() > 0 {
             return Err(EngineError::Usage("a profiled step with steps outstanding (collect them first)".into()));
         }
         let mut one = [0];
-        let tokens = step_tokens(input, self.last, &mut one)?;
-        self.last = None;
+        let tokens = match input {
+            StepInput::Tokens(t) => t,
+            StepInput::LastArgmax => {
+                one[0] = self.newest_id()?;
+                &one[..]
+            }
+        };
+        (self.newest_argmax, self.last) = (false, None);
         let (mut out, times) = self.run(tokens, pos, want, Run::Profile)?;
         Ok((out.pop().unwrap_or(StepOutput::Nothing), times))
     }
@@ -242,10 +304,10 @@ impl BackendState for SplitState {
     }
 
     fn verify(&mut self, tokens: &[u32], pos: usize, want: Want) -> Result<Vec<StepOutput>, EngineError> {
-        if !self.outputs.is_empty() {
-            return Err(EngineError::Usage(format!("a verification step with {} steps not collected", self.outputs.len())));
+        if self.in_flight() > 0 {
+            return Err(EngineError::Usage(format!("a verification step with {} steps not collected", self.in_flight())));
         }
-        self.last = None;
+        (self.newest_argmax, self.last) = (false, None);
         Ok(self.run(tokens, pos, want, Run::Verify)?.0)
     }
 
@@ -255,7 +317,7 @@ impl BackendState for SplitState {
 
     fn reset(&mut self) -> Result<(), EngineError> {
         self.outputs.clear();
-        self.last = None;
+        (self.newest_argmax, self.last) = (false, None);
         for s in &mut self.states {
             s.reset()?;
         }

@@ -203,7 +203,7 @@ impl GpuState {
         })
     }
 
-    fn err(&self, e: numr::NumrError) -> EngineError {
+    pub(super) fn err(&self, e: numr::NumrError) -> EngineError {
         EngineError::Device { device: self.device.clone(), reason: e.to_string() }
     }
 
@@ -236,6 +236,48 @@ impl GpuState {
         self.ctx.write(self.io_slots(n, verify)?.buf(slot), 0, bytemuck::cast_slice(rows)).map_err(|e| self.err(e))
     }
 
+    /// Records a step of `n` tokens at `pos` (their ids are written by [`Self::submit_deferred`])
+    /// and, after it, reads of the first `n` rows of `out` (the slots the next device of a split
+    /// model needs), without submitting. No part of it goes out early, so rows written into
+    /// this device's slots before [`Self::submit_deferred`] reach every dispatch.
+    pub(super) fn record_deferred(&mut self, n: usize, pos: usize, want: Want, out: &[Slot]) -> Result<Deferred, EngineError> {
+        if self.pending.len() >= MAX_IN_FLIGHT {
+            return Err(EngineError::Usage(format!("a step submitted with {MAX_IN_FLIGHT} outstanding (collect one first)")));
+        }
+        let mut rec = self.rec.take().unwrap_or_else(|| self.ctx.recorder());
+        // Placeholder ids, written over before the submit.
+        let zeros = vec![0u32; n];
+        let reads = self.record(&mut rec, StepInput::Tokens(&zeros), pos, want, &mut None)?;
+        let rows = out
+            .iter()
+            .map(|&s| rec.read(self.step_slots(n).buf(s), 0, 4 * (n * self.graph.width(s)) as u64))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.err(e))?;
+        Ok(Deferred { rec, reads, rows, n })
+    }
+
+    /// Writes `tokens` (the ids of a step [`Self::record_deferred`] recorded) and submits it;
+    /// returns the reads of its rows for the next device. Its output is collected as a
+    /// submitted step's.
+    pub(super) fn submit_deferred(&mut self, d: Deferred, tokens: &[u32]) -> Result<Vec<PendingRead>, EngineError> {
+        let vocab = self.graph.cfg.vocab;
+        if tokens.len() != d.n {
+            return Err(EngineError::Usage(format!("{} ids for a step recorded for {}", tokens.len(), d.n)));
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::TokenOutOfRange { id, vocab });
+        }
+        self.ctx.write(&self.ids, 0, bytemuck::cast_slice(tokens)).map_err(|e| self.err(e))?;
+        let Deferred { mut rec, reads, rows, .. } = d;
+        let (dispatches, passes) = (rec.dispatch_count(), rec.pass_count());
+        let submitted = rec.submit_and_clear();
+        self.rec = Some(rec);
+        submitted.map_err(|e| self.err(e))?;
+        self.counters = StepCounters { dispatches, passes, submits: 1, host_ns: 0 };
+        self.pending.push_back(reads);
+        Ok(rows)
+    }
+
     /// Reads the first `n` rows of each of `slots` after the steps submitted so far (one submit,
     /// one wait; `verify`: of the verification step's buffers): what a stage of a split model
     /// hands to the next.
@@ -247,6 +289,16 @@ impl GpuState {
         rec.submit().map_err(|e| self.err(e))?;
         reads.into_iter().map(|r| Ok(bytemuck::pod_collect_to_vec(&r.wait().map_err(|e| self.err(e))?))).collect()
     }
+}
+
+/// A step recorded and not yet submitted ([`GpuState::record_deferred`]): a stage of a split
+/// model records while the device before it runs, and submits once that device's rows are in.
+pub(super) struct Deferred {
+    rec: Recorder,
+    reads: Reads,
+    /// The reads of the slots handed to the next device.
+    rows: Vec<PendingRead>,
+    n: usize,
 }
 
 /// What a recorded step reads back.
