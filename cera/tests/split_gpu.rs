@@ -2,8 +2,9 @@
 //! `tensor_split`; lavapipe in CI): the same logits and the same greedy ids as one device, for
 //! llama (SmolLM2-135M, 30 layers) and LFM2 (the tiny checkpoint: conv and attention layers on
 //! both sides of the cut), at splits 1:1 and 1:3; the batcher on a split model (requests joining
-//! at different steps) gives one device's ids; speculative decoding keeps the ids; a profiled
-//! step names each device's kernels; and the typed errors of a bad split.
+//! at different steps) gives one device's ids; speculative decoding keeps the ids; greedy steps
+//! pipelined two at a time give one device's ids; a profiled step names each device's kernels;
+//! and the typed errors of a bad split.
 
 mod batch_support;
 mod spec_support;
@@ -157,4 +158,41 @@ fn a_profiled_split_step_names_each_devices_kernels() {
         assert!(times.iter().any(|t| t.label.starts_with(d) && t.count > 0), "{d}: {times:?}");
     }
     assert!(times.iter().all(|t| t.label.starts_with("dev0:") || t.label.starts_with("dev1:")), "{times:?}");
+}
+
+/// Greedy steps pipelined on a split model (two in flight, each fed the id the one before chose
+/// on the last device) give the ids of one device stepping one at a time.
+#[test]
+fn a_split_state_pipelines_greedy_steps() {
+    let Some(a) = adapter() else { return };
+    let path = hf_dir("llama-tiny");
+    let p = &hf_prompt("llama-tiny")[..8];
+    let one = Engine::load(&path, &opts(vec![], vec![]), None).unwrap();
+    let two = Engine::load(&path, &opts(vec![a.clone(), a], vec![]), None).unwrap();
+    let so = StateOpts { n_ctx: 128, ubatch: 32, kv: one.kv_type() };
+    let id = |o: StepOutput| match o {
+        StepOutput::Argmax(id) => id,
+        o => panic!("{o:?}"),
+    };
+    let mut st = one.backend().new_state(&so).unwrap();
+    let mut want = vec![id(st.step(StepInput::Tokens(p), 0, Want::Argmax).unwrap())];
+    for k in 0..6 {
+        let last = *want.last().unwrap();
+        want.push(id(st.step(StepInput::Tokens(&[last]), p.len() + k, Want::Argmax).unwrap()));
+    }
+    let mut sp = two.backend().new_state(&so).unwrap();
+    sp.submit(StepInput::Tokens(p), 0, Want::Argmax).unwrap();
+    let mut got = Vec::new();
+    for k in 0..6 {
+        sp.submit(StepInput::LastArgmax, p.len() + k, Want::Argmax).unwrap();
+        assert_eq!(sp.in_flight(), 2);
+        assert!(sp.submit(StepInput::LastArgmax, p.len() + k + 1, Want::Argmax).is_err(), "a third step in flight");
+        got.push(id(sp.collect().unwrap()));
+    }
+    got.push(id(sp.collect().unwrap()));
+    assert_eq!(got, want);
+    assert!(sp.collect().is_err() && sp.in_flight() == 0);
+    // A step that wants nothing leaves no id to feed the next.
+    sp.submit(StepInput::Tokens(&[1]), 0, Want::Nothing).unwrap();
+    assert!(matches!(sp.submit(StepInput::LastArgmax, 1, Want::Argmax), Err(EngineError::Usage(_))));
 }

@@ -217,6 +217,7 @@ impl BackendState for SplitState {
         }
         let n = match input {
             StepInput::Tokens(t) => t.len(),
+            StepInput::LastArgmax if !self.newest_argmax => return Err(EngineError::Usage("StepInput::LastArgmax without a previous argmax".into())),
             StepInput::LastArgmax => 1,
         };
         let last = self.states.len() - 1;
