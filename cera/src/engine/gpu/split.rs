@@ -192,6 +192,20 @@ impl SplitState {
         Ok(o)
     }
 
+    /// A step's ids: `input`'s, or (in `one`) the id the newest step's argmax chose. Whatever
+    /// happens to the step, that id is no longer the newest after it.
+    fn take_ids<'a>(&mut self, input: StepInput<'a>, one: &'a mut [u32; 1]) -> Result<&'a [u32], EngineError> {
+        let ids = match input {
+            StepInput::Tokens(t) => t,
+            StepInput::LastArgmax => {
+                one[0] = self.newest_id()?;
+                &one[..]
+            }
+        };
+        (self.newest_argmax, self.last) = (false, None);
+        Ok(ids)
+    }
+
     /// The id the newest step's argmax chose, waiting for it (the outputs before it are kept
     /// for [`BackendState::collect`]).
     fn newest_id(&mut self) -> Result<u32, EngineError> {
@@ -224,15 +238,7 @@ impl BackendState for SplitState {
         let w = |i: usize| if i == last { want } else { Want::Nothing };
         let d0 = self.states[0].record_deferred(n, pos, w(0), &self.stages[0].live_out)?;
         let mut one = [0];
-        let tokens = match input {
-            StepInput::Tokens(t) => t,
-            StepInput::LastArgmax => {
-                one[0] = self.newest_id()?;
-                &one[..]
-            }
-        };
-        // Whatever happens to this step, the newest id is no longer known.
-        (self.newest_argmax, self.last) = (false, None);
+        let tokens = self.take_ids(input, &mut one)?;
         let mut counters = StepCounters::default();
         let mut rows = self.states[0].submit_deferred(d0, tokens)?;
         for i in 0..=last {
@@ -288,14 +294,7 @@ impl BackendState for SplitState {
             return Err(EngineError::Usage("a profiled step with steps outstanding (collect them first)".into()));
         }
         let mut one = [0];
-        let tokens = match input {
-            StepInput::Tokens(t) => t,
-            StepInput::LastArgmax => {
-                one[0] = self.newest_id()?;
-                &one[..]
-            }
-        };
-        (self.newest_argmax, self.last) = (false, None);
+        let tokens = self.take_ids(input, &mut one)?;
         let (mut out, times) = self.run(tokens, pos, want, Run::Profile)?;
         Ok((out.pop().unwrap_or(StepOutput::Nothing), times))
     }
