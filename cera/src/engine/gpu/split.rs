@@ -118,7 +118,9 @@ impl Backend for SplitBackend {
 struct SplitState {
     states: Vec<GpuState>,
     stages: Vec<Stage>,
-    /// Outputs of the steps submitted and not yet collected.
+    /// Outputs taken from the last device before [`BackendState::collect`] asked for them (a
+    /// greedy step waited there for the id before it), oldest first; the later ones are still
+    /// in the last device's queue.
     outputs: VecDeque<StepOutput>,
     /// The newest step submitted wants [`Want::Argmax`] (its id feeds [`StepInput::LastArgmax`]).
     newest_argmax: bool,
