@@ -11,6 +11,7 @@ pub mod paged;
 pub mod probe;
 pub mod quant;
 pub mod recording;
+pub mod small_m;
 pub mod tall;
 
 use std::time::Instant;

@@ -58,7 +58,7 @@ fn coopmat_tile_shapes_validate_with_naga() {
             continue;
         }
         for kind in WeightKind::all() {
-            for t in CoopTiles::candidates() {
+            for t in CoopTiles::candidates().into_iter().chain(CoopTiles::ROW_BANDS.map(|(_, t)| t)) {
                 assert!(t.valid(48 << 10), "{t:?}");
                 let src = boostr::quant::gemm::coop_source(kind, &t, &env).unwrap();
                 validate_wgsl(&src.wgsl).unwrap_or_else(|e| panic!("{} {t:?}: {e}\n{}", kind.name(), src.wgsl));
@@ -99,6 +99,66 @@ fn coopmat_gemm_matches_reference_for_every_shape() {
         }
     }
     assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// [`CoopTiles::bands`]: the row bands cover `1..=max_m` in order without gaps, stop at
+/// `max_m`, and leave a shape the adapter cannot hold to the next band (the default shape last,
+/// which the plan checks).
+#[test]
+fn row_bands_cover_every_row_count() {
+    let big = 48 << 10;
+    let his = |v: &[(CoopTiles, u32, u32)]| v.iter().map(|b| (b.1, b.2)).collect::<Vec<_>>();
+    assert_eq!(his(&CoopTiles::bands(8, big)), [(0, 16)]);
+    assert_eq!(his(&CoopTiles::bands(32, big)), [(0, 16), (16, 32)]);
+    assert_eq!(his(&CoopTiles::bands(512, big)), [(0, 16), (16, 32), (32, 64), (64, u32::MAX)]);
+    assert_eq!(CoopTiles::bands(512, big)[3].0, CoopTiles::DEFAULT);
+    // Too little workgroup memory for the 16-row shape (13.8 KiB): its rows go to the next one.
+    let small = CoopTiles::ROW_BANDS[0].1.shared_bytes() as u32 - 1;
+    let v = CoopTiles::bands(512, small);
+    assert!(v[..v.len() - 1].iter().all(|b| b.0.valid(small)), "{v:?}");
+    assert_eq!(v.last().map(|b| (b.0, b.2)), Some((CoopTiles::DEFAULT, u32::MAX)));
+    assert_eq!(v[0].1, 0);
+    assert!(v.windows(2).all(|w| w[0].2 == w[1].1), "{v:?}");
+}
+
+/// A plan of [`GemmPlan::new`] picks its block shape by the step's rows; each row's result is
+/// the same whatever band its step fell in (bit for bit), and matches the reference, for
+/// steps on both sides of every band edge. Q4_0, Q4_K and Q6_K.
+#[test]
+fn a_rows_result_does_not_depend_on_the_steps_row_band() {
+    let Some(ctx) = test_gpu() else { return };
+    let coop = QuantGemm::coopmat_available(&ctx);
+    let mut rng = Rng(23);
+    let (rows, max_m) = (200, 150);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        let kind = WeightKind::Ggml(ty);
+        let cols = 768;
+        let p = random_weight(&mut rng, kind, rows, cols);
+        let w = QuantMatrix::upload(&ctx, "w", &p).unwrap();
+        let x = random_x(&mut rng, max_m * cols);
+        let xb = ctx.upload(bytemuck::cast_slice(&x)).unwrap();
+        let want: Vec<f64> = matmul_ref(&p, &x, max_m).unwrap().iter().map(|&v| v as f64).collect();
+        let cfg = QuantGemm { kind, coopmat: coop, unchecked: true };
+        let y = ctx.alloc(4 * (max_m * rows) as u64, BufferKind::Storage).unwrap();
+        let plan = GemmPlan::new(&ctx, &cfg, &w, &Binding::whole(&xb), &Binding::whole(&y), max_m).unwrap();
+        let run = |m: usize| -> Vec<f32> {
+            let mut rec = ctx.recorder();
+            plan.record(&mut rec, &StepValues::chunk(0, m as u32)).unwrap();
+            rec.submit().unwrap();
+            bytemuck::pod_collect_to_vec(&ctx.read_bytes(&y, 0, 4 * (m * rows) as u64).unwrap())
+        };
+        let all = run(max_m);
+        let all64: Vec<f64> = all.iter().map(|&v| v as f64).collect();
+        check_close_rtol(&all64, &want, RTOL_F16).unwrap_or_else(|e| panic!("{} {max_m} rows: {e}", ty.name()));
+        for m in [1, 7, 16, 17, 32, 33, 64, 65] {
+            let got = run(m);
+            let same = got.iter().zip(&all).filter(|(a, b)| a.to_bits() == b.to_bits()).count();
+            assert_eq!(same, m * rows, "{} coopmat={coop}: a step of {m} rows differs from one of {max_m} in {} values", ty.name(), m * rows - same);
+        }
+    }
+    if !coop {
+        numr::testing::skip_path(&ctx, "the cooperative-matrix GEMM's row bands", "no cooperative matrices; the tiled GEMM was checked");
+    }
 }
 
 /// The K split ([`GemmPlan::with_split_k`]): each partial `z` lands `z * m * N` further on and

@@ -44,7 +44,9 @@ enum Cmd {
         /// small streaming reads, empty grids, one-copy GEMVs; see `benches::probe`) or `gemm`
         /// (the coopmat GEMM over every candidate block shape) or `prefetch` (dependent chains with
         /// and without an L2 prefetch of the next kernel's weights; see `benches::l2_prefetch`) or
-        /// `tall` (every workgroup shape of the integer-dot GEMV at Q4_0 28672x4096).
+        /// `tall` (every workgroup shape of the integer-dot GEMV at Q4_0 28672x4096) or `rows` (a batched
+        /// decode step's projections at 8 to 64 rows: the rows GEMV beside the coopmat GEMM at block
+        /// shapes for few rows; see `benches::small_m`).
         #[arg(long, default_value = "")]
         only: String,
         /// The attention table instead (decode GB/s of KV read at 4K/32K beside the roofline of
@@ -151,6 +153,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 benches::attention::attention_table(&ctx, quick)?
             } else if kernels && only == "gemm" {
                 benches::quant::gemm_sweep(&ctx, quick)?
+            } else if kernels && only == "rows" {
+                benches::small_m::rows_sweep(&ctx, quick)?
             } else if kernels && only == "prefetch" {
                 benches::l2_prefetch::prefetch_table(&ctx, quick)?
             } else if kernels && only == "tall" {

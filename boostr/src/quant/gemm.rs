@@ -133,7 +133,21 @@ impl QuantGemm {
     }
 }
 
-/// One GEMM over every part of a matrix (one dispatch per part), built once for at most
+/// One row band of a [`GemmPlan`]: its block shape, the step rows it runs (`lo < m <= hi`) and
+/// what every band shares.
+struct Band {
+    tiles: CoopTiles,
+    lo: u32,
+    hi: u32,
+    /// The plan's most rows.
+    max: u32,
+    splits: u32,
+    split_off: usize,
+    skip_decode_only: bool,
+    cols: (usize, usize),
+}
+
+/// One GEMM over every part of a matrix (one dispatch per part and row band: the coopmat variant's block shape follows the step's rows, [`CoopTiles::ROW_BANDS`]), built once for at most
 /// `max_m` activation rows: a recording for `step` computes rows `0..step.n_tok` (the kernel's
 /// `m` and the grid's row-block count follow the step; a step of more than `max_m` tokens is
 /// [`QuantError::StepTooLarge`], one of none records nothing).
@@ -144,23 +158,25 @@ pub struct GemmPlan {
 }
 
 impl GemmPlan {
-    /// `y` (`max_m x N` f32) from `x` (`max_m x K` f32), the fastest block shape.
+    /// `y` (`max_m x N` f32) from `x` (`max_m x K` f32), the fastest block shape for each step's
+    /// row count ([`CoopTiles::ROW_BANDS`]: one dispatch per band, each run only by steps of its
+    /// rows).
     pub fn new(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, x: &Binding, y: &Binding, max_m: usize) -> Result<GemmPlan> {
-        Self::with_tiles(ctx, cfg, CoopTiles::DEFAULT, w, x, y, max_m)
+        Self::build(ctx, cfg, None, w, x, &GemvOutput::Single(y.clone()), max_m, 1, false)
     }
 
     /// As [`GemmPlan::new`] with an explicit coopmat block shape (ignored by the tiled variant).
     /// Validates `w`, the tiles and both bindings (a short one is
     /// [`QuantError::BufferTooSmall`] naming it).
     pub fn with_tiles(ctx: &GpuContext, cfg: &QuantGemm, tiles: CoopTiles, w: &QuantMatrix, x: &Binding, y: &Binding, max_m: usize) -> Result<GemmPlan> {
-        Self::build(ctx, cfg, tiles, w, x, &GemvOutput::Single(y.clone()), max_m, 1, false)
+        Self::build(ctx, cfg, Some(tiles), w, x, &GemvOutput::Single(y.clone()), max_m, 1, false)
     }
 
     /// As [`GemmPlan::new`] with the output placed as `output` says: [`GemvOutput::Single`], or
     /// [`GemvOutput::Columns`] (columns `offset .. offset + N` of a row-major `max_m x stride`
     /// output: a projection into its part of an engine's packed rows).
     pub fn with_output(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, x: &Binding, output: &GemvOutput, max_m: usize) -> Result<GemmPlan> {
-        Self::build(ctx, cfg, CoopTiles::DEFAULT, w, x, output, max_m, 1, false)
+        Self::build(ctx, cfg, None, w, x, output, max_m, 1, false)
     }
 
     /// As [`GemmPlan::with_output`], in batched steps whose decode rows
@@ -168,7 +184,7 @@ impl GemmPlan {
     /// computes: a step of decode rows only skips the GEMM; otherwise it runs over every row
     /// (the GEMV then overwrites the decode rows).
     pub fn beside_decode_rows(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, x: &Binding, output: &GemvOutput, max_m: usize) -> Result<GemmPlan> {
-        Self::build(ctx, cfg, CoopTiles::DEFAULT, w, x, output, max_m, 1, true)
+        Self::build(ctx, cfg, None, w, x, output, max_m, 1, true)
     }
 
     /// The coopmat GEMM split over K into `splits` partial sums, for a grid of too few blocks to
@@ -183,7 +199,7 @@ impl GemmPlan {
                 reason: format!("coopmat: {}, {} parts, {splits} splits (the coopmat variant, one part, 1..=8 splits)", cfg.coopmat, w.parts.len()),
             });
         }
-        Self::build(ctx, cfg, CoopTiles::DEFAULT, w, x, &GemvOutput::Single(y.clone()), max_m, splits, false)
+        Self::build(ctx, cfg, Some(CoopTiles::DEFAULT), w, x, &GemvOutput::Single(y.clone()), max_m, splits, false)
     }
 
     /// Blocks of the default coopmat shape a GEMM of `m` rows over `w` dispatches (without a K
@@ -197,7 +213,7 @@ impl GemmPlan {
     fn build(
         ctx: &GpuContext,
         cfg: &QuantGemm,
-        tiles: CoopTiles,
+        tiles: Option<CoopTiles>,
         w: &QuantMatrix,
         x: &Binding,
         output: &GemvOutput,
@@ -230,28 +246,44 @@ impl GemmPlan {
         let cols = out_cols(output, w.rows);
         let caps = ctx.capabilities();
         let env = env_of(caps);
-        let (src, bm, bn) = if cfg.coopmat {
-            if !tiles.valid(caps.limits.max_compute_workgroup_storage_size) {
+        let max = to_u32("GEMM rows", max_m)?;
+        let max_shared = caps.limits.max_compute_workgroup_storage_size;
+        // (tiles, rows above which and up to which a step runs them): one band unless the
+        // coopmat variant picks its shape by the step's rows.
+        let bands: Vec<(CoopTiles, u32, u32)> = match tiles {
+            Some(t) => vec![(t, 0, u32::MAX)],
+            None if cfg.coopmat => CoopTiles::bands(max, max_shared),
+            None => vec![(CoopTiles::DEFAULT, 0, u32::MAX)],
+        };
+        let mut plan = Plan::new();
+        for (t, lo, hi) in bands {
+            if cfg.coopmat && !t.valid(max_shared) {
                 return Err(QuantError::Config {
                     what: "coopmat tiles",
-                    reason: format!("{tiles} are not well formed or need more workgroup memory than the adapter's"),
+                    reason: format!("{t} are not well formed or need more workgroup memory than the adapter's"),
                 });
             }
-            (coop_source(cfg.kind, &tiles, &env)?, tiles.bm, tiles.bn)
-        } else {
-            (cfg.source(&env)?, TILE, TILE)
-        };
-        let limit = caps.limits.max_compute_workgroups_per_dimension;
-        let max = to_u32("GEMM rows", max_m)?;
-        if max_m.div_ceil(bm as usize) > limit as usize {
-            return Err(QuantError::Gpu(numr::NumrError::GridTooLarge { workgroups: max_m.div_ceil(bm as usize) as u64, limit }));
+            let band = Band { tiles: t, lo, hi, max, splits, split_off, skip_decode_only, cols };
+            plan.append(&Self::band_plan(ctx, cfg, &env, w, x, y, &band)?);
+        }
+        Ok(GemmPlan { plan, max_m })
+    }
+
+    /// The dispatches of one row band (`band.lo < m <= band.hi` rows), one per part of `w`.
+    fn band_plan(ctx: &GpuContext, cfg: &QuantGemm, env: &KernelEnv, w: &QuantMatrix, x: &Binding, y: &Binding, band: &Band) -> Result<Plan> {
+        let &Band { tiles, lo, hi, max, splits, split_off, skip_decode_only, cols } = band;
+        let (src, bm, bn) = if cfg.coopmat { (coop_source(cfg.kind, &tiles, env)?, tiles.bm, tiles.bn) } else { (cfg.source(env)?, TILE, TILE) };
+        let limit = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
+        let most = max.min(hi);
+        if most.div_ceil(bm) > limit {
+            return Err(QuantError::Gpu(numr::NumrError::GridTooLarge { workgroups: most.div_ceil(bm) as u64, limit }));
         }
         let gxs = w.parts.iter().map(|part| to_u32("GEMM column blocks", part.rows.div_ceil(bn as usize))).collect::<Result<Vec<u32>>>()?;
         if let Some(&gx) = gxs.iter().find(|&&gx| gx > limit) {
             return Err(QuantError::Gpu(numr::NumrError::GridTooLarge { workgroups: gx as u64, limit }));
         }
         let kernel = PartKernel { src, unchecked: cfg.unchecked, before: vec![x.clone()], after: vec![y.clone()], cols };
-        // SAFETY: the GEMM's indices are bounded as follows, by what was validated above.
+        // SAFETY: the GEMM's indices are bounded as follows, by what `build` validated.
         // - Activations `x[gm * k4 + kv]` (vec4): the kernel's `m` is the step's row count,
         //   clamped to `max_m` in the plan itself, and every row is `< m` (tested, or clamped
         //   to `m - 1`; the grid is empty for a step of 0 rows, so `m >= 1` when it runs);
@@ -267,7 +299,7 @@ impl GemmPlan {
         // - Workgroup tiles by construction of the (validated) tile shape; the coopmat
         //   kernel's per-subgroup scratch by `sg_idx < sg_count = sg_m * sg_n` (subgroups of
         //   exactly 32, which `coopmat_available` checked). Every product fits 32 bits.
-        let plan = unsafe {
+        unsafe {
             kernel.plan(
                 ctx,
                 w,
@@ -275,7 +307,8 @@ impl GemmPlan {
                 |i, _, d| {
                     let gx = gxs[i];
                     let d = d.per_step("m", move |s| step_rows(s, max))?.grid_per_step(move |s| {
-                        if skip_decode_only && s.decode_rows >= s.n_tok { [0, 0, 0] } else { [gx, step_rows(s, max).div_ceil(bm), splits] }
+                        let m = step_rows(s, max);
+                        if (skip_decode_only && s.decode_rows >= s.n_tok) || m <= lo || m > hi { [0, 0, 0] } else { [gx, m.div_ceil(bm), splits] }
                     });
                     if !cfg.coopmat {
                         return Ok(d);
@@ -284,9 +317,8 @@ impl GemmPlan {
                     let ks_per = if splits > 1 { nsteps.div_ceil(splits as usize) } else { 0 };
                     Ok(d.set_usize("ks_per", ks_per)?.set_usize("split_off", split_off)?)
                 },
-            )?
-        };
-        Ok(GemmPlan { plan, max_m })
+            )
+        }
     }
 
     /// The most activation rows a step may have.

@@ -72,6 +72,41 @@ impl CoopTiles {
     /// others).
     pub const DEFAULT: CoopTiles = CoopTiles { bm: 128, bn: 128, bk: 64, sg_m: 2, sg_n: 4, pad: 8, prefetch: true };
 
+    /// Block shapes for steps of few rows, `(most rows, tiles)` in increasing order; steps of more
+    /// rows than the last take [`CoopTiles::DEFAULT`]. A 128-row block pads a step of 64 rows
+    /// or fewer, and its 128-wide columns leave most of the GPU idle: on the H100 (2026-12-07,
+    /// `cargo xtask bench --kernels --only rows`, Llama-3-8B's four projections summed, Q4_0 /
+    /// Q4_K) the default takes 761 / 786 us at 64 rows, these 369 / 417 us at 16 rows, 430 /
+    /// 480 at 32 and 520 / 535 at 64. Every shape accumulates each output over K in the same
+    /// order (16 at a time, from 0 up), so a row's result does not depend on the band.
+    pub const ROW_BANDS: [(u32, CoopTiles); 3] = [
+        (16, CoopTiles { bm: 16, bn: 32, bk: 128, sg_m: 1, sg_n: 2, pad: 8, prefetch: true }),
+        (32, CoopTiles { bm: 32, bn: 32, bk: 128, sg_m: 1, sg_n: 2, pad: 8, prefetch: true }),
+        (64, CoopTiles { bm: 64, bn: 64, bk: 64, sg_m: 2, sg_n: 2, pad: 8, prefetch: true }),
+    ];
+
+    /// The bands of a GEMM of at most `max_m` rows on an adapter of `max_shared` bytes of
+    /// workgroup memory: `(tiles, lo, hi)` for steps of `lo < m <= hi` rows, from
+    /// [`CoopTiles::ROW_BANDS`] (a shape the adapter cannot hold leaves its rows to the next
+    /// band), then [`CoopTiles::DEFAULT`] for the rest; none past `max_m`.
+    pub fn bands(max_m: u32, max_shared: u32) -> Vec<(CoopTiles, u32, u32)> {
+        let mut v = Vec::new();
+        let mut lo = 0;
+        for (hi, t) in Self::ROW_BANDS {
+            if lo >= max_m {
+                break;
+            }
+            if t.valid(max_shared) {
+                v.push((t, lo, hi));
+                lo = hi;
+            }
+        }
+        if lo < max_m {
+            v.push((Self::DEFAULT, lo, u32::MAX));
+        }
+        v
+    }
+
     /// Shapes worth comparing in benchmarks (all valid within 48 KiB): prefetching blocks from
     /// 64x64 to 256x128 with 32x32 to 64x64 outputs per subgroup, and the default without the
     /// prefetch.

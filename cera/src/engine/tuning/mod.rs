@@ -142,11 +142,15 @@ pub struct GpuTuning {
     pub batch_gemv: BatchGemv,
     /// Batch states of at most this many sequences run their decode rows through the
     /// multi-row GEMV, larger ones through the GEMM with the prompt rows
-    /// (`batch_gemv_max_seqs`). Measured on the H100 (llama-1b Q4_0, 2026-12-06, `cera bench
-    /// --concurrency 1,8,32,64`), total tok/s at 1/8/32/64 streams: GEMM 114/639/1912/2872,
-    /// f32 GEMV 212/790/1090/1174, integer-dot GEMV ([`Self::batch_q8`]) 293/1322/2353/2695.
-    /// The integer-dot GEMV loses 6% to the GEMM at 64 busy streams and wins 1.2-2.6x below, so
-    /// batch states of up to 64 sequences take it.
+    /// (`batch_gemv_max_seqs`; a state picks one for all its steps, so that a sequence's numbers
+    /// never depend on the others). The GEMM's block shape follows each step's rows
+    /// (`boostr::quant::gemm::CoopTiles::ROW_BANDS`). One decode step at depth 1024, llama-8b
+    /// Q4_0, H100, 2026-12-07 (`cera bench --concurrency 8,32,64 --requests 0 --profile -d 1024
+    /// --tune batch_gemv_max_seqs=64|0`): the integer-dot GEMV takes 7.3 / 21.7 / 41.2 ms at
+    /// 8 / 32 / 64 sequences, the GEMM 14.5 / 19.3 / 24.7 ms. The fixed workload (`cera bench
+    /// --concurrency 32,64 --kv-budget 24G`) gives 797 / 1,049 total tok/s with the GEMM at 32
+    /// and 64 streams (this default) against 761 / 802 with the GEMV. The GEMV stays for states
+    /// of up to 16 (`cera serve`'s default `--parallel`), where few busy sequences are likely.
     pub batch_gemv_max_seqs: usize,
     /// Such a batch state runs its decode rows in a lane of their own (`batch_lanes`), whose
     /// plan takes a verification plan's fusions (the RMSNorm and the GLU in the rows'
@@ -326,7 +330,7 @@ impl Default for GpuTuning {
             gemv_rows: None,
             gemv_threads: None,
             batch_gemv: BatchGemv::DEFAULT,
-            batch_gemv_max_seqs: 64,
+            batch_gemv_max_seqs: 16,
             batch_lanes: true,
             batch_q8: Some(BatchQ8::DEFAULT),
             verify_q8: Some(BatchQ8::VERIFY),

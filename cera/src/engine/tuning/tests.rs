@@ -100,7 +100,7 @@ fn settings_parse_into_their_fields() {
     assert_eq!((t.batch_q8, t.batch_gemv_max_seqs), (Some(super::BatchQ8 { rows: 4, group: 8, threads: 128, unroll: 2 }), 4));
     assert_eq!(t.verify_q8, Some(super::BatchQ8 { rows: 1, group: 2, threads: 32, unroll: 2 }));
     assert!(!t.batch_lanes);
-    for s in ["batch_gemv=2,4,128,0", "batch_q8=2,4,64,1", "verify_q8=2,3,64,1", "batch_gemv_max_seqs=64", "batch_lanes=on"] {
+    for s in ["batch_gemv=2,4,128,0", "batch_q8=2,4,64,1", "verify_q8=2,3,64,1", "batch_gemv_max_seqs=16", "batch_lanes=on"] {
         t.set_pair(s).unwrap();
     }
     // `auto` returns an override to the default, `all` / `off` the chains' mode.
