@@ -119,9 +119,12 @@ fn split(graph: &ModelGraph, file: &dyn WeightSource, opts: &LoadOptions, progre
     if let [ctx] = &ctxs[..] {
         return gpu(ctx.as_ref().clone(), graph, file, opts, progress);
     }
-    let configure =
-        |b: GpuBackend| b.with_decode_gemv(opts.decode_gemv).with_tuning(opts.tuning.clone()).with_measuring_only_diagnostics(opts.measuring_only.clone());
-    Ok(Arc::new(SplitBackend::load(ctxs, graph, &ranges, file, progress, &configure)?))
+    Ok(Arc::new(SplitBackend::load(ctxs, graph, &ranges, file, progress, &|b| configured(b, opts))?))
+}
+
+/// `b` with the settings of `opts` (the decode GEMV, the tuning, the measuring-only switches).
+fn configured(b: GpuBackend, opts: &LoadOptions) -> GpuBackend {
+    b.with_decode_gemv(opts.decode_gemv).with_tuning(opts.tuning.clone()).with_measuring_only_diagnostics(opts.measuring_only.clone())
 }
 
 fn gpu(
@@ -131,11 +134,7 @@ fn gpu(
     opts: &LoadOptions,
     progress: Option<ProgressFn<'_>>,
 ) -> Result<Arc<dyn Backend>, EngineError> {
-    let backend = GpuBackend::load(Arc::new(ctx), graph, file, progress)?
-        .with_decode_gemv(opts.decode_gemv)
-        .with_tuning(opts.tuning.clone())
-        .with_measuring_only_diagnostics(opts.measuring_only.clone());
-    Ok(Arc::new(backend))
+    Ok(Arc::new(configured(GpuBackend::load(Arc::new(ctx), graph, file, progress)?, opts)))
 }
 
 impl Engine {

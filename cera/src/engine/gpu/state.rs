@@ -48,6 +48,8 @@ pub(crate) struct GpuState {
     /// Which positions the conv rings let a step start at.
     window: RecurrentWindow,
     ids: Arc<GpuBuffer>,
+    /// Placeholder ids of a deferred step (a split model's), one per token of a ubatch, made once.
+    zero_ids: Vec<u32>,
     n_ctx: usize,
     ubatch: usize,
     /// Dispatches of a prefill chunk's first early submit (`GpuTuning::prefill_lead`).
@@ -178,6 +180,7 @@ impl GpuState {
             _conv: conv,
             window: RecurrentWindow::new(c.conv_kernel),
             ids,
+            zero_ids: vec![0; ubatch],
             n_ctx: opts.n_ctx,
             ubatch,
             prefill_lead: b.tuning.prefill_lead,
@@ -244,10 +247,15 @@ impl GpuState {
         if self.pending.len() >= MAX_IN_FLIGHT {
             return Err(EngineError::Usage(format!("a step submitted with {MAX_IN_FLIGHT} outstanding (collect one first)")));
         }
+        if n > self.zero_ids.len() {
+            return Err(EngineError::Usage(format!("a step of {n} tokens (1 ..= ubatch {})", self.ubatch)));
+        }
         let mut rec = self.rec.take().unwrap_or_else(|| self.ctx.recorder());
         // Placeholder ids, written over before the submit.
-        let zeros = vec![0u32; n];
-        let reads = self.record(&mut rec, StepInput::Tokens(&zeros), pos, want, &mut None)?;
+        let zeros = std::mem::take(&mut self.zero_ids);
+        let reads = self.record(&mut rec, StepInput::Tokens(&zeros[..n]), pos, want, &mut None);
+        self.zero_ids = zeros;
+        let reads = reads?;
         let rows = out
             .iter()
             .map(|&s| rec.read(self.step_slots(n).buf(s), 0, 4 * (n * self.graph.width(s)) as u64))
