@@ -13,25 +13,24 @@ use numr::gpu::{PlanDispatch, Recorder, StepValues};
 use super::super::backend::StepCounters;
 
 /// Records `dispatches` with `values` into `rec`, submitting leading parts of doubling size
-/// (`lead`, `2 * lead`, ...; 0: none) on the way. Returns what the early submits held
-/// (dispatches, passes, submits); the rest is in `rec`, not submitted. Work already in `rec`
-/// goes out with the first part.
+/// (`lead`, `2 * lead`, ... dispatches recorded; 0: none) on the way. A dispatch the step skips
+/// (an empty grid, such as a GEMM's other row bands) counts in no part. Returns what the early
+/// submits held (dispatches, passes, submits); the rest is in `rec`, not submitted. Work already
+/// in `rec` goes out with the first part.
 pub(super) fn record_with_lead(rec: &mut Recorder, dispatches: &[PlanDispatch], values: &StepValues, lead: usize) -> numr::Result<StepCounters> {
     let mut made = StepCounters::default();
-    let (mut at, mut size) = (0, lead);
-    while size > 0 && at + size < dispatches.len() {
-        for d in &dispatches[at..at + size] {
-            d.record(rec, values)?;
-        }
-        made.dispatches += rec.dispatch_count();
-        made.passes += rec.pass_count();
-        made.submits += 1;
-        rec.submit_and_clear()?;
-        at += size;
-        size *= 2;
-    }
-    for d in &dispatches[at..] {
+    let (mut size, mut in_part) = (lead, 0);
+    for (i, d) in dispatches.iter().enumerate() {
+        let before = rec.dispatch_count();
         d.record(rec, values)?;
+        in_part += rec.dispatch_count() - before;
+        if size > 0 && in_part >= size && i + 1 < dispatches.len() {
+            made.dispatches += rec.dispatch_count();
+            made.passes += rec.pass_count();
+            made.submits += 1;
+            rec.submit_and_clear()?;
+            (size, in_part) = (size * 2, 0);
+        }
     }
     Ok(made)
 }
