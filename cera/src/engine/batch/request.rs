@@ -13,7 +13,10 @@ use super::super::generate::{Generation, Sink};
 /// engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatcherOpts {
-    /// Most sequences running at once (the rest wait in the queue).
+    /// Most sequences running at once (the rest wait in the queue). On the GPU it also picks the
+    /// decode rows' kernel for every step (so that a sequence's numbers never depend on the
+    /// others): up to 16 (`--tune batch_gemv_max_seqs`) the multi-row integer-dot GEMV, fastest
+    /// when few sequences are busy; above, the GEMM, fastest when most of 32 or more are.
     pub max_seqs: usize,
     /// Most tokens one step runs, decode rows and prefill chunks together.
     pub max_step_tokens: usize,
