@@ -28,6 +28,7 @@
 pub mod arch;
 pub mod backend;
 pub mod batch;
+mod choose;
 pub mod config;
 pub mod constraint;
 pub mod cpu;
@@ -52,9 +53,10 @@ pub use backend::{
     Backend, BackendState, KernelTime, KvType, LoadProgress, MAX_IN_FLIGHT, MAX_TOP_K, MAX_VERIFY_ROWS, StateOpts, StepCounters, StepInput, StepOutput, Want,
 };
 pub use batch::{BatchEntry, BatchOpts, BatchState, Batcher, BatcherMetrics, BatcherOpts, BoxSink, Canceller, MAX_DRAFT, Prompt, RequestHandle};
+pub use choose::row_top_logprobs;
 pub use config::{Arch, GateAct, LayerKind, LayerRope, ModelConfig};
 pub use constraint::{Constraint, TokenConstraint};
-pub use generate::{Generation, Sink, Timings, TokenEvent, row_top_logprobs};
+pub use generate::{Generation, Sink, Timings, TokenEvent};
 pub use graph::{DecodeTraffic, ModelGraph, Op, Slot};
 pub use hf::HfModel;
 pub use load::{DEFAULT_MAX_CTX, is_hardware_gpu};

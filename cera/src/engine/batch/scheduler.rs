@@ -32,7 +32,8 @@ use boostr::ops_common::OpsError;
 use boostr::paged::{BlockCopy, BlockTable, PrefixCache};
 
 use super::super::backend::{StepOutput, Want};
-use super::super::generate::{Chooser, Generation, Stream, TEXT_RESERVE_MAX, TEXT_RESERVE_PER_TOKEN, Timings};
+use super::super::choose::Chooser;
+use super::super::generate::{Generation, Stream, TEXT_RESERVE_MAX, TEXT_RESERVE_PER_TOKEN, Timings};
 use super::super::model::Engine;
 use super::super::options::{FinishReason, GenerateOpts};
 use super::super::speculative::DraftPacer;
