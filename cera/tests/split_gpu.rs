@@ -2,7 +2,7 @@
 //! `tensor_split`; lavapipe in CI): the same logits and the same greedy ids as one device, for
 //! llama (SmolLM2-135M, 30 layers) and LFM2 (the tiny checkpoint: conv and attention layers on
 //! both sides of the cut), at splits 1:1 and 1:3; the batcher on a split model (requests joining
-//! at different steps) gives one device's ids; speculative decoding keeps the ids; greedy steps
+//! at different steps) gives one device's ids, in micro-batches or not; speculative decoding keeps the ids; greedy steps
 //! pipelined two at a time give one device's ids; a profiled step names each device's kernels;
 //! and the typed errors of a bad split.
 
@@ -131,9 +131,15 @@ fn batched_same_as_one_device(path: &std::path::Path, name: &str) {
     let bo = BatcherOpts { max_seqs: 4, max_step_tokens: 64, ..BatcherOpts::default() };
     let ids = |e: &Engine| batch_support::run_staggered(&e.batcher(bo).unwrap(), &prompts, &o).into_iter().map(|g| g.ids).collect::<Vec<_>>();
     let want = ids(&one);
-    for split in [vec![], vec![1.0, 3.0]] {
-        let two = Engine::load(path, &opts(vec![a.clone(), a.clone()], split.clone()), None).unwrap();
-        assert_eq!(ids(&two), want, "{name} split {split:?}: the batcher's ids");
+    // The default micro-batches (of 256 tokens: none in steps of at most 64), then micro-batches
+    // of at least 2 tokens (every step of two entries or more runs as two).
+    for (split, micro) in [(vec![], None), (vec![1.0, 3.0], None), (vec![], Some(2)), (vec![1.0, 3.0], Some(2))] {
+        let mut o = opts(vec![a.clone(), a.clone()], split.clone());
+        if let Some(t) = micro {
+            o.tuning.set_pair(&format!("split_micro_tokens={t}")).unwrap();
+        }
+        let two = Engine::load(path, &o, None).unwrap();
+        assert_eq!(ids(&two), want, "{name} split {split:?}, micro-batches of {micro:?} tokens: the batcher's ids");
     }
 }
 

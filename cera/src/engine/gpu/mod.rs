@@ -11,6 +11,7 @@ mod links;
 mod plan_ops;
 mod plans;
 mod split;
+mod split_batch;
 mod state;
 #[cfg(test)]
 mod tests;

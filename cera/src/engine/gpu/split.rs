@@ -13,10 +13,10 @@
 //! the last device's argmax is back. The last device's output is collected by
 //! [`BackendState::collect`], so a session pipelines a split model as it does one device.
 //!
-//! Batched steps ([`BatchState`], the batcher and `cera serve`) run the same way: each device
-//! keeps a paged cache of its layers with the same block numbering, so one block table serves
-//! every device, and a step's rows cross each boundary lane by lane. Each device waits for the
-//! one before it: micro-batches that keep every device busy at once are not here yet.
+//! Batched steps ([`BatchState`], the batcher and `cera serve`) run the same way
+//! ([`super::split_batch`]): each device keeps a paged cache of its layers with the same block
+//! numbering, so one block table serves every device, and a step's rows cross each boundary
+//! lane by lane, in micro-batches that keep the devices busy at once.
 //!
 //! A speculative verification step runs each device's verification plan the same way; a profiled
 //! step gives each device's kernels under its index (`dev0:`, `dev1:`, ...).
@@ -30,12 +30,12 @@ use numr::gpu::GpuContext;
 
 use super::super::EngineError;
 use super::super::backend::{Backend, BackendState, KernelTime, LoadProgress, MAX_IN_FLIGHT, ProgressFn, StateOpts, StepCounters, StepInput, StepOutput, Want};
-use super::super::batch::{BatchEntry, BatchOpts, BatchState, check_entries};
+use super::super::batch::{BatchOpts, BatchState};
 use super::super::graph::ModelGraph;
 use super::super::split::Stage;
 use super::super::weights::WeightSource;
 use super::GpuBackend;
-use super::batch::{GpuBatch, decode_first};
+use super::split_batch::SplitBatch;
 use super::state::GpuState;
 use super::weights::total_bytes;
 
@@ -108,9 +108,7 @@ impl Backend for SplitBackend {
     }
 
     fn new_batch(&self, opts: &BatchOpts) -> Result<Box<dyn BatchState>, EngineError> {
-        let stages = self.stages.iter().map(|(b, s)| Ok((GpuBatch::new(b, opts)?, s.clone()))).collect::<Result<Vec<_>, EngineError>>()?;
-        let vocab = self.stages[0].1.graph.cfg.vocab;
-        Ok(Box::new(SplitBatch { stages, opts: *opts, vocab, counters: StepCounters::default() }))
+        Ok(Box::new(SplitBatch::new(&self.stages, opts)?))
     }
 }
 
@@ -324,57 +322,6 @@ impl BackendState for SplitState {
             s.reset()?;
         }
         Ok(())
-    }
-
-    fn last_step_counters(&self) -> StepCounters {
-        self.counters
-    }
-}
-
-/// Many sequences of a split model: a batch state per device.
-struct SplitBatch {
-    stages: Vec<(GpuBatch, Stage)>,
-    opts: BatchOpts,
-    vocab: usize,
-    counters: StepCounters,
-}
-
-impl BatchState for SplitBatch {
-    fn opts(&self) -> &BatchOpts {
-        &self.opts
-    }
-
-    fn step(&mut self, entries: &[BatchEntry<'_>]) -> Result<Vec<StepOutput>, EngineError> {
-        check_entries(&self.opts, self.vocab, entries)?;
-        let (order, sorted) = decode_first(entries);
-        // The devices before the last run the layers only.
-        let quiet: Vec<BatchEntry<'_>> = sorted.iter().map(|e| BatchEntry { want: Want::Nothing, mask: None, ..*e }).collect();
-        let start = std::time::Instant::now();
-        let mut counters = StepCounters::default();
-        let last = self.stages.len() - 1;
-        let (mut carried, mut outs) = (Vec::new(), Vec::new());
-        for (i, (b, stage)) in self.stages.iter_mut().enumerate() {
-            let es = if i == last { &sorted } else { &quiet };
-            for (slot, rows) in stage.live_in.iter().zip(&carried) {
-                b.write_rows(*slot, es, rows)?;
-            }
-            outs = b.step_sorted(es)?;
-            let c = b.last_step_counters();
-            (counters.dispatches, counters.passes, counters.submits) =
-                (counters.dispatches + c.dispatches, counters.passes + c.passes, counters.submits + c.submits);
-            if i < last {
-                carried = b.read_rows(&stage.live_out, es)?;
-                counters.submits += 1;
-            }
-        }
-        counters.host_ns = start.elapsed().as_nanos() as u64;
-        self.counters = counters;
-        let mut outs: Vec<Option<StepOutput>> = outs.into_iter().map(Some).collect();
-        Ok(order.iter().map(|&j| outs[j].take().expect("a permutation")).collect())
-    }
-
-    fn copy_blocks(&mut self, pairs: &[(u32, u32)]) -> Result<(), EngineError> {
-        self.stages.iter_mut().try_for_each(|(b, _)| b.copy_blocks(pairs))
     }
 
     fn last_step_counters(&self) -> StepCounters {

@@ -49,6 +49,7 @@ pub const TUNING_KEYS: &[(&str, &str)] = &[
     ("prefill_split_k", "1 (off) or 2 (on)"),
     ("qkv_split_max_blocks", "blocks (an integer)"),
     ("prefill_lead", "dispatches (an integer; 0: one submit)"),
+    ("split_micro_tokens", "tokens (an integer; 0: off): a split model's batched steps run in micro-batches of at least this many"),
     ("chain", "auto, on, off, all, or a comma list of kernel-name prefixes"),
     ("chain_layers", "layers per chain (an integer, at least 1)"),
     ("chain_max", "stages per chain (an integer, or `auto`: no limit)"),
@@ -230,6 +231,7 @@ impl GpuTuning {
             }
             "qkv_split_max_blocks" => self.qkv_split_max_blocks = v.int()?,
             "prefill_lead" => self.prefill_lead = v.int()?,
+            "split_micro_tokens" => self.split_micro_tokens = v.int()?,
             "chain" => (self.chains, self.chain_kernels) = chain(&v)?,
             "chain_layers" => self.chain_layers = v.int::<usize>().ok().filter(|&n| n >= 1).ok_or_else(|| v.bad())?,
             "chain_max" => self.chain_max = v.opt_int()?,

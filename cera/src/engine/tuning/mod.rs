@@ -263,6 +263,12 @@ pub struct GpuTuning {
     /// runs 20 us or more, so each submit is encoded while the GPU runs the one before and the
     /// GPU waits only for the first.
     pub prefill_lead: usize,
+    /// A batched step of a model split across devices runs in micro-batches of at least this
+    /// many tokens, one device per micro-batch at once (`split_micro_tokens`; 0: off). Each
+    /// micro-batch reads the device's weights again, so only steps whose GEMMs are bound by
+    /// arithmetic gain: a decode-only step of 64 sequences stays one batch. Chosen, not
+    /// measured: no machine with two GPUs has been lent.
+    pub split_micro_tokens: usize,
 
     /// Whether the decode step runs each layer's dependent dispatches as chains
     /// (`chain` = `auto`, `on`, `off`, `all` (= `on`) or a comma list of kernel-name prefixes,
@@ -355,6 +361,7 @@ impl Default for GpuTuning {
             prefill_split_k: true,
             qkv_split_max_blocks: 256,
             prefill_lead: 16,
+            split_micro_tokens: 256,
             chains: Chains::Auto,
             chain_kernels: Vec::new(),
             chain_layers: 1,
