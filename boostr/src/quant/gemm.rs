@@ -147,10 +147,11 @@ struct Band {
     cols: (usize, usize),
 }
 
-/// One GEMM over every part of a matrix (one dispatch per part and row band: the coopmat variant's block shape follows the step's rows, [`CoopTiles::ROW_BANDS`]), built once for at most
-/// `max_m` activation rows: a recording for `step` computes rows `0..step.n_tok` (the kernel's
-/// `m` and the grid's row-block count follow the step; a step of more than `max_m` tokens is
-/// [`QuantError::StepTooLarge`], one of none records nothing).
+/// One GEMM over every part of a matrix (one dispatch per part and row band: the coopmat
+/// variant's block shape follows the step's rows, [`CoopTiles::ROW_BANDS`]), built once for at
+/// most `max_m` activation rows: a recording for `step` computes rows `0..step.n_tok` (the
+/// kernel's `m` and the grid's row-block count follow the step; a step of more than `max_m`
+/// tokens is [`QuantError::StepTooLarge`], one of none records nothing).
 #[derive(Clone, Debug)]
 pub struct GemmPlan {
     plan: Plan,
