@@ -19,7 +19,7 @@ const SHAPES: [(usize, usize); 4] = [(6144, 4096), (4096, 4096), (28672, 4096), 
 /// Rows GEMV configurations `(weight rows, activation rows a group, threads, unroll)`: the
 /// batcher's default first, then more weight rows a workgroup (each activation load serves more
 /// of them) and larger groups (each weight decode serves more activation rows).
-const ROWS_GEMV: &[(u32, u32, u32, u32)] =
+pub const ROWS_GEMV: &[(u32, u32, u32, u32)] =
     &[(2, 4, 64, 1), (4, 4, 64, 1), (4, 8, 64, 1), (8, 4, 64, 1), (8, 4, 128, 1), (8, 8, 128, 1), (4, 8, 128, 1), (16, 4, 128, 1), (8, 8, 64, 1)];
 
 /// Block shapes for few activation rows: `bm` of 16 to 64, so a step of 8 to 64 rows pads
