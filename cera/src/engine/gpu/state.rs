@@ -48,8 +48,6 @@ pub(crate) struct GpuState {
     /// Which positions the conv rings let a step start at.
     window: RecurrentWindow,
     ids: Arc<GpuBuffer>,
-    /// Placeholder ids of a deferred step (a split model's), one per token of a ubatch, made once.
-    zero_ids: Vec<u32>,
     n_ctx: usize,
     ubatch: usize,
     /// Dispatches of a prefill chunk's first early submit (`GpuTuning::prefill_lead`).
@@ -83,6 +81,14 @@ pub(crate) struct GpuState {
     decode_gemv: DecodeGemv,
     /// The speculative verification step's plans, made at its first use.
     verify: Option<verify::VerifyPlans>,
+}
+
+/// A recorded step's token ids: written with the recording, or `Later(n)`: `n` ids that
+/// [`GpuState::submit_deferred`] writes just before the submit.
+#[derive(Clone, Copy)]
+enum StepIds<'a> {
+    Now(StepInput<'a>),
+    Later(usize),
 }
 
 fn word(what: &str, v: usize) -> Result<u32, EngineError> {
@@ -180,7 +186,6 @@ impl GpuState {
             _conv: conv,
             window: RecurrentWindow::new(c.conv_kernel),
             ids,
-            zero_ids: vec![0; ubatch],
             n_ctx: opts.n_ctx,
             ubatch,
             prefill_lead: b.tuning.prefill_lead,
@@ -247,15 +252,8 @@ impl GpuState {
         if self.pending.len() >= MAX_IN_FLIGHT {
             return Err(EngineError::Usage(format!("a step submitted with {MAX_IN_FLIGHT} outstanding (collect one first)")));
         }
-        if n > self.zero_ids.len() {
-            return Err(EngineError::Usage(format!("a step of {n} tokens (1 ..= ubatch {})", self.ubatch)));
-        }
         let mut rec = self.rec.take().unwrap_or_else(|| self.ctx.recorder());
-        // Placeholder ids, written over before the submit.
-        let zeros = std::mem::take(&mut self.zero_ids);
-        let reads = self.record(&mut rec, StepInput::Tokens(&zeros[..n]), pos, want, &mut None);
-        self.zero_ids = zeros;
-        let reads = reads?;
+        let reads = self.record(&mut rec, StepIds::Later(n), pos, want, &mut None)?;
         let rows = out
             .iter()
             .map(|&s| rec.read(self.step_slots(n).buf(s), 0, 4 * (n * self.graph.width(s)) as u64))
@@ -320,14 +318,15 @@ enum Reads {
 impl GpuState {
     /// Records a step into `rec` and returns its readbacks; with `early`, a prefill chunk's first dispatches are submitted
     /// on the way (see the module docs) and counted there.
-    fn record(&mut self, rec: &mut Recorder, input: StepInput<'_>, pos: usize, want: Want, early: &mut Option<StepCounters>) -> Result<Reads, EngineError> {
+    fn record(&mut self, rec: &mut Recorder, input: StepIds<'_>, pos: usize, want: Want, early: &mut Option<StepCounters>) -> Result<Reads, EngineError> {
         // A pending allowed-id mask belongs to this step, whatever becomes of it (a step that
         // fails must not leave it to a later one).
         let bits = std::mem::take(&mut self.bits.2);
         let vocab = self.graph.cfg.vocab;
         let n = match input {
-            StepInput::Tokens(t) => t.len(),
-            StepInput::LastArgmax => 1,
+            StepIds::Now(StepInput::Tokens(t)) => t.len(),
+            StepIds::Now(StepInput::LastArgmax) => 1,
+            StepIds::Later(n) => n,
         };
         if n == 0 || n > self.ubatch {
             return Err(EngineError::Usage(format!("a step of {n} tokens (1 ..= ubatch {})", self.ubatch)));
@@ -342,14 +341,15 @@ impl GpuState {
             return Err(EngineError::Usage(format!("top-{k} candidates (1 ..= {})", self.topk.k())));
         }
         let last_slot = match input {
-            StepInput::Tokens(t) => {
+            StepIds::Later(n) => n - 1,
+            StepIds::Now(StepInput::Tokens(t)) => {
                 if let Some(&id) = t.iter().find(|&&id| id as usize >= vocab) {
                     return Err(EngineError::TokenOutOfRange { id, vocab });
                 }
                 self.ctx.write(&self.ids, 0, bytemuck::cast_slice(t)).map_err(|e| self.err(e))?;
                 n - 1
             }
-            StepInput::LastArgmax => {
+            StepIds::Now(StepInput::LastArgmax) => {
                 if !self.has_last {
                     return Err(EngineError::Usage("StepInput::LastArgmax without a previous argmax".into()));
                 }
@@ -434,7 +434,7 @@ impl BackendState for GpuState {
         let traced = self.trace.start();
         let mut rec = self.rec.take().unwrap_or_else(|| self.ctx.recorder());
         let mut early = Some(StepCounters::default());
-        let reads = self.record(&mut rec, input, pos, want, &mut early)?;
+        let reads = self.record(&mut rec, StepIds::Now(input), pos, want, &mut early)?;
         let e = early.unwrap_or_default();
         let (dispatches, passes) = (e.dispatches + rec.dispatch_count(), e.passes + rec.pass_count());
         let submitted = rec.submit_and_clear();
@@ -490,7 +490,7 @@ impl BackendState for GpuState {
         }
         let mut rec = self.ctx.recorder();
         // One profiled submit holds the whole step.
-        let reads = self.record(&mut rec, input, pos, want, &mut None)?;
+        let reads = self.record(&mut rec, StepIds::Now(input), pos, want, &mut None)?;
         let profile = rec.submit_profiled().map_err(|e| self.err(e))?;
         let times = profile.by_label().into_iter().map(|(label, (ns, count))| KernelTime { label, ns, count }).collect();
         Ok((self.collect_reads(reads)?, times))
