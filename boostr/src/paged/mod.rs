@@ -46,13 +46,15 @@ use crate::kv_cache::KvDtype;
 use crate::ops_common::{OpsError, Result, bad};
 
 mod attention;
+mod attention_plan;
 mod batch;
 mod blocks;
 mod prefix;
 mod reference;
 mod write;
 
-pub use attention::{PAGED_ATTN_WG, PagedAttn, PagedAttnPlan, Splits, auto_splits};
+pub use attention::{PAGED_ATTN_WG, PagedAttn};
+pub use attention_plan::{PagedAttnPlan, Splits, auto_splits};
 pub use batch::{BatchSeq, PagedBatch};
 pub use blocks::{BlockAllocator, BlockTable};
 pub use prefix::{BlockCopy, PrefixCache, PrefixStats, block_hash};
