@@ -11,7 +11,7 @@ use numr::gpu::{Access, Binding, GpuContext, KernelBuilder, KernelEnv, KernelSou
 
 use crate::ops_common::{GpuView, Result, step_grid};
 use crate::quant::decode::decoder;
-use crate::quant::gemv::set_part;
+use crate::quant::kernel_common::set_part;
 use crate::quant::{QuantMatrix, WeightKind};
 
 /// Threads per workgroup of the gather.

@@ -16,8 +16,8 @@ use numr::gpu::{Access, Binding, GpuContext, KernelBuilder, KernelEnv, KernelSou
 use super::decode::decoder;
 #[path = "gemm_coopmat.rs"]
 pub mod coopmat;
-use super::gemv::PARAMS;
 use super::gemv_output::{GemvOutput, out_cols};
+use super::kernel_common::PARAMS;
 use super::part_plan::PartKernel;
 use super::validate::{check_binding, check_step, env_of, mul, step_rows, to_u32};
 use super::{QuantError, QuantMatrix, Result, WeightKind};

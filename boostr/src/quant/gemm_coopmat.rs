@@ -32,7 +32,7 @@ use std::fmt::Write;
 use numr::gpu::{Access, KernelBuilder, KernelEnv, KernelSource};
 
 use crate::quant::decode::decoder;
-use crate::quant::gemv::PARAMS;
+use crate::quant::kernel_common::PARAMS;
 use crate::quant::{QuantError, Result, WeightKind};
 
 /// Block shape of the cooperative-matrix GEMM.

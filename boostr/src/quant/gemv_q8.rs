@@ -32,7 +32,7 @@ use numr::gpu::{Access, KernelBuilder, KernelEnv, KernelSource};
 
 use super::WeightKind;
 use super::decode::{decoder, is_quantized};
-use super::gemv::{PARAMS, reduce_args, reduce_fn};
+use super::kernel_common::{PARAMS, reduce_args, reduce_fn};
 use super::q8_epilogue::Q8Epilogue;
 
 /// An integer-dot GEMV configuration (quantized formats only).

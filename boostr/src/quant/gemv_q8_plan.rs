@@ -4,9 +4,9 @@
 
 use numr::gpu::{Binding, BufferKind, GpuContext, Plan, Recorder, StepValues};
 
-use super::gemv::grid_for;
 use super::gemv_output::{GemvOutput, out_cols};
 use super::gemv_q8::QuantGemvQ8;
+use super::kernel_common::grid_for;
 use super::part_plan::PartKernel;
 use super::q8_activations::Q8Activations;
 use super::q8_epilogue::Q8Epilogue;

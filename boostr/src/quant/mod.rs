@@ -39,6 +39,7 @@ pub mod gemv;
 mod gemv_output;
 pub mod gemv_q8;
 mod gemv_q8_plan;
+pub(crate) mod kernel_common;
 mod part_plan;
 pub mod prepared;
 pub mod q8_activations;

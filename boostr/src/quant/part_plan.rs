@@ -6,8 +6,8 @@
 
 use numr::gpu::{Binding, GpuContext, KernelSource, Plan, PlanDispatch};
 
-use super::gemv::set_part;
 use super::gemv_output::set_out_cols;
+use super::kernel_common::set_part;
 use super::{QuantMatrix, QuantPart, Result};
 
 /// A plan's kernel and what it binds around each part of the matrix.

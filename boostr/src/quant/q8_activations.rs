@@ -23,7 +23,7 @@ use numr::gpu::{
 
 use numr::kernels::reduce::{reduce_args, workgroup_reduce_fns};
 
-use super::gemv::grid_for;
+use super::kernel_common::grid_for;
 use super::validate::{check_binding, check_step, mul, step_rows, to_u32};
 use super::{QuantError, Result};
 
