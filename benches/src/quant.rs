@@ -316,7 +316,7 @@ pub fn gemm_tiles(ctx: &GpuContext, cfg: &QuantGemm, tiles: CoopTiles, w: &Quant
     })?;
     Ok(Measurement {
         label: format!(
-            "gemm {} {}x{}x{} {}",
+            "gemm {} {}x{}x{} {}{}",
             w.format.name(),
             m,
             w.cols,
@@ -325,7 +325,8 @@ pub fn gemm_tiles(ctx: &GpuContext, cfg: &QuantGemm, tiles: CoopTiles, w: &Quant
                 format!("coopmat {}x{}x{} sg{}x{}{}", tiles.bm, tiles.bn, tiles.bk, tiles.sg_m, tiles.sg_n, if tiles.prefetch { " prefetch" } else { "" })
             } else {
                 "tiled".into()
-            }
+            },
+            if cfg.x_f16 { " f16 input" } else { "" }
         ),
         seconds: s,
         bytes: 0.0,
@@ -407,16 +408,17 @@ pub fn quant_table(ctx: &GpuContext, quick: bool, mode: &str) -> Result<Vec<Meas
     for kind in WeightKind::all() {
         let p = random_weight(kind, n, k, 9)?;
         let w = QuantMatrix::upload(ctx, "w", &p).map_err(err)?;
-        v.push(gemm(ctx, &QuantGemm { kind, coopmat: false, unchecked: true }, &w, m, if quick { 2 } else { 30 })?);
+        v.push(gemm(ctx, &QuantGemm { kind, coopmat: false, unchecked: true, x_f16: false }, &w, m, if quick { 2 } else { 30 })?);
         if coop {
-            v.push(gemm(ctx, &QuantGemm { kind, coopmat: true, unchecked: true }, &w, m, if quick { 2 } else { 30 })?);
+            v.push(gemm(ctx, &QuantGemm { kind, coopmat: true, unchecked: true, x_f16: false }, &w, m, if quick { 2 } else { 30 })?);
         }
     }
     Ok(v)
 }
 
 /// The coopmat GEMM over every candidate block shape at M = 512: N = K = 4096 for the main
-/// formats, then Q4_0 at Llama-3-8B's four prefill shapes (QKV 6144x4096, O 4096x4096, gate/up
+/// formats (the default shape on f32 and on f16 activations), then Q4_0 at Llama-3-8B's four
+/// prefill shapes (every shape, then the default on f16 activations) (QKV 6144x4096, O 4096x4096, gate/up
 /// 28672x4096, down 4096x14336), after warming the clocks (`cargo xtask bench --kernels --only gemm`).
 pub fn gemm_sweep(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
     let (m, n, k) = if quick { (64, 256, 512) } else { (512, 4096, 4096) };
@@ -433,15 +435,18 @@ pub fn gemm_sweep(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
     for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K] {
         let kind = WeightKind::Ggml(ty);
         let w = QuantMatrix::upload(ctx, "w", &random_weight(kind, n, k, 9)?).map_err(err)?;
-        v.push(gemm_tiles(ctx, &QuantGemm { kind, coopmat: true, unchecked: true }, CoopTiles::DEFAULT, &w, m, reps)?);
+        for x_f16 in [false, true] {
+            v.push(gemm_tiles(ctx, &QuantGemm { kind, coopmat: true, unchecked: true, x_f16 }, CoopTiles::DEFAULT, &w, m, reps)?);
+        }
     }
     let shapes: &[(usize, usize)] = if quick { &[(256, 512)] } else { &[(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)] };
     let kind = WeightKind::Ggml(GgmlType::Q4_0);
     for &(n, k) in shapes {
         let w = QuantMatrix::upload(ctx, "w", &random_weight(kind, n, k, 9)?).map_err(err)?;
         for t in tiles.iter().copied().filter(|t| t.valid(max_shared)) {
-            v.push(gemm_tiles(ctx, &QuantGemm { kind, coopmat: true, unchecked: true }, t, &w, m, reps)?);
+            v.push(gemm_tiles(ctx, &QuantGemm { kind, coopmat: true, unchecked: true, x_f16: false }, t, &w, m, reps)?);
         }
+        v.push(gemm_tiles(ctx, &QuantGemm { kind, coopmat: true, unchecked: true, x_f16: true }, CoopTiles::DEFAULT, &w, m, reps)?);
     }
     Ok(v)
 }

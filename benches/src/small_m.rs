@@ -42,7 +42,8 @@ fn row(label: String, seconds: f64, bytes: usize, flops: f64) -> Measurement {
 }
 
 /// The sweep: for each format, shape and row count (8, 16, 32, 64), the rows GEMV in each
-/// configuration of [`ROWS_GEMV`], then every valid block shape of [`small_tiles`].
+/// configuration of [`ROWS_GEMV`], then every valid block shape of [`small_tiles`] on f32 and on
+/// f16 activations (the GEMM's time only: rounding the rows to f16 is a dispatch of its own).
 pub fn rows_sweep(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
     let env = KernelEnv::from_caps(ctx.capabilities());
     let coop = QuantGemm::coopmat_available(ctx);
@@ -78,15 +79,15 @@ pub fn rows_sweep(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
                 if !coop {
                     continue;
                 }
-                let gcfg = QuantGemm { kind, coopmat: true, unchecked: true };
                 let step = StepValues::chunk(0, m as u32);
-                for t in small_tiles().into_iter().filter(|t| t.valid(max_shared)) {
+                for (t, x_f16) in small_tiles().into_iter().filter(|t| t.valid(max_shared)).flat_map(|t| [(t, false), (t, true)]) {
+                    let gcfg = QuantGemm { kind, coopmat: true, unchecked: true, x_f16 };
                     let plans = ws
                         .iter()
                         .map(|w: &QuantMatrix| GemmPlan::with_tiles(ctx, &gcfg, t, w, &Binding::whole(&x), &Binding::whole(&y), m).map_err(err))
                         .collect::<Result<Vec<_>>>()?;
                     let (wall, _) = time_rotating(ctx, reps, "quant_gemm", |rec, i| plans[i % plans.len()].record(rec, &step).map_err(err))?;
-                    let label = format!("coop {}x{}x{} sg{}x{}", t.bm, t.bn, t.bk, t.sg_m, t.sg_n);
+                    let label = format!("coop {}x{}x{} sg{}x{}{}", t.bm, t.bn, t.bk, t.sg_m, t.sg_n, if x_f16 { " f16 input" } else { "" });
                     v.push(row(name(&label), wall, bytes, flops));
                 }
             }

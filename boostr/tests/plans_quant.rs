@@ -209,7 +209,7 @@ fn gemm_plans_match_reference() {
             if coopmat && !QuantGemm::coopmat_available(&ctx) {
                 continue;
             }
-            let plan = GemmPlan::new(&ctx, &QuantGemm { kind, coopmat, unchecked: false }, &w, &whole(&xb), &whole(&y), m).unwrap();
+            let plan = GemmPlan::new(&ctx, &QuantGemm { kind, coopmat, unchecked: false, x_f16: false }, &w, &whole(&xb), &whole(&y), m).unwrap();
             explicit(&ctx, |rec| plan.record(rec, &step).unwrap());
             let got = read(&ctx, &y, m * ROWS);
             check_close_rtol(&got, &want, if coopmat { 1e-2 } else { RTOL_F32 }).unwrap_or_else(|e| panic!("{ty} coopmat={coopmat}: {e}"));
@@ -312,7 +312,7 @@ fn plans_follow_the_step_without_allocating() {
     let x = random_x(&mut rng, max_m * COLS);
     let xb = upload(&ctx, &x);
     let y = upload(&ctx, &vec![sentinel; max_m * ROWS]);
-    let plan = GemmPlan::new(&ctx, &QuantGemm { kind: w.kind(), coopmat: false, unchecked: false }, &w, &whole(&xb), &whole(&y), max_m).unwrap();
+    let plan = GemmPlan::new(&ctx, &QuantGemm { kind: w.kind(), coopmat: false, unchecked: false, x_f16: false }, &w, &whole(&xb), &whole(&y), max_m).unwrap();
     assert_eq!(plan.max_m(), max_m);
     let steps = [1u32, 5, 17];
     let copies: Vec<_> = steps.iter().map(|_| alloc(&ctx, max_m * ROWS)).collect();
@@ -413,7 +413,7 @@ fn unchecked_plans_match_checked() {
             assert_eq!(q8[0], q8[1], "{ty}: integer-dot GEMV, subgroup rows {sg_rows}");
         }
         let gemm = both(9 * ROWS, &|unchecked, y| {
-            let plan = GemmPlan::new(&ctx, &QuantGemm { kind, coopmat: false, unchecked }, &w, &whole(&xb), &whole(y), 9).unwrap();
+            let plan = GemmPlan::new(&ctx, &QuantGemm { kind, coopmat: false, unchecked, x_f16: false }, &w, &whole(&xb), &whole(y), 9).unwrap();
             Box::new(move |rec| plan.record(rec, &StepValues::chunk(0, 9)).unwrap())
         });
         assert_eq!(gemm[0], gemm[1], "{ty}: GEMM");
@@ -468,7 +468,10 @@ fn bad_inputs_are_typed_errors() {
     assert!(matches!(GemvPlan::new(&ctx, &cfg, &bad_w, &GemvIo::new(x.clone(), b(m * (ROWS + 1)))), Err(QuantError::Unsupported { .. })));
     let mut bad_w = w.clone();
     bad_w.parts[0].row0 = 1;
-    assert!(matches!(GemmPlan::new(&ctx, &QuantGemm { kind, coopmat: false, unchecked: true }, &bad_w, &x, &y, m), Err(QuantError::Unsupported { .. })));
+    assert!(matches!(
+        GemmPlan::new(&ctx, &QuantGemm { kind, coopmat: false, unchecked: true, x_f16: false }, &bad_w, &x, &y, m),
+        Err(QuantError::Unsupported { .. })
+    ));
     // Int8 activations: their input and norm weight; the GEMV on them: its output, and
     // activations of too few rows or another K.
     short(Q8Activations::new(&ctx, &b(m * COLS - 4), m, COLS), "x");
@@ -486,13 +489,13 @@ fn bad_inputs_are_typed_errors() {
     let q8qkv = QuantGemvQ8 { split_qkv: true, ..q8 };
     short(Q8GemvPlan::new_qkv(&ctx, &q8qkv, &w, &xa, [&b(m * 21), &b(m * 8 - 1), &b(m * 8)], rows), "k output");
     // GEMM: activations and output for the plan's maximum rows.
-    let gemm = QuantGemm { kind, coopmat: false, unchecked: true };
+    let gemm = QuantGemm { kind, coopmat: false, unchecked: true, x_f16: false };
     short(GemmPlan::new(&ctx, &gemm, &w, &b(9 * COLS - 4), &b(9 * ROWS), 9), "x");
     short(GemmPlan::new(&ctx, &gemm, &w, &b(9 * COLS), &b(9 * ROWS - 1), 9), "y");
     assert!(matches!(GemmPlan::new(&ctx, &gemm, &w, &x, &y, 0), Err(QuantError::Shape { .. })));
     // The cooperative-matrix generator: malformed tiles (and absurd ones) are typed errors.
     let coop_env = KernelEnv { f16: true, subgroups: true, subgroup_min_size: 32, ..env };
-    assert!(coop_source(kind, &CoopTiles::DEFAULT, &coop_env).is_ok());
+    assert!(coop_source(kind, &CoopTiles::DEFAULT, false, &coop_env).is_ok());
     let d = CoopTiles::DEFAULT;
     for t in [
         CoopTiles { bk: 48, ..d },
@@ -503,10 +506,13 @@ fn bad_inputs_are_typed_errors() {
         CoopTiles { bm: u32::MAX - 15, bn: u32::MAX - 15, bk: 1 << 31, pad: 1 << 31, ..d },
         CoopTiles { bm: 4096, bn: 4096, bk: 4096, sg_m: 1, sg_n: 1, ..d },
     ] {
-        assert!(matches!(coop_source(kind, &t, &coop_env), Err(QuantError::Config { .. })), "{t:?}");
+        assert!(matches!(coop_source(kind, &t, false, &coop_env), Err(QuantError::Config { .. })), "{t:?}");
     }
-    assert!(matches!(coop_source(kind, &d, &KernelEnv { subgroups: false, ..coop_env }), Err(QuantError::Config { .. })));
-    assert!(matches!(QuantGemm { kind, coopmat: true, unchecked: false }.source(&KernelEnv { f16: false, ..coop_env }), Err(QuantError::Config { .. })));
+    assert!(matches!(coop_source(kind, &d, false, &KernelEnv { subgroups: false, ..coop_env }), Err(QuantError::Config { .. })));
+    assert!(matches!(
+        QuantGemm { kind, coopmat: true, unchecked: false, x_f16: false }.source(&KernelEnv { f16: false, ..coop_env }),
+        Err(QuantError::Config { .. })
+    ));
 }
 
 /// The CPU reference refuses inconsistent lengths, overflowing ones included, with a typed

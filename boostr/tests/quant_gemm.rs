@@ -60,9 +60,11 @@ fn coopmat_tile_shapes_validate_with_naga() {
         for kind in WeightKind::all() {
             for t in CoopTiles::candidates().into_iter().chain(CoopTiles::ROW_BANDS.map(|(_, t)| t)) {
                 assert!(t.valid(48 << 10), "{t:?}");
-                let src = boostr::quant::gemm::coop_source(kind, &t, &env).unwrap();
-                validate_wgsl(&src.wgsl).unwrap_or_else(|e| panic!("{} {t:?}: {e}\n{}", kind.name(), src.wgsl));
-                n += 1;
+                for x_f16 in [false, true] {
+                    let src = boostr::quant::gemm::coop_source(kind, &t, x_f16, &env).unwrap();
+                    validate_wgsl(&src.wgsl).unwrap_or_else(|e| panic!("{} {t:?} f16 input {x_f16}: {e}\n{}", kind.name(), src.wgsl));
+                    n += 1;
+                }
             }
         }
     }
@@ -91,7 +93,7 @@ fn coopmat_gemm_matches_reference_for_every_shape() {
         let want: Vec<f64> = matmul_ref(&p, &x, m).unwrap().iter().map(|&v| v as f64).collect();
         for unchecked in [false, true] {
             for t in CoopTiles::candidates() {
-                let got = run_gemm(&ctx, &QuantGemm { kind, coopmat: true, unchecked }, t, &w, &xb, m);
+                let got = run_gemm(&ctx, &QuantGemm { kind, coopmat: true, unchecked, x_f16: false }, t, &w, &xb, m);
                 if let Err(e) = check_close_rtol(&got, &want, RTOL_F16) {
                     failures.push(format!("{} {t:?} unchecked={unchecked}: {e}", kind.name()));
                 }
@@ -138,7 +140,7 @@ fn a_rows_result_does_not_depend_on_the_steps_row_band() {
         let x = random_x(&mut rng, max_m * cols);
         let xb = ctx.upload(bytemuck::cast_slice(&x)).unwrap();
         let want: Vec<f64> = matmul_ref(&p, &x, max_m).unwrap().iter().map(|&v| v as f64).collect();
-        let cfg = QuantGemm { kind, coopmat: coop, unchecked: true };
+        let cfg = QuantGemm { kind, coopmat: coop, unchecked: true, x_f16: false };
         let y = ctx.alloc(4 * (max_m * rows) as u64, BufferKind::Storage).unwrap();
         let plan = GemmPlan::new(&ctx, &cfg, &w, &Binding::whole(&xb), &Binding::whole(&y), max_m).unwrap();
         let run = |m: usize| -> Vec<f32> {
@@ -174,7 +176,7 @@ fn split_k_partials_add_up_to_the_reference() {
     let w = QuantMatrix::upload(&ctx, "w", &p).unwrap();
     let x = random_x(&mut rng, m * cols);
     let xb = ctx.upload(bytemuck::cast_slice(&x)).unwrap();
-    let tiled = QuantGemm { kind: WeightKind::Ggml(GgmlType::Q4_0), coopmat: false, unchecked: false };
+    let tiled = QuantGemm { kind: WeightKind::Ggml(GgmlType::Q4_0), coopmat: false, unchecked: false, x_f16: false };
     let y = ctx.alloc(4 * (3 * m * rows) as u64, BufferKind::Storage).unwrap();
     assert!(GemmPlan::with_split_k(&ctx, &tiled, &w, &Binding::whole(&xb), &Binding::whole(&y), m, 2).is_err());
     if !QuantGemm::coopmat_available(&ctx) {
@@ -240,11 +242,11 @@ fn gemm_speed() {
         let w = QuantMatrix::upload(&ctx, "w", &p).unwrap();
         let check_m = 8;
         let want: Vec<f64> = matmul_ref(&p, &x[..check_m * k], check_m).unwrap().iter().map(|&v| v as f64).collect();
-        let mut variants: Vec<(QuantGemm, CoopTiles)> = vec![(QuantGemm { kind, coopmat: false, unchecked: true }, CoopTiles::DEFAULT)];
+        let mut variants: Vec<(QuantGemm, CoopTiles)> = vec![(QuantGemm { kind, coopmat: false, unchecked: true, x_f16: false }, CoopTiles::DEFAULT)];
         if coop {
             for t in CoopTiles::candidates() {
                 if only.as_ref().is_none_or(|o| o.contains(&format!("{}x{}x{}", t.bm, t.bn, t.bk))) {
-                    variants.push((QuantGemm { kind, coopmat: true, unchecked: true }, t));
+                    variants.push((QuantGemm { kind, coopmat: true, unchecked: true, x_f16: false }, t));
                 }
             }
         }

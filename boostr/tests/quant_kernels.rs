@@ -279,7 +279,7 @@ fn tensor_over_the_binding_limit_is_split_by_rows(ctx: &GpuContext) {
         let m = 70;
         let x = random_x(&mut rng, m * cols);
         let want = f64s(&matmul_ref(&p, &x, m).unwrap());
-        let got = gemm_gpu(ctx, &QuantGemm { kind, coopmat: false, unchecked: false }, &w, &x, m);
+        let got = gemm_gpu(ctx, &QuantGemm { kind, coopmat: false, unchecked: false, x_f16: false }, &w, &x, m);
         check_close_rtol(&got, &want, RTOL_F32).unwrap_or_else(|e| panic!("{ty} gemm: {e}"));
     }
     // One row that cannot fit is a typed error naming the tensor.
@@ -314,7 +314,7 @@ fn gemm_matches_reference_for_every_format(ctx: &GpuContext) {
             if coopmat && !coop {
                 continue;
             }
-            let got = gemm_gpu(ctx, &QuantGemm { kind, coopmat, unchecked: coopmat }, &w, &x, m);
+            let got = gemm_gpu(ctx, &QuantGemm { kind, coopmat, unchecked: coopmat, x_f16: false }, &w, &x, m);
             let tol = if coopmat { RTOL_F16 } else { RTOL_F32 };
             check_close_rtol(&got, &want, tol).unwrap_or_else(|e| panic!("{name} coopmat={coopmat}: {e}"));
         }

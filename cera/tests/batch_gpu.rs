@@ -74,6 +74,36 @@ fn int8_decode_rows_give_each_sequence_its_ids_alone() {
     assert_eq!(b.generate(ps[0].clone(), &opts[0]).unwrap().ids, got[0].ids);
 }
 
+/// `gemm_f16_input=1`: a batched plan's GEMMs read their rows rounded to f16 (on lavapipe's
+/// tiled GEMM, where the default leaves them f32), the rounding skipped with the GEMM in steps
+/// of decode rows only; with `batch_gemv_max_seqs=0` as well, every row (decode rows too) goes
+/// through the GEMM on f16 input. Either way each sequence gives the ids it gives alone under
+/// the same setting.
+#[test]
+fn f16_gemm_input_keeps_each_sequence_as_alone() {
+    if numr::testing::test_gpu().is_none() {
+        return;
+    }
+    let path = ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2");
+    for extra in [None, Some(("batch_gemv_max_seqs", "0"))] {
+        let mut tuning = cera::engine::GpuTuning::default();
+        tuning.set("gemm_f16_input", "1").unwrap();
+        if let Some((k, v)) = extra {
+            tuning.set(k, v).unwrap();
+        }
+        let o = LoadOptions { device: DeviceChoice::Gpu, n_ctx: Some(512), tuning, ..Default::default() };
+        let e = Engine::load(&path, &o, None).unwrap();
+        let ps = prompts(&e, 2);
+        let opts = vec![GenerateOpts::greedy(3), GenerateOpts::default().with_seed(5)];
+        let opts: Vec<GenerateOpts> = opts.into_iter().map(|o| GenerateOpts { max_tokens: 3, ..o }).collect();
+        let b = e.batcher(BatcherOpts { max_seqs: 2, kv_budget: Some(32 << 20), ..BatcherOpts::default() }).unwrap();
+        let got = run_staggered(&b, &ps, &opts);
+        for i in 0..2 {
+            assert_eq!(got[i].ids, alone(&e, &ps[i], &opts[i]).ids, "sequence {i}, {extra:?}");
+        }
+    }
+}
+
 /// A q8_0 KV cache: the paged q8_0 blocks give each sequence the greedy ids of the session's
 /// contiguous q8_0 cache.
 #[test]

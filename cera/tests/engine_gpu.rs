@@ -297,6 +297,40 @@ fn chunked_prefill_gives_the_same_logits() {
     }
 }
 
+/// `gemm_f16_input`: the prefill GEMMs read their activations rounded to f16 once per
+/// projection (boostr's `HalfRowsPlan`). By default that happens where the coopmat GEMM runs,
+/// which rounds f32 activations the same way as it stages them: the logits equal those of
+/// `gemm_f16_input=0` bit for bit. Forced on (`1`), the tiled GEMM (lavapipe) works on the
+/// rounded activations: within the f16 tolerance of the f32 path's logits; the coopmat GEMM:
+/// the same bits again.
+#[test]
+fn f16_gemm_input_keeps_the_prefill_logits() {
+    let Some(ctx) = test_gpu() else { return };
+    let coop = boostr::quant::QuantGemm::coopmat_available(&ctx);
+    let ctx = Arc::new(ctx);
+    let file = GgufFile::open(ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2")).unwrap();
+    let prompt: Vec<u32> = ids(&json("smollm2-135m.json")["cases"][3]["prompt_ids"]).into_iter().take(24).collect();
+    let run = |setting: &str| {
+        let mut tuning = cera::engine::GpuTuning::default();
+        tuning.set("gemm_f16_input", setting).unwrap();
+        let backend = GpuBackend::load(ctx.clone(), &graph(&file), &file, None).unwrap().with_tuning(tuning);
+        let mut state = backend.new_state(&StateOpts { n_ctx: 64, ubatch: 512, kv: KvType::F16 }).unwrap();
+        prefill(state.as_mut(), &prompt, 512)
+    };
+    let (off, auto, on) = (run("0"), run("auto"), run("1"));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&auto), bits(&off), "the default (coopmat: {coop}) changed the logits");
+    if coop {
+        assert_eq!(bits(&on), bits(&off), "f16 input to the coopmat GEMM changed the logits");
+    } else {
+        let scale = off.iter().fold(0.0f32, |m, &v| m.max(v.abs()));
+        let d = on.iter().zip(&off).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        println!("tiled GEMM on f16 activations: largest logit difference {d:.2e} (largest logit {scale:.1})");
+        // As the coopmat GEMM's f16 activations against the decode GEMVs' f32 (above): 2e-3.
+        assert!(d > 0.0 && d < 2e-3 * scale, "forced f16 input: logits differ by {d} (scale {scale})");
+    }
+}
+
 /// Prints the GPU time per kernel of a 16-token prompt step (run by hand:
 /// `cargo test -p cera --test engine_gpu -- --ignored --nocapture kernel_profile`).
 #[test]

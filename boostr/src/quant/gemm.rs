@@ -36,12 +36,18 @@ pub struct QuantGemm {
     /// Compile without naga's bounds checks: honoured only by [`GemmPlan`], once it has validated
     /// every binding; the config's own `source` is always checked.
     pub unchecked: bool,
+    /// The activations are f16 (`[m][K]`, written by [`super::HalfRowsPlan`] or a producer of
+    /// its own), read as they are; else f32. The coopmat variant rounds f32 activations to f16
+    /// as it stages them, so f16 input rounded the same way gives the same result while it
+    /// reads half the bytes (every column block re-reads its rows); the tiled variant widens
+    /// f16 input to f32. Needs `env.f16`.
+    pub x_f16: bool,
 }
 
 impl QuantGemm {
     /// The fastest variant the adapter supports.
     pub fn new(kind: WeightKind, ctx: &GpuContext) -> QuantGemm {
-        QuantGemm { kind, coopmat: Self::coopmat_available(ctx), unchecked: false }
+        QuantGemm { kind, coopmat: Self::coopmat_available(ctx), unchecked: false, x_f16: false }
     }
 
     /// Whether the cooperative-matrix variant can run here.
@@ -50,14 +56,19 @@ impl QuantGemm {
         c.has_coopmat_f16_16x16x16() && c.shader_f16 && c.subgroups && c.subgroup_min_size == 32 && c.subgroup_max_size == 32
     }
 
-    /// Every variant the tests validate with naga (coopmat ones only where `env` has f16 and
-    /// subgroups).
+    /// Every variant the tests validate with naga (f16 input only where `env` has f16, coopmat
+    /// only where it also has subgroups).
     pub fn all_for(env: &KernelEnv) -> Vec<QuantGemm> {
         let mut v = Vec::new();
         for kind in WeightKind::all() {
-            v.push(QuantGemm { kind, coopmat: false, unchecked: false });
-            if env.f16 && env.subgroups {
-                v.push(QuantGemm { kind, coopmat: true, unchecked: false });
+            for x_f16 in [false, true] {
+                if x_f16 && !env.f16 {
+                    continue;
+                }
+                v.push(QuantGemm { kind, coopmat: false, unchecked: false, x_f16 });
+                if env.f16 && env.subgroups {
+                    v.push(QuantGemm { kind, coopmat: true, unchecked: false, x_f16 });
+                }
             }
         }
         v
@@ -65,12 +76,16 @@ impl QuantGemm {
 
     /// The WGSL source for `env` (compiled with bounds checks; see [`GemmPlan`] for
     /// `unchecked`). The coopmat variant uses [`CoopTiles::DEFAULT`] and needs `env.f16` and
-    /// `env.subgroups` ([`QuantError::Config`] otherwise).
+    /// `env.subgroups`, f16 input `env.f16` ([`QuantError::Config`] otherwise).
     pub fn source(&self, env: &KernelEnv) -> Result<KernelSource> {
-        let name = format!("quant_gemm_{}{}", self.kind.name().to_lowercase(), if self.coopmat { "_coop" } else { "_tiled" });
+        let name =
+            format!("quant_gemm_{}{}{}", self.kind.name().to_lowercase(), if self.coopmat { "_coop" } else { "_tiled" }, if self.x_f16 { "_xh" } else { "" });
         let mut pre = decoder(self.kind);
         if self.coopmat {
-            return coop_source(self.kind, &CoopTiles::DEFAULT, env);
+            return coop_source(self.kind, &CoopTiles::DEFAULT, self.x_f16, env);
+        }
+        if self.x_f16 && !env.f16 {
+            return Err(QuantError::Config { what: "GEMM with f16 activations", reason: "needs f16".into() });
         }
         let kb = {
             pre.push_str("var<workgroup> As: array<f32, 2048>;\nvar<workgroup> Ws: array<f32, 2048>;\n");
@@ -86,7 +101,7 @@ impl QuantGemm {
             let e = idx & 7u;
             let gm = m0 + r;
             var xv = vec4<f32>(0.0);
-            if (gm < p.m) { xv = x[gm * p.k4 + kc * 8u + e]; }
+            if (gm < p.m) { xv = vec4<f32>(x[gm * p.k4 + kc * 8u + e]); }
             let o = e * 4u * 64u + r;
             As[o] = xv.x; As[o + 64u] = xv.y; As[o + 128u] = xv.z; As[o + 192u] = xv.w;
         }
@@ -121,10 +136,11 @@ impl QuantGemm {
         }
     }
 ";
-            KernelBuilder::new(name, *env).workgroup(256, 1, 1).prelude(&pre).body(body)
+            let kb = KernelBuilder::new(name, *env).workgroup(256, 1, 1).prelude(&pre).body(body);
+            if self.x_f16 { kb.enable_f16() } else { kb }
         };
         Ok(kb
-            .storage("x", Access::Read, "array<vec4<f32>>")
+            .storage("x", Access::Read, if self.x_f16 { "array<vec4<f16>>" } else { "array<vec4<f32>>" })
             .storage("wv", Access::Read, "array<vec4<u32>>")
             .storage("ws", Access::Read, "array<u32>")
             .storage("y", Access::ReadWrite, "array<f32>")
@@ -236,7 +252,10 @@ impl GemmPlan {
         if max_m == 0 {
             return Err(QuantError::Shape { what: OP, reason: "a GEMM plan for 0 activation rows".into() });
         }
-        check_binding(OP, "x", x, mul("x elements", max_m, w.cols)?, 4)?;
+        if cfg.x_f16 && !ctx.capabilities().shader_f16 {
+            return Err(QuantError::Unsupported { name: w.name.clone(), reason: "f16 activations need the adapter's shader-f16 feature".into() });
+        }
+        check_binding(OP, "x", x, mul("x elements", max_m, w.cols)?, if cfg.x_f16 { 2 } else { 4 })?;
         let (ys, _) = output.checked(OP, false, max_m, w.rows)?;
         let y = &ys[0];
         // The partial sums of a K split, `max_m * N` apart (0: no split).
@@ -273,7 +292,7 @@ impl GemmPlan {
     /// The dispatches of one row band (`band.lo < m <= band.hi` rows), one per part of `w`.
     fn band_plan(ctx: &GpuContext, cfg: &QuantGemm, env: &KernelEnv, w: &QuantMatrix, x: &Binding, y: &Binding, band: &Band) -> Result<Plan> {
         let &Band { tiles, lo, hi, max, splits, split_off, skip_decode_only, cols } = band;
-        let (src, bm, bn) = if cfg.coopmat { (coop_source(cfg.kind, &tiles, env)?, tiles.bm, tiles.bn) } else { (cfg.source(env)?, TILE, TILE) };
+        let (src, bm, bn) = if cfg.coopmat { (coop_source(cfg.kind, &tiles, cfg.x_f16, env)?, tiles.bm, tiles.bn) } else { (cfg.source(env)?, TILE, TILE) };
         let limit = ctx.capabilities().limits.max_compute_workgroups_per_dimension;
         let most = max.min(hi);
         if most.div_ceil(bm) > limit {

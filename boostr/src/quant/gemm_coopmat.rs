@@ -172,10 +172,11 @@ impl CoopTiles {
 /// Workgroup memory no adapter exceeds; larger shapes are refused before any WGSL is generated.
 const MAX_SHARED_ANY: u32 = 1 << 20;
 
-/// The WGSL kernel for `kind` with block shape `t` (compiled with bounds checks). Errors with
+/// The WGSL kernel for `kind` with block shape `t` (compiled with bounds checks), reading f16
+/// activations with `x_f16`, else f32 ones (rounded to f16 as they are staged). Errors with
 /// [`QuantError::Config`] when `t` is not well formed ([`CoopTiles::valid`] with up to 1 MiB of
 /// workgroup memory; the plan checks the adapter's own limit) or `env` lacks f16 or subgroups.
-pub fn coop_source(kind: WeightKind, t: &CoopTiles, env: &KernelEnv) -> Result<KernelSource> {
+pub fn coop_source(kind: WeightKind, t: &CoopTiles, x_f16: bool, env: &KernelEnv) -> Result<KernelSource> {
     if !t.valid(MAX_SHARED_ANY) {
         return Err(QuantError::Config { what: "coopmat tiles", reason: format!("{t} are not well formed (or need over 1 MiB of workgroup memory)") });
     }
@@ -185,8 +186,19 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, env: &KernelEnv) -> Result<K
     let (fm, fn_) = t.frags();
     let (wg, s) = (t.wg(), t.bk + t.pad);
     let (tm, tn) = (t.bm / t.sg_m, t.bn / t.sg_n);
-    let name =
-        format!("quant_gemm_{}_coop{}x{}x{}_{}x{}{}", kind.name().to_lowercase(), t.bm, t.bn, t.bk, t.sg_m, t.sg_n, if t.prefetch { "_pf" } else { "" },);
+    let name = format!(
+        "quant_gemm_{}_coop{}x{}x{}_{}x{}{}{}",
+        kind.name().to_lowercase(),
+        t.bm,
+        t.bn,
+        t.bk,
+        t.sg_m,
+        t.sg_n,
+        if t.prefetch { "_pf" } else { "" },
+        if x_f16 { "_xh" } else { "" }
+    );
+    // Activations as loaded and held in registers until staged.
+    let xt = if x_f16 { "vec4<f16>" } else { "vec4<f32>" };
     let mut pre = decoder(kind);
     // Staged rows as vec4<f16>: one store per 4 values, and the cooperative loads count offsets
     // and strides in those units.
@@ -230,7 +242,7 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, env: &KernelEnv) -> Result<K
     let wper = wch.div_ceil(wg);
     let q = t.bk / 4;
     let xguard = if !xv4.is_multiple_of(wg) { format!("idx < {xv4}u && ") } else { String::new() };
-    // Global loads of step `ks` into registers: activations raw (`xr{i}`), weights decoded
+    // Global loads of step `ks` into registers: activations as stored (`xr{i}`), weights decoded
     // (`wr{i}`).
     let mut load = String::new();
     for i in 0..xper {
@@ -240,7 +252,7 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, env: &KernelEnv) -> Result<K
             let idx = lidx + {i}u * {wg}u;
             let gm = min(m0 + idx / {q}u, p.m - 1u);
             let kv = KS * {q}u + idx % {q}u;
-            xr{i} = vec4<f32>(0.0);
+            xr{i} = {xt}(0.0);
             if ({xguard}kv < p.k4) {{ xr{i} = x[gm * p.k4 + kv]; }}
         }}
 "
@@ -282,7 +294,7 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, env: &KernelEnv) -> Result<K
         store.push_str("        }\n");
     }
     for i in 0..xper {
-        let _ = writeln!(b, "    var xr{i}: vec4<f32>;");
+        let _ = writeln!(b, "    var xr{i}: {xt};");
     }
     for i in 0..wper {
         let _ = writeln!(b, "    var wr{i}: array<vec4<f32>, 8>;");
@@ -352,7 +364,7 @@ pub fn coop_source(kind: WeightKind, t: &CoopTiles, env: &KernelEnv) -> Result<K
         .subgroup_builtins()
         .prelude(&pre)
         .body(&b)
-        .storage("x", Access::Read, "array<vec4<f32>>")
+        .storage("x", Access::Read, if x_f16 { "array<vec4<f16>>" } else { "array<vec4<f32>>" })
         .storage("wv", Access::Read, "array<vec4<u32>>")
         .storage("ws", Access::Read, "array<u32>")
         .storage("y", Access::ReadWrite, "array<f32>")

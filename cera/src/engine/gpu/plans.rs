@@ -25,7 +25,7 @@
 //! function per kind); this file holds the loop over the graph, the slots and the inputs.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use boostr::conv::ConvSeqs;
 use boostr::kv_cache::{KvCache, KvDtype};
@@ -75,9 +75,14 @@ impl Mode {
     }
 }
 
-/// Activation buffers of one mode, `rows x width(slot)` f32 each.
+/// Activation buffers of one mode, `rows x width(slot)` f32 each, and the f16 copy of a GEMM's
+/// input rows that the plans share ([`Slots::half`]).
 pub(crate) struct Slots {
     bufs: HashMap<Slot, Arc<GpuBuffer>>,
+    rows: usize,
+    /// The widest input of a linear op.
+    max_k: usize,
+    half: OnceLock<Arc<GpuBuffer>>,
 }
 
 impl Slots {
@@ -100,7 +105,20 @@ impl Slots {
             let b = ctx.alloc(bytes.max(16), BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
             bufs.insert(s, b);
         }
-        Ok(Slots { bufs })
+        let max_k = graph.ops.iter().filter_map(|op| if let Op::Linear { ws, .. } = op { ws.first().map(|w| w.cols) } else { None }).max().unwrap_or(0);
+        Ok(Slots { bufs, rows, max_k, half: OnceLock::new() })
+    }
+
+    /// `rows x` the widest linear input, f16: where a plan's GEMMs read f16 activations, each
+    /// rounds its input rows into this just before it runs (`plan_ops::linear`). Allocated by
+    /// the first plan that asks, so plans without such GEMMs cost no memory.
+    pub(super) fn half(&self, ctx: &GpuContext) -> Result<&Arc<GpuBuffer>, EngineError> {
+        if let Some(b) = self.half.get() {
+            return Ok(b);
+        }
+        let bytes = (self.rows * self.max_k * 2) as u64;
+        let b = ctx.alloc(bytes.max(16), BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
+        Ok(self.half.get_or_init(|| b))
     }
 
     pub(crate) fn buf(&self, s: Slot) -> &Arc<GpuBuffer> {

@@ -46,6 +46,7 @@ pub const TUNING_KEYS: &[(&str, &str)] = &[
     ("attn_tuning", "heads,keys,target_wgs (or `auto`)"),
     ("attn_single_kv", "positions (an integer; 0: never; or `auto`)"),
     ("prefill_attn", "coop, subgroup, tiled or auto"),
+    ("gemm_f16_input", "0 or 1 (or `auto`: where the coopmat GEMM runs)"),
     ("prefill_split_k", "1 (off) or 2 (on)"),
     ("qkv_split_max_blocks", "blocks (an integer)"),
     ("prefill_lead", "dispatches (an integer; 0: one submit)"),
@@ -222,6 +223,7 @@ impl GpuTuning {
                     _ => return Err(v.bad()),
                 }
             }
+            "gemm_f16_input" => self.gemm_f16_input = if v.lower() == "auto" { None } else { Some(v.flag()?) },
             "prefill_split_k" => {
                 self.prefill_split_k = match v.value {
                     "1" => false,

@@ -252,6 +252,15 @@ pub struct GpuTuning {
     /// `None`: the best the adapter and the cache allow).
     pub prefill_attn: Option<DecodeKernel>,
 
+    /// Whether the GEMMs of prefill and batched steps read their activations as f16, rounded
+    /// once per projection by boostr's `HalfRowsPlan` into a scratch the plan's GEMMs share
+    /// (`gemm_f16_input` = 0, 1 or `auto`). `None` (auto): where the coopmat GEMM runs, which
+    /// rounds f32 activations the same way as it stages them, so the results are the same bits
+    /// and only the bytes read change (two a value instead of four, in every column block).
+    /// `Some(true)` also rounds them for the tiled GEMM (wherever the adapter has shader-f16),
+    /// whose results then change by the rounding; `Some(false)`: never (the default until the
+    /// GPU measures what the rounding dispatch costs against what the GEMM saves).
+    pub gemm_f16_input: Option<bool>,
     /// Whether a prefill's Q/K/V GEMM of few coopmat blocks is split over K into two partial
     /// sums that the RoPE kernel after it adds (`prefill_split_k` = 1: off, 2: on).
     pub prefill_split_k: bool,
@@ -359,6 +368,7 @@ impl Default for GpuTuning {
             attn_tuning: None,
             attn_single_kv: None,
             prefill_attn: None,
+            gemm_f16_input: Some(false),
             prefill_split_k: true,
             qkv_split_max_blocks: 256,
             prefill_lead: 16,

@@ -32,6 +32,7 @@ fn every_key_is_documented_and_sets_something() {
         "attn_tuning" => "1,2,3",
         "prefill_attn" => "tiled",
         "prefill_split_k" => "1",
+        "gemm_f16_input" => "1",
         "q8_prefetch" => "1",
         "chain" => "quant_gemv_q8",
         "chain_poll" => "first",

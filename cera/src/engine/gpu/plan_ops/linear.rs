@@ -6,7 +6,8 @@
 use boostr::act::ActKind;
 use boostr::kv_cache::KvDtype;
 use boostr::quant::{
-    GemmPlan, GemvIo, GemvOutput, GemvPlan, Prologue, Q8Activations, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, QuantMatrix, RopeKv, WeightKind,
+    GemmPlan, GemvIo, GemvOutput, GemvPlan, HalfRowsPlan, Prologue, Q8Activations, Q8GemvPlan, QuantGemm, QuantGemv, QuantGemvQ8, QuantMatrix, RopeKv,
+    WeightKind,
 };
 use numr::gpu::{Binding, GpuContext, KernelEnv, Plan};
 
@@ -120,6 +121,9 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
         }
         None => None,
     };
+    // The GEMMs' activations rounded to f16 once for every part (`gemm_f16_input`).
+    let x_half = half_input(cx, plan, &x, k, &parts[0].w.name)?;
+    let gemm_x = x_half.clone().unwrap_or_else(|| x.clone());
     for part in parts {
         let w = &part.w;
         let output = if rope.is_some() {
@@ -193,31 +197,53 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
             (Mode::Batch { max_tok }, _) if !inp.batch_decode_gemv => {
                 // Every row through the GEMM (a batch state of many sequences, where one GEMM
                 // pass over the weights beats the GEMV's pass per group of decode rows).
-                let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
-                let gemm = GemmPlan::with_output(ctx, &cfg, w, &x, &output, max_tok);
+                let cfg = QuantGemm { unchecked: true, x_f16: x_half.is_some(), ..QuantGemm::new(kind, ctx) };
+                let gemm = GemmPlan::with_output(ctx, &cfg, w, &gemm_x, &output, max_tok);
                 plan.append(gemm.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
             }
             (Mode::Batch { max_tok }, _) => {
                 // The prompt rows through the GEMM (skipped in a step of decode rows only), then
                 // the decode rows through the multi-row GEMV, which reads the weights once for
                 // all of them: a row's kernel depends on what it is, not on the other rows.
-                let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
-                let gemm = GemmPlan::beside_decode_rows(ctx, &cfg, w, &x, &output, max_tok);
+                let cfg = QuantGemm { unchecked: true, x_f16: x_half.is_some(), ..QuantGemm::new(kind, ctx) };
+                let gemm = GemmPlan::beside_decode_rows(ctx, &cfg, w, &gemm_x, &output, max_tok);
                 plan.append(gemm.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
                 decode_rows_gemv(cx, plan, DecodeRows { xa: xa_batch.as_ref(), w, x: &x, output, eps, max_tok, accumulate: false, prologue: None })?;
             }
             (Mode::Prefill { max_tok }, _) => {
-                let cfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
+                let cfg = QuantGemm { unchecked: true, x_f16: x_half.is_some(), ..QuantGemm::new(kind, ctx) };
                 let splits = qkv_split_k(ctx, inp, op, max_tok);
                 let p = match splits {
-                    1 => GemmPlan::with_output(ctx, &cfg, w, &x, &output, max_tok),
-                    splits => GemmPlan::with_split_k(ctx, &cfg, w, &x, &y, max_tok, splits),
+                    1 => GemmPlan::with_output(ctx, &cfg, w, &gemm_x, &output, max_tok),
+                    splits => GemmPlan::with_split_k(ctx, &cfg, w, &gemm_x, &y, max_tok, splits),
                 };
                 plan.append(p.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
             }
         }
     }
     Ok(())
+}
+
+/// Where the op's GEMMs read f16 activations (a prefill or batched plan whose GEMMs run, with
+/// `gemm_f16_input` on, or by default where the coopmat GEMM runs): the rows of `x` rounded to f16 into the plan's shared scratch
+/// ([`Slots::half`]) by a dispatch recorded here, skipped with the GEMM in a batched step of
+/// decode rows only. `None`: the GEMMs read `x` (f32).
+fn half_input(cx: &PlanCx, plan: &mut Plan, x: &Binding, k: usize, name: &str) -> Result<Option<Binding>, EngineError> {
+    let (ctx, inp) = (cx.ctx, cx.inp);
+    let gemv_rows = inp.prefill_gemv || inp.rows_only;
+    let (max_tok, beside_decode) = match cx.mode {
+        Mode::Prefill { max_tok } if !gemv_rows => (max_tok, false),
+        Mode::Batch { max_tok } if !gemv_rows => (max_tok, inp.batch_decode_gemv),
+        _ => return Ok(None),
+    };
+    let coop = QuantGemm::coopmat_available(ctx);
+    if !inp.tuning.gemm_f16_input.unwrap_or(coop) || !ctx.capabilities().shader_f16 {
+        return Ok(None);
+    }
+    let half = Binding::whole(cx.slots.half(ctx)?);
+    let p = if beside_decode { HalfRowsPlan::beside_decode_rows(ctx, x, &half, max_tok, k) } else { HalfRowsPlan::new(ctx, x, &half, max_tok, k) };
+    plan.append(p.map_err(|e| quant_err(ctx, name, e))?.plan());
+    Ok(Some(half))
 }
 
 /// What [`decode_rows_gemv`] reads and writes.
