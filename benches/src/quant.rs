@@ -418,7 +418,7 @@ pub fn quant_table(ctx: &GpuContext, quick: bool, mode: &str) -> Result<Vec<Meas
 
 /// The coopmat GEMM over every candidate block shape at M = 512: N = K = 4096 for the main
 /// formats (the default shape on f32 and on f16 activations), then Q4_0 at Llama-3-8B's four
-/// prefill shapes (every shape, then the default on f16 activations) (QKV 6144x4096, O 4096x4096, gate/up
+/// prefill shapes (every shape on f32, then on f16 activations) (QKV 6144x4096, O 4096x4096, gate/up
 /// 28672x4096, down 4096x14336), after warming the clocks (`cargo xtask bench --kernels --only gemm`).
 pub fn gemm_sweep(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
     let (m, n, k) = if quick { (64, 256, 512) } else { (512, 4096, 4096) };
@@ -443,10 +443,11 @@ pub fn gemm_sweep(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
     let kind = WeightKind::Ggml(GgmlType::Q4_0);
     for &(n, k) in shapes {
         let w = QuantMatrix::upload(ctx, "w", &random_weight(kind, n, k, 9)?).map_err(err)?;
-        for t in tiles.iter().copied().filter(|t| t.valid(max_shared)) {
-            v.push(gemm_tiles(ctx, &QuantGemm { kind, coopmat: true, unchecked: true, x_f16: false }, t, &w, m, reps)?);
+        for x_f16 in [false, true] {
+            for t in tiles.iter().copied().filter(|t| t.valid(max_shared)) {
+                v.push(gemm_tiles(ctx, &QuantGemm { kind, coopmat: true, unchecked: true, x_f16 }, t, &w, m, reps)?);
+            }
         }
-        v.push(gemm_tiles(ctx, &QuantGemm { kind, coopmat: true, unchecked: true, x_f16: true }, CoopTiles::DEFAULT, &w, m, reps)?);
     }
     Ok(v)
 }
