@@ -27,6 +27,9 @@
 #                   llama-8b in q4_0 and q4_k): pp512/2048/8192 from empty with the cold-start
 #                   line, pp512 at depth 8192, tg128 at depths 0, 4096, 16384 and 32768 (DEPTHS,
 #                   PROMPTS, REPS override), llama.cpp beside it when carried
+#   f16 [PRESET]    the GEMM on f16 activations (`--tune gemm_f16_input`): the kernel sweep
+#                   (`xtask bench --kernels --only gemm`), then pp512/pp2048 and a 64-stream decode
+#                   step at depth 1024 (`--profile`) of PRESET (default llama-8b) with it off and on
 #   cmd 'SHELL'     any command with the models' folder in $M and the binaries in $B
 #   stage           unpacks what this call carried: the test binaries, or one piece of a model
 #                   (a model is put together, and its SHA-256 checked, when its last piece arrives)
@@ -212,6 +215,14 @@ case $mode in
       $B/cera bench -m "$f" -p "${PROMPTS:-512,2048,8192}" -n 0 -r "${REPS:-3}" --cold-start "${LL[@]}" 2>&1 | tee -a "$OUT/depth.txt"
       $B/cera bench -m "$f" -p 512 -n 0 -d 8192 -r "${REPS:-3}" "${LL[@]}" 2>&1 | tee -a "$OUT/depth.txt"
       $B/cera bench -m "$f" -p 0 -n 128 -d "${DEPTHS:-0,4096,16384,32768}" -r "${REPS:-3}" "${LL[@]}" 2>&1 | tee -a "$OUT/depth.txt"
+    done ;;
+  f16)
+    f=$(model "${1:-llama-8b}")
+    date -u | tee -a "$OUT/f16.txt"
+    $B/xtask bench --kernels --only gemm 2>&1 | tee -a "$OUT/f16.txt"
+    for t in 0 1; do
+      $B/cera bench -m "$f" -p 512,2048 -n 0 -r 2 --tune gemm_f16_input=$t 2>&1 | tee -a "$OUT/f16.txt"
+      $B/cera bench -m "$f" --concurrency 64 --requests 0 --profile -d 1024 --tune gemm_f16_input=$t 2>&1 | tee -a "$OUT/f16.txt"
     done ;;
   cmd)
     for p in smol-135m llama-1b llama-8b; do model $p > /dev/null; done
