@@ -225,9 +225,9 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
 }
 
 /// Where the op's GEMMs read f16 activations (a prefill or batched plan whose GEMMs run, with
-/// `gemm_f16_input` on, or by default where the coopmat GEMM runs): the rows of `x` rounded to f16 into the plan's shared scratch
-/// ([`Slots::half`]) by a dispatch recorded here, skipped with the GEMM in a batched step of
-/// decode rows only. `None`: the GEMMs read `x` (f32).
+/// `gemm_f16_input` on, or with `auto` where the coopmat GEMM runs): the rows of `x` rounded
+/// to f16 into the plan's shared scratch ([`Slots::half`]) by a dispatch recorded here, skipped
+/// with the GEMM in a batched step of decode rows only. `None`: the GEMMs read `x` (f32).
 fn half_input(cx: &PlanCx, plan: &mut Plan, x: &Binding, k: usize, name: &str) -> Result<Option<Binding>, EngineError> {
     let (ctx, inp) = (cx.ctx, cx.inp);
     let gemv_rows = inp.prefill_gemv || inp.rows_only;
