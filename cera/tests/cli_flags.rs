@@ -337,7 +337,8 @@ fn speculative_decoding_flags() {
 }
 
 /// `cera bench --concurrency --grammar`: every request under a Lark grammar, its masks applied by
-/// the executor; the note reports their host cost. Without `--concurrency` it is refused.
+/// the executor; the note reports their host cost. Each concurrency runs on a batcher of that
+/// many sequences. Without `--concurrency` it is refused.
 #[test]
 fn bench_grammar_constrains_the_concurrency_workload() {
     let m = smollm2();
@@ -350,7 +351,7 @@ fn bench_grammar_constrains_the_concurrency_workload() {
         "--threads",
         "2",
         "--concurrency",
-        "1",
+        "1,2",
         "--requests",
         "1",
         "--ctx-size",
@@ -360,15 +361,20 @@ fn bench_grammar_constrains_the_concurrency_workload() {
     ]);
     assert!(ok, "{err}");
     assert!(err.contains("the grammar's masks: ") && err.contains(" µs each on the host"), "{err}");
-    assert!(out.contains("| 1 | 1 |"), "{out}");
+    assert!(out.contains("| 1 | 1 |") && out.contains("| 2 | 1 |"), "{out}");
+    // Each run on a batcher of its own concurrency, as llama.cpp's server gets `-np N`.
+    for c in [1, 2] {
+        assert!(err.contains(&format!("concurrency {c}: 1 requests, a batcher of {c} sequences, ")), "{err}");
+    }
     let err = refused(&["bench", "-m", &m, "--grammar", "start: /a/"]);
     assert!(err.contains("--grammar constrains the --concurrency workload"), "{err}");
 }
 
 /// `cera bench --concurrency` with speculative decoding: n-gram drafts, and SmolLM2 drafting for
 /// itself through the batcher's draft model; the drafts kept are reported under the table.
-/// `cera bench --concurrency --http`: the workload through `cera serve` over HTTP, every token
-/// of every request generated (through end-of-generation tokens) and counted from the usage.
+/// `cera bench --concurrency --http`: the workload through `cera serve` over HTTP (a server of
+/// `--parallel c` for each concurrency `c`), every token of every request generated (through
+/// end-of-generation tokens) and counted from the usage.
 #[cfg(feature = "server")]
 #[test]
 fn bench_http_concurrency_workload() {
@@ -387,7 +393,11 @@ fn bench_http_concurrency_workload() {
         assert!((generated - want as f64).abs() < 1e-6, "{r}");
         assert!(r["ttft_p50_ms"].as_f64().unwrap() > 0.0 && r["itl_p50_ms"].as_f64().unwrap() > 0.0, "{r}");
     }
-    assert!(err.contains("cera serve ready: "), "{err}");
+    // A server per concurrency, with `--parallel` that concurrency.
+    assert_eq!(err.matches("cera serve ready: ").count(), 2, "{err}");
+    for c in [1, 2] {
+        assert!(err.contains(&format!("cera serve --parallel {c}: 2 requests over HTTP")), "{err}");
+    }
     let err = refused(&["bench", "-m", &m, "--http"]);
     assert!(err.contains("give --concurrency too"), "{err}");
 }

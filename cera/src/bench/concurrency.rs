@@ -131,9 +131,12 @@ pub(super) fn row(
     }
 }
 
-/// Runs the workload at each concurrency on `engine`: `requests` requests, or (`None`) twice
+/// Runs the workload at each concurrency `c` on `engine`, on a batcher of `c` sequences (`opts`
+/// otherwise; llama.cpp's server gets `-np c` likewise): `requests` requests, or (`None`) twice
 /// the concurrency and at least 16 (the first requests of the same fixed list), each as `each`
-/// says (a constraint, speculative decoding, a draft model).
+/// says (a constraint, speculative decoding, a draft model). The batcher's size picks its
+/// decode path (`GpuTuning::batch_gemv_max_seqs`), so a run of 8 in a batcher of 64 would time
+/// another path than a server of 8 runs.
 pub fn run(
     engine: &Engine,
     concurrency: &[usize],
@@ -154,12 +157,12 @@ pub fn run(
         }
         let requests = requests.unwrap_or((2 * c).max(16));
         let work = workload(requests, engine.n_ctx());
-        let bo = BatcherOpts { max_seqs: opts.max_seqs.max(c), ..opts };
+        let bo = BatcherOpts { max_seqs: c, ..opts };
         let b = match each.draft {
             Some((d, p_min)) => engine.batcher_with_draft(bo, d, p_min)?,
             None => engine.batcher(bo)?,
         };
-        note(&format!("concurrency {c}: {requests} requests, {} KV blocks", b.batch_opts().n_blocks));
+        note(&format!("concurrency {c}: {requests} requests, a batcher of {} sequences, {} KV blocks", b.batch_opts().max_seqs, b.batch_opts().n_blocks));
         let start = Instant::now();
         let mut in_flight = std::collections::VecDeque::new();
         let mut times: Vec<(Instant, Arc<Mutex<Vec<Instant>>>)> = Vec::new();

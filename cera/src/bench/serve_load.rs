@@ -1,12 +1,11 @@
 //! `cera bench --concurrency 1,8,32,64 --http`: the batcher's workload as a server's clients send
 //! it. `cera serve` runs in this process on a loopback port (its router, its batcher, its HTTP
-//! stack: [`crate::server::serve_until`]), with `--parallel` the largest concurrency, and `c`
-//! client threads drive it over HTTP, each sending its next request as soon as its last one
+//! stack: [`crate::server::serve_until`]), started for each concurrency `c` with `--parallel c`
+//! (as llama.cpp's server gets `-np c`), and `c` client threads drive it over HTTP, each sending its next request as soon as its last one
 //! ended: a streamed `POST /v1/completions` of the request's token ids, greedy, through
 //! end-of-generation tokens (`ignore_eos`), with `stream_options.include_usage`. TTFT and ITL
 //! come from the instants of the streamed events that carry text; tokens from the last event's
-//! usage. The server (and its prefix cache) serves every concurrency, so each run sends prompts
-//! no earlier run sent. llama.cpp's server is driven by the same clients
+//! usage. Each run's server starts with an empty prefix cache. llama.cpp's server is driven by the same clients
 //! ([`super::concurrency::run_llama_cpp`]).
 
 use std::io::BufRead;
@@ -34,8 +33,9 @@ pub struct HttpRequests {
 /// How long the server may take to load the model.
 const READY_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// Runs the workload at each concurrency through a `cera serve` on `models` (the batcher built
-/// with `opts`): `requests` requests, or twice the concurrency and at least 16, as
+/// Runs the workload at each concurrency `c` through a `cera serve` on `models` (the batcher
+/// built with `opts`) started for that run with `--parallel c`, as llama.cpp's server gets
+/// `-np c`: `requests` requests, or twice the concurrency and at least 16, as
 /// [`super::concurrency::run`] does in-process.
 pub fn run(
     models: Models,
@@ -48,10 +48,36 @@ pub fn run(
     if let Some(c) = concurrency.iter().find(|&&c| c == 0) {
         return Err(BenchError::Usage(format!("a concurrency of {c}")));
     }
-    let most = concurrency.iter().copied().max().unwrap_or(1);
     let (n_ctx, vocab) = (models.target.n_ctx(), models.target.config().vocab as u32);
+    let mut rows = Vec::new();
+    for &c in concurrency {
+        let requests = requests.unwrap_or((2 * c).max(16));
+        let work = workload(requests, n_ctx);
+        let models = Models { target: models.target.clone(), draft: models.draft.clone() };
+        let row = with_server(models, opts, c, each.draft_p_min, note, |url, note| {
+            note(&format!("cera serve --parallel {c}: {requests} requests over HTTP"));
+            let (seconds, generated, times) = drive(c, &work, 0, vocab, |p, n| stream_completion(url, p, n, each))?;
+            let preempted = metric(url, "cera_preemptions_total")?;
+            let prefill = work.iter().map(|r| r.prompt as u64).sum();
+            Ok(row(c, requests, seconds, generated, &times, prefill, preempted as u64))
+        })?;
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Starts `cera serve` on a loopback port with `parallel` sequences (and as many queued), runs
+/// `f` on its base URL, and stops it (requests in flight finish), also when `f` fails.
+fn with_server<T>(
+    models: Models,
+    opts: BatcherOpts,
+    parallel: usize,
+    draft_p_min: f32,
+    note: &mut dyn FnMut(&str),
+    f: impl FnOnce(&str, &mut dyn FnMut(&str)) -> Result<T, BenchError>,
+) -> Result<T, BenchError> {
     let mut so = ServeOpts::new("bench");
-    (so.host, so.port, so.parallel, so.queue, so.batcher, so.draft_p_min) = ("127.0.0.1".into(), 0, most, most, opts, each.draft_p_min);
+    (so.host, so.port, so.parallel, so.queue, so.batcher, so.draft_p_min) = ("127.0.0.1".into(), 0, parallel, parallel, opts, draft_p_min);
     let (lines, rx) = mpsc::channel::<String>();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = std::thread::Builder::new()
@@ -66,41 +92,15 @@ pub fn run(
             .map_err(|e| e.to_string())
         })
         .map_err(|e| BenchError::Serve(format!("starting the server thread: {e}")))?;
-    // Stops the server (requests in flight finish) and waits for its thread, also on an error.
-    let finish = |stop: tokio::sync::oneshot::Sender<()>, server: std::thread::JoinHandle<Result<(), String>>| {
-        let _ = stop.send(());
-        match server.join() {
-            Ok(r) => r.map_err(BenchError::Serve),
-            Err(_) => Err(BenchError::Serve("the server thread panicked".into())),
-        }
+    let result = wait_ready(&rx, note).and_then(|url| f(&url, note));
+    let _ = stop.send(());
+    let stopped = match server.join() {
+        Ok(r) => r.map_err(BenchError::Serve),
+        Err(_) => Err(BenchError::Serve("the server thread panicked".into())),
     };
-    let url = match wait_ready(&rx, note) {
-        Ok(url) => url,
-        Err(e) => {
-            let _ = finish(stop, server);
-            return Err(e);
-        }
-    };
-    let result = (|| -> Result<Vec<ConcurrencyRow>, BenchError> {
-        let (mut rows, mut sent) = (Vec::new(), 0);
-        for &c in concurrency {
-            let requests = requests.unwrap_or((2 * c).max(16));
-            let work = workload(requests, n_ctx);
-            note(&format!("cera serve, concurrency {c}: {requests} requests over HTTP"));
-            let before = metric(&url, "cera_preemptions_total")?;
-            let (seconds, generated, times) = drive(c, &work, sent, vocab, |p, n| stream_completion(&url, p, n, each))?;
-            // The server keeps its prefix cache: the next run's prompts are others.
-            sent += requests;
-            let preempted = metric(&url, "cera_preemptions_total")? - before;
-            let prefill = work.iter().map(|r| r.prompt as u64).sum();
-            rows.push(row(c, requests, seconds, generated, &times, prefill, preempted as u64));
-        }
-        Ok(rows)
-    })();
-    let stopped = finish(stop, server);
-    let rows = result?;
+    let out = result?;
     stopped?;
-    Ok(rows)
+    Ok(out)
 }
 
 /// Waits for the server's `listening on` line and then its `ready` line: the base URL.

@@ -191,8 +191,8 @@ fn grammar_constraint(_: &crate::engine::Engine, _: &str) -> Result<GrammarCost,
 
 /// `--concurrency`: the batcher's workload at each count of requests in flight.
 fn run_concurrency(a: &Args, models: &[PathBuf], out: &mut Output) -> Result<(), CliError> {
-    let most = a.concurrency.iter().copied().max().unwrap_or(1);
-    let opts = crate::engine::BatcherOpts { kv_budget: a.kv_budget, max_step_tokens: a.max_step_tokens, max_seqs: most, ..Default::default() };
+    // Each run's batcher holds as many sequences as the run keeps in flight (`concurrency::run`).
+    let opts = crate::engine::BatcherOpts { kv_budget: a.kv_budget, max_step_tokens: a.max_step_tokens, ..Default::default() };
     for path in models {
         let engine = crate::engine::Engine::load(path, &a.load.options(a.ctx_size)?, None).map_err(CliError::from_err)?;
         let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
