@@ -258,8 +258,12 @@ pub struct GpuTuning {
     /// rounds f32 activations the same way as it stages them, so the results are the same bits
     /// and only the bytes read change (two a value instead of four, in every column block).
     /// `Some(true)` also rounds them for the tiled GEMM (wherever the adapter has shader-f16),
-    /// whose results then change by the rounding; `Some(false)`: never (the default until the
-    /// GPU measures what the rounding dispatch costs against what the GEMM saves).
+    /// whose results then change by the rounding; `Some(false)`: never, the default: on the
+    /// H200 (2026-12-07, `bash scripts/h200.sh f16`) the coopmat GEMM itself is slower on f16
+    /// input at every block shape (llama-8b's 512-row projections at 128x128x64: 119-137
+    /// against 158-166 TFLOP/s), and llama-8b Q4_0 prefills 8,181 / 7,634 tok/s at pp512 /
+    /// pp2048 with it against 10,452 / 9,586 without; a 64-sequence decode step takes 31.5
+    /// against 26.0 ms.
     pub gemm_f16_input: Option<bool>,
     /// Whether a prefill's Q/K/V GEMM of few coopmat blocks is split over K into two partial
     /// sums that the RoPE kernel after it adds (`prefill_split_k` = 1: off, 2: on).
