@@ -395,6 +395,13 @@ fn bench_http_concurrency_workload() {
     }
     // A server per concurrency, with `--parallel` that concurrency.
     assert_eq!(err.matches("cera serve ready: ").count(), 2, "{err}");
+    // In-process, the batcher's own count of prompt tokens leaves out the untimed warm-up
+    // request: the workload's prompts, as the HTTP rows count them.
+    let (ok, out2, err2) = cera(&args[..args.len() - 2].iter().copied().chain(["--json"]).collect::<Vec<_>>());
+    assert!(ok, "{err2}");
+    let v2: serde_json::Value = serde_json::from_str(&out2).unwrap_or_else(|e| panic!("{e}: {out2}"));
+    let prefill = |v: &serde_json::Value| v["cera"].as_array().unwrap().iter().map(|r| r["prefill_tokens"].as_u64().unwrap()).collect::<Vec<_>>();
+    assert_eq!(prefill(&v2), prefill(&v), "{out2}");
     for c in [1, 2] {
         assert!(err.contains(&format!("cera serve --parallel {c}: 2 requests over HTTP")), "{err}");
     }

@@ -87,6 +87,20 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
+/// Before each timed run, every server (cera's batcher, `cera serve`, llama.cpp's server) first
+/// answers one request of its own: a prompt of this many tokens (at most half the context),
+/// [`WARM_UP_TOKENS`] generated, untimed, so that no run pays for a server's first use
+/// (pipelines built on first use, buffers grown, clocks raised).
+pub(super) const WARM_UP_PROMPT: usize = 512;
+/// Tokens the warm-up request generates.
+pub(super) const WARM_UP_TOKENS: usize = 4;
+
+/// The warm-up request's prompt ([`WARM_UP_PROMPT`]), distinct from every request of the
+/// workload's.
+pub(super) fn warm_up_prompt(n_ctx: usize, vocab: u32) -> Vec<u32> {
+    prompt_ids(1 << 20, WARM_UP_PROMPT.min(n_ctx / 2).max(1), vocab)
+}
+
 /// The prompt of the workload's request `i`: `len` ids scattered over the vocabulary, distinct
 /// per request (no prefix hits).
 pub(super) fn prompt_ids(i: usize, len: usize, vocab: u32) -> Vec<u32> {
@@ -163,6 +177,9 @@ pub fn run(
             None => engine.batcher(bo)?,
         };
         note(&format!("concurrency {c}: {requests} requests, a batcher of {} sequences, {} KV blocks", b.batch_opts().max_seqs, b.batch_opts().n_blocks));
+        // The warm-up request, untimed; the metrics below count from after it.
+        b.submit(warm_up_prompt(engine.n_ctx(), vocab), &GenerateOpts { ignore_eos: true, ..GenerateOpts::greedy(WARM_UP_TOKENS) }, None)?.wait()?;
+        let warm = b.metrics();
         let start = Instant::now();
         let mut in_flight = std::collections::VecDeque::new();
         let mut times: Vec<(Instant, Arc<Mutex<Vec<Instant>>>)> = Vec::new();
@@ -197,8 +214,8 @@ pub fn run(
         let m = b.metrics();
         let times: Vec<(Instant, Vec<Instant>)> =
             times.into_iter().map(|(sub, s)| (sub, std::mem::take(&mut *s.lock().unwrap_or_else(|p| p.into_inner())))).collect();
-        let mut r = row(c, requests, seconds, generated, &times, m.prefill_tokens, m.preemptions);
-        (r.drafted_tokens, r.accepted_tokens) = (m.drafted_tokens, m.accepted_tokens);
+        let mut r = row(c, requests, seconds, generated, &times, m.prefill_tokens - warm.prefill_tokens, m.preemptions - warm.preemptions);
+        (r.drafted_tokens, r.accepted_tokens) = (m.drafted_tokens - warm.drafted_tokens, m.accepted_tokens - warm.accepted_tokens);
         rows.push(r);
     }
     Ok(rows)
@@ -229,6 +246,7 @@ pub fn run_llama_cpp(
         let requests = requests.unwrap_or((2 * c).max(16));
         let work = workload(requests, n_ctx);
         let server = super::llama_cpp::LlamaServer::start_parallel(dir, model, port, n_ctx, c)?;
+        server.stream_generation(&warm_up_prompt(n_ctx, vocab), WARM_UP_TOKENS, ban)?;
         note(&format!("llama.cpp, concurrency {c}: {requests} requests"));
         let (seconds, generated, times) = drive(c, &work, 0, vocab, |p, n| server.stream_generation(p, n, ban))?;
         let prefill = work.iter().map(|r| r.prompt as u64).sum();

@@ -1,11 +1,13 @@
 //! `cera bench --concurrency 1,8,32,64 --http`: the batcher's workload as a server's clients send
 //! it. `cera serve` runs in this process on a loopback port (its router, its batcher, its HTTP
 //! stack: [`crate::server::serve_until`]), started for each concurrency `c` with `--parallel c`
-//! (as llama.cpp's server gets `-np c`), and `c` client threads drive it over HTTP, each sending its next request as soon as its last one
-//! ended: a streamed `POST /v1/completions` of the request's token ids, greedy, through
-//! end-of-generation tokens (`ignore_eos`), with `stream_options.include_usage`. TTFT and ITL
-//! come from the instants of the streamed events that carry text; tokens from the last event's
-//! usage. Each run's server starts with an empty prefix cache. llama.cpp's server is driven by the same clients
+//! (as llama.cpp's server gets `-np c`), and `c` client threads drive it over HTTP, each
+//! sending its next request as soon as its last one ended: a streamed `POST /v1/completions` of
+//! the request's token ids, greedy, through end-of-generation tokens (`ignore_eos`), with
+//! `stream_options.include_usage`. TTFT and ITL come from the instants of the streamed events
+//! that carry text; tokens from the last event's usage. Each run's server starts with an empty
+//! prefix cache and answers one untimed warm-up request first
+//! ([`super::concurrency::WARM_UP_PROMPT`]). llama.cpp's server is driven by the same clients
 //! ([`super::concurrency::run_llama_cpp`]).
 
 use std::io::BufRead;
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::BenchError;
-use super::concurrency::{ConcurrencyRow, Streamed, drive, row, workload};
+use super::concurrency::{ConcurrencyRow, Streamed, WARM_UP_TOKENS, drive, row, warm_up_prompt, workload};
 use crate::engine::BatcherOpts;
 use crate::server::{Models, ServeOpts};
 
@@ -55,9 +57,11 @@ pub fn run(
         let work = workload(requests, n_ctx);
         let models = Models { target: models.target.clone(), draft: models.draft.clone() };
         let row = with_server(models, opts, c, each.draft_p_min, note, |url, note| {
+            stream_completion(url, &warm_up_prompt(n_ctx, vocab), WARM_UP_TOKENS, each)?;
             note(&format!("cera serve --parallel {c}: {requests} requests over HTTP"));
+            let before = metric(url, "cera_preemptions_total")?;
             let (seconds, generated, times) = drive(c, &work, 0, vocab, |p, n| stream_completion(url, p, n, each))?;
-            let preempted = metric(url, "cera_preemptions_total")?;
+            let preempted = metric(url, "cera_preemptions_total")? - before;
             let prefill = work.iter().map(|r| r.prompt as u64).sum();
             Ok(row(c, requests, seconds, generated, &times, prefill, preempted as u64))
         })?;
