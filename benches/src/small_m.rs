@@ -43,7 +43,9 @@ fn row(label: String, seconds: f64, bytes: usize, flops: f64) -> Measurement {
 
 /// The sweep: for each format, shape and row count (8, 16, 32, 64), the rows GEMV in each
 /// configuration of [`ROWS_GEMV`], then every valid block shape of [`small_tiles`] on f32 and on
-/// f16 activations (the GEMM's time only: rounding the rows to f16 is a dispatch of its own).
+/// f16 activations (the GEMM's time only: rounding the rows to f16 is a dispatch of its own),
+/// then each row band's block shape that holds the rows ([`CoopTiles::ROW_BANDS`]) split over
+/// K into 2, 4 and 8 partial sums.
 pub fn rows_sweep(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
     let env = KernelEnv::from_caps(ctx.capabilities());
     let coop = QuantGemm::coopmat_available(ctx);
@@ -89,6 +91,22 @@ pub fn rows_sweep(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
                     let (wall, _) = time_rotating(ctx, reps, "quant_gemm", |rec, i| plans[i % plans.len()].record(rec, &step).map_err(err))?;
                     let label = format!("coop {}x{}x{} sg{}x{}{}", t.bm, t.bn, t.bk, t.sg_m, t.sg_n, if x_f16 { " f16 input" } else { "" });
                     v.push(row(name(&label), wall, bytes, flops));
+                }
+                // The row bands' blocks split over K: more workgroups where a 4096-wide grid is
+                // 128 of them (the GEMM's time only, not the consumer's sum of the partials).
+                for (_, t) in CoopTiles::ROW_BANDS.into_iter().filter(|(hi, t)| m <= *hi as usize && t.valid(max_shared)) {
+                    for splits in [2u32, 4, 8] {
+                        let ys = ctx.alloc(4 * (splits as usize * m * n) as u64, BufferKind::Storage)?;
+                        let gcfg = QuantGemm { kind, coopmat: true, unchecked: true, x_f16: false };
+                        let plans = ws
+                            .iter()
+                            .map(|w: &QuantMatrix| {
+                                GemmPlan::with_tiles_split_k(ctx, &gcfg, t, w, &Binding::whole(&x), &Binding::whole(&ys), m, splits).map_err(err)
+                            })
+                            .collect::<Result<Vec<_>>>()?;
+                        let (wall, _) = time_rotating(ctx, reps, "quant_gemm", |rec, i| plans[i % plans.len()].record(rec, &step).map_err(err))?;
+                        v.push(row(name(&format!("coop {}x{}x{} sg{}x{} split-k {splits}", t.bm, t.bn, t.bk, t.sg_m, t.sg_n)), wall, bytes, flops));
+                    }
                 }
             }
         }

@@ -165,7 +165,8 @@ fn a_rows_result_does_not_depend_on_the_steps_row_band() {
 
 /// The K split ([`GemmPlan::with_split_k`]): each partial `z` lands `z * m * N` further on and
 /// the partials add up to the reference, for 2, 3 and 8 splits (8 of K = 544: some splits
-/// empty), checked and unchecked, and for a step of fewer rows than the plan's. Wrong uses are
+/// empty), checked and unchecked, and for a step of fewer rows than the plan's; and with each
+/// row band's block shape ([`GemmPlan::with_tiles_split_k`]) at its rows. Wrong uses are
 /// typed errors (the tiled variant, a short output, 0 or 9 splits).
 #[test]
 fn split_k_partials_add_up_to_the_reference() {
@@ -192,18 +193,33 @@ fn split_k_partials_add_up_to_the_reference() {
         let coop = QuantGemm { coopmat: true, ..tiled };
         assert!(GemmPlan::with_split_k(&ctx, &coop, &w, &Binding::whole(&xb), &Binding::whole(out), m, splits).is_err(), "{splits} splits");
     }
-    for (splits, unchecked, rows_now) in [(2, false, m), (3, true, m), (8, false, m), (2, true, 70)] {
+    let band = |i: usize| Some(CoopTiles::ROW_BANDS[i].1);
+    let cases = [
+        (None, 2, false, m),
+        (None, 3, true, m),
+        (None, 8, false, m),
+        (None, 2, true, 70),
+        (band(0), 4, true, 16),
+        (band(1), 3, false, 32),
+        (band(2), 2, true, 64),
+    ];
+    for (tiles, splits, unchecked, rows_now) in cases {
         let cfg = QuantGemm { coopmat: true, unchecked, ..tiled };
         let y = ctx.alloc(4 * (splits * m * rows) as u64, BufferKind::Storage).unwrap();
         ctx.write(&y, 0, &vec![0u8; 4 * splits * m * rows]).unwrap();
-        let plan = GemmPlan::with_split_k(&ctx, &cfg, &w, &Binding::whole(&xb), &Binding::whole(&y), m, splits as u32).unwrap();
+        let (bx, by) = (Binding::whole(&xb), Binding::whole(&y));
+        let plan = match tiles {
+            None => GemmPlan::with_split_k(&ctx, &cfg, &w, &bx, &by, m, splits as u32),
+            Some(t) => GemmPlan::with_tiles_split_k(&ctx, &cfg, t, &w, &bx, &by, m, splits as u32),
+        }
+        .unwrap();
         let mut rec = ctx.recorder();
         plan.record(&mut rec, &StepValues::chunk(0, rows_now as u32)).unwrap();
         rec.submit().unwrap();
         let all: Vec<f32> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(&y, 0, 4 * (splits * m * rows) as u64).unwrap());
         let got: Vec<f64> = (0..rows_now * rows).map(|i| (0..splits).map(|z| all[z * m * rows + i] as f64).sum()).collect();
         let want: Vec<f64> = matmul_ref(&p, &x[..rows_now * cols], rows_now).unwrap().iter().map(|&v| v as f64).collect();
-        check_close_rtol(&got, &want, RTOL_F16).unwrap_or_else(|e| panic!("{splits} splits, {rows_now} rows: {e}"));
+        check_close_rtol(&got, &want, RTOL_F16).unwrap_or_else(|e| panic!("{tiles:?}: {splits} splits, {rows_now} rows: {e}"));
     }
 }
 

@@ -210,13 +210,30 @@ impl GemmPlan {
     /// as [`crate::rope::QkvRopePlan::with_partial_sum`]). Needs the coopmat variant, one part and
     /// 1..=8 splits (typed errors otherwise).
     pub fn with_split_k(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, x: &Binding, y: &Binding, max_m: usize, splits: u32) -> Result<GemmPlan> {
+        Self::with_tiles_split_k(ctx, cfg, CoopTiles::DEFAULT, w, x, y, max_m, splits)
+    }
+
+    /// [`GemmPlan::with_split_k`] with an explicit block shape: for the narrow blocks of few
+    /// rows ([`CoopTiles::ROW_BANDS`]), whose grids over a 4096-wide projection are 128
+    /// workgroups of two subgroups each.
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_tiles_split_k(
+        ctx: &GpuContext,
+        cfg: &QuantGemm,
+        tiles: CoopTiles,
+        w: &QuantMatrix,
+        x: &Binding,
+        y: &Binding,
+        max_m: usize,
+        splits: u32,
+    ) -> Result<GemmPlan> {
         if !cfg.coopmat || w.parts.len() != 1 || !(1..=8).contains(&splits) {
             return Err(QuantError::Config {
                 what: "split-K GEMM",
                 reason: format!("coopmat: {}, {} parts, {splits} splits (the coopmat variant, one part, 1..=8 splits)", cfg.coopmat, w.parts.len()),
             });
         }
-        Self::build(ctx, cfg, Some(CoopTiles::DEFAULT), w, x, &GemvOutput::Single(y.clone()), max_m, splits, false)
+        Self::build(ctx, cfg, Some(tiles), w, x, &GemvOutput::Single(y.clone()), max_m, splits, false)
     }
 
     /// Blocks of the default coopmat shape a GEMM of `m` rows over `w` dispatches (without a K
