@@ -149,6 +149,13 @@ run_tests() {
     grep -h '^skipped: ' "$OUT"/logs/*.log | sort -u || true
   } | tee -a "$OUT/summary.txt"
   grep -h -A12 -- '^---- ' "$OUT"/logs/*.log > "$OUT/failures.txt" || true
+  # Failures the machine causes, not the code: a model fetch with no network (a model not
+  # staged), a Python module or chromedriver the machine lacks. Still failures; named apart.
+  awk '/^---- .* stdout ----$/ {name = $2; next}
+       name != "" && /name resolution|ModuleNotFoundError|chromedriver/ {env[name] = 1}
+       /^failures:$/ {name = ""}
+       END {n = 0; for (k in env) {n++; l = l " " k}; print "failed for the machine (no network for a model fetch, a missing Python module or chromedriver): " n (n ? ":" l : "")}' \
+    "$OUT"/logs/*.log | tee -a "$OUT/summary.txt"
   # Only 8 files come back: the summary, the failures, and all logs in one archive.
   tar -C "$OUT" -czf "$OUT/logs.tar.gz" logs && rm -rf "$OUT/logs"
   return $failed
