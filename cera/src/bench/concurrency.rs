@@ -91,9 +91,9 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 /// answers one request of its own: a prompt of this many tokens (at most half the context),
 /// [`WARM_UP_TOKENS`] generated, untimed, so that no run pays for a server's first use
 /// (pipelines built on first use, buffers grown, clocks raised).
-pub(super) const WARM_UP_PROMPT: usize = 512;
+pub const WARM_UP_PROMPT: usize = 512;
 /// Tokens the warm-up request generates.
-pub(super) const WARM_UP_TOKENS: usize = 4;
+pub const WARM_UP_TOKENS: usize = 4;
 
 /// The warm-up request's prompt ([`WARM_UP_PROMPT`]), distinct from every request of the
 /// workload's.
