@@ -55,8 +55,7 @@ pub fn run(
     for &c in concurrency {
         let requests = requests.unwrap_or((2 * c).max(16));
         let work = workload(requests, n_ctx);
-        let models = Models { target: models.target.clone(), draft: models.draft.clone() };
-        let row = with_server(models, opts, c, each.draft_p_min, note, |url, note| {
+        let row = with_server(models.clone(), opts, c, each.draft_p_min, note, |url, note| {
             stream_completion(url, &warm_up_prompt(n_ctx, vocab), WARM_UP_TOKENS, each)?;
             note(&format!("cera serve --parallel {c}: {requests} requests over HTTP"));
             let before = metric(url, "cera_preemptions_total")?;

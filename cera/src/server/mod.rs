@@ -85,7 +85,9 @@ pub struct ServeOpts {
 
 /// What the server's loader gives: the model, and a draft model for speculative requests
 /// (`{"speculative": {"type": "draft"}}`, or every request when
-/// [`ServeOpts::speculative`] draws from it). An [`Engine`] alone converts into it.
+/// [`ServeOpts::speculative`] draws from it). An [`Engine`] alone converts into it. Cloning
+/// is cheap (engines share their models).
+#[derive(Clone)]
 pub struct Models {
     /// The model that answers.
     pub target: Engine,
