@@ -166,8 +166,8 @@ fn a_rows_result_does_not_depend_on_the_steps_row_band() {
 /// The K split ([`GemmPlan::with_split_k`]): each partial `z` lands `z * m * N` further on and
 /// the partials add up to the reference, for 2, 3 and 8 splits (8 of K = 544: some splits
 /// empty), checked and unchecked, and for a step of fewer rows than the plan's; and with each
-/// row band's block shape ([`GemmPlan::with_tiles_split_k`]) at its rows. Wrong uses are
-/// typed errors (the tiled variant, a short output, 0 or 9 splits).
+/// row band's block shape ([`GemmPlan::with_tiles_split_k`]) at its rows; the tiled variant
+/// in 3 splits. Wrong uses are typed errors (a short output, 0 or 9 splits).
 #[test]
 fn split_k_partials_add_up_to_the_reference() {
     let Some(ctx) = test_gpu() else { return };
@@ -178,13 +178,22 @@ fn split_k_partials_add_up_to_the_reference() {
     let x = random_x(&mut rng, m * cols);
     let xb = ctx.upload(bytemuck::cast_slice(&x)).unwrap();
     let tiled = QuantGemm { kind: WeightKind::Ggml(GgmlType::Q4_0), coopmat: false, unchecked: false, x_f16: false };
+    // The tiled variant splits too (one chunk a K step).
     let y = ctx.alloc(4 * (3 * m * rows) as u64, BufferKind::Storage).unwrap();
-    assert!(GemmPlan::with_split_k(&ctx, &tiled, &w, &Binding::whole(&xb), &Binding::whole(&y), m, 2).is_err());
+    ctx.write(&y, 0, &vec![0u8; 4 * 3 * m * rows]).unwrap();
+    let plan = GemmPlan::with_split_k(&ctx, &tiled, &w, &Binding::whole(&xb), &Binding::whole(&y), m, 3).unwrap();
+    let mut rec = ctx.recorder();
+    plan.record(&mut rec, &StepValues::chunk(0, 40)).unwrap();
+    rec.submit().unwrap();
+    let all: Vec<f32> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(&y, 0, 4 * (3 * m * rows) as u64).unwrap());
+    let got: Vec<f64> = (0..40 * rows).map(|i| (0..3).map(|z| all[z * m * rows + i] as f64).sum()).collect();
+    let want: Vec<f64> = matmul_ref(&p, &x[..40 * cols], 40).unwrap().iter().map(|&v| v as f64).collect();
+    check_close_rtol(&got, &want, 1e-3).unwrap_or_else(|e| panic!("tiled, 3 splits: {e}"));
     if !QuantGemm::coopmat_available(&ctx) {
         numr::testing::skip_path(
             &ctx,
             "the cooperative-matrix GEMM's split-K and short outputs",
-            "no cooperative matrices; only the typed errors were checked",
+            "no cooperative matrices; the tiled split and the typed errors were checked",
         );
         return;
     }

@@ -104,6 +104,46 @@ fn f16_gemm_input_keeps_each_sequence_as_alone() {
     }
 }
 
+/// `batch_gemv_max_seqs=0` with `batch_split_k=2`: every row (decode rows too) goes through
+/// the GEMM, split over K and summed (lavapipe's tiled GEMM; on the H200 the coopmat one, in
+/// whichever row band the step's rows pick); each sequence gives the ids it gives alone under
+/// the same settings.
+#[test]
+fn every_row_through_the_split_gemm_keeps_each_sequence_as_alone() {
+    if numr::testing::test_gpu().is_none() {
+        return;
+    }
+    let path = ensure_model(ModelId::SmolLM2_135M).expect("fetch SmolLM2");
+    let mut tuning = cera::engine::GpuTuning::default();
+    tuning.set("batch_gemv_max_seqs", "0").unwrap();
+    tuning.set("batch_split_k", "2").unwrap();
+    let o = LoadOptions { device: DeviceChoice::Gpu, n_ctx: Some(512), tuning, ..Default::default() };
+    let e = Engine::load(&path, &o, None).unwrap();
+    let ps = prompts(&e, 3);
+    let opts = [GenerateOpts::greedy(4), GenerateOpts::default().with_seed(11), GenerateOpts::greedy(3)];
+    let opts: Vec<GenerateOpts> = opts.into_iter().map(|o| GenerateOpts { max_tokens: o.max_tokens.min(4), ..o }).collect();
+    let b = e.batcher(BatcherOpts { max_seqs: 3, kv_budget: Some(32 << 20), ..BatcherOpts::default() }).unwrap();
+    let got = run_staggered(&b, &ps, &opts);
+    for i in 0..3 {
+        assert_eq!(got[i].ids, alone(&e, &ps[i], &opts[i]).ids, "sequence {i}");
+    }
+    // The split's sums are dispatches of their own: the same number in every layer.
+    let dispatches = |e: &Engine| {
+        let o = BatchOpts { kv: KvType::F16, block_len: 16, n_blocks: 8, max_tokens: 16, max_seqs: 2, n_ctx: 64 };
+        let mut st = e.backend().new_batch(&o).unwrap();
+        let mut table = BlockTable::new();
+        table.grow(&mut BlockAllocator::new(o.n_blocks), 16, 3).unwrap();
+        let toks = [1, 2, 3];
+        st.step(&[BatchEntry { slot: 0, tokens: &toks, pos: 0, table: &table, want: Want::Argmax, decode: false, out_rows: 1, mask: None }]).unwrap();
+        st.last_step_counters().dispatches
+    };
+    let mut tuning = o.tuning.clone();
+    tuning.set("batch_split_k", "1").unwrap();
+    let unsplit = Engine::load(&path, &LoadOptions { tuning, ..o.clone() }, None).unwrap();
+    let (split, plain, layers) = (dispatches(&e), dispatches(&unsplit), e.config().n_layers);
+    assert!(split > plain && (split - plain).is_multiple_of(layers), "{split} dispatches split, {plain} not, {layers} layers");
+}
+
 /// A q8_0 KV cache: the paged q8_0 blocks give each sequence the greedy ids of the session's
 /// contiguous q8_0 cache.
 #[test]

@@ -19,6 +19,7 @@ pub mod coopmat;
 use super::gemv_output::{GemvOutput, out_cols};
 use super::kernel_common::PARAMS;
 use super::part_plan::PartKernel;
+use super::split_sum::SplitSumPlan;
 use super::validate::{check_binding, check_step, env_of, mul, step_rows, to_u32};
 use super::{QuantError, QuantMatrix, Result, WeightKind};
 pub use coopmat::{CoopTiles, coop_source};
@@ -94,7 +95,12 @@ impl QuantGemm {
     let tx = lidx & 15u;
     let ty = lidx >> 4u;
     var acc: array<vec4<f32>, 4>;
-    for (var kc = 0u; kc < p.cpr; kc++) {
+    // Split `wid.z` over K: chunks `kc_lo .. kc_hi` (`ks_per` each; 0: every chunk), stored
+    // `split_off` elements further on per split.
+    let kc_lo = min(wid.z * p.ks_per, p.cpr);
+    let kc_hi = select(p.cpr, min(kc_lo + p.ks_per, p.cpr), p.ks_per > 0u);
+    let yo = wid.z * p.split_off;
+    for (var kc = kc_lo; kc < kc_hi; kc++) {
         for (var t = 0u; t < 2u; t++) {
             let idx = lidx + t * 256u;
             let r = idx >> 3u;
@@ -132,7 +138,7 @@ impl QuantGemm {
         let a = acc[i];
         for (var j = 0u; j < 4u; j++) {
             let gn = n0 + tx * 4u + j;
-            if (gn < p.rows) { y[gm * p.n_out + p.row0 + gn] = select(select(select(a.w, a.z, j == 2u), a.y, j == 1u), a.x, j == 0u); }
+            if (gn < p.rows) { y[yo + gm * p.n_out + p.row0 + gn] = select(select(select(a.w, a.z, j == 2u), a.y, j == 1u), a.x, j == 0u); }
         }
     }
 ";
@@ -144,9 +150,33 @@ impl QuantGemm {
             .storage("wv", Access::Read, "array<vec4<u32>>")
             .storage("ws", Access::Read, "array<u32>")
             .storage("y", Access::ReadWrite, "array<f32>")
-            .params(PARAMS)
+            .params(&PARAMS.iter().copied().chain(["ks_per", "split_off"]).collect::<Vec<_>>())
             .build())
     }
+}
+
+/// One part and 1..=8 splits, else [`QuantError::Config`].
+fn check_splits(w: &QuantMatrix, splits: u32) -> Result<()> {
+    if w.parts.len() != 1 || !(1..=8).contains(&splits) {
+        return Err(QuantError::Config { what: "split-K GEMM", reason: format!("{} parts, {splits} splits (one part, 1..=8 splits)", w.parts.len()) });
+    }
+    Ok(())
+}
+
+/// 32-element chunks of K per split of a GEMM split `splits` ways over rows of `cpr` chunks,
+/// with K steps of `cpk` chunks: the even share rounded up to a whole number of 128-element
+/// steps (the row bands' largest) and of the block's own steps, so that every band's splits
+/// start at the same K (the later splits may be empty, and store zeros).
+pub(crate) fn split_chunks(cpr: usize, splits: u32, cpk: usize) -> usize {
+    const BAND_STEP_CHUNKS: usize = 4;
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    let unit = BAND_STEP_CHUNKS / gcd(BAND_STEP_CHUNKS, cpk) * cpk;
+    cpr.div_ceil(splits.max(1) as usize).next_multiple_of(unit)
 }
 
 /// One row band of a [`GemmPlan`]: its block shape, the step rows it runs (`lo < m <= hi`) and
@@ -179,21 +209,21 @@ impl GemmPlan {
     /// row count ([`CoopTiles::ROW_BANDS`]: one dispatch per band, each run only by steps of its
     /// rows).
     pub fn new(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, x: &Binding, y: &Binding, max_m: usize) -> Result<GemmPlan> {
-        Self::build(ctx, cfg, None, w, x, &GemvOutput::Single(y.clone()), max_m, 1, false)
+        Self::build(ctx, cfg, None, &CoopTiles::ROW_BANDS, w, x, &GemvOutput::Single(y.clone()), max_m, 1, false)
     }
 
     /// As [`GemmPlan::new`] with an explicit coopmat block shape (ignored by the tiled variant).
     /// Validates `w`, the tiles and both bindings (a short one is
     /// [`QuantError::BufferTooSmall`] naming it).
     pub fn with_tiles(ctx: &GpuContext, cfg: &QuantGemm, tiles: CoopTiles, w: &QuantMatrix, x: &Binding, y: &Binding, max_m: usize) -> Result<GemmPlan> {
-        Self::build(ctx, cfg, Some(tiles), w, x, &GemvOutput::Single(y.clone()), max_m, 1, false)
+        Self::build(ctx, cfg, Some(tiles), &[], w, x, &GemvOutput::Single(y.clone()), max_m, 1, false)
     }
 
     /// As [`GemmPlan::new`] with the output placed as `output` says: [`GemvOutput::Single`], or
     /// [`GemvOutput::Columns`] (columns `offset .. offset + N` of a row-major `max_m x stride`
     /// output: a projection into its part of an engine's packed rows).
     pub fn with_output(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, x: &Binding, output: &GemvOutput, max_m: usize) -> Result<GemmPlan> {
-        Self::build(ctx, cfg, None, w, x, output, max_m, 1, false)
+        Self::build(ctx, cfg, None, &CoopTiles::ROW_BANDS, w, x, output, max_m, 1, false)
     }
 
     /// As [`GemmPlan::with_output`], in batched steps whose decode rows
@@ -201,21 +231,21 @@ impl GemmPlan {
     /// computes: a step of decode rows only skips the GEMM; otherwise it runs over every row
     /// (the GEMV then overwrites the decode rows).
     pub fn beside_decode_rows(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, x: &Binding, output: &GemvOutput, max_m: usize) -> Result<GemmPlan> {
-        Self::build(ctx, cfg, None, w, x, output, max_m, 1, true)
+        Self::build(ctx, cfg, None, &CoopTiles::ROW_BANDS, w, x, output, max_m, 1, true)
     }
 
-    /// The coopmat GEMM split over K into `splits` partial sums, for a grid of too few blocks to
-    /// fill the GPU evenly (the split multiplies the blocks): partial `z` goes to `y` at element
-    /// `z * max_m * N` (`y` holds `splits * max_m * N` f32), and the consumer adds them up (such
-    /// as [`crate::rope::QkvRopePlan::with_partial_sum`]). Needs the coopmat variant, one part and
-    /// 1..=8 splits (typed errors otherwise).
+    /// The GEMM split over K into `splits` partial sums, for a grid of too few blocks to fill
+    /// the GPU evenly (the split multiplies the blocks): partial `z` goes to `y` at element `z *
+    /// max_m * N` (`y` holds `splits * max_m * N` f32), and the consumer adds them up (such as
+    /// [`crate::rope::QkvRopePlan::with_partial_sum`]). Needs one part and 1..=8 splits (typed
+    /// errors otherwise); the coopmat variant runs the default block shape.
     pub fn with_split_k(ctx: &GpuContext, cfg: &QuantGemm, w: &QuantMatrix, x: &Binding, y: &Binding, max_m: usize, splits: u32) -> Result<GemmPlan> {
         Self::with_tiles_split_k(ctx, cfg, CoopTiles::DEFAULT, w, x, y, max_m, splits)
     }
 
-    /// [`GemmPlan::with_split_k`] with an explicit block shape: for the narrow blocks of few
-    /// rows ([`CoopTiles::ROW_BANDS`]), whose grids over a 4096-wide projection are 128
-    /// workgroups of two subgroups each.
+    /// [`GemmPlan::with_split_k`] with an explicit coopmat block shape (ignored by the tiled
+    /// variant): for the narrow blocks of few rows ([`CoopTiles::ROW_BANDS`]), whose grids over
+    /// a 4096-wide projection are 128 workgroups of two subgroups each.
     #[allow(clippy::too_many_arguments)]
     pub fn with_tiles_split_k(
         ctx: &GpuContext,
@@ -227,13 +257,56 @@ impl GemmPlan {
         max_m: usize,
         splits: u32,
     ) -> Result<GemmPlan> {
-        if !cfg.coopmat || w.parts.len() != 1 || !(1..=8).contains(&splits) {
-            return Err(QuantError::Config {
-                what: "split-K GEMM",
-                reason: format!("coopmat: {}, {} parts, {splits} splits (the coopmat variant, one part, 1..=8 splits)", cfg.coopmat, w.parts.len()),
-            });
+        check_splits(w, splits)?;
+        Self::build(ctx, cfg, Some(tiles), &[], w, x, &GemvOutput::Single(y.clone()), max_m, splits, false)
+    }
+
+    /// The GEMM for a batched engine's steps, split over K into `splits` partial sums in
+    /// `partials` (`splits * max_m * N` f32), then added up into `output` ([`SplitSumPlan`],
+    /// one more dispatch; not [`GemvOutput::Qkv`]). The coopmat variant's block shape follows
+    /// the step's rows as [`GemmPlan::with_output`]'s does, from [`CoopTiles::SPLIT_ROW_BANDS`].
+    /// Every band splits K at the same elements ([`split_chunks`]) and the sum runs in one
+    /// order, so a row's result is the same bits whatever rows share its step: what an engine
+    /// needs where a sequence must give what it gives alone. Pays where a band's grid is a few
+    /// hundred workgroups or fewer ([`GemmPlan::row_band_splits`]). `splits` = 1 runs no split
+    /// and no sum (`partials` unused). Needs one part and 1..=8 splits (typed errors otherwise).
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_split_k_sum(
+        ctx: &GpuContext,
+        cfg: &QuantGemm,
+        w: &QuantMatrix,
+        x: &Binding,
+        partials: &Binding,
+        output: &GemvOutput,
+        max_m: usize,
+        splits: u32,
+    ) -> Result<GemmPlan> {
+        check_splits(w, splits)?;
+        let table = &CoopTiles::SPLIT_ROW_BANDS;
+        if splits == 1 {
+            return Self::build(ctx, cfg, None, table, w, x, output, max_m, 1, false);
         }
-        Self::build(ctx, cfg, Some(tiles), w, x, &GemvOutput::Single(y.clone()), max_m, splits, false)
+        let sum = SplitSumPlan::new(ctx, partials, output, max_m, w.rows, splits)?;
+        let mut gemm = Self::build(ctx, cfg, None, table, w, x, &GemvOutput::Single(partials.clone()), max_m, splits, false)?;
+        gemm.plan.append(sum.plan());
+        Ok(gemm)
+    }
+
+    /// K splits worth taking for the row bands' GEMMs over a matrix of `rows x cols`
+    /// ([`GemmPlan::with_split_k_sum`]): doubled from 1 while the 32-row band's grid
+    /// (`rows / 32` blocks) is under 512 workgroups, up to 4 splits of at least 1024 inputs
+    /// each. On the H100 (2026-12-07, `cargo xtask bench --kernels --only rows`, Q4_0), 4
+    /// splits take Llama-3-8B's O projection (4096 x 4096) from 50 to 32 us at 32 rows and from
+    /// 72 to 31 us at 64, its down projection (4096 x 14336) from 154 to 88 and from 228 to 78,
+    /// and Q/K/V (6144 x 4096) from 50 to 43 and from 72 to 48; gate/up (28672 x 4096, 896
+    /// blocks) gains under 10% and takes none.
+    pub fn row_band_splits(rows: usize, cols: usize) -> u32 {
+        let blocks = rows.div_ceil(32);
+        let mut s = 1;
+        while blocks * s < 512 && s < 4 && cols / (2 * s) >= 1024 {
+            s *= 2;
+        }
+        s as u32
     }
 
     /// Blocks of the default coopmat shape a GEMM of `m` rows over `w` dispatches (without a K
@@ -248,6 +321,7 @@ impl GemmPlan {
         ctx: &GpuContext,
         cfg: &QuantGemm,
         tiles: Option<CoopTiles>,
+        table: &[(u32, CoopTiles)],
         w: &QuantMatrix,
         x: &Binding,
         output: &GemvOutput,
@@ -289,7 +363,7 @@ impl GemmPlan {
         // coopmat variant picks its shape by the step's rows.
         let bands: Vec<(CoopTiles, u32, u32)> = match tiles {
             Some(t) => vec![(t, 0, u32::MAX)],
-            None if cfg.coopmat => CoopTiles::bands(max, max_shared),
+            None if cfg.coopmat => CoopTiles::bands_of(table, max, max_shared),
             None => vec![(CoopTiles::DEFAULT, 0, u32::MAX)],
         };
         let mut plan = Plan::new();
@@ -347,11 +421,9 @@ impl GemmPlan {
                         let m = step_rows(s, max);
                         if (skip_decode_only && s.decode_rows >= s.n_tok) || m <= lo || m > hi { [0, 0, 0] } else { [gx, m.div_ceil(bm), splits] }
                     });
-                    if !cfg.coopmat {
-                        return Ok(d);
-                    }
-                    let nsteps = w.chunks_per_row().div_ceil(tiles.bk as usize / 32);
-                    let ks_per = if splits > 1 { nsteps.div_ceil(splits as usize) } else { 0 };
+                    // The tiled variant's K steps are one chunk.
+                    let cpk = if cfg.coopmat { tiles.bk as usize / 32 } else { 1 };
+                    let ks_per = if splits > 1 { split_chunks(w.chunks_per_row(), splits, cpk) / cpk } else { 0 };
                     Ok(d.set_usize("ks_per", ks_per)?.set_usize("split_off", split_off)?)
                 },
             )

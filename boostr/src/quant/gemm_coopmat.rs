@@ -85,14 +85,27 @@ impl CoopTiles {
         (64, CoopTiles { bm: 64, bn: 64, bk: 64, sg_m: 2, sg_n: 2, pad: 8, prefetch: true }),
     ];
 
+    /// The row bands of a GEMM split over K ([`super::GemmPlan::with_split_k_sum`]): the
+    /// split gives the small-N projections the workgroups the narrow 32-row block gave them, so
+    /// 17 to 64 rows take the 64x64x64 block. On the H100 (2026-12-07, `cargo xtask bench
+    /// --kernels --only rows`, Q4_0, Llama-3-8B's four projections at 32 rows, each at the
+    /// split `row_band_splits` gives it): 306 us a layer against 342 with the 32x32x128 block;
+    /// gate/up, unsplit, 155 against 180.
+    pub const SPLIT_ROW_BANDS: [(u32, CoopTiles); 2] = [Self::ROW_BANDS[0], Self::ROW_BANDS[2]];
+
     /// The bands of a GEMM of at most `max_m` rows on an adapter of `max_shared` bytes of
     /// workgroup memory: `(tiles, lo, hi)` for steps of `lo < m <= hi` rows, from
     /// [`CoopTiles::ROW_BANDS`] (a shape the adapter cannot hold leaves its rows to the next
     /// band), then [`CoopTiles::DEFAULT`] for the rest; none past `max_m`.
     pub fn bands(max_m: u32, max_shared: u32) -> Vec<(CoopTiles, u32, u32)> {
+        Self::bands_of(&Self::ROW_BANDS, max_m, max_shared)
+    }
+
+    /// [`CoopTiles::bands`] from another table of `(most rows, tiles)` in increasing order.
+    pub fn bands_of(table: &[(u32, CoopTiles)], max_m: u32, max_shared: u32) -> Vec<(CoopTiles, u32, u32)> {
         let mut v = Vec::new();
         let mut lo = 0;
-        for (hi, t) in Self::ROW_BANDS {
+        for &(hi, t) in table {
             if lo >= max_m {
                 break;
             }

@@ -15,7 +15,8 @@
 //!   by [`q8_activations::QuantizeQ8`], or normalised and quantized in one dispatch by
 //!   [`q8_activations::RmsNormQuantizeQ8`]; `dot4I8Packed` against the decoders' quant bytes).
 //! - [`gemm::QuantGemm`]: the tiled mat-mat (workgroup-memory tiles) and the cooperative-matrix
-//!   mat-mat (f16 16x16x16 tiles, f32 accumulate).
+//!   mat-mat (f16 16x16x16 tiles, f32 accumulate); split over K into partial sums where its grid
+//!   is small, which [`split_sum::SplitSumPlan`] adds up in a fixed order.
 //!
 //! Kernels require `cols % 32 == 0` (every real weight has it; K-quants need 256 anyway).
 //!
@@ -46,6 +47,7 @@ pub mod prepared;
 pub mod q8_activations;
 pub mod q8_epilogue;
 pub mod rope_kv;
+pub mod split_sum;
 pub mod upload;
 mod validate;
 
@@ -60,6 +62,7 @@ pub use prepared::{BlockRows, MatrixRows, PreparedMatrix, WordPool};
 pub use q8_activations::{DeferredRmsQuantizeQ8, GluQuantizeQ8, Q8Activations, QuantizeQ8, RmsNormQuantizeQ8};
 pub use q8_epilogue::Q8Epilogue;
 pub use rope_kv::RopeKv;
+pub use split_sum::SplitSumPlan;
 pub use upload::{QuantMatrix, QuantPart, binding_limit};
 
 /// The decoder a kernel needs: a GGUF type, or the int4 layout shared by AWQ and GPTQ (whose

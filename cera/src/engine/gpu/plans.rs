@@ -83,6 +83,7 @@ pub(crate) struct Slots {
     /// The widest input of a linear op.
     max_k: usize,
     half: OnceLock<Arc<GpuBuffer>>,
+    partials: OnceLock<Arc<GpuBuffer>>,
 }
 
 impl Slots {
@@ -106,7 +107,7 @@ impl Slots {
             bufs.insert(s, b);
         }
         let max_k = graph.ops.iter().filter_map(|op| if let Op::Linear { ws, .. } = op { ws.first().map(|w| w.cols) } else { None }).max().unwrap_or(0);
-        Ok(Slots { bufs, rows, max_k, half: OnceLock::new() })
+        Ok(Slots { bufs, rows, max_k, half: OnceLock::new(), partials: OnceLock::new() })
     }
 
     /// `rows x` the widest linear input, f16: where a plan's GEMMs read f16 activations, each
@@ -119,6 +120,23 @@ impl Slots {
         let bytes = (self.rows * self.max_k * 2) as u64;
         let b = ctx.alloc(bytes.max(16), BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
         Ok(self.half.get_or_init(|| b))
+    }
+
+    /// `rows x row_elems` f32: the partial sums of the GEMMs split over K in a batched plan
+    /// (`tuning::batch_split_k`), each summed into its output before the next GEMM runs. Every
+    /// caller passes the plan's most (`tuning::batch_split_row_elems`); allocated by the first.
+    pub(super) fn partials(&self, ctx: &GpuContext, row_elems: usize) -> Result<&Arc<GpuBuffer>, EngineError> {
+        if let Some(b) = self.partials.get() {
+            return Ok(b);
+        }
+        let bytes = (self.rows * row_elems * 4) as u64;
+        let b = ctx.alloc(bytes.max(16), BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
+        Ok(self.partials.get_or_init(|| b))
+    }
+
+    /// The rows each slot holds.
+    pub(super) fn rows(&self) -> usize {
+        self.rows
     }
 
     pub(crate) fn buf(&self, s: Slot) -> &Arc<GpuBuffer> {

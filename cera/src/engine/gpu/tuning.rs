@@ -44,6 +44,40 @@ pub(crate) fn prefill_qkv_splits(ctx: &GpuContext, inp: &PlanInputs, max_tok: us
     (0..inp.graph.ops.len()).map(|op| qkv_split_k(ctx, inp, op, max_tok)).max().unwrap_or(1)
 }
 
+/// K splits of the GEMM over `w` in a batched plan of `max_tok` rows that runs every row
+/// through the GEMM: [`GpuTuning::batch_split_k`], else (auto) boostr's
+/// [`GemmPlan::row_band_splits`] where the coopmat GEMM runs (the tiled one's are unmeasured);
+/// 1 where `w` has several parts or the partial sums would not fit one binding.
+pub(super) fn batch_split_k(ctx: &GpuContext, t: &GpuTuning, w: &QuantMatrix, max_tok: usize) -> u32 {
+    if w.parts.len() != 1 {
+        return 1;
+    }
+    let coop = QuantGemm::new(WeightKind::of(w.format), ctx).coopmat;
+    let s = t.batch_split_k.unwrap_or_else(|| if coop { GemmPlan::row_band_splits(w.rows, w.cols) } else { 1 });
+    let bytes = (s as u64).saturating_mul(max_tok as u64).saturating_mul(w.rows as u64).saturating_mul(4);
+    if bytes > ctx.capabilities().limits.max_storage_buffer_binding_size { 1 } else { s }
+}
+
+/// The ops whose GEMMs a batched plan may split ([`batch_split_k`]): the linear ops (the LM
+/// head's rows are a plan of their own, of other rows, and its wide matrix never splits).
+pub(super) fn batch_split_ops<'a>(inp: &'a PlanInputs) -> impl Iterator<Item = usize> + 'a {
+    inp.graph.ops.iter().enumerate().filter(|(_, o)| matches!(o, Op::Linear { .. })).map(|(i, _)| i)
+}
+
+/// Elements per row of the partial sums a batched plan's slots of `max_tok` rows need
+/// ([`batch_split_k`] at those rows times the matrix's rows, the most over its matrices; 0:
+/// none split).
+pub(super) fn batch_split_row_elems(ctx: &GpuContext, inp: &PlanInputs, max_tok: usize) -> usize {
+    let parts = batch_split_ops(inp).filter_map(|op| inp.weights.linear.get(&op)).flatten();
+    parts
+        .map(|p| match batch_split_k(ctx, inp.tuning, &p.w, max_tok) {
+            1 => 0,
+            s => s as usize * p.w.rows,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// [`qkv_split_k`] on the op list alone: `blocks` is the coopmat grid's block count (`None`: no
 /// coopmat GEMM, or the split turned off), split where at most `max_blocks`.
 fn split_k_for(ops: &[Op], op: usize, max_tok: usize, blocks: Option<usize>, max_blocks: usize) -> u32 {

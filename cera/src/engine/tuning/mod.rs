@@ -153,6 +153,13 @@ pub struct GpuTuning {
     /// 3,575 against 2,674 / 2,957 (steps of 5.4 / 7.0 ms against 5.7 / 10.3). The GEMV stays for states
     /// of up to 16 (`cera serve`'s default `--parallel`), where few busy sequences are likely.
     pub batch_gemv_max_seqs: usize,
+    /// K splits of the GEMMs of a batch state that runs every row through them (more than
+    /// [`GpuTuning::batch_gemv_max_seqs`] sequences), each summed by one more dispatch
+    /// (`batch_split_k` = 1 (off) to 8, or `auto`). Every row band splits K at the same
+    /// elements and the sum's order is fixed, so a sequence's numbers still never depend on the
+    /// others. `None` (auto): boostr's `GemmPlan::row_band_splits` for each matrix (4 for
+    /// Llama-3-8B's Q/K/V, O and down projections, none for gate/up), on the coopmat GEMM only.
+    pub batch_split_k: Option<u32>,
     /// Such a batch state runs its decode rows in a lane of their own (`batch_lanes`), whose
     /// plan takes a verification plan's fusions (the RMSNorm and the GLU in the rows'
     /// quantizer or the f32 GEMV's prologue, the residual add in the GEMV): 10 dispatches a
@@ -351,6 +358,7 @@ impl Default for GpuTuning {
             gemv_threads: None,
             batch_gemv: BatchGemv::DEFAULT,
             batch_gemv_max_seqs: 16,
+            batch_split_k: None,
             batch_lanes: true,
             batch_q8: Some(BatchQ8::DEFAULT),
             verify_q8: Some(BatchQ8::VERIFY),

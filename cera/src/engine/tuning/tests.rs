@@ -72,6 +72,7 @@ fn settings_parse_into_their_fields() {
         "verify_q8=1,2,32,2",
         "batch_gemv_max_seqs=4",
         "batch_lanes=off",
+        "batch_split_k=2",
         "norm_local=16,512,1,1",
         "norm_local_small=off",
         "attn_tuning=2,4,264",
@@ -101,7 +102,8 @@ fn settings_parse_into_their_fields() {
     assert_eq!((t.batch_q8, t.batch_gemv_max_seqs), (Some(super::BatchQ8 { rows: 4, group: 8, threads: 128, unroll: 2 }), 4));
     assert_eq!(t.verify_q8, Some(super::BatchQ8 { rows: 1, group: 2, threads: 32, unroll: 2 }));
     assert!(!t.batch_lanes);
-    for s in ["batch_gemv=2,4,128,0", "batch_q8=2,4,64,1", "verify_q8=2,3,64,1", "batch_gemv_max_seqs=16", "batch_lanes=on"] {
+    assert_eq!(t.batch_split_k, Some(2));
+    for s in ["batch_gemv=2,4,128,0", "batch_q8=2,4,64,1", "verify_q8=2,3,64,1", "batch_gemv_max_seqs=16", "batch_lanes=on", "batch_split_k=auto"] {
         t.set_pair(s).unwrap();
     }
     // `auto` returns an override to the default, `all` / `off` the chains' mode.
@@ -143,6 +145,7 @@ fn bad_settings_are_typed_errors() {
         ("attn_tuning=1,2", "heads,keys,target_wgs (or `auto`)"),
         ("prefill_attn=fast", "coop, subgroup, tiled or auto"),
         ("prefill_split_k=3", "1 (off) or 2 (on)"),
+        ("batch_split_k=9", "1 (off) to 8, or `auto`: K splits of the GEMMs of batch states that run every row through them"),
         ("decode_fusion=norm,fast", "`all`, `none` or a comma list of norm, residual, glu, epilogue, attn_q8, rope"),
         ("chain_layers=0", "layers per chain (an integer, at least 1)"),
         ("chain=a,,b", "auto, on, off, all, or a comma list of kernel-name prefixes"),

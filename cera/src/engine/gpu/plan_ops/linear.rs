@@ -16,7 +16,7 @@ use super::super::super::graph::{Op, Slot};
 use super::super::fuse::{Fused, Input};
 use super::super::plans::{Mode, PlanInputs, Slots};
 use super::super::quant_err;
-use super::super::tuning::{f32_rows, f32_threads, q8_config, qkv_split_k};
+use super::super::tuning::{batch_split_k, batch_split_row_elems, f32_rows, f32_threads, q8_config, qkv_split_k};
 use super::PlanCx;
 
 /// The bindings of one linear op and what its GEMV fuses (decode).
@@ -197,8 +197,21 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
             (Mode::Batch { max_tok }, _) if !inp.batch_decode_gemv => {
                 // Every row through the GEMM (a batch state of many sequences, where one GEMM
                 // pass over the weights beats the GEMV's pass per group of decode rows).
+                // Split over K where the row bands' grids are small (the same split in every
+                // band, so a row's result does not depend on the step's rows), in the split
+                // GEMM's bands either way.
                 let cfg = QuantGemm { unchecked: true, x_f16: x_half.is_some(), ..QuantGemm::new(kind, ctx) };
-                let gemm = GemmPlan::with_output(ctx, &cfg, w, &gemm_x, &output, max_tok);
+                // (Decided at the slots' rows, as the partials' size is.)
+                let rows = cx.slots.rows();
+                let splits = if matches!(inp.graph.ops[op], Op::Linear { .. }) { batch_split_k(ctx, inp.tuning, w, rows) } else { 1 };
+                let gemm = match (w.parts.len(), splits) {
+                    (1, 1) => GemmPlan::with_split_k_sum(ctx, &cfg, w, &gemm_x, &gemm_x, &output, max_tok, 1),
+                    (1, splits) => {
+                        let partials = Binding::whole(cx.slots.partials(ctx, batch_split_row_elems(ctx, inp, rows))?);
+                        GemmPlan::with_split_k_sum(ctx, &cfg, w, &gemm_x, &partials, &output, max_tok, splits)
+                    }
+                    _ => GemmPlan::with_output(ctx, &cfg, w, &gemm_x, &output, max_tok),
+                };
                 plan.append(gemm.map_err(|e| quant_err(ctx, &w.name, e))?.plan());
             }
             (Mode::Batch { max_tok }, _) => {
