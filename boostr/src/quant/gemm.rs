@@ -265,11 +265,12 @@ impl GemmPlan {
     /// `partials` (`splits * max_m * N` f32), then added up into `output` ([`SplitSumPlan`],
     /// one more dispatch; not [`GemvOutput::Qkv`]). The coopmat variant's block shape follows
     /// the step's rows as [`GemmPlan::with_output`]'s does, from [`CoopTiles::SPLIT_ROW_BANDS`].
-    /// Every band splits K at the same elements ([`split_chunks`]) and the sum runs in one
-    /// order, so a row's result is the same bits whatever rows share its step: what an engine
-    /// needs where a sequence must give what it gives alone. Pays where a band's grid is a few
-    /// hundred workgroups or fewer ([`GemmPlan::row_band_splits`]). `splits` = 1 runs no split
-    /// and no sum (`partials` unused). Needs one part and 1..=8 splits (typed errors otherwise).
+    /// Every band splits K at the same elements (the even share rounded up to whole 128-element
+    /// steps) and the sum runs in one order, so a row's result is the same bits whatever rows
+    /// share its step: what an engine needs where a sequence must give what it gives alone.
+    /// Pays where a band's grid is a few hundred workgroups or fewer
+    /// ([`GemmPlan::row_band_splits`]). `splits` = 1 runs no split and no sum (`partials`
+    /// unused). Needs one part and 1..=8 splits (typed errors otherwise).
     #[allow(clippy::too_many_arguments)]
     pub fn with_split_k_sum(
         ctx: &GpuContext,

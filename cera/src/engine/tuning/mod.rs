@@ -144,8 +144,9 @@ pub struct GpuTuning {
     /// multi-row GEMV, larger ones through the GEMM with the prompt rows
     /// (`batch_gemv_max_seqs`; a state picks one for all its steps, so that a sequence's numbers
     /// never depend on the others). The GEMM's block shape follows each step's rows
-    /// (`boostr::quant::gemm::CoopTiles::ROW_BANDS`). One decode step at depth 1024, llama-8b
-    /// Q4_0, H100, 2026-12-07 (`cera bench --concurrency 8,32,64 --requests 0 --profile -d 1024
+    /// (`boostr::quant::gemm::CoopTiles::SPLIT_ROW_BANDS`; before the K split of
+    /// [`GpuTuning::batch_split_k`], `ROW_BANDS`, as measured here). One decode step at depth
+    /// 1024, llama-8b Q4_0, H100, 2026-12-07 (`cera bench --concurrency 8,32,64 --requests 0 --profile -d 1024
     /// --tune batch_gemv_max_seqs=64|0`): the integer-dot GEMV takes 7.3 / 21.7 / 41.2 ms at
     /// 8 / 32 / 64 sequences, the GEMM 14.5 / 19.3 / 24.7 ms. The fixed workload (`cera bench
     /// --concurrency 32,64 --kv-budget 24G`) gives 797 / 1,049 total tok/s with the GEMM at 32
@@ -159,6 +160,10 @@ pub struct GpuTuning {
     /// elements and the sum's order is fixed, so a sequence's numbers still never depend on the
     /// others. `None` (auto): boostr's `GemmPlan::row_band_splits` for each matrix (4 for
     /// Llama-3-8B's Q/K/V, O and down projections, none for gate/up), on the coopmat GEMM only.
+    /// H100, 2026-12-07 (`cera bench -m llama-8b-q4_0.gguf --concurrency 32,64 --requests 0
+    /// --profile -d 1024 --tune batch_split_k=1|auto`): a decode step of 32 / 64 sequences at
+    /// depth 1024 takes 22.0 / 24.7 ms unsplit, 15.1 / 18.0 ms split; the fixed workload gives
+    /// 895 / 1,139 total tok/s at 32 / 64 streams (llama.cpp 343 / 366 in the same run).
     pub batch_split_k: Option<u32>,
     /// Such a batch state runs its decode rows in a lane of their own (`batch_lanes`), whose
     /// plan takes a verification plan's fusions (the RMSNorm and the GLU in the rows'
