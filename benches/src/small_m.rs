@@ -45,7 +45,9 @@ fn row(label: String, seconds: f64, bytes: usize, flops: f64) -> Measurement {
 /// configuration of [`ROWS_GEMV`], then every valid block shape of [`small_tiles`] on f32 and on
 /// f16 activations (the GEMM's time only: rounding the rows to f16 is a dispatch of its own),
 /// then each row band's block shape that holds the rows ([`CoopTiles::ROW_BANDS`]) split over
-/// K into 2, 4 and 8 partial sums.
+/// K into 2, 4 and 8 partial sums. Before the block shapes, the engine's batched GEMM
+/// ([`GemmPlan::with_split_k_sum`] at [`GemmPlan::row_band_splits`]' count, the sum included),
+/// on the tiled variant where the adapter has no cooperative matrices.
 pub fn rows_sweep(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
     let env = KernelEnv::from_caps(ctx.capabilities());
     let coop = QuantGemm::coopmat_available(ctx);
@@ -78,10 +80,24 @@ pub fn rows_sweep(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
                     let (wall, _) = time_rotating(ctx, reps, "quant_gemv_q8", |rec, i| plans[i % plans.len()].record(rec, &step).map_err(err))?;
                     v.push(row(name(&format!("gemv-q8 r{r} g{g} t{t} u{u}")), wall, bytes, flops));
                 }
+                let step = StepValues::chunk(0, m as u32);
+                // The engine's batched GEMM: split over K as `GemmPlan::row_band_splits` says, in
+                // the split bands, its sum of the partials included.
+                let splits = GemmPlan::row_band_splits(n, k);
+                let parts = ctx.alloc(4 * (splits as usize * m * n) as u64, BufferKind::Storage)?;
+                let gcfg = QuantGemm { unchecked: true, ..QuantGemm::new(kind, ctx) };
+                let plans = ws
+                    .iter()
+                    .map(|w: &QuantMatrix| {
+                        GemmPlan::with_split_k_sum(ctx, &gcfg, w, &Binding::whole(&x), &Binding::whole(&parts), &out, m, splits).map_err(err)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let (wall, _) = time_rotating(ctx, reps, "quant_gemm", |rec, i| plans[i % plans.len()].record(rec, &step).map_err(err))?;
+                let label = if splits > 1 { format!("batched gemm split-k {splits} + sum") } else { "batched gemm, no split".to_string() };
+                v.push(row(name(&label), wall, bytes, flops));
                 if !coop {
                     continue;
                 }
-                let step = StepValues::chunk(0, m as u32);
                 for (t, x_f16) in small_tiles().into_iter().filter(|t| t.valid(max_shared)).flat_map(|t| [(t, false), (t, true)]) {
                     let gcfg = QuantGemm { kind, coopmat: true, unchecked: true, x_f16 };
                     let plans = ws
