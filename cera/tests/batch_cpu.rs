@@ -72,6 +72,11 @@ fn a_shared_system_prompt_is_prefilled_once() {
     let b = e.batcher(BatcherOpts::default()).unwrap();
     let first = b.generate(a.clone(), &opts).unwrap();
     assert_eq!(first.reused, 0);
+    // Alone, the request ran one step of its whole prompt, then a step per token but the last.
+    let m = b.metrics();
+    assert_eq!((m.steps, m.prompt_steps), (8, 1), "{m:?}");
+    assert_eq!((m.step_rows, m.prompt_step_rows), (a.len() as u64 + 7, a.len() as u64), "{m:?}");
+    assert!(m.prompt_step_seconds > 0.0 && m.prompt_step_seconds < m.step_seconds && m.step_seconds <= m.busy_seconds, "{m:?}");
     let second = b.generate(c.clone(), &opts).unwrap();
     // Every token the prompts share comes from the cache: 18 whole blocks of 16, and the
     // start of the 19th (where the prompts part) copied on write into a block of its own.

@@ -66,6 +66,46 @@ pub struct ConcurrencyRow {
     pub drafted_tokens: u64,
     /// Of those, the ones kept.
     pub accepted_tokens: u64,
+    /// Where cera's batcher spent the wall time (`None` for llama.cpp's server).
+    pub steps: Option<StepTimes>,
+}
+
+/// Where a batcher's wall time went over a workload: its steps, split by whether they ran prompt
+/// rows, and the host's time between them ([`crate::engine::BatcherMetrics`]'s step fields).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct StepTimes {
+    /// Steps with prompt (or recomputed) rows.
+    pub prompt_steps: u64,
+    /// Their seconds (recording, the device, the readback).
+    pub prompt_step_s: f64,
+    /// Steps of decode (and verification) rows only.
+    pub decode_steps: u64,
+    /// Their seconds.
+    pub decode_step_s: f64,
+    /// Rows of the decode-only steps, on average.
+    pub decode_step_rows: f64,
+    /// Seconds the batcher's thread spent around its steps (planning, sampling, streaming),
+    /// when the device idles.
+    pub host_s: f64,
+}
+
+impl StepTimes {
+    /// The difference of two snapshots of a batcher's metrics (`after` minus `before`).
+    pub fn between(before: &crate::engine::BatcherMetrics, after: &crate::engine::BatcherMetrics) -> StepTimes {
+        let prompt_steps = after.prompt_steps - before.prompt_steps;
+        let decode_steps = (after.steps - before.steps) - prompt_steps;
+        let prompt_step_s = after.prompt_step_seconds - before.prompt_step_seconds;
+        let step_s = after.step_seconds - before.step_seconds;
+        let rows = (after.step_rows - before.step_rows) - (after.prompt_step_rows - before.prompt_step_rows);
+        StepTimes {
+            prompt_steps,
+            prompt_step_s,
+            decode_steps,
+            decode_step_s: step_s - prompt_step_s,
+            decode_step_rows: if decode_steps == 0 { 0.0 } else { rows as f64 / decode_steps as f64 },
+            host_s: (after.busy_seconds - before.busy_seconds) - step_s,
+        }
+    }
 }
 
 /// What each request of the workload asks for besides its tokens.
@@ -142,6 +182,7 @@ pub(super) fn row(
         preemptions,
         drafted_tokens: 0,
         accepted_tokens: 0,
+        steps: None,
     }
 }
 
@@ -215,6 +256,7 @@ pub fn run(
         let times: Vec<(Instant, Vec<Instant>)> =
             times.into_iter().map(|(sub, s)| (sub, std::mem::take(&mut *s.lock().unwrap_or_else(|p| p.into_inner())))).collect();
         let mut r = row(c, requests, seconds, generated, &times, m.prefill_tokens - warm.prefill_tokens, m.preemptions - warm.preemptions);
+        r.steps = Some(StepTimes::between(&warm, &m));
         (r.drafted_tokens, r.accepted_tokens) = (m.drafted_tokens - warm.drafted_tokens, m.accepted_tokens - warm.accepted_tokens);
         rows.push(r);
     }
@@ -324,6 +366,26 @@ pub fn print_rows(model: &str, device: &str, rows: &[ConcurrencyRow]) -> String 
             "| {} | {} | {:.0} | {:.1} | {:.0} | {:.0} | {:.1} | {:.1} | {} |\n",
             r.concurrency, r.requests, r.total_tok_s, r.per_seq_tok_s, r.ttft_p50_ms, r.ttft_p99_ms, r.itl_p50_ms, r.itl_p99_ms, r.preemptions
         );
+    }
+    for r in rows {
+        let Some(t) = r.steps else { continue };
+        let ms = |s: f64, n: u64| if n == 0 { 0.0 } else { 1e3 * s / n as f64 };
+        s += &format!(
+            "\n{} streams, {:.1} s: {} steps with prompt rows {:.1} s ({:.1} ms each), {} decode-only steps {:.1} s ({:.1} ms each, {:.1} rows), host between steps {:.1} s",
+            r.concurrency,
+            r.seconds,
+            t.prompt_steps,
+            t.prompt_step_s,
+            ms(t.prompt_step_s, t.prompt_steps),
+            t.decode_steps,
+            t.decode_step_s,
+            ms(t.decode_step_s, t.decode_steps),
+            t.decode_step_rows,
+            t.host_s
+        );
+    }
+    if rows.iter().any(|r| r.steps.is_some()) {
+        s.push('\n');
     }
     for r in rows.iter().filter(|r| r.drafted_tokens > 0) {
         s += &format!(

@@ -156,6 +156,22 @@ pub struct BatcherMetrics {
     pub tokens_per_second: f64,
     /// Steps run.
     pub steps: u64,
+    /// Of those, steps with prompt (or recomputed) rows.
+    pub prompt_steps: u64,
+    /// Token rows run in steps (decode, prompt and verification rows), since the batcher
+    /// started.
+    pub step_rows: u64,
+    /// Of those, the rows of steps with prompt rows.
+    pub prompt_step_rows: u64,
+    /// Seconds spent inside steps (recording, the device's work, reading the outputs back),
+    /// since the batcher started.
+    pub step_seconds: f64,
+    /// Of those, the seconds of steps with prompt rows.
+    pub prompt_step_seconds: f64,
+    /// Seconds of the batcher's turns that ran a step, the step included: planning, the step,
+    /// sampling, streaming and finishing sequences. `busy_seconds - step_seconds` is the host's
+    /// time between steps, when the device idles.
+    pub busy_seconds: f64,
     /// Sequences preempted (blocks freed, recomputed later) when the KV blocks ran out.
     pub preemptions: u64,
     /// Requests finished (any reason, errors included).

@@ -344,9 +344,20 @@ impl<'t> Loop<'t> {
                 }
             })
             .collect();
+        let prompt_rows = plan.iter().any(|p| p.pos < self.running[p.seq].res.prompt_tokens || p.n > p.out_rows);
+        let t0 = Instant::now();
         let outs = copied.and_then(|()| state.step(&entries));
+        let step_time = t0.elapsed().as_secs_f64();
         drop(entries);
         self.metrics.steps += 1;
+        let rows = plan.iter().map(|p| p.n as u64).sum::<u64>();
+        self.metrics.step_rows += rows;
+        self.metrics.step_seconds += step_time;
+        if prompt_rows {
+            self.metrics.prompt_steps += 1;
+            self.metrics.prompt_step_rows += rows;
+            self.metrics.prompt_step_seconds += step_time;
+        }
         let generated_before = self.metrics.generated_tokens;
         let mut ended: Vec<(u64, Result<FinishReason, EngineError>)> = Vec::new();
         match outs {
@@ -451,6 +462,7 @@ pub(crate) fn run(
         if !open {
             break;
         }
+        let turn = Instant::now();
         lp.reap_cancelled();
         let mut plan = Vec::new();
         let mut budget = o.max_tokens;
@@ -459,6 +471,7 @@ pub(crate) fn run(
         lp.admit(&mut plan, &mut budget);
         if !plan.is_empty() {
             lp.run_step(state.as_mut(), plan);
+            lp.metrics.busy_seconds += turn.elapsed().as_secs_f64();
         }
         lp.publish(&shared);
     }
