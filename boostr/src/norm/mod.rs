@@ -43,6 +43,9 @@ pub struct Norm {
     pub residual: bool,
 }
 
+/// The kernels' params; the last two only in [`Norm::source_partials`].
+const PARAMS: [&str; 13] = ["rows", "n", "eps", "x_off", "x_stride", "res_off", "res_stride", "out_off", "out_stride", "w_off", "b_off", "parts", "split_off"];
+
 impl Norm {
     /// Plain RMSNorm: weight `w`, no bias, no residual.
     pub const fn rms() -> Norm {
@@ -79,13 +82,37 @@ impl Norm {
     /// res_stride + i]` and writes `out[out_off + row * out_stride + i]` for `i < n`, and reads
     /// `w[w_off + i]`, `b[b_off + i]`; [`NormPlan::new`] checks every binding holds its extent.
     pub fn source_vec(&self, env: &KernelEnv, vec4: bool) -> KernelSource {
-        let name = format!("norm_{:?}_o{}_b{}_r{}{}", self.kind, self.weight_offset as u8, self.bias as u8, self.residual as u8, if vec4 { "_v4" } else { "" })
-            .to_lowercase();
+        self.source_with(env, vec4, false)
+    }
+
+    /// [`Norm::source_vec`] of a residual variant whose `x` is partial sums (a GEMM split over
+    /// K): row `row`'s input is `x[xb + i] + x[split_off + xb + i] + ...` over `parts` partials,
+    /// added in that order (as [`crate::quant::SplitSumPlan`] adds them) before the residual
+    /// add. Extra params `parts, split_off`; [`NormPlan::with_partials`] builds it.
+    pub fn source_partials(&self, env: &KernelEnv, vec4: bool) -> KernelSource {
+        self.source_with(env, vec4, true)
+    }
+
+    fn source_with(&self, env: &KernelEnv, vec4: bool, parts: bool) -> KernelSource {
+        let name = format!(
+            "norm_{:?}_o{}_b{}_r{}{}{}",
+            self.kind,
+            self.weight_offset as u8,
+            self.bias as u8,
+            self.residual as u8,
+            if parts { "_parts" } else { "" },
+            if vec4 { "_v4" } else { "" }
+        )
+        .to_lowercase();
         let args = reduce_args(env);
         let (ty, lanes) = if vec4 { ("vec4<f32>", 4) } else { ("f32", 1) };
         // Sums of a value's lanes and of its squares.
         let (sum, sq) = if vec4 { ("dot(v, vec4<f32>(1.0))", "dot(v, v)") } else { ("v", "v * v") };
-        let load = if self.residual { "var v = x[xb + i] + res[rb + i]; res[rb + i] = v;" } else { "let v = x[xb + i];" };
+        let load = match (self.residual, parts) {
+            (true, true) => "var v = x[xb + i]; for (var z = 1u; z < p.parts; z++) { v += x[z * p.split_off + xb + i]; } v = v + res[rb + i]; res[rb + i] = v;",
+            (true, false) => "var v = x[xb + i] + res[rb + i]; res[rb + i] = v;",
+            (false, _) => "let v = x[xb + i];",
+        };
         let reload = if self.residual { "res[rb + i]" } else { "x[xb + i]" };
         let w = if self.weight_offset { "(1.0 + w[p.w_off + i])" } else { "w[p.w_off + i]" };
         let b = if self.bias { " + b[p.b_off + i]" } else { "" };
@@ -110,7 +137,7 @@ impl Norm {
             .storage("b", Access::Read, &arr)
             .storage("res", Access::ReadWrite, &arr)
             .storage("out", Access::ReadWrite, &arr)
-            .params(&["rows", "n", "eps", "x_off", "x_stride", "res_off", "res_stride", "out_off", "out_stride", "w_off", "b_off"])
+            .params(&PARAMS[..if parts { PARAMS.len() } else { PARAMS.len() - 2 }])
             .prelude(&workgroup_reduce_fns(env))
             .body(&body)
             .build()

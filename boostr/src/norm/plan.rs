@@ -41,6 +41,26 @@ impl NormPlan {
     /// (typed [`crate::ops_common::OpsError::BadArgs`] otherwise), and the bias / residual must be
     /// given exactly when the variant uses them.
     pub fn new(ctx: &GpuContext, cfg: &Norm, io: &NormIo, n: usize, max_rows: usize, eps: f32) -> Result<NormPlan> {
+        Self::build(ctx, cfg, io, n, max_rows, eps, 1)
+    }
+
+    /// As [`NormPlan::new`] for a residual variant whose input `io.x` is `parts` partial sums of
+    /// a GEMM split over K (`parts * max_rows * n` f32, partial `z` at element `z * max_rows *
+    /// n`, as [`crate::quant::GemmPlan::with_split_k_partials`] writes them): each row's input
+    /// is their sum in the order `((p0 + p1) + p2) + ...`, the order
+    /// [`crate::quant::SplitSumPlan`] adds them in, so the residual stream and the output are
+    /// the bits of that sum followed by [`NormPlan::new`], in one dispatch instead of two.
+    /// 1 to [`crate::quant::split_sum::MAX_SPLITS`] parts, with `cfg.residual` (typed errors otherwise).
+    pub fn with_partials(ctx: &GpuContext, cfg: &Norm, io: &NormIo, n: usize, max_rows: usize, eps: f32, parts: u32) -> Result<NormPlan> {
+        if !(1..=crate::quant::split_sum::MAX_SPLITS).contains(&parts) || !cfg.residual {
+            let most = crate::quant::split_sum::MAX_SPLITS;
+            return Err(bad(OP, format!("{parts} partial sums into a norm with a residual: {} (1..={most} partials, a residual variant)", cfg.residual)));
+        }
+        Self::build(ctx, cfg, io, n, max_rows, eps, parts)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(ctx: &GpuContext, cfg: &Norm, io: &NormIo, n: usize, max_rows: usize, eps: f32, parts: u32) -> Result<NormPlan> {
         if n == 0 || max_rows == 0 {
             return Err(bad(OP, format!("rows of {n} and at most {max_rows} rows (both must be positive)")));
         }
@@ -60,7 +80,7 @@ impl NormPlan {
             ));
         }
         let total = mul(OP, "max_rows x n", max_rows, n)?;
-        io.x.need(OP, "x", total)?;
+        io.x.need(OP, "x", mul(OP, "the partial sums", total, parts as usize)?)?;
         io.w.need(OP, "the weight", n)?;
         if let Some(b) = &io.b {
             b.need(OP, "the bias", n)?;
@@ -78,13 +98,18 @@ impl NormPlan {
             Some(r) => (r.binding.clone(), r.offset_u32(OP)?),
             None => (dummy(ctx)?, 0),
         };
-        let offs = [io.x.offset_u32(OP)?, ro, out.offset_u32(OP)?, io.w.offset_u32(OP)?, bo];
+        let split_off = to_u32(OP, "partial sum elements", total)?;
+        // Every index of the last partial fits u32.
+        to_u32(OP, "x elements", mul(OP, "the partial sums", total, parts as usize)?)?;
+        let offs = [io.x.offset_u32(OP)?, ro, out.offset_u32(OP)?, io.w.offset_u32(OP)?, bo, split_off];
         let l = vec4_lanes(n32, &offs);
-        let [xo, ro, oo, wo, bo] = offs.map(|o| o / l);
-        let kernel = ctx.kernel(&cfg.source_vec(&env_of(ctx), l == 4))?;
+        let [xo, ro, oo, wo, bo, so] = offs.map(|o| o / l);
+        let env = env_of(ctx);
+        let source = if parts > 1 { cfg.source_partials(&env, l == 4) } else { cfg.source_vec(&env, l == 4) };
+        let kernel = ctx.kernel(&source)?;
         let group = ctx.bind(&kernel, &[io.x.binding.clone(), io.w.binding.clone(), bb, rb, out.binding.clone()])?;
         let grid = step_grid(ctx, max_rows as u64, 1, move |s| s.n_tok.min(max32) as u64)?;
-        let d = PlanDispatch::new(&kernel, group, [1, 1, 1])?
+        let mut d = PlanDispatch::new(&kernel, group, [1, 1, 1])?
             .set("n", n32 / l)?
             .set_f32("eps", eps)?
             .set("x_off", xo)?
@@ -97,6 +122,9 @@ impl NormPlan {
             .set("b_off", bo)?
             .per_step("rows", move |s| s.n_tok.min(max32))?
             .grid_per_step(grid);
+        if parts > 1 {
+            d = d.set("parts", parts)?.set("split_off", so)?;
+        }
         Ok(NormPlan { plan: Plan::from(d), out, max_rows: max32 })
     }
 

@@ -293,6 +293,28 @@ impl GemmPlan {
         Ok(gemm)
     }
 
+    /// [`GemmPlan::with_split_k_sum`] without its sum, for a consumer that adds the partials
+    /// itself in the same order ([`crate::norm::NormPlan::with_partials`]: the residual add and
+    /// RMSNorm after an output projection): the row bands of [`CoopTiles::SPLIT_ROW_BANDS`], K
+    /// split at the same elements in every band, partial `z` at element `z * max_m * N` of
+    /// `partials`. Needs one part and 2..=8 splits (typed errors otherwise).
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_split_k_partials(
+        ctx: &GpuContext,
+        cfg: &QuantGemm,
+        w: &QuantMatrix,
+        x: &Binding,
+        partials: &Binding,
+        max_m: usize,
+        splits: u32,
+    ) -> Result<GemmPlan> {
+        check_splits(w, splits)?;
+        if splits < 2 {
+            return Err(QuantError::Config { what: "split GEMM", reason: format!("{splits} split: partial sums need 2 to 8") });
+        }
+        Self::build(ctx, cfg, None, &CoopTiles::SPLIT_ROW_BANDS, w, x, &GemvOutput::Single(partials.clone()), max_m, splits, false)
+    }
+
     /// K splits worth taking for the row bands' GEMMs over a matrix of `rows x cols`
     /// ([`GemmPlan::with_split_k_sum`]): doubled from 1 while the 32-row band's grid
     /// (`rows / 32` blocks) is under 512 workgroups, up to 4 splits of at least 1024 inputs

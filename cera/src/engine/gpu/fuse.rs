@@ -41,6 +41,9 @@ pub(crate) struct Fused {
     pub(crate) accumulate: bool,
     /// A linear op also runs this `QkvRope` op (skipped): RoPE and the KV write in its epilogue.
     pub(crate) rope: Option<usize>,
+    /// A batched plan's GEMM split over K in this many parts (0: not split this way): a linear
+    /// op leaves its partial sums unsummed, and the `AddNorm` after it adds them up itself.
+    pub(crate) partial_sums: u32,
 }
 
 /// Per op.
@@ -51,8 +54,30 @@ pub(crate) struct Fusions {
 impl Fusions {
     /// Every op as it is.
     pub(crate) fn none(n: usize) -> Fusions {
-        Fusions { ops: vec![Fused { skip: false, materialize: false, input: Input::Plain, accumulate: false, rope: None }; n] }
+        Fusions { ops: vec![Fused { skip: false, materialize: false, input: Input::Plain, accumulate: false, rope: None, partial_sums: 0 }; n] }
     }
+}
+
+/// The fusions of a batched plan whose rows all run through the GEMM: where a linear op's GEMM
+/// splits over K (`splits_of`, above 1) and the next op is the residual add and norm of its
+/// output, which nothing after reads, the norm adds up the partial sums itself (boostr's
+/// `NormPlan::with_partials`, the split sum's order), one dispatch instead of two: the output
+/// and down projections of a llama layer.
+pub(crate) fn fuse_split_sums(ops: &[Op], splits_of: &dyn Fn(usize) -> u32) -> Fusions {
+    let mut f = Fusions::none(ops.len());
+    for i in 0..ops.len().saturating_sub(1) {
+        if let (Op::Linear { out, .. }, Op::AddNorm { x, .. }) = (&ops[i], &ops[i + 1])
+            && x == out
+            && !read_later(ops, i + 2, *out)
+        {
+            let s = splits_of(i);
+            if s > 1 {
+                f.ops[i].partial_sums = s;
+                f.ops[i + 1].partial_sums = s;
+            }
+        }
+    }
+    f
 }
 
 /// Whether an op from `from` on reads `slot` before one writes it.

@@ -39,13 +39,13 @@ use super::super::graph::{ModelGraph, Op, Slot};
 use super::super::options::DecodeGemv;
 use super::super::tuning::GpuTuning;
 use super::dev_err;
-use super::fuse::{Allow, Fusions, fuse_decode};
+use super::fuse::{Allow, Fusions, fuse_decode, fuse_split_sums};
 use super::links::{Links, epilogue_links};
 use super::plan_ops::linear::rope_fusable;
 pub(super) use super::plan_ops::linear::uses_int8;
 use super::plan_ops::{PlanCx, record_op};
-use super::tuning::decode_fusions;
 pub(crate) use super::tuning::prefill_qkv_splits;
+use super::tuning::{batch_op_split_k, decode_fusions};
 use super::weights::GpuWeights;
 
 /// Decode (one token, GEMV, logits), prefill (a chunk, GEMM, no logits), or the head of a
@@ -286,6 +286,7 @@ pub(crate) fn build_layers(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mo
         Mode::Decode => fuse_decode(&g.ops, allow, &k_of, &rope_ok),
         Mode::Prefill { .. } if inp.prefill_gemv => fuse_rows(inp, allow),
         Mode::Batch { .. } if inp.rows_only => fuse_rows(inp, allow),
+        Mode::Batch { .. } if !inp.batch_decode_gemv => fuse_split_sums(&g.ops, &|i| batch_op_split_k(ctx, inp, i, slots.rows())),
         _ => Fusions::none(g.ops.len()),
     };
     let links = if mode == Mode::Decode { epilogue_links(ctx, &env, inp, &fused, epilogues)? } else { Links::default() };

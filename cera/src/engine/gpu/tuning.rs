@@ -58,6 +58,16 @@ pub(super) fn batch_split_k(ctx: &GpuContext, t: &GpuTuning, w: &QuantMatrix, ma
     if bytes > ctx.capabilities().limits.max_storage_buffer_binding_size { 1 } else { s }
 }
 
+/// [`batch_split_k`] of linear op `op` in a batched plan of `rows` rows where the split's
+/// partial sums may be left to the next op ([`super::fuse::fuse_split_sums`]): the op's one
+/// matrix's split, 1 for an op of several matrices or another op.
+pub(super) fn batch_op_split_k(ctx: &GpuContext, inp: &PlanInputs, op: usize, rows: usize) -> u32 {
+    match (inp.graph.ops.get(op), inp.weights.linear.get(&op).map(Vec::as_slice)) {
+        (Some(Op::Linear { .. }), Some([p])) => batch_split_k(ctx, inp.tuning, &p.w, rows),
+        _ => 1,
+    }
+}
+
 /// The ops whose GEMMs a batched plan may split ([`batch_split_k`]): the linear ops (the LM
 /// head's rows are a plan of their own, of other rows, and its wide matrix never splits).
 pub(super) fn batch_split_ops<'a>(inp: &'a PlanInputs) -> impl Iterator<Item = usize> + 'a {

@@ -61,12 +61,15 @@ pub(super) struct LinearArgs {
     pub(super) width: usize,
     pub(super) eps: f32,
     pub(super) mode: Mode,
+    /// A batched GEMM split over K whose partial sums the next op adds up (`Fused::partial_sums`;
+    /// 0: none).
+    pub(super) partial_sums: u32,
 }
 
 /// One GEMV (decode) or GEMM (prefill) per part of the op's weights, each writing its columns.
 pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), EngineError> {
     let (ctx, env, inp, links) = (cx.ctx, cx.env, cx.inp, cx.links);
-    let LinearArgs { op, fusion: f, width, eps, mode } = a;
+    let LinearArgs { op, fusion: f, width, eps, mode, partial_sums } = a;
     let (x, y) = (f.x, f.out);
     let parts = inp.weights.linear_parts(inp.graph, op)?;
     let k = parts[0].w.cols;
@@ -206,6 +209,11 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
                 let splits = if matches!(inp.graph.ops[op], Op::Linear { .. }) { batch_split_k(ctx, inp.tuning, w, rows) } else { 1 };
                 let gemm = match (w.parts.len(), splits) {
                     (1, 1) => GemmPlan::with_split_k_sum(ctx, &cfg, w, &gemm_x, &gemm_x, &output, max_tok, 1),
+                    // The next op (the residual add and norm) adds the partials up.
+                    (1, splits) if splits == partial_sums => {
+                        let partials = Binding::whole(cx.slots.partials(ctx, batch_split_row_elems(ctx, inp, rows))?);
+                        GemmPlan::with_split_k_partials(ctx, &cfg, w, &gemm_x, &partials, max_tok, splits)
+                    }
                     (1, splits) => {
                         let partials = Binding::whole(cx.slots.partials(ctx, batch_split_row_elems(ctx, inp, rows))?);
                         GemmPlan::with_split_k_sum(ctx, &cfg, w, &gemm_x, &partials, &output, max_tok, splits)

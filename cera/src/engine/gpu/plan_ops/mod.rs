@@ -55,7 +55,7 @@ pub(super) fn lm_head_rows(cx: &PlanCx, plan: &mut Plan, x: numr::gpu::Binding, 
     let fusion = linear::GemvFusion::plain(x, out);
     // A verification plan's head rows are its decode rows; a batched step's take the batch's.
     let mode = if matches!(cx.mode, Mode::Prefill { .. }) { Mode::Prefill { max_tok: max_rows } } else { Mode::Batch { max_tok: max_rows } };
-    linear::linear(cx, plan, LinearArgs { op: i, fusion, width: c.vocab, eps: c.norm_eps, mode })
+    linear::linear(cx, plan, LinearArgs { op: i, fusion, width: c.vocab, eps: c.norm_eps, mode, partial_sums: 0 })
 }
 
 /// Appends the dispatches of op `i` (`op`, fused as `f`) to `plan`.
@@ -65,12 +65,13 @@ pub(super) fn record_op(cx: &PlanCx, plan: &mut Plan, i: usize, op: &Op, f: &Fus
         Op::Embed { scale, .. } => misc::embed(cx, plan, i, *scale),
         // The residual add went into the producing GEMV: only the norm of Hidden is left.
         Op::Norm { w, out, .. } | Op::AddNorm { w, out, .. } if f.materialize => {
-            norm::norm(cx, plan, &NormArgs { x: Slot::Hidden, w, out: *out, add_into_hidden: false })
+            norm::norm(cx, plan, &NormArgs { x: Slot::Hidden, w, out: *out, add_into_hidden: false, partial_sums: 0 })
         }
-        Op::Norm { x, w, out } => norm::norm(cx, plan, &NormArgs { x: *x, w, out: *out, add_into_hidden: false }),
-        Op::AddNorm { x, w, out } => norm::norm(cx, plan, &NormArgs { x: *x, w, out: *out, add_into_hidden: true }),
+        Op::Norm { x, w, out } => norm::norm(cx, plan, &NormArgs { x: *x, w, out: *out, add_into_hidden: false, partial_sums: 0 }),
+        Op::AddNorm { x, w, out } => norm::norm(cx, plan, &NormArgs { x: *x, w, out: *out, add_into_hidden: true, partial_sums: f.partial_sums }),
         Op::Linear { x, out, .. } => {
-            let args = LinearArgs { op: i, fusion: gemv_fusion(cx.slots, f, *x, *out), width: g.width(*out), eps: c.norm_eps, mode: cx.mode };
+            let fusion = gemv_fusion(cx.slots, f, *x, *out);
+            let args = LinearArgs { op: i, fusion, width: g.width(*out), eps: c.norm_eps, mode: cx.mode, partial_sums: f.partial_sums };
             linear::linear(cx, plan, args)
         }
         Op::LmHead { softcap, .. } => {
@@ -80,13 +81,13 @@ pub(super) fn record_op(cx: &PlanCx, plan: &mut Plan, i: usize, op: &Op, f: &Fus
             match cx.mode {
                 Mode::Decode | Mode::Head => {
                     let fusion = gemv_fusion(cx.slots, f, Slot::Normed, Slot::Logits);
-                    linear::linear(cx, plan, LinearArgs { op: i, fusion, width: c.vocab, eps: c.norm_eps, mode: Mode::Decode })
+                    linear::linear(cx, plan, LinearArgs { op: i, fusion, width: c.vocab, eps: c.norm_eps, mode: Mode::Decode, partial_sums: 0 })
                 }
                 // A verification step: logits at every row (the final norm in their quantizer,
                 // where the plan fused it).
                 Mode::Prefill { .. } if cx.inp.prefill_gemv => {
                     let fusion = gemv_fusion(cx.slots, f, Slot::Normed, Slot::Logits);
-                    linear::linear(cx, plan, LinearArgs { op: i, fusion, width: c.vocab, eps: c.norm_eps, mode: cx.mode })
+                    linear::linear(cx, plan, LinearArgs { op: i, fusion, width: c.vocab, eps: c.norm_eps, mode: cx.mode, partial_sums: 0 })
                 }
                 _ => Ok(()),
             }
