@@ -397,6 +397,13 @@ fn sixteen_concurrent_streams_each_equal_their_single_request() {
     // The masks' cost is counted: one mask per constrained token.
     assert!(s.metric("cera_constrained_tokens_total") >= 8.0 * 2.0);
     assert!(s.metric("cera_constraint_mask_seconds_total") > 0.0);
+    // Where the batcher's time went: steps with prompt rows among all, their seconds among the
+    // steps', the steps' among the busy turns'.
+    let (steps, prompt_steps) = (s.metric("cera_steps_total"), s.metric("cera_prompt_steps_total"));
+    assert!(prompt_steps >= 1.0 && prompt_steps < steps, "{prompt_steps} of {steps} steps");
+    assert!(s.metric("cera_step_rows_total") >= steps);
+    let (step_s, prompt_s, busy_s) = (s.metric("cera_step_seconds_total"), s.metric("cera_prompt_step_seconds_total"), s.metric("cera_busy_seconds_total"));
+    assert!(prompt_s > 0.0 && prompt_s < step_s && step_s <= busy_s, "{prompt_s} / {step_s} / {busy_s} s");
     for i in (2..16).step_by(4) {
         assert!(alone[i] == r#"{"mood":"calm"}"# || alone[i] == r#"{"mood":"rough"}"#, "{}", alone[i]);
         assert!(alone[i + 1] == "yes." || alone[i + 1] == "no.", "{}", alone[i + 1]);
