@@ -12,6 +12,7 @@ mod util;
 
 use boostr::kv_cache::{KvDtype, KvWritePlan};
 use boostr::ops_common::{OpPlan, OpsError, pseudo_random as rnd};
+use boostr::quant::{GemvOutput, SplitSumPlan};
 use boostr::rope::{QkvLayout, QkvRope, QkvRopeInputs, QkvRopePlan, RopeParams, RopePositions, RopeScaling, RopeStyle};
 use numr::gpu::{Binding, BufferKind, GpuContext, StepValues};
 use util::*;
@@ -169,6 +170,83 @@ fn rope_plan_sums_split_partials(ctx: &GpuContext) {
     assert!(QkvRopePlan::with_partial_sum(ctx, &cfg, &inp, &Binding::whole(&freqs), part).is_err(), "x without room for the second partial");
 }
 
+/// A batched projection split over K into 4 partial sums ([`QkvRopePlan::with_partials`], no
+/// KV write, the positions from a buffer): every head row written back, V's included, is the
+/// bits of the split sum's ((p0 + p1) + p2) + p3 ([`SplitSumPlan`]) followed by the plain
+/// plan, with and without the QK norm; a step of 3 of the 5 tokens leaves the others alone;
+/// 1 or 9 partials, a variant that writes nothing back and an `x` too short for the last
+/// partial are typed errors.
+fn rope_plan_sums_many_partials_as_split_sum_does(ctx: &GpuContext) {
+    let _serial = serial();
+    let (hd, n_q, n_kv, n, parts) = (64, 4, 2, 5, 4u32);
+    let rp = rope_params(hd, 64, RopeStyle::Normal);
+    let l = QkvLayout::packed(n, n_q, n_kv, hd);
+    let part = n * l.tok_stride;
+    // Partials of mixed magnitudes, so that the order of the adds shows in the bits.
+    let x: Vec<f32> = rnd(parts as usize * part, 47, 1.0).iter().enumerate().map(|(i, v)| v * [1.0, 3e-4, 2e3, 0.1][i / part]).collect();
+    let freqs = ctx.upload(bytemuck::cast_slice(&rp.inv_freqs())).unwrap();
+    let pos = ctx.upload(bytemuck::cast_slice(&[9u32, 3, 17, 4, 250])).unwrap();
+    let positions = RopePositions::Buffer(Binding::whole(&pos));
+    let (qw, kw) = (up(ctx, &rnd(hd, 5, 1.0)), up(ctx, &rnd(hd, 6, 1.0)));
+    for qk_norm in [false, true] {
+        let cfg = QkvRope { style: RopeStyle::Normal, rope: true, qk_norm, norm_offset: false, kv_write: None };
+        let (qwb, kwb) = (bind(&qw), bind(&kw));
+        let norm = qk_norm.then_some((&qwb, &kwb));
+        for n_tok in [n, 3] {
+            let xa = up(ctx, &x);
+            let ba = bind(&xa);
+            let fused = QkvRopePlan::with_partials(ctx, &cfg, &no_cache_inputs(&ba, l, &rp, &positions, norm), &Binding::whole(&freqs), part, parts).unwrap();
+            let mut rec = ctx.recorder();
+            fused.record(&mut rec, &step_u32(0, n_tok)).unwrap();
+            rec.submit().unwrap();
+            let got = xa.to_vec::<f32>().unwrap();
+            let xb = up(ctx, &x);
+            let summed = ctx.alloc(4 * part as u64, BufferKind::Storage).unwrap();
+            let sum = SplitSumPlan::new(ctx, &bind(&xb), &GemvOutput::Single(Binding::whole(&summed)), n, l.tok_stride, parts).unwrap();
+            let bs = Binding::whole(&summed);
+            let plain = QkvRopePlan::with_freqs(ctx, &cfg, &no_cache_inputs(&bs, l, &rp, &positions, norm), &Binding::whole(&freqs)).unwrap();
+            let mut rec = ctx.recorder();
+            sum.record(&mut rec, &step_u32(0, n_tok)).unwrap();
+            plain.record(&mut rec, &step_u32(0, n_tok)).unwrap();
+            rec.submit().unwrap();
+            let want: Vec<f32> = bytemuck::pod_collect_to_vec(&ctx.read_bytes(&summed, 0, 4 * part as u64).unwrap());
+            let what = format!("QK norm {qk_norm}, a step of {n_tok} tokens");
+            let ran = n_tok * l.tok_stride;
+            let differs = got[..ran].iter().zip(&want[..ran]).position(|(a, b)| a.to_bits() != b.to_bits());
+            assert_eq!(differs, None, "{what}: a head value differs from the split sum's then the plain plan's");
+            assert_eq!(got[ran..], x[ran..], "{what}: the tokens past the step and the other partials are left alone");
+        }
+        let xa = up(ctx, &x);
+        let ba = bind(&xa);
+        for bad_parts in [1, 9] {
+            assert!(
+                QkvRopePlan::with_partials(ctx, &cfg, &no_cache_inputs(&ba, l, &rp, &positions, norm), &Binding::whole(&freqs), part, bad_parts).is_err(),
+                "{bad_parts} partials"
+            );
+        }
+        let kv_only = QkvRope { rope: false, qk_norm: false, ..cfg };
+        let plain_inputs = QkvRopeInputs { qw: None, kw: None, ..no_cache_inputs(&ba, l, &rp, &positions, norm) };
+        assert!(QkvRopePlan::with_partials(ctx, &kv_only, &plain_inputs, &Binding::whole(&freqs), part, parts).is_err(), "a variant that writes nothing back");
+        let short = up(ctx, &x[..(parts as usize - 1) * part + 10]);
+        let bshort = bind(&short);
+        assert!(
+            QkvRopePlan::with_partials(ctx, &cfg, &no_cache_inputs(&bshort, l, &rp, &positions, norm), &Binding::whole(&freqs), part, parts).is_err(),
+            "x without room for the last partial"
+        );
+    }
+}
+
+/// The inputs of a plan without a KV write, with the QK norm's weights where given.
+fn no_cache_inputs<'a>(
+    x: &'a Binding,
+    layout: QkvLayout,
+    rope: &'a RopeParams,
+    positions: &'a RopePositions,
+    norm: Option<(&'a Binding, &'a Binding)>,
+) -> QkvRopeInputs<'a> {
+    QkvRopeInputs { x, layout, rope, positions, qw: norm.map(|n| n.0), kw: norm.map(|n| n.1), eps: 1e-6, cache: None }
+}
+
 /// KV-only writes, f16 and q8_0, two chunks in one recorder on a segmented cache, against the
 /// CPU model of the cache and the eager fused write with rotation off.
 fn kv_write_plan(ctx: &GpuContext) {
@@ -208,4 +286,10 @@ fn kv_write_plan(ctx: &GpuContext) {
     }
 }
 
-numr::test_gpu_profiles!(rope_plan_steps, rope_plan_positions_from_buffer, rope_plan_sums_split_partials, kv_write_plan);
+numr::test_gpu_profiles!(
+    rope_plan_steps,
+    rope_plan_positions_from_buffer,
+    rope_plan_sums_split_partials,
+    rope_plan_sums_many_partials_as_split_sum_does,
+    kv_write_plan
+);

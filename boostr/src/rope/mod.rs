@@ -239,9 +239,12 @@ impl QkvRope {
     /// 2-D grid: Q heads, then K heads, then (with a KV write) V heads. Token `t` sits at position
     /// `pos0 + t` (`pos_mode` 0) or `pos[pos_base + t]` (`pos_mode` 1), and its K/V go to slot
     /// `pos0 + t` when that slot lies in the bound segment `seg_start .. seg_start + seg_len`
-    /// (others are dropped, so a write never leaves the segment's buffers). With `part_off > 0`
-    /// each head row is the sum of the row at `base` and the one `part_off` further on (the two
-    /// partial sums of a projection split over K, [`QkvRopePlan::with_partial_sum`]).
+    /// (others are dropped, so a write never leaves the segment's buffers). With `parts > 1`
+    /// each head row is the sum of the row at `base` and those `part_off`, `2 * part_off`, ...
+    /// further on, added in that order (the partial sums of a projection split over K,
+    /// [`QkvRopePlan::with_partial_sum`], [`QkvRopePlan::with_partials`]); with `v_back = 1`
+    /// the grid also covers the V heads (`nh` heads a token in all) and every summed head row,
+    /// V's included, is written back at `base`.
     pub fn source(&self, env: &KernelEnv) -> KernelSource {
         let name = format!(
             "qkv_rope_{:?}_r{}_n{}_o{}_{}",
@@ -316,13 +319,12 @@ impl QkvRope {
             ""
         };
         let write_back = if self.transforms() {
-            format!("    if (kind < 2u) {{ for (var d = lidx; d < p.hd; d += {ROPE_WG}u) {{ x[base + d] = row[d]; }} }}\n")
+            format!("    if (kind < 2u || p.v_back == 1u) {{ for (var d = lidx; d < p.hd; d += {ROPE_WG}u) {{ x[base + d] = row[d]; }} }}\n")
         } else {
             String::new()
         };
-        let heads = if self.kv_write.is_some() { "p.n_q + 2u * p.n_kv" } else { "p.n_q + p.n_kv" };
         let body = format!(
-            "    let nh = {heads};
+            "    let nh = p.nh;
     let lt = wg_linear / nh;
     let h = wg_linear - lt * nh;
     let t = p.tok0 + lt;
@@ -333,8 +335,8 @@ impl QkvRope {
     if (h >= p.n_q + p.n_kv) {{ kind = 2u; hh = h - p.n_q - p.n_kv; off = p.v_off; }} else if (h >= p.n_q) {{ kind = 1u; hh = h - p.n_q; off = p.k_off; }}
     let base = p.x_off + t * p.tok_stride + off + hh * p.hd;
     for (var d = lidx; d < p.hd; d += {ROPE_WG}u) {{ row[d] = x[base + d]; }}
-    // A projection split over K left its second partial sum `part_off` further on.
-    if (p.part_off > 0u) {{ for (var d = lidx; d < p.hd; d += {ROPE_WG}u) {{ row[d] += x[base + p.part_off + d]; }} }}
+    // A projection split over K left its other partial sums `part_off` apart.
+    for (var z = 1u; z < p.parts; z++) {{ for (var d = lidx; d < p.hd; d += {ROPE_WG}u) {{ row[d] += x[base + z * p.part_off + d]; }} }}
     workgroupBarrier();
 {norm}{rope}{write_back}{kv}"
         );
@@ -358,6 +360,9 @@ impl QkvRope {
                 "tok_stride",
                 "x_off",
                 "part_off",
+                "parts",
+                "nh",
+                "v_back",
                 "q_off",
                 "k_off",
                 "v_off",

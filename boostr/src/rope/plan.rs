@@ -61,6 +61,15 @@ fn seg_tokens(pos: u32, n: u32, start: u32, len: u32) -> (u32, u32) {
     if lo >= hi { (0, 0) } else { (lo - pos, hi - pos) }
 }
 
+/// The partial sums a plan adds up: `n` of them (1: none) `off` f32 apart; `v_back`: the V
+/// heads' sums written back too.
+#[derive(Clone, Copy)]
+struct Parts {
+    off: usize,
+    n: u32,
+    v_back: bool,
+}
+
 fn to_u32(what: &str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| bad("qkv_rope", format!("{what} = {v} does not fit 32 bits")))
 }
@@ -79,7 +88,7 @@ impl QkvRopePlan {
     /// for frequencies [`RopeParams::inv_freqs`] cannot express, such as Llama 3.1's per-frequency
     /// factors as GGUF files store them (`rope_freqs.weight`).
     pub fn with_freqs(ctx: &GpuContext, cfg: &QkvRope, inp: &QkvRopeInputs, freqs: &Binding) -> Result<QkvRopePlan> {
-        Self::build(ctx, cfg, inp, freqs, 0)
+        Self::build(ctx, cfg, inp, freqs, Parts { off: 0, n: 1, v_back: false })
     }
 
     /// [`Self::with_freqs`] over a projection that was split over K into two partial sums: `x`
@@ -91,10 +100,27 @@ impl QkvRopePlan {
         if !cfg.transforms() || cfg.kv_write.is_none() || part_off == 0 {
             return Err(bad("qkv_rope", format!("a partial sum at {part_off} needs a variant that writes Q/K back and V to the cache")));
         }
-        Self::build(ctx, cfg, inp, freqs, part_off)
+        Self::build(ctx, cfg, inp, freqs, Parts { off: part_off, n: 2, v_back: false })
     }
 
-    fn build(ctx: &GpuContext, cfg: &QkvRope, inp: &QkvRopeInputs, freqs: &Binding, part_off: usize) -> Result<QkvRopePlan> {
+    /// [`Self::with_freqs`] over a projection split over K into `parts` partial sums (2 to
+    /// [`crate::quant::split_sum::MAX_SPLITS`]), `part_off` f32 apart in `x` from the layout's
+    /// offsets (as [`crate::quant::GemmPlan::with_split_k_partials`] writes them into a binding
+    /// of `parts` times the layout): each head row, V's included, is their sum in the order
+    /// `((p0 + p1) + p2) + ...` ([`crate::quant::SplitSumPlan`]'s), transformed as the variant
+    /// says and written back over the first partial, so what reads `x` afterwards (a paged KV
+    /// write, attention) finds the sums. The variant must transform Q/K ([`QkvRope::transforms`]);
+    /// with a KV write V also goes to the cache. Typed errors as [`Self::new`], and for an `x`
+    /// binding shorter than the partials.
+    pub fn with_partials(ctx: &GpuContext, cfg: &QkvRope, inp: &QkvRopeInputs, freqs: &Binding, part_off: usize, parts: u32) -> Result<QkvRopePlan> {
+        let most = crate::quant::split_sum::MAX_SPLITS;
+        if !cfg.transforms() || part_off == 0 || !(2..=most).contains(&parts) {
+            return Err(bad("qkv_rope", format!("{parts} partial sums {part_off} apart need 2..={most} partials and a variant that writes Q/K back")));
+        }
+        Self::build(ctx, cfg, inp, freqs, Parts { off: part_off, n: parts, v_back: true })
+    }
+
+    fn build(ctx: &GpuContext, cfg: &QkvRope, inp: &QkvRopeInputs, freqs: &Binding, parts: Parts) -> Result<QkvRopePlan> {
         let (l, rope) = (&inp.layout, inp.rope);
         let hd = l.head_dim;
         if hd == 0 || hd > 256 || rope.rot_dim > hd || !rope.rot_dim.is_multiple_of(2) || rope.head_dim != hd {
@@ -107,8 +133,10 @@ impl QkvRopePlan {
             return Err(bad("qkv_rope", "norm weights or cache do not match the variant"));
         }
         let kv = cfg.kv_write.is_some();
-        let extent = l.extent(kv).ok_or_else(|| bad("qkv_rope", "layout overflows"))?;
-        let read = extent.checked_add(part_off).ok_or_else(|| bad("qkv_rope", "layout overflows"))?;
+        // V heads in the grid: stored to the cache, or summed and written back.
+        let v_heads = kv || parts.v_back;
+        let extent = l.extent(v_heads).ok_or_else(|| bad("qkv_rope", "layout overflows"))?;
+        let read = parts.off.checked_mul(parts.n as usize - 1).and_then(|o| extent.checked_add(o)).ok_or_else(|| bad("qkv_rope", "layout overflows"))?;
         if (read as u64) * 4 > inp.x.size {
             return Err(bad("qkv_rope", format!("x binding of {} bytes, the layout reads {read} f32", inp.x.size)));
         }
@@ -120,7 +148,7 @@ impl QkvRopePlan {
                 return Err(bad("qkv_rope", format!("norm weight binding of {} bytes, needs {hd} f32", w.size)));
             }
         }
-        let nh = l.n_q + l.n_kv + if kv { l.n_kv } else { 0 };
+        let nh = l.n_q + l.n_kv + if v_heads { l.n_kv } else { 0 };
         if nh == 0 {
             return Err(bad("qkv_rope", "no heads"));
         }
@@ -150,7 +178,10 @@ impl QkvRopePlan {
                 .set_usize("rot", rope.rot_dim)?
                 .set_usize("tok_stride", l.tok_stride)?
                 .set_usize("x_off", l.x_off)?
-                .set_usize("part_off", part_off)?
+                .set_usize("part_off", parts.off)?
+                .set("parts", parts.n)?
+                .set("nh", nh32)?
+                .set("v_back", parts.v_back as u32)?
                 .set_usize("q_off", l.q_off)?
                 .set_usize("k_off", l.k_off)?
                 .set_usize("v_off", l.v_off)?

@@ -39,8 +39,10 @@ use super::super::EngineError;
 use super::super::backend::{CONV_RING, KernelTime, MAX_TOP_K, StepCounters, StepOutput, Want};
 use super::super::batch::{BatchEntry, BatchOpts, BatchState, check_entries};
 use super::super::graph::{ModelGraph, Op, Slot};
+use super::fuse::split_qkv_rows;
 use super::lead::record_with_lead;
 use super::plans::{Mode, PlanInputs, Slots, build, build_head_rows, inv_freqs, kv_dtype};
+use super::tuning::batch_op_split_k;
 use super::weights::GpuWeights;
 use super::{GpuBackend, dev_err, ops_err};
 
@@ -121,7 +123,10 @@ impl Lane {
         let batch = PagedBatch::new(ctx, rows, entries, opts.block_len).map_err(ops_err)?;
         let ids = ctx.alloc(4 * rows as u64, BufferKind::Storage).map_err(|e| dev_err(ctx, e))?;
         let conv_seqs = if sh.conv.is_empty() { None } else { Some(ConvSeqs::new(ctx, rows, opts.max_seqs).map_err(ops_err)?) };
-        let slots = Slots::with_logit_rows(ctx, g, rows, 1, logit_rows)?;
+        // A Q/K/V projection split over K leaves its partials in the Q/K/V slot for the RoPE
+        // op to sum (a plan of every row through the GEMM, `fuse::fuse_split_sums`).
+        let qkv_parts = if rows_only || decode_gemv { 1 } else { split_qkv_rows(&g.ops, &|i| batch_op_split_k(ctx, g, &sh.b.weights, &sh.b.tuning, i, rows)) };
+        let slots = Slots::with_logit_rows(ctx, g, rows, qkv_parts, logit_rows)?;
         let mut lane = Lane { batch, ids, conv_seqs, slots, plan: Plan::new() };
         let inp = lane.inputs(sh, rows_only, decode_gemv);
         lane.plan = build(ctx, &inp, &lane.slots, Mode::Batch { max_tok: rows })?;

@@ -63,21 +63,35 @@ impl Fusions {
 /// output, which nothing after reads, the norm adds up the partial sums itself (boostr's
 /// `NormPlan::with_partials`, the split sum's order), one dispatch instead of two: the output
 /// and down projections of a llama layer.
+/// The Q/K/V projection's partials go likewise to the `QkvRope` right after it, which sums
+/// them in its own slot (the slot then holds one `rows x width` per partial,
+/// [`split_qkv_rows`]).
 pub(crate) fn fuse_split_sums(ops: &[Op], splits_of: &dyn Fn(usize) -> u32) -> Fusions {
     let mut f = Fusions::none(ops.len());
-    for i in 0..ops.len().saturating_sub(1) {
-        if let (Op::Linear { out, .. }, Op::AddNorm { x, .. }) = (&ops[i], &ops[i + 1])
-            && x == out
-            && !read_later(ops, i + 2, *out)
-        {
-            let s = splits_of(i);
-            if s > 1 {
-                f.ops[i].partial_sums = s;
-                f.ops[i + 1].partial_sums = s;
-            }
+    for i in (0..ops.len()).filter(|&i| sums_downstream(ops, i)) {
+        let s = splits_of(i);
+        if s > 1 {
+            f.ops[i].partial_sums = s;
+            f.ops[i + 1].partial_sums = s;
         }
     }
     f
+}
+
+/// Whether op `i` is a linear op whose partial sums the op after it can add up: the residual add
+/// and norm of its output (which nothing after reads), or the RoPE op of its Q/K/V rows.
+fn sums_downstream(ops: &[Op], i: usize) -> bool {
+    match (&ops[i], ops.get(i + 1)) {
+        (Op::Linear { out, .. }, Some(Op::AddNorm { x, .. })) => x == out && !read_later(ops, i + 2, *out),
+        (Op::Linear { out: Slot::Qkv, .. }, Some(Op::QkvRope { .. })) => true,
+        _ => false,
+    }
+}
+
+/// Partials the Q/K/V slot of a plan fused by [`fuse_split_sums`] holds: the most splits of a
+/// Q/K/V projection whose RoPE op sums them (1: none).
+pub(crate) fn split_qkv_rows(ops: &[Op], splits_of: &dyn Fn(usize) -> u32) -> u32 {
+    (0..ops.len()).filter(|&i| matches!(ops[i], Op::Linear { out: Slot::Qkv, .. }) && sums_downstream(ops, i)).map(splits_of).max().unwrap_or(1).max(1)
 }
 
 /// Whether an op from `from` on reads `slot` before one writes it.
@@ -292,6 +306,36 @@ pub(crate) mod tests {
         assert!(fuse_decode(&g.ops, Allow { rope: false, ..Allow::ALL }, &|_| Some(64), &|_| true).ops.iter().all(|o| o.rope.is_none()));
         let gemma = build(&config(Arch::Gemma3, 2), &FileFacts::default());
         assert!(fuse_decode(&gemma.ops, Allow::ALL, &|_| Some(64), &|_| true).ops.iter().all(|o| o.rope.is_none()));
+    }
+
+    #[test]
+    fn split_sums_go_to_the_rope_and_the_residual_norms_after_their_gemms() {
+        // Llama: Q/K/V into its RoPE op, the output and down projections into the residual add
+        // and norm after them (the last layer's into the final norm), gate/up keeps its sum.
+        let g = build(&config(Arch::Llama, 3), &FileFacts::default());
+        let f = fuse_split_sums(&g.ops, &|_| 4);
+        let marked: Vec<usize> = (0..g.ops.len()).filter(|&i| f.ops[i].partial_sums > 0).collect();
+        assert_eq!(marked.len(), 2 * 3 * 3, "{marked:?}");
+        for i in marked.iter().copied().filter(|&i| matches!(g.ops[i], Op::Linear { .. })) {
+            assert_eq!(f.ops[i + 1].partial_sums, 4);
+            assert!(
+                matches!((&g.ops[i], &g.ops[i + 1]), (Op::Linear { out: Slot::Qkv, .. }, Op::QkvRope { .. }) | (Op::Linear { .. }, Op::AddNorm { .. })),
+                "{:?}",
+                g.ops[i]
+            );
+        }
+        assert_eq!(split_qkv_rows(&g.ops, &|_| 4), 4);
+        // No split, no fusion; a Q/K/V bias (Qwen2) keeps its projection's sum, and Gemma 3's
+        // post-norms keep the output and down projections' (their deltas are normed first).
+        assert!(fuse_split_sums(&g.ops, &|_| 1).ops.iter().all(|o| o.partial_sums == 0));
+        assert_eq!(split_qkv_rows(&g.ops, &|_| 1), 1);
+        let qwen2 = build(&config(Arch::Qwen2, 2), &FileFacts::default());
+        let fq = fuse_split_sums(&qwen2.ops, &|_| 2);
+        assert!(qwen2.ops.iter().zip(&fq.ops).all(|(op, fu)| fu.partial_sums == 0 || !matches!(op, Op::Linear { out: Slot::Qkv, .. } | Op::QkvRope { .. })));
+        assert_eq!(split_qkv_rows(&qwen2.ops, &|_| 2), 1);
+        let gemma = build(&config(Arch::Gemma3, 2), &FileFacts::default());
+        let fg = fuse_split_sums(&gemma.ops, &|_| 2);
+        assert!(gemma.ops.iter().zip(&fg.ops).all(|(op, fu)| fu.partial_sums == 0 || matches!(op, Op::Linear { out: Slot::Qkv, .. } | Op::QkvRope { .. })));
     }
 
     #[test]

@@ -286,7 +286,7 @@ pub(crate) fn build_layers(ctx: &GpuContext, inp: &PlanInputs, slots: &Slots, mo
         Mode::Decode => fuse_decode(&g.ops, allow, &k_of, &rope_ok),
         Mode::Prefill { .. } if inp.prefill_gemv => fuse_rows(inp, allow),
         Mode::Batch { .. } if inp.rows_only => fuse_rows(inp, allow),
-        Mode::Batch { .. } if !inp.batch_decode_gemv => fuse_split_sums(&g.ops, &|i| batch_op_split_k(ctx, inp, i, slots.rows())),
+        Mode::Batch { .. } if !inp.batch_decode_gemv => fuse_split_sums(&g.ops, &|i| batch_op_split_k(ctx, g, inp.weights, inp.tuning, i, slots.rows())),
         _ => Fusions::none(g.ops.len()),
     };
     let links = if mode == Mode::Decode { epilogue_links(ctx, &env, inp, &fused, epilogues)? } else { Links::default() };

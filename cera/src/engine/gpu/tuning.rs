@@ -4,11 +4,12 @@
 use boostr::quant::{GemmPlan, QuantGemm, QuantGemv, QuantGemvQ8, QuantMatrix, WeightKind};
 use numr::gpu::{GpuContext, KernelEnv};
 
-use super::super::graph::{Op, Slot};
+use super::super::graph::{ModelGraph, Op, Slot};
 use super::super::tuning::{GpuTuning, Q8Override, WorkgroupShape};
 use super::fuse::Allow;
 use super::links::Epilogues;
 use super::plans::PlanInputs;
+use super::weights::GpuWeights;
 
 /// The decode fusions to make, and whether int8 GEMVs quantize their outputs in their epilogue
 /// ([`super::links::epilogue_links`]).
@@ -61,9 +62,9 @@ pub(super) fn batch_split_k(ctx: &GpuContext, t: &GpuTuning, w: &QuantMatrix, ma
 /// [`batch_split_k`] of linear op `op` in a batched plan of `rows` rows where the split's
 /// partial sums may be left to the next op ([`super::fuse::fuse_split_sums`]): the op's one
 /// matrix's split, 1 for an op of several matrices or another op.
-pub(super) fn batch_op_split_k(ctx: &GpuContext, inp: &PlanInputs, op: usize, rows: usize) -> u32 {
-    match (inp.graph.ops.get(op), inp.weights.linear.get(&op).map(Vec::as_slice)) {
-        (Some(Op::Linear { .. }), Some([p])) => batch_split_k(ctx, inp.tuning, &p.w, rows),
+pub(super) fn batch_op_split_k(ctx: &GpuContext, g: &ModelGraph, weights: &GpuWeights, t: &GpuTuning, op: usize, rows: usize) -> u32 {
+    match (g.ops.get(op), weights.linear.get(&op).map(Vec::as_slice)) {
+        (Some(Op::Linear { .. }), Some([p])) => batch_split_k(ctx, t, &p.w, rows),
         _ => 1,
     }
 }

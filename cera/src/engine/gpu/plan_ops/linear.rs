@@ -209,9 +209,13 @@ pub(super) fn linear(cx: &PlanCx, plan: &mut Plan, a: LinearArgs) -> Result<(), 
                 let splits = if matches!(inp.graph.ops[op], Op::Linear { .. }) { batch_split_k(ctx, inp.tuning, w, rows) } else { 1 };
                 let gemm = match (w.parts.len(), splits) {
                     (1, 1) => GemmPlan::with_split_k_sum(ctx, &cfg, w, &gemm_x, &gemm_x, &output, max_tok, 1),
-                    // The next op (the residual add and norm) adds the partials up.
+                    // The next op adds the partials up: the RoPE op in the Q/K/V slot itself
+                    // (sized for them), the residual add and norm from the plan's partials.
                     (1, splits) if splits == partial_sums => {
-                        let partials = Binding::whole(cx.slots.partials(ctx, batch_split_row_elems(ctx, inp, rows))?);
+                        let partials = match inp.graph.ops[op] {
+                            Op::Linear { out: Slot::Qkv, .. } => y.clone(),
+                            _ => Binding::whole(cx.slots.partials(ctx, batch_split_row_elems(ctx, inp, rows))?),
+                        };
                         GemmPlan::with_split_k_partials(ctx, &cfg, w, &gemm_x, &partials, max_tok, splits)
                     }
                     (1, splits) => {

@@ -93,7 +93,7 @@ pub(super) fn record_op(cx: &PlanCx, plan: &mut Plan, i: usize, op: &Op, f: &Fus
             }
         }
         Op::QkvRope { layer, qk_norm, rope, neox, .. } => {
-            rope::qkv_rope(cx, plan, i, &rope::RopeArgs { layer: *layer, qk_norm: qk_norm.as_ref(), rope, neox: *neox })
+            rope::qkv_rope(cx, plan, i, &rope::RopeArgs { layer: *layer, qk_norm: qk_norm.as_ref(), rope, neox: *neox, partial_sums: f.partial_sums })
         }
         Op::Attention { layer, window } => attention::attention(cx, plan, i, *layer, *window),
         Op::Bias { x, bs } => misc::bias(cx, plan, *x, bs),

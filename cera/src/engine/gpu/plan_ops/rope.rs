@@ -21,6 +21,9 @@ pub(super) struct RopeArgs<'a> {
     pub(super) rope: &'a LayerRope,
     /// NeoX pairs `(i, i + rot_dim / 2)` instead of `(2i, 2i + 1)`.
     pub(super) neox: bool,
+    /// A batched Q/K/V GEMM split over K left this many partial sums in the Q/K/V slot for
+    /// this op to add up (`Fused::partial_sums`; 0: none).
+    pub(super) partial_sums: u32,
 }
 
 /// The RoPE op `i`.
@@ -56,6 +59,9 @@ pub(super) fn qkv_rope(cx: &PlanCx, plan: &mut Plan, i: usize, a: &RopeArgs) -> 
     let p = match (cx.mode, producer) {
         (Mode::Prefill { max_tok }, Some(j)) if qkv_split_k(ctx, inp, j, max_tok) > 1 => {
             QkvRopePlan::with_partial_sum(ctx, &cfg, &inputs, &freqs, max_tok * g.width(Slot::Qkv))
+        }
+        (Mode::Batch { max_tok }, _) if a.partial_sums > 1 => {
+            QkvRopePlan::with_partials(ctx, &cfg, &inputs, &freqs, max_tok * g.width(Slot::Qkv), a.partial_sums)
         }
         _ => QkvRopePlan::with_freqs(ctx, &cfg, &inputs, &freqs),
     };
