@@ -8,7 +8,9 @@
 //!   sequences joining at different steps, and each sequence's ids (greedy and seeded) equal
 //!   what it gives alone;
 //! - the same step wanting top-k candidates or argmaxes gives those of its logits;
-//! - a batched step is one submit, and its dispatch count does not grow with the sequences.
+//! - a batched step is one submit, and its dispatch count does not grow with the sequences;
+//! - on the GPU, the same step with every row through the GEMM split over K gives the same
+//!   logits (the partials summed by the RoPE op and the residual norms after the projections).
 //!
 //! LFM2's short-conv layers run batched on both: each sequence's conv state in its own slot.
 //! Speculative decoding (n-gram drafts, mostly rejected on random weights) gives the same greedy
@@ -71,7 +73,8 @@ fn rel(a: &[f32], b: &[f32]) -> f64 {
 /// Every case's prompt in one batched step (blocks of 4 positions, handed out round-robin so
 /// that each sequence's blocks are interleaved with the others'): its last logits against
 /// transformers'. Then the same step with one case alone: the same dispatch count, one submit.
-fn one_step(b: &dyn Backend, kv: KvType, tol: f64, what: &str) {
+/// Returns that count.
+fn one_step(b: &dyn Backend, kv: KvType, tol: f64, what: &str) -> usize {
     let cs = cases(what.split(' ').next().unwrap());
     let opts = BatchOpts { kv, block_len: 4, n_blocks: 256, max_tokens: 256, max_seqs: 8, n_ctx: 128 };
     let mut st = b.new_batch(&opts).unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -122,6 +125,7 @@ fn one_step(b: &dyn Backend, kv: KvType, tol: f64, what: &str) {
     assert_eq!(many.submits, one.submits, "{what}: the submits do not grow with the sequences");
     assert!(if b.is_gpu() { one.submits >= 1 && one.submits <= 1 + (one.dispatches / 16 + 1).ilog2() as usize } else { one.submits == 0 }, "{what}: {one:?}");
     assert_eq!(many.dispatches, one.dispatches, "{what}: the dispatches do not grow with the sequences");
+    one.dispatches
 }
 
 /// Greedy through the batcher: transformers' continuations, three sequences at different
@@ -181,7 +185,21 @@ fn check(model: &str) {
     let Some(ctx) = numr::testing::test_gpu() else { return };
     let gpu = GpuBackend::load(Arc::new(ctx), &graph, &hf, None).unwrap();
     let coop = boostr::quant::QuantGemm::coopmat_available(gpu.context());
-    one_step(&gpu, KvType::F16, if coop { GPU_TOL_F16_GEMM } else { GPU_TOL }, &format!("{model} GPU"));
+    let tol = if coop { GPU_TOL_F16_GEMM } else { GPU_TOL };
+    one_step(&gpu, KvType::F16, tol, &format!("{model} GPU"));
+    // Every row through the GEMM, split over K in two, the partials summed by the op after each
+    // projection (the RoPE op, with its QK norm where the model has one; the residual norms) or
+    // by a sum dispatch: the same logits.
+    let mut t = cera::engine::GpuTuning::default();
+    t.set("batch_gemv_max_seqs", "0").unwrap();
+    t.set("batch_split_k", "2").unwrap();
+    let mut unsplit = t.clone();
+    unsplit.set("batch_split_k", "1").unwrap();
+    let plain = GpuBackend::load(gpu.context().clone(), &graph, &hf, None).unwrap().with_tuning(unsplit);
+    let plain = one_step(&plain, KvType::F16, tol, &format!("{model} GPU, unsplit GEMMs"));
+    let split = one_step(&gpu.with_tuning(t), KvType::F16, tol, &format!("{model} GPU, split GEMMs"));
+    // (At least gate/up keeps a sum dispatch of its own.)
+    assert!(split > plain, "{model}: {split} dispatches split, {plain} not");
     let e = Engine::load(dir(model), &LoadOptions { device: DeviceChoice::Gpu, n_ctx: Some(128), ..Default::default() }, None).unwrap();
     batcher(&e, model, !coop);
 }
