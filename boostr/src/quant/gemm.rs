@@ -283,12 +283,11 @@ impl GemmPlan {
         splits: u32,
     ) -> Result<GemmPlan> {
         check_splits(w, splits)?;
-        let table = &CoopTiles::SPLIT_ROW_BANDS;
         if splits == 1 {
-            return Self::build(ctx, cfg, None, table, w, x, output, max_m, 1, false);
+            return Self::build(ctx, cfg, None, &CoopTiles::SPLIT_ROW_BANDS, w, x, output, max_m, 1, false);
         }
         let sum = SplitSumPlan::new(ctx, partials, output, max_m, w.rows, splits)?;
-        let mut gemm = Self::build(ctx, cfg, None, table, w, x, &GemvOutput::Single(partials.clone()), max_m, splits, false)?;
+        let mut gemm = Self::with_split_k_partials(ctx, cfg, w, x, partials, max_m, splits)?;
         gemm.plan.append(sum.plan());
         Ok(gemm)
     }
