@@ -1,6 +1,7 @@
 //! Paged attention workloads: a batched decode step (B sequences, one query token each, every
 //! sequence at the same context length) over the paged cache, at block lengths 16 and 32, beside
-//! the contiguous cache's tuned decode for one sequence. Bytes = the K and V rows read; the table
+//! the contiguous cache's tuned decode for one sequence; then a batched step's prompt chunk through
+//! the paged kernel beside the session's prefill attention. Bytes = the K and V rows read; the table
 //! prints them as a fraction of the streaming-read roofline of the same run.
 
 use boostr::attention::{AttnOptions, QueryLayout};
@@ -60,6 +61,52 @@ pub fn paged_decode(
     })
 }
 
+/// One prefill chunk of `n_tok` tokens of one sequence after `depth` cached positions, through
+/// the paged kernel a batched step's prompt rows take (each token its own workgroups, `splits`
+/// key chunks each); flops = 4 · hd · n_q · Σ (pos + 1) over the chunk's positions, as
+/// [`crate::attention::prefill`] counts them, so the two tables' TFLOP/s compare.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_prefill(
+    ctx: &GpuContext,
+    n_q: usize,
+    n_kv: usize,
+    hd: usize,
+    n_tok: usize,
+    depth: usize,
+    block_len: usize,
+    splits: usize,
+    reps: usize,
+) -> Result<Measurement> {
+    let len = depth + n_tok;
+    let cfg = PagedKvConfig {
+        n_layers: 1,
+        n_kv_heads: n_kv,
+        head_dim: hd,
+        block_len,
+        n_blocks: len.div_ceil(block_len),
+        dtype: KvDtype::F16,
+        max_buffer_bytes: None,
+    };
+    let kv = PagedKvCache::new(ctx, cfg).map_err(ops_err)?;
+    let mut alloc = BlockAllocator::new(cfg.n_blocks);
+    let mut table = BlockTable::new();
+    table.grow(&mut alloc, block_len, len).map_err(ops_err)?;
+    let batch = PagedBatch::new(ctx, n_tok, cfg.n_blocks, block_len).map_err(ops_err)?;
+    let step = batch.set(ctx, &[BatchSeq { table: &table, pos: depth, n_tok }]).map_err(ops_err)?;
+    let q = Tensor::zeros(&[n_tok * n_q * hd], DType::F32, &Device::Gpu(ctx.clone()))?;
+    let qb = q.gpu_binding(4)?.0;
+    let ql = QueryLayout { n_tok, n_q, q_off: 0, tok_stride: n_q * hd };
+    let plan = PagedAttnPlan::new(ctx, &qb, &ql, &kv, 0, &batch, &AttnOptions::new(hd), Splits::Fixed(splits), None).map_err(ops_err)?;
+    let s = time_recorded(ctx, reps, 3, |rec, _| plan.record(rec, &step).map_err(ops_err))?;
+    let keys: usize = (depth..len).map(|p| p + 1).sum();
+    Ok(Measurement {
+        label: format!("paged prefill {n_q}q/{n_kv}kv hd{hd} {n_tok} tok at depth {depth} block {block_len} splits {splits}"),
+        seconds: s,
+        bytes: 0.0,
+        flops: 4.0 * (hd * n_q) as f64 * keys as f64,
+    })
+}
+
 /// The paged table: the roofline, then for B = 1, 8, 64 at decreasing contexts, block lengths 16
 /// and 32 with a few split counts, and the contiguous decode of one sequence for scale.
 pub fn paged_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
@@ -86,6 +133,16 @@ pub fn paged_table(ctx: &GpuContext, quick: bool) -> Result<Vec<Measurement>> {
             if block_len == 16 {
                 v.push(paged_decode(ctx, 32, 8, 128, b, len, block_len, Splits::Auto { max: 256 }, reps)?);
             }
+        }
+    }
+    // A batched step's prompt chunk (512 tokens, at the start of a prompt and after 1536
+    // cached positions) through the paged kernel, beside the session's prefill attention of a
+    // whole prompt of 512 (coopmat where the adapter has it).
+    let (n_tok, depths, preps): (usize, &[usize], usize) = if quick { (64, &[0, 64], 1) } else { (512, &[0, 1536], 5) };
+    v.push(crate::attention::prefill(ctx, 32, 8, 128, n_tok, preps, None)?);
+    for &depth in depths {
+        for splits in [1, 4] {
+            v.push(paged_prefill(ctx, 32, 8, 128, n_tok, depth, 16, splits, preps)?);
         }
     }
     Ok(v)
