@@ -53,6 +53,7 @@ pub fn paged_decode(
             match splits {
                 Splits::Fixed(n) => format!("splits {n}"),
                 Splits::Auto { max } => format!("splits auto (<= {max})"),
+                Splits::PerToken { keys, max } => format!("a split per {keys} keys (<= {max})"),
             }
         ),
         seconds: s,

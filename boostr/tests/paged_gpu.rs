@@ -132,8 +132,9 @@ fn attend(ctx: &GpuContext, c: &Case, kv: &PagedKvCache, seqs: &[(BlockTable, Ve
     }
     let mut got = Vec::new();
     for kernel in [DecodeKernel::Tiled, DecodeKernel::Subgroup].into_iter().filter(|k| sg || *k == DecodeKernel::Tiled) {
-        // The fixed split count, and the count picked per step (at most 8).
-        for splits in [Splits::Fixed(c.splits), Splits::Auto { max: 8 }] {
+        // The fixed split count, the count picked per step (at most 8), and each token's own
+        // count (one chunk per 24 keys, at most 4).
+        for splits in [Splits::Fixed(c.splits), Splits::Auto { max: 8 }, Splits::PerToken { keys: 24, max: 4 }] {
             let plan = PagedAttnPlan::with_kernel(ctx, &bind(&qbig), &ql, kv, 0, &batch, &c.opts, splits, None, Some(kernel)).unwrap();
             plan.run(ctx, &step).unwrap();
             got = plan.output().unwrap().to_vec::<f32>().unwrap()[..n_tok * c.n_q * hd].to_vec();
@@ -248,6 +249,75 @@ fn the_paged_and_the_contiguous_cache_give_the_same_output() {
     let qt = up(&ctx, &q);
     let contiguous = attention::decode(&ctx, &bind(&qt), 0, n_q, &flat, 0, n, &c.opts).unwrap().to_vec::<f32>().unwrap();
     close(&paged, &contiguous, 1e-4, "paged against contiguous");
+}
+
+/// [`Splits::PerToken`]: a token's split count follows its own length only, so its output is
+/// the same bits whatever else its step holds (each sequence alone in a step of its own), and a
+/// token of `k` chunks gets the bits [`Splits::Fixed`]`(k)` gives it (the merge adds the other
+/// chunks' empty partials as exact zeros). Both kernels where the adapter runs them.
+#[test]
+fn a_token_split_by_its_own_length_gets_the_same_bits_in_any_step() {
+    let Some(ctx) = test_gpu() else { return };
+    let _s = serial();
+    let mut c = Case::new(128, 8, 2, KvDtype::F16);
+    // Tokens of 1 to 101 keys: 1, 2, 3 and 4 chunks of 32 keys.
+    c.seqs = vec![(100, 1), (7, 9), (47, 2), (0, 40), (70, 1)];
+    let kv = cache(&ctx, &c, 24);
+    let mut alloc = BlockAllocator::new(24);
+    let seqs = fill(&ctx, &c, &kv, &mut alloc, 3);
+    let (hd, n_q) = (c.hd, c.n_q);
+    let n_tok: usize = c.seqs.iter().map(|s| s.1).sum();
+    let q = rnd(n_tok * n_q * hd, 9, 2.0);
+    let qt = up(&ctx, &q);
+    let ql = QueryLayout { n_tok, n_q, q_off: 0, tok_stride: n_q * hd };
+    let batch = PagedBatch::new(&ctx, n_tok, 64, c.block_len).unwrap();
+    let (keys, max) = (32, 4);
+    let sg = DecodeKernel::best(&env_of(&ctx)) == DecodeKernel::Subgroup;
+    if !sg {
+        numr::testing::skip_path(&ctx, "the paged subgroup attention kernel", "no subgroups of at least 8 invocations");
+    }
+    for kernel in [DecodeKernel::Tiled, DecodeKernel::Subgroup].into_iter().filter(|k| sg || *k == DecodeKernel::Tiled) {
+        // `q`: the step's tokens' queries, padded to the plan's tokens.
+        let run = |splits: Splits, bs: &[BatchSeq], q: &[f32]| -> Vec<f32> {
+            let mut padded = q.to_vec();
+            padded.resize(n_tok * n_q * hd, 0.0);
+            let qt = up(&ctx, &padded);
+            let plan = PagedAttnPlan::with_kernel(&ctx, &bind(&qt), &ql, &kv, 0, &batch, &c.opts, splits, None, Some(kernel)).unwrap();
+            let step = batch.set(&ctx, bs).unwrap();
+            plan.run(&ctx, &step).unwrap();
+            let n: usize = bs.iter().map(|b| b.n_tok).sum();
+            plan.output().unwrap().to_vec::<f32>().unwrap()[..n * n_q * hd].to_vec()
+        };
+        let all: Vec<BatchSeq> = seqs.iter().zip(&c.seqs).map(|((t, _), &(cached, new))| BatchSeq { table: t, pos: cached, n_tok: new }).collect();
+        let per_token = Splits::PerToken { keys, max };
+        let got = run(per_token, &all, &q);
+        let row = n_q * hd;
+        // Each sequence alone: the same bits.
+        let mut first = 0;
+        for (i, b) in all.iter().enumerate() {
+            let mine = &q[first * row..(first + b.n_tok) * row];
+            let alone = run(per_token, std::slice::from_ref(b), mine);
+            assert!(alone.iter().zip(&got[first * row..]).all(|(a, g)| a.to_bits() == g.to_bits()), "{kernel:?}: sequence {i} alone differs");
+            first += b.n_tok;
+        }
+        // A token of k >= 2 chunks: the bits of Fixed(k).
+        for k in 2..=max {
+            let fixed = run(Splits::Fixed(k), &all, &q);
+            let mut t = 0;
+            for b in &all {
+                for pos in b.pos..b.pos + b.n_tok {
+                    if (pos + 1).div_ceil(keys).min(max) == k {
+                        let r = t * row..(t + 1) * row;
+                        assert!(got[r.clone()].iter().zip(&fixed[r]).all(|(a, f)| a.to_bits() == f.to_bits()), "{kernel:?}: token at {pos} against Fixed({k})");
+                    }
+                    t += 1;
+                }
+            }
+        }
+    }
+    drop(qt);
+    // No keys per chunk is a typed error.
+    assert!(PagedAttnPlan::new(&ctx, &bind(&up(&ctx, &q)), &ql, &kv, 0, &batch, &c.opts, Splits::PerToken { keys: 0, max: 2 }, None).is_err());
 }
 
 #[test]

@@ -223,7 +223,7 @@ impl DecodeAttnSg {
         }
         if self.paged {
             kb = kb.storage("tokinfo", Access::Read, "array<u32>").storage("tables", Access::Read, "array<u32>");
-            params.extend(["n_kv", "block_len", "head_stride", "blk_base", "blk_count", "splits", "step_mode"]);
+            params.extend(["n_kv", "block_len", "head_stride", "blk_base", "blk_count", "splits", "split_keys", "step_mode"]);
         }
         Ok(kb.params(&params).prelude(&g.prelude()).body(&g.body()).build())
     }

@@ -108,7 +108,10 @@ fn kv_row(tab: u32, kp: u32, kvh: u32) -> u32 {
     }}
     let tab = workgroupUniformLoad(&s_tab);
     let q_pos = workgroupUniformLoad(&s_pos);
-    let chunk = ((q_pos + p.splits) / p.splits + {st1}u) / {st}u * {st}u;
+    // The token's own split count: `splits`, or with `split_keys` one per that many keys
+    // (at most `splits`); the workgroups past it find no keys and leave empty partials.
+    let sp = select(p.splits, min(p.splits, (q_pos + p.split_keys) / max(p.split_keys, 1u)), p.split_keys > 0u);
+    let chunk = ((q_pos + sp) / sp + {st1}u) / {st}u * {st}u;
     let lo0 = wid.x * chunk;
     let hi = min(lo0 + chunk, q_pos + 1u);
 ",

@@ -2,8 +2,8 @@
 //! sequences mixed) over the paged cache; [`super::PagedAttnPlan`] builds and records it.
 //!
 //! One workgroup handles one token, `heads` query heads sharing one KV head, and one split of the
-//! token's keys: the token's `pos + 1` keys are cut into `splits` chunks (whole tiles each), so a
-//! long sequence spreads over several workgroups and short ones leave their extra splits empty.
+//! token's keys: the token's `pos + 1` keys are cut into `splits` chunks (whole tiles each; with
+//! `split_keys`, one chunk per `split_keys` keys, at most `splits`), so a long sequence spreads over several workgroups and short ones leave their extra splits empty.
 //! Keys are visited in tiles of `tile` positions: K rows are gathered through the block table into
 //! workgroup memory, the tile's scores go through an online softmax per head, then V rows are
 //! gathered into the same memory and accumulated. Each invocation keeps up to 8 of the
@@ -161,7 +161,10 @@ fn load_tile(tab: u32, t0: u32, hi: u32, kvh: u32, lidx: u32, which: u32) {{
     }}
     let tab = workgroupUniformLoad(&s_tab);
     let kv_len = workgroupUniformLoad(&s_pos) + 1u;
-    let chunk = (kv_len + p.splits - 1u) / p.splits;
+    // The token's own split count: `splits`, or with `split_keys` one per that many keys (at
+    // most `splits`); the workgroups past it find no keys and leave empty partials.
+    let sp = select(p.splits, min(p.splits, (kv_len + p.split_keys - 1u) / max(p.split_keys, 1u)), p.split_keys > 0u);
+    let chunk = (kv_len + sp - 1u) / sp;
     let chunk_t = (chunk + {t}u - 1u) / {t}u * {t}u;
     var lo = wid.x * chunk_t;
     let hi = min(lo + chunk_t, kv_len);
@@ -253,6 +256,7 @@ fn load_tile(tab: u32, t0: u32, hi: u32, kvh: u32, lidx: u32, which: u32) {{
                 "blk_base",
                 "blk_count",
                 "splits",
+                "split_keys",
                 "split_base",
                 "rows",
                 "out_off",

@@ -22,13 +22,23 @@ pub enum Splits {
         /// The most splits any step uses.
         max: usize,
     },
+    /// Per token, from its own KV length: `ceil(kv_len / keys)` chunks, at most `max`. A
+    /// token's count, and so its numbers, depend on nothing else in the step, as with
+    /// [`Splits::Fixed`], while short tokens take one chunk or few instead of `max` short ones
+    /// (each chunk is a workgroup per head block and a partial for the merge to read).
+    PerToken {
+        /// Keys per chunk (at least 1).
+        keys: usize,
+        /// The most chunks a token takes (the grid's splits).
+        max: usize,
+    },
 }
 
 impl Splits {
     /// The most splits a step uses.
     pub fn max(&self) -> usize {
         match *self {
-            Splits::Fixed(n) | Splits::Auto { max: n } => n,
+            Splits::Fixed(n) | Splits::Auto { max: n } | Splits::PerToken { max: n, .. } => n,
         }
     }
 }
@@ -224,6 +234,9 @@ impl PagedAttnPlan {
         if max_tokens == 0 || max_tok > max_dim || max_splits == 0 || to_u32(OP, "splits", max_splits)? > max_dim {
             return Err(bad(OP, format!("{max_tokens} tokens and {max_splits} splits (1..={max_dim} each)")));
         }
+        if let Splits::PerToken { keys: 0, .. } = sp.splits {
+            return Err(bad(OP, "0 keys per split"));
+        }
         let last = (max_tokens - 1)
             .checked_mul(ql.tok_stride)
             .and_then(|v| v.checked_add(ql.q_off))
@@ -299,9 +312,14 @@ impl PagedAttnPlan {
         let max_w = max_splits as u32;
         let chosen = move |s: &StepValues| -> u32 {
             match policy {
-                Splits::Fixed(n) => n as u32,
+                Splits::Fixed(n) | Splits::PerToken { max: n, .. } => n as u32,
                 Splits::Auto { .. } => auto_splits(s.n_tok.min(max_tok), s.kv_max(), wg_y, max_w),
             }
+        };
+        // Keys per chunk of a token's own count (0: every token takes the step's count).
+        let split_keys = match policy {
+            Splits::PerToken { keys, .. } => to_u32(OP, "keys per split", keys)?,
+            _ => 0,
         };
         let n_src = sp.sources.len() as u32;
         let mut plan = Plan::new();
@@ -318,6 +336,7 @@ impl PagedAttnPlan {
                     .set_usize("blk_base", src.first_block)?
                     .set_usize("blk_count", src.n_blocks)?
                     .per_step("splits", chosen)?
+                    .set("split_keys", split_keys)?
                     .per_step("split_base", move |s| i as u32 * chosen(s))?
                     .set_f32("scale", sp.opts.scale)?
                     .set_f32("softcap", sp.opts.softcap.unwrap_or(0.0))?
@@ -345,6 +364,7 @@ impl PagedAttnPlan {
                 .set_usize("blk_base", src.first_block)?
                 .set_usize("blk_count", src.n_blocks)?
                 .per_step("splits", chosen)?
+                .set("split_keys", split_keys)?
                 .per_step("split_base", move |s| i as u32 * chosen(s))?
                 .set_usize("out_off", out_off)?
                 .set_f32("scale", sp.opts.scale)?
