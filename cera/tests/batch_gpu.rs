@@ -106,8 +106,9 @@ fn f16_gemm_input_keeps_each_sequence_as_alone() {
 
 /// `batch_gemv_max_seqs=0` with `batch_split_k=2`: every row (decode rows too) goes through
 /// the GEMM, split over K and summed (lavapipe's tiled GEMM; on the H200 the coopmat one, in
-/// whichever row band the step's rows pick); each sequence gives the ids it gives alone under
-/// the same settings.
+/// whichever row band the step's rows pick), and each row's attention split by its own length
+/// (`batch_attn_split_keys=8`); each sequence gives the ids it gives alone under the same
+/// settings.
 #[test]
 fn every_row_through_the_split_gemm_keeps_each_sequence_as_alone() {
     if numr::testing::test_gpu().is_none() {
@@ -117,6 +118,8 @@ fn every_row_through_the_split_gemm_keeps_each_sequence_as_alone() {
     let mut tuning = cera::engine::GpuTuning::default();
     tuning.set("batch_gemv_max_seqs", "0").unwrap();
     tuning.set("batch_split_k", "2").unwrap();
+    // Each row's attention in chunks of 8 of its own keys: 1 to 3 chunks for these prompts.
+    tuning.set("batch_attn_split_keys", "8").unwrap();
     let o = LoadOptions { device: DeviceChoice::Gpu, n_ctx: Some(512), tuning, ..Default::default() };
     let e = Engine::load(&path, &o, None).unwrap();
     let ps = prompts(&e, 3);

@@ -11,7 +11,7 @@
 //! **Batch invariance.** A sequence's rows give the same numbers whichever other sequences share
 //! the step and however many tokens it carries: every kernel of a batched step computes a row
 //! from that row alone in a fixed order (the projections as one matrix product over all the
-//! step's rows, the attention with a split count fixed when the state is made). So greedy and
+//! step's rows, the attention's key chunks counted from the row's own length). So greedy and
 //! seeded sampling give exactly what the sequence gives alone in a batch of one.
 
 use boostr::paged::BlockTable;

@@ -13,8 +13,9 @@
 //!    in its output), the prompt rows in the main lane through the GEMM kernels
 //!    (cooperative-matrix where the adapter has them) as one product; in a large one every row
 //!    in the main lane through the GEMM. Each plan runs QK-norm + RoPE at each row's position,
-//!    the paged KV write, and paged attention with a split count fixed at build (so a row's
-//!    numbers never depend on the other rows); LFM2's short conv runs every sequence's tokens
+//!    the paged KV write, and paged attention whose key chunks a row's own length decides
+//!    (`plan_ops::attention::batch_attn_splits`; so a row's numbers never depend on the other
+//!    rows); LFM2's short conv runs every sequence's tokens
 //!    against its slot's ring in one dispatch;
 //! 3. the LM head (one matrix product) over the last row of every sequence that wants logits,
 //!    read from the first lane's `Normed` rows directly when they are its first rows (a step of

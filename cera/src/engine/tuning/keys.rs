@@ -17,6 +17,7 @@ pub const TUNING_KEYS: &[(&str, &str)] = &[
     ("batch_gemv", "rows,group,threads,f16 of the batched steps' f32 decode-row GEMV (integers; f16 0 or 1)"),
     ("batch_gemv_max_seqs", "sequences (an integer): batch states of at most this many run decode rows through the GEMV"),
     ("batch_split_k", "1 (off) to 8, or `auto`: K splits of the GEMMs of batch states that run every row through them"),
+    ("batch_attn_split_keys", "keys (an integer; 0: a count fixed by the context length), or `auto`: chunks of a batched row's attention"),
     ("batch_lanes", "`on` or `off`: such batch states run decode rows in a fused lane of their own"),
     ("batch_q8", "`off` (the f32 GEMV) or rows,group,threads,unroll of the batched steps' integer-dot decode-row GEMV"),
     ("verify_q8", "`off` (the f32 GEMV) or rows,group,threads,unroll of a verification step's integer-dot rows GEMV"),
@@ -180,6 +181,7 @@ impl GpuTuning {
             }
             "batch_gemv_max_seqs" => self.batch_gemv_max_seqs = v.int()?,
             "batch_lanes" => self.batch_lanes = v.flag()?,
+            "batch_attn_split_keys" => self.batch_attn_split_keys = v.opt_int()?,
             "batch_split_k" => {
                 let splits = v.opt_int::<u32>()?;
                 if splits.is_some_and(|s| !(1..=8).contains(&s)) {

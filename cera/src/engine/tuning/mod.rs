@@ -165,6 +165,17 @@ pub struct GpuTuning {
     /// depth 1024 takes 22.0 / 24.7 ms unsplit, 15.1 / 18.0 ms split; the fixed workload gives
     /// 895 / 1,139 total tok/s at 32 / 64 streams (llama.cpp 343 / 366 in the same run).
     pub batch_split_k: Option<u32>,
+    /// Keys per chunk of a batched row's attention (`batch_attn_split_keys` = keys, `0` for a
+    /// count fixed by the state's context length, or `auto`): each row takes one chunk (one
+    /// workgroup per head block, and a partial to merge) per that many of its own keys, so its
+    /// count follows its own length only and its numbers never depend on the other rows.
+    /// `None` (auto): 4096 keys in a plan whose rows run through the GEMM (prompt rows; every
+    /// row in a state of more than [`GpuTuning::batch_gemv_max_seqs`] sequences), whose steps
+    /// have rows enough to fill the GPU (H100, `cargo xtask bench --paged`: 64 decode rows at
+    /// 1K keys 124 us in one chunk against 179 in 4; a 512-token prompt chunk at depth 1536
+    /// 1,127 against 1,507 us); `ceil(n_ctx / 1024)` chunks for every row in the decode-row
+    /// GEMV's plans (a state of few sequences).
+    pub batch_attn_split_keys: Option<usize>,
     /// Such a batch state runs its decode rows in a lane of their own (`batch_lanes`), whose
     /// plan takes a verification plan's fusions (the RMSNorm and the GLU in the rows'
     /// quantizer or the f32 GEMV's prologue, the residual add in the GEMV): 10 dispatches a
@@ -364,6 +375,7 @@ impl Default for GpuTuning {
             batch_gemv: BatchGemv::DEFAULT,
             batch_gemv_max_seqs: 16,
             batch_split_k: None,
+            batch_attn_split_keys: None,
             batch_lanes: true,
             batch_q8: Some(BatchQ8::DEFAULT),
             verify_q8: Some(BatchQ8::VERIFY),

@@ -73,6 +73,7 @@ fn settings_parse_into_their_fields() {
         "batch_gemv_max_seqs=4",
         "batch_lanes=off",
         "batch_split_k=2",
+        "batch_attn_split_keys=0",
         "norm_local=16,512,1,1",
         "norm_local_small=off",
         "attn_tuning=2,4,264",
@@ -102,8 +103,16 @@ fn settings_parse_into_their_fields() {
     assert_eq!((t.batch_q8, t.batch_gemv_max_seqs), (Some(super::BatchQ8 { rows: 4, group: 8, threads: 128, unroll: 2 }), 4));
     assert_eq!(t.verify_q8, Some(super::BatchQ8 { rows: 1, group: 2, threads: 32, unroll: 2 }));
     assert!(!t.batch_lanes);
-    assert_eq!(t.batch_split_k, Some(2));
-    for s in ["batch_gemv=2,4,128,0", "batch_q8=2,4,64,1", "verify_q8=2,3,64,1", "batch_gemv_max_seqs=16", "batch_lanes=on", "batch_split_k=auto"] {
+    assert_eq!((t.batch_split_k, t.batch_attn_split_keys), (Some(2), Some(0)));
+    for s in [
+        "batch_gemv=2,4,128,0",
+        "batch_q8=2,4,64,1",
+        "verify_q8=2,3,64,1",
+        "batch_gemv_max_seqs=16",
+        "batch_lanes=on",
+        "batch_split_k=auto",
+        "batch_attn_split_keys=auto",
+    ] {
         t.set_pair(s).unwrap();
     }
     // `auto` returns an override to the default, `all` / `off` the chains' mode.
