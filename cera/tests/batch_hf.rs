@@ -243,3 +243,30 @@ fn llama_tiny_awq() {
 fn llama_tiny_gptq() {
     check(MODELS[7]);
 }
+
+/// `cera bench --concurrency --profile`'s steps on the tiny llama: a decode step of 3 rows, then
+/// the same rows beside a 9-token prompt chunk (the prompt lane's GEMMs added: more dispatches,
+/// more GPU time), each with its kernels' shares; a CPU engine is refused with the usage error.
+#[cfg(feature = "cli")]
+#[test]
+fn the_step_profile_times_decode_and_prompt_steps() {
+    use cera::bench::batch_profile::profile_step;
+    if numr::testing::test_gpu().is_none() {
+        return;
+    }
+    let e = Engine::load(dir(MODELS[0]), &LoadOptions { device: DeviceChoice::Gpu, n_ctx: Some(128), ..Default::default() }, None).unwrap();
+    let opts = BatcherOpts { max_step_tokens: 12, ..BatcherOpts::default() };
+    let decode = profile_step(&e, 3, 0, 20, &opts, 8).unwrap();
+    let mixed = profile_step(&e, 3, 9, 20, &opts, 8).unwrap();
+    for p in [&decode, &mixed] {
+        assert!(p.wall_ms > 0.0 && p.gpu_ms > 0.0 && p.dispatches > 0, "{p:?}");
+        assert!(!p.kernels.is_empty() && p.kernels.len() <= 8, "{p:?}");
+        let share: f64 = p.kernels.iter().map(|k| k.fraction).sum();
+        assert!(share > 0.0 && share <= 1.0 + 1e-9, "{p:?}");
+    }
+    assert_eq!((decode.seqs, decode.prompt_rows, mixed.seqs, mixed.prompt_rows, mixed.depth), (3, 0, 3, 9, 20));
+    assert!(mixed.dispatches > decode.dispatches, "{} dispatches with the prompt chunk, {} without", mixed.dispatches, decode.dispatches);
+    let cpu = Engine::load(dir(MODELS[0]), &LoadOptions { device: DeviceChoice::Cpu, n_ctx: Some(128), ..Default::default() }, None).unwrap();
+    let err = profile_step(&cpu, 1, 0, 4, &opts, 8).unwrap_err().to_string();
+    assert!(err.contains("needs a GPU run"), "{err}");
+}

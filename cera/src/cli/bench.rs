@@ -231,13 +231,16 @@ fn run_concurrency(a: &Args, models: &[PathBuf], out: &mut Output) -> Result<(),
             note(&format!("the grammar's masks: {masks}, {:.1} µs each on the host", nanos as f64 / 1e3 / masks.max(1) as f64));
         }
         // `--profile`: one batched decode step per concurrency, at the first nonzero `-d` (else
-        // 1024 tokens deep).
+        // 1024 tokens deep), then the same with a prompt chunk filling the step's token budget.
         let mut profiles = Vec::new();
         if a.profile {
             let depth = a.n_depth.iter().copied().find(|&d| d > 0).unwrap_or(1024);
             for &c in &a.concurrency {
-                note(&format!("profiling a decode step of {c} sequences at depth {depth}"));
-                profiles.push(bench::batch_profile::profile_decode(&engine, c, depth, &opts, 12).map_err(CliError::from_err)?);
+                let rest = opts.max_step_tokens.saturating_sub(c);
+                for prompt in std::iter::once(0).chain((rest > 0).then_some(rest)) {
+                    note(&format!("profiling a step of {c} decode rows and {prompt} prompt rows at depth {depth}"));
+                    profiles.push(bench::batch_profile::profile_step(&engine, c, prompt, depth, &opts, 12).map_err(CliError::from_err)?);
+                }
             }
         }
         // llama.cpp's server on the same file and workload, after cera's engine is gone.
